@@ -1,0 +1,1 @@
+//! Limiting algorithms, each a small value type driven by `now`.

@@ -1,0 +1,1 @@
+//! The regional budget state machine (not yet written).

@@ -1,0 +1,195 @@
+//! A limit as the state machines see it: the resolved form of one configuration rule.
+//!
+//! The config loader (`crate::config`) turns envoyproxy/ratelimit YAML plus allot's `allot:`
+//! block into [`LimitSpec`]s; everything downstream (budget, rebalancer, bound, simulator)
+//! reads only this type.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{LimitId, RegionId};
+use crate::time::Window;
+
+/// Region weights are stored in parts per million so that default allowances are exact integers.
+pub const WEIGHT_SCALE_PPM: u64 = 1_000_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitSpec {
+    pub id: LimitId,
+    pub quota: Quota,
+    pub consistency: Consistency,
+    /// Default allowance shares; empty means equal shares among the deployment's regions.
+    pub weights: RegionWeights,
+    pub partition_policy: PartitionPolicy,
+    /// Local-tier GCRA cap on grants per key, enforced by each region. It also makes the
+    /// eventual-mode and skew terms of the bound guarantees rather than measurements.
+    pub rate_cap: Option<RateCap>,
+    pub concurrency: Option<ConcurrencyCap>,
+    /// What a gateway does when it cannot reach its agent.
+    pub failure_mode: FailureMode,
+    /// Kill switch: a disabled limit admits everything and counts nothing.
+    pub enabled: bool,
+    /// Would-deny decisions are counted and reported, but the answer is "allowed".
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// envoyproxy/ratelimit `name` and `replaces`: a matched rule drops the rules it replaces.
+    pub name: Option<String>,
+    pub replaces: Vec<String>,
+}
+
+impl LimitSpec {
+    /// A plain limit of `units` per `window`, strict, floor policy, no caps: handy in tests.
+    pub fn simple(id: &str, units: u64, window: Duration) -> Self {
+        LimitSpec {
+            id: LimitId::new(id),
+            quota: Quota::Units {
+                units,
+                window: Window::new(window),
+            },
+            consistency: Consistency::Strict,
+            weights: RegionWeights::default(),
+            partition_policy: PartitionPolicy::Floor,
+            rate_cap: None,
+            concurrency: None,
+            failure_mode: FailureMode::Open,
+            enabled: true,
+            shadow_mode: false,
+            detailed_metric: false,
+            name: None,
+            replaces: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Quota {
+    /// `unlimited: true`: always allowed, never counted.
+    Unlimited,
+    /// `L` units per window `W`, worldwide.
+    Units { units: u64, window: Window },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Consistency {
+    /// sum of allowances <= L at all times; 0 over-admission from coordination.
+    #[default]
+    Strict,
+    /// Regions admit against their view of the global sum; bounded overshoot.
+    Eventual,
+}
+
+/// What a region does for windows it holds no grant for (strict), or once its view of the
+/// other regions has expired (eventual).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionPolicy {
+    /// Keep the default share `w_r * L`.
+    #[default]
+    Floor,
+    /// Deny. The coordinator may reuse the floor once the region has been silent for
+    /// `view_ttl` plus a drift margin.
+    Closed,
+    /// Admit up to a rate cap; the bound grows by `cap * time open`.
+    Open { rate: RateCap },
+}
+
+/// A GCRA rate: `units` per `per`, with a burst of `burst` units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateCap {
+    pub units: u64,
+    pub per: Duration,
+    pub burst: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencyCap {
+    pub max_slots: u32,
+    /// A slot not released within this time returns by itself (its holder crashed).
+    pub slot_ttl: Duration,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureMode {
+    #[default]
+    Open,
+    Closed,
+}
+
+/// Default allowance shares, in parts per million of `L`; their sum is at most 1,000,000.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionWeights(BTreeMap<RegionId, u32>);
+
+impl RegionWeights {
+    /// Fails when the weights add up to more than one.
+    pub fn new(ppm: BTreeMap<RegionId, u32>) -> Result<Self, WeightsAboveOne> {
+        let total: u64 = ppm.values().map(|w| u64::from(*w)).sum();
+        if total > WEIGHT_SCALE_PPM {
+            return Err(WeightsAboveOne { total_ppm: total });
+        }
+        Ok(RegionWeights(ppm))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&RegionId, u32)> {
+        self.0.iter().map(|(r, w)| (r, *w))
+    }
+
+    /// The share of `region` in ppm, given the deployment's regions (used when no weights are
+    /// configured: equal shares, rounded down so that the sum never exceeds one).
+    pub fn share_ppm(&self, region: &RegionId, regions: &[RegionId]) -> u32 {
+        if self.0.is_empty() {
+            let n = regions.len().max(1) as u64;
+            return if regions.is_empty() || regions.contains(region) {
+                (WEIGHT_SCALE_PPM / n) as u32
+            } else {
+                0
+            };
+        }
+        self.0.get(region).copied().unwrap_or(0)
+    }
+
+    /// Default allowance `floor(w_r * L)`; exact integer arithmetic.
+    pub fn default_allowance(
+        &self,
+        region: &RegionId,
+        regions: &[RegionId],
+        quota_units: u64,
+    ) -> u64 {
+        let share = u128::from(self.share_ppm(region, regions));
+        (u128::from(quota_units) * share / u128::from(WEIGHT_SCALE_PPM)) as u64
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("region weights add up to {total_ppm} ppm, above 1 (1000000 ppm)")]
+pub struct WeightsAboveOne {
+    pub total_ppm: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_allowances_never_sum_above_the_quota() {
+        let regions: Vec<RegionId> = ["a", "b", "c"].into_iter().map(RegionId::from).collect();
+        let w = RegionWeights::default();
+        let sum: u64 = regions
+            .iter()
+            .map(|r| w.default_allowance(r, &regions, 100))
+            .sum();
+        assert_eq!(sum, 99, "three equal shares of 100 round down to 33 each");
+    }
+
+    #[test]
+    fn weights_above_one_are_rejected() {
+        let mut m = BTreeMap::new();
+        m.insert(RegionId::from("a"), 600_000);
+        m.insert(RegionId::from("b"), 500_000);
+        assert_eq!(RegionWeights::new(m).unwrap_err().total_ppm, 1_100_000);
+    }
+}

@@ -1,0 +1,1 @@
+//! The coordinator's allowance table, rebalancer and bound calculator (not yet written).

@@ -1,0 +1,114 @@
+//! The messages between a region's budget machine and the coordinator's rebalancer.
+//!
+//! One `SyncUp` goes from an agent to the coordinator every sync interval; the coordinator
+//! answers each with one `SyncDown`. Both are plain data: the daemons convert them to and from
+//! protobuf at the boundary, and the simulator passes them through lossy links as they are.
+//!
+//! Every field is safe to duplicate, reorder or replay:
+//! - counter entries are absolute values of monotone G-counters, merged by max;
+//! - grants carry an epoch and an absolute allowance, applied only if newer;
+//! - release requests carry an id, and the ack names it, so a repeated request is answered
+//!   with the same ack and never released twice.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, KeyId, LimitId, RegionId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// Most entries (counter entries, demand reports, grants, ...) one message carries; the rest
+/// waits for the next interval. Bounds memory and message size whatever the key count.
+pub const MAX_ITEMS_PER_MESSAGE: usize = 4096;
+
+/// One (limit, key, window) counter, as every state machine names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CounterRef {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+}
+
+/// One region's two monotone entries for one counter: net use is `granted - refunded`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterEntry {
+    pub counter: CounterRef,
+    pub region: RegionId,
+    pub granted_units: u64,
+    pub refunded_units: u64,
+}
+
+/// Demand for an escalated key: what the region was asked for, including denied requests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandReport {
+    pub counter: CounterRef,
+    /// Requested units per second over the recent past (including denied requests).
+    pub demand_units_per_sec: u64,
+    /// The region's allowance for this counter as it enforces it now.
+    pub allowance_units: u64,
+}
+
+/// The coordinator's answer to escalation: region `region` may grant up to `allowance_units`
+/// for `counter`. Absolute, not a delta; applied only when `epoch` is newer than the last.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowanceGrant {
+    pub counter: CounterRef,
+    pub region: RegionId,
+    pub allowance_units: u64,
+    pub epoch: Epoch,
+}
+
+/// Strict mode's shrink: the coordinator asks a region to give back up to `units`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// Unique per coordinator table; the ack repeats it.
+    pub id: u64,
+    pub counter: CounterRef,
+    pub units: u64,
+    pub epoch: Epoch,
+}
+
+/// The region lowered its own allowance (never below its net use) and persisted it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseAck {
+    pub id: u64,
+    pub counter: CounterRef,
+    pub released_units: u64,
+    pub allowance_after_units: u64,
+}
+
+/// NTP-style clock sample computed by the agent from the previous round trip:
+/// `offset = ((t1 - t0) + (t2 - t3)) / 2`, positive when the coordinator's clock is ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSample {
+    pub offset_nanos: i64,
+    pub round_trip_nanos: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncUp {
+    pub region: RegionId,
+    /// Increases by one per message from this region's state; the reply names it.
+    pub seq: u64,
+    /// t0, on the agent's clock.
+    pub sent_at: Timestamp,
+    pub config_version: u64,
+    /// Entries changed since the last acknowledged sync (resent until acknowledged).
+    pub entries: Vec<CounterEntry>,
+    pub demand: Vec<DemandReport>,
+    pub release_acks: Vec<ReleaseAck>,
+    pub clock: Option<ClockSample>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncDown {
+    /// The `seq` of the `SyncUp` this answers; the agent ages everything in this message from
+    /// that message's `sent_at` on its own clock, never from the coordinator's clock.
+    pub reply_to_seq: u64,
+    /// t1 and t2, on the coordinator's clock.
+    pub received_at: Timestamp,
+    pub sent_at: Timestamp,
+    pub config_version: u64,
+    /// Other regions' entries for counters this region takes part in.
+    pub entries: Vec<CounterEntry>,
+    pub grants: Vec<AllowanceGrant>,
+    pub release_requests: Vec<ReleaseRequest>,
+}
