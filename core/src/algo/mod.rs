@@ -1,1 +1,3 @@
 //! Limiting algorithms, each a small value type driven by `now`.
+
+pub mod gcra;

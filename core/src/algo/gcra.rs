@@ -1,0 +1,229 @@
+//! GCRA (generic cell rate algorithm) with variable cost and exact retry-after.
+//!
+//! One state value per key: the theoretical arrival time (TAT). With emission interval
+//! `T = per / units` and burst tolerance `tau = (burst - 1) * T`, a request of cost `c` at `now`
+//! is admitted when `max(TAT, now) + c*T - (tau + T) <= now`, and then moves TAT there. A denial
+//! writes nothing and knows exactly when the same request would pass.
+
+use std::time::Duration;
+
+use crate::limit::RateCap;
+use crate::time::{Timestamp, duration_nanos};
+
+/// The fixed parameters of one GCRA limit; the per-key state is a [`GcraState`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gcra {
+    emission_interval_nanos: u64,
+    /// `tau + T`: how far TAT may run ahead of now after an admitted request.
+    horizon_nanos: u64,
+}
+
+/// Per-key state: 8 bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcraState {
+    tat: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GcraDecision {
+    Allowed {
+        /// Requests of cost one that would still pass right now.
+        remaining: u64,
+        /// Time until the key is back to a full burst.
+        reset_after: Duration,
+    },
+    Denied {
+        /// When the same request would pass; `None` when its cost exceeds the burst, so it
+        /// never can.
+        retry_after: Option<Duration>,
+        reset_after: Duration,
+    },
+}
+
+impl GcraDecision {
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, GcraDecision::Allowed { .. })
+    }
+}
+
+impl Gcra {
+    /// `cap.units` per `cap.per` with a burst of `cap.burst` (at least 1).
+    /// The emission interval rounds up, so rounding never admits more than the cap.
+    pub fn new(cap: RateCap) -> Self {
+        let units = cap.units.max(1);
+        let per_nanos = duration_nanos(cap.per).max(1);
+        let emission_interval_nanos = per_nanos.div_ceil(units).max(1);
+        let horizon_nanos = emission_interval_nanos.saturating_mul(cap.burst.max(1));
+        Gcra {
+            emission_interval_nanos,
+            horizon_nanos,
+        }
+    }
+
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.emission_interval_nanos)
+    }
+
+    /// The burst tolerance `tau = (burst - 1) * T`.
+    pub fn tolerance(&self) -> Duration {
+        Duration::from_nanos(self.horizon_nanos - self.emission_interval_nanos)
+    }
+
+    /// Decide a request of `cost` units at `now`; charges the state only when allowed.
+    pub fn check(&self, state: &mut GcraState, now: Timestamp, cost: u64) -> GcraDecision {
+        let now_ns = now.as_unix_nanos();
+        let tat_ns = state.tat.as_unix_nanos().max(now_ns);
+        let increment_ns = cost.saturating_mul(self.emission_interval_nanos);
+        let new_tat_ns = tat_ns.saturating_add(increment_ns);
+        let allow_at_ns = new_tat_ns.saturating_sub(self.horizon_nanos);
+        if allow_at_ns > now_ns {
+            let retry_after = (increment_ns <= self.horizon_nanos)
+                .then(|| Duration::from_nanos(allow_at_ns - now_ns));
+            return GcraDecision::Denied {
+                retry_after,
+                reset_after: Duration::from_nanos(tat_ns - now_ns),
+            };
+        }
+        state.tat = Timestamp::from_unix_nanos(new_tat_ns);
+        let ahead_ns = new_tat_ns - now_ns;
+        GcraDecision::Allowed {
+            remaining: (self.horizon_nanos - ahead_ns) / self.emission_interval_nanos,
+            reset_after: Duration::from_nanos(ahead_ns),
+        }
+    }
+
+    /// Requests of cost one that would pass at `now`, without charging anything.
+    pub fn remaining(&self, state: &GcraState, now: Timestamp) -> u64 {
+        let ahead_ns = state
+            .tat
+            .as_unix_nanos()
+            .saturating_sub(now.as_unix_nanos());
+        self.horizon_nanos.saturating_sub(ahead_ns) / self.emission_interval_nanos
+    }
+
+    /// Give back `units` that were charged but not used (reserve-then-settle): TAT moves back
+    /// by `units * T`, never below `now`, so a refund cannot create credit for the past.
+    pub fn refund(&self, state: &mut GcraState, now: Timestamp, units: u64) {
+        let back_ns = units.saturating_mul(self.emission_interval_nanos);
+        let tat_ns = state
+            .tat
+            .as_unix_nanos()
+            .saturating_sub(back_ns)
+            .max(now.as_unix_nanos());
+        state.tat = Timestamp::from_unix_nanos(tat_ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn per_minute(units: u64, burst: u64) -> Gcra {
+        Gcra::new(RateCap {
+            units,
+            per: Duration::from_secs(60),
+            burst,
+        })
+    }
+
+    const NOW: Timestamp = Timestamp::from_unix_millis(1_700_000_000_000);
+
+    #[test]
+    fn worked_example_100_per_minute_burst_20() {
+        let g = per_minute(100, 20);
+        assert_eq!(g.emission_interval(), Duration::from_millis(600));
+        assert_eq!(g.tolerance(), Duration::from_millis(11_400));
+        let mut s = GcraState::default();
+        for i in 0..20 {
+            match g.check(&mut s, NOW, 1) {
+                GcraDecision::Allowed { remaining, .. } => assert_eq!(remaining, 19 - i),
+                d => panic!("request {} denied: {d:?}", i + 1),
+            }
+        }
+        let d = g.check(&mut s, NOW, 1);
+        assert_eq!(
+            d,
+            GcraDecision::Denied {
+                retry_after: Some(Duration::from_millis(600)),
+                reset_after: Duration::from_secs(12)
+            }
+        );
+        // Exactly one emission interval later the 21st passes, with nothing left.
+        let later = NOW + Duration::from_millis(600);
+        assert_eq!(
+            g.check(&mut s, later, 1),
+            GcraDecision::Allowed {
+                remaining: 0,
+                reset_after: Duration::from_secs(12)
+            }
+        );
+    }
+
+    #[test]
+    fn remaining_follows_the_tat_formula() {
+        // remaining = floor((tau - (TAT - now)) / T) + 1
+        let g = per_minute(100, 20);
+        let mut s = GcraState::default();
+        for _ in 0..5 {
+            g.check(&mut s, NOW, 1);
+        }
+        let now = NOW + Duration::from_millis(1_000);
+        let tat_ahead_ms = 5 * 600 - 1_000; // 2,000 ms
+        let expected = (11_400 - tat_ahead_ms) / 600 + 1; // 15
+        assert_eq!(g.remaining(&s, now), expected);
+    }
+
+    #[test]
+    fn variable_cost_charges_cost_times_t() {
+        let g = per_minute(100, 20);
+        let mut s = GcraState::default();
+        assert!(g.check(&mut s, NOW, 15).is_allowed());
+        assert_eq!(g.remaining(&s, NOW), 5);
+        let d = g.check(&mut s, NOW, 6);
+        assert_eq!(
+            d,
+            GcraDecision::Denied {
+                retry_after: Some(Duration::from_millis(600)),
+                reset_after: Duration::from_secs(9)
+            }
+        );
+        assert!(g.check(&mut s, NOW, 5).is_allowed());
+    }
+
+    #[test]
+    fn a_cost_above_the_burst_can_never_pass() {
+        let g = per_minute(100, 20);
+        let mut s = GcraState::default();
+        assert_eq!(
+            g.check(&mut s, NOW, 21),
+            GcraDecision::Denied {
+                retry_after: None,
+                reset_after: Duration::ZERO
+            }
+        );
+        assert_eq!(s, GcraState::default(), "a denial writes nothing");
+    }
+
+    #[test]
+    fn refunds_never_move_tat_before_now() {
+        let g = per_minute(100, 20);
+        let mut s = GcraState::default();
+        g.check(&mut s, NOW, 10);
+        g.refund(&mut s, NOW, 4);
+        assert_eq!(g.remaining(&s, NOW), 14);
+        g.refund(&mut s, NOW, 1_000);
+        assert_eq!(g.remaining(&s, NOW), 20);
+        assert!(g.check(&mut s, NOW, 20).is_allowed());
+    }
+
+    #[test]
+    fn rates_that_do_not_divide_round_towards_fewer_admissions() {
+        // 3 per second: T rounds up to 333,333,334 ns, so 3 intervals exceed a second.
+        let g = Gcra::new(RateCap {
+            units: 3,
+            per: Duration::from_secs(1),
+            burst: 1,
+        });
+        assert_eq!(g.emission_interval(), Duration::from_nanos(333_333_334));
+    }
+}
