@@ -92,7 +92,7 @@ impl Builder {
         {
             let message = format!(
                 "duplicate domain '{domain_name}' in config file (first loaded from {}; \
-                 merge_domains joins files of one domain)",
+                 turn on domain merging to join them)",
                 existing.first_file
             );
             errors.push(ConfigError::at(file, pos, "domain", message));

@@ -134,7 +134,7 @@ fn duplicate_domain_across_files_is_rejected_in_the_later_file() {
         errors,
         [
             "b.yaml:2:9: domain: duplicate domain 'api' in config file (first loaded from a.yaml; \
-          merge_domains joins files of one domain)"
+          turn on domain merging to join them)"
         ]
     );
 }
