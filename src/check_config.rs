@@ -65,9 +65,10 @@ fn print_rules(config: &LimitsConfig, file_count: usize) -> ExitCode {
         }
     }
     eprintln!(
-        "ok: {} rules in {} domains from {file_count} files",
-        config.rules().len(),
-        config.domains().len()
+        "ok: {} in {} from {}",
+        counted(config.rules().len(), "rule"),
+        counted(config.domains().len(), "domain"),
+        counted(file_count, "file"),
     );
     ExitCode::SUCCESS
 }
@@ -82,7 +83,7 @@ fn print_errors<'a>(errors: impl Iterator<Item = &'a ConfigError>, omitted: usiz
     if omitted > 0 {
         let _ = writeln!(err, "... and {omitted} more errors");
     }
-    let _ = writeln!(err, "check-config: {} errors", count + omitted);
+    let _ = writeln!(err, "check-config: {}", counted(count + omitted, "error"));
     ExitCode::FAILURE
 }
 
@@ -111,6 +112,15 @@ pub fn rule_line(rule: &Rule) -> String {
         line.push_str(" disabled");
     }
     line
+}
+
+/// `1 rule`, `2 rules`.
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn quoted(value: &str) -> String {

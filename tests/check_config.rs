@@ -183,7 +183,7 @@ fn merge_domains_joins_files_of_one_domain() {
     );
     assert_eq!(
         stderr_lines(&merged),
-        ["ok: 2 rules in 1 domains from 2 files"]
+        ["ok: 2 rules in 1 domain from 2 files"]
     );
 }
 

@@ -279,6 +279,13 @@ impl Walk<'_> {
         id: LimitId,
     ) -> Option<RuleDef> {
         let errors_before = self.errors.len();
+        // The allot block is checked first, so that its errors show even when the
+        // rate_limit itself is unusable.
+        let allot = match descriptor.get("allot") {
+            Some(f) => self.mapping(f.value, &f.path, "allot", ALLOT_KEYS),
+            None => Some(Fields(Vec::new())),
+        };
+        let settings = allot.as_ref().map(|a| self.settings(a));
         if rate_limit.value.is_null() {
             let message =
                 "rate_limit is empty: set requests_per_unit and unit, or unlimited: true".into();
@@ -298,11 +305,6 @@ impl Walk<'_> {
             .and_then(|f| self.string(f))
             .filter(|n| !n.is_empty());
         let replaces_at = self.replaces(&rl, name.as_deref());
-        let allot = match descriptor.get("allot") {
-            Some(f) => self.mapping(f.value, &f.path, "allot", ALLOT_KEYS),
-            None => Some(Fields(Vec::new())),
-        };
-        let settings = allot.as_ref().map(|a| self.settings(a));
         let quota = if unlimited {
             self.check_unlimited(&rl, allot.as_ref(), unit.flatten().flatten());
             Some(Quota::Unlimited)

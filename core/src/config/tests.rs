@@ -368,12 +368,13 @@ descriptors:
 #[test]
 fn malformed_yaml_is_reported_with_its_place() {
     let text = "domain: api\ndescriptors:\n  - key: k\n    value: [unclosed\n";
-    let errors = errors_of(&[("limits.yaml", text)], false);
-    assert_eq!(errors.len(), 1, "{errors:#?}");
-    let e = &errors[0];
-    assert!(e.starts_with("limits.yaml:"), "{e}");
-    assert!(e.contains("descriptors[0].value"), "{e}");
-    assert!(e.contains("malformed YAML"), "{e}");
+    // The parser notices at the end of the text (line 5, column 1), inside the list that
+    // would have been `value`'s, where its second item was expected.
+    assert_eq!(
+        only_error(text),
+        "limits.yaml:5:1: descriptors[0].value[1]: malformed YAML: while parsing a flow \
+         sequence, expected ',' or ']'"
+    );
 }
 
 #[test]
@@ -454,11 +455,22 @@ fn values_of_the_wrong_type_are_rejected() {
             "limits.yaml:4:5: descriptors[1]: a descriptor must be a mapping, found the string \"b\"",
         ]
     );
-    let rate_limit_string = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: fast\n";
+    let rate_limit_string = "\
+domain: api
+descriptors:
+  - key: k
+    rate_limit: fast
+    allot: {consistency: loose}
+";
+    // The allot block is still checked when the rate_limit beside it is unusable.
     assert_eq!(
-        only_error(rate_limit_string),
-        "limits.yaml:4:17: descriptors[0].rate_limit: rate_limit must be a mapping, found the \
-         string \"fast\""
+        errors_of(&[("limits.yaml", rate_limit_string)], false),
+        [
+            "limits.yaml:4:17: descriptors[0].rate_limit: rate_limit must be a mapping, found \
+             the string \"fast\"",
+            "limits.yaml:5:26: descriptors[0].allot.consistency: invalid consistency 'loose' \
+             (expected strict or eventual)",
+        ]
     );
     let bad_flag = "\
 domain: api
