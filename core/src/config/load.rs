@@ -147,6 +147,8 @@ impl Builder {
         for (index, rule) in self.rules.iter().enumerate() {
             by_id.insert(rule.spec.id.clone(), index);
         }
+        // Ambiguous ids were rejected above, so each rule is found by its own id.
+        assert_eq!(by_id.len(), self.rules.len(), "limit ids are unique");
         let mut domains = FixedHashMap::default();
         for (name, domain) in self.domains {
             domains.insert(name.into_boxed_str(), domain.top);

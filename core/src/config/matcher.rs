@@ -144,6 +144,7 @@ impl Level {
                 }
                 let index = slot.wildcards.len();
                 slot.wildcards.push((prefix.as_str().into(), node));
+                // In bounds: the element was pushed just above.
                 Ok(&mut slot.wildcards[index].1)
             }
         }

@@ -73,6 +73,7 @@ impl LimitsConfig {
     }
 
     pub fn rule(&self, id: &LimitId) -> Option<&Rule> {
+        // Indices in `by_id` and in the trees come from `rules` as it was built: in bounds.
         self.by_id.get(id).map(|&i| &self.rules[i])
     }
 

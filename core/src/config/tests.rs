@@ -657,6 +657,27 @@ descriptors:
     assert_eq!(errors_of(&files, false), first);
 }
 
+#[test]
+fn a_flood_of_errors_is_listed_up_to_the_bound_and_counted_beyond() {
+    // 1500 descriptors without a key: 1500 errors, one per descriptor.
+    let mut text = String::from("domain: api\ndescriptors:\n");
+    for _ in 0..1500 {
+        text.push_str("  - value: v\n");
+    }
+    let Err(errors) = load_files(&[("limits.yaml", &text)], false) else {
+        panic!("key-less descriptors must be rejected")
+    };
+    assert_eq!(errors.len(), 1500);
+    assert_eq!(errors.iter().len(), MAX_REPORTED_ERRORS);
+    assert_eq!(errors.omitted(), 1500 - MAX_REPORTED_ERRORS);
+    // The first listed are the first in the file: descriptors start on line 3.
+    assert_eq!(
+        errors.iter().next().and_then(|e| e.line_column()),
+        Some((3, 5))
+    );
+    assert!(errors.to_string().ends_with("\n... and 500 more errors"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Acceptance of envoyproxy/ratelimit files.
 // ---------------------------------------------------------------------------------------------
