@@ -1,5 +1,7 @@
 //! `allot`: one binary, one subcommand per role.
 
+mod check_config;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -12,18 +14,26 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Load limits configuration files and print the rules, or every error.
+    ///
+    /// Prints one line per rule to stdout and exits 0; or prints every error in every file
+    /// to stderr (file:line:column: path: problem) and exits 1.
     CheckConfig {
+        /// envoyproxy/ratelimit YAML files, with optional `allot:` blocks.
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
+        /// Merge files of the same domain instead of rejecting the duplicate domain
+        /// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+        #[arg(long)]
+        merge_domains: bool,
     },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { files } => {
-            eprintln!("check-config is not written yet ({} files)", files.len());
-            std::process::ExitCode::FAILURE
-        }
+        Command::CheckConfig {
+            files,
+            merge_domains,
+        } => check_config::run(&files, merge_domains),
     }
 }
