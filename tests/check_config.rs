@@ -85,7 +85,7 @@ fn every_error_goes_to_stderr_and_the_exit_code_is_one() {
     let bad = scratch_file(
         "errors",
         "bad.yaml",
-        "domain: shop\ndescriptors:\n  - key: route\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 0\n  - value: orphan\n",
+        "domain: shop\ndescriptors:\n  - key: route\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: -3\n  - value: orphan\n",
     );
     let out = allot(&["check-config", arg(&bad)]);
     assert_eq!(out.status.code(), Some(1));
@@ -105,7 +105,7 @@ fn every_error_goes_to_stderr_and_the_exit_code_is_one() {
             ),
             format!(
                 "{name}:6:26: descriptors[0].rate_limit.requests_per_unit: requests_per_unit \
-                 must be at least 1, found 0"
+                 must be at least 0, found -3"
             ),
             format!("{name}:7:5: descriptors[1].key: descriptor has empty key"),
             "check-config: 3 errors".to_owned(),

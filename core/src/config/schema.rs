@@ -368,7 +368,8 @@ impl Walk<'_> {
         window: Window,
     ) -> Option<Quota> {
         let units = match rl.get("requests_per_unit") {
-            Some(f) => self.positive(f),
+            // 0 is a valid quota that admits nothing: envoyproxy/ratelimit uses it to ban a value.
+            Some(f) => self.whole(f, 0),
             None => {
                 let message = "rate_limit has neither requests_per_unit nor unlimited: true";
                 let path = rate_limit.path.key("requests_per_unit");
@@ -787,17 +788,22 @@ impl Walk<'_> {
 
     /// A whole number of at least 1.
     fn positive(&mut self, f: &Field<'_>) -> Option<u64> {
+        self.whole(f, 1)
+    }
+
+    /// A whole number of at least `min`.
+    fn whole(&mut self, f: &Field<'_>, min: i128) -> Option<u64> {
         let name = f.name;
         let message = match &f.value.kind {
             Kind::Scalar {
                 text,
                 quoted: false,
             } => match resolve_plain(text) {
-                Plain::Int(Some(n)) if n >= 1 => match u64::try_from(n) {
+                Plain::Int(Some(n)) if n >= min => match u64::try_from(n) {
                     Ok(n) => return Some(n),
                     Err(_) => format!("{name} {text} is too large (at most {})", u64::MAX),
                 },
-                Plain::Int(Some(n)) => format!("{name} must be at least 1, found {n}"),
+                Plain::Int(Some(n)) => format!("{name} must be at least {min}, found {n}"),
                 Plain::Int(None) => format!("{name} {text} is too large (at most {})", u64::MAX),
                 Plain::Float => format!("{name} must be a whole number, found {text}"),
                 _ => format!("{name} must be an integer, found {}", f.value.describe()),

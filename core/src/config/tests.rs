@@ -378,7 +378,7 @@ fn malformed_yaml_is_reported_with_its_place() {
 }
 
 #[test]
-fn requests_per_unit_must_be_a_positive_integer() {
+fn requests_per_unit_must_be_a_whole_number() {
     let case = |value: &str| {
         let text = format!(
             "domain: api\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      \
@@ -389,12 +389,8 @@ fn requests_per_unit_must_be_a_positive_integer() {
     // `      requests_per_unit: ` is 25 characters: values start at column 26.
     let prefix = "limits.yaml:6:26: descriptors[0].rate_limit.requests_per_unit: ";
     assert_eq!(
-        case("0"),
-        format!("{prefix}requests_per_unit must be at least 1, found 0")
-    );
-    assert_eq!(
         case("-5"),
-        format!("{prefix}requests_per_unit must be at least 1, found -5")
+        format!("{prefix}requests_per_unit must be at least 0, found -5")
     );
     assert_eq!(
         case("1.5"),
@@ -629,14 +625,14 @@ fn every_error_in_every_file_is_reported_in_order() {
 domain: a
 descriptors:
   - key: k
-    rate_limit: {unit: fortnight, requests_per_unit: 0}
+    rate_limit: {unit: fortnight, requests_per_unit: -1}
   - key: ''
 ";
     let b = "domain: b\ndescriptors: [{key: x, rate_limit: {unit: minute}}], extra\n";
     let c = "domain: c\ndescriptors:\n  - key: k\n    shadow_mode: perhaps\n";
     let files = [("a.yaml", a), ("b.yaml", b), ("c.yaml", c)];
     let first = errors_of(&files, false);
-    // a.yaml in line and column order (the unit at 4:24 before `requests_per_unit: 0` at 4:54,
+    // a.yaml in line and column order (the unit at 4:24 before `requests_per_unit: -1` at 4:54,
     // though both sit in one flow mapping), then b.yaml (malformed at the `,` after `]`,
     // column 14 + 38), then c.yaml (the flag is checked even without a rule).
     assert_eq!(
@@ -645,7 +641,7 @@ descriptors:
             "a.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight' \
              (expected second, minute, hour, day, week, month or year)",
             "a.yaml:4:54: descriptors[0].rate_limit.requests_per_unit: requests_per_unit must be \
-             at least 1, found 0",
+             at least 0, found -1",
             "a.yaml:5:10: descriptors[1].key: descriptor has empty key",
             "b.yaml:2:52: (document): malformed YAML: while parsing a block mapping, did not find \
              expected key",
@@ -1529,5 +1525,32 @@ mod properties {
         fn structured_documents_load_or_report_errors(text in document()) {
             check(&text);
         }
+    }
+}
+
+/// envoyproxy/ratelimit's own examples ban a value with a quota of zero; such files must load
+/// unchanged, and the rule admits nothing.
+#[test]
+fn a_zero_quota_loads_and_bans_the_value() {
+    let text = "\
+domain: messaging
+descriptors:
+  - key: to_number
+    value: '2061234567'
+    rate_limit:
+      unit: day
+      requests_per_unit: 0
+";
+    let config = LimitsConfig::load(
+        &[SourceFile::new("limits.yaml", text)],
+        &LoadOptions::default(),
+    )
+    .expect("a zero quota is valid");
+    let matched = config
+        .match_descriptor("messaging", &[("to_number", "2061234567")])
+        .expect("the rule matches");
+    match matched.limit().quota {
+        Quota::Units { units, .. } => assert_eq!(units, 0),
+        Quota::Unlimited => panic!("a zero quota is not unlimited"),
     }
 }
