@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::algo::Decision;
 use crate::limit::RateCap;
 use crate::time::{Timestamp, duration_nanos};
 
@@ -24,27 +25,8 @@ pub struct GcraState {
     tat: Timestamp,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GcraDecision {
-    Allowed {
-        /// Requests of cost one that would still pass right now.
-        remaining: u64,
-        /// Time until the key is back to a full burst.
-        reset_after: Duration,
-    },
-    Denied {
-        /// When the same request would pass; `None` when its cost exceeds the burst, so it
-        /// never can.
-        retry_after: Option<Duration>,
-        reset_after: Duration,
-    },
-}
-
-impl GcraDecision {
-    pub fn is_allowed(&self) -> bool {
-        matches!(self, GcraDecision::Allowed { .. })
-    }
-}
+/// GCRA answers with the decision every algorithm shares.
+pub type GcraDecision = Decision;
 
 impl Gcra {
     /// `cap.units` per `cap.per` with a burst of `cap.burst` (at least 1).
