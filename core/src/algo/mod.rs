@@ -3,5 +3,6 @@
 mod decision;
 pub mod fixed_window;
 pub mod gcra;
+pub mod sliding_window;
 
 pub use decision::Decision;
