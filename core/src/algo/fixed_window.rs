@@ -54,6 +54,8 @@ impl FixedWindow {
     }
 
     /// Decide a request of `cost` units at `now`; charges the state only when allowed.
+    /// Inlined across crates, as [`crate::algo::gcra::Gcra::check`].
+    #[inline]
     pub fn check(&self, state: &mut FixedWindowState, now: Timestamp, cost: u64) -> Decision {
         let current = self.current(state, now);
         let left = self.limit_units.saturating_sub(current.used_units);

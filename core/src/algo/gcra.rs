@@ -54,6 +54,9 @@ impl Gcra {
     }
 
     /// Decide a request of `cost` units at `now`; charges the state only when allowed.
+    /// Inlined across crates: it runs once per request and is a handful of instructions, so
+    /// a call would cost as much as the decision.
+    #[inline]
     pub fn check(&self, state: &mut GcraState, now: Timestamp, cost: u64) -> GcraDecision {
         let now_ns = now.as_unix_nanos();
         let tat_ns = state.tat.as_unix_nanos().max(now_ns);

@@ -7,10 +7,11 @@
 //! assumes the previous window's units were spread evenly, which is the approximation; in
 //! exchange the state is two counters and a window index (24 bytes).
 //!
-//! All decisions are made on the inequality multiplied through by `W` in 128-bit integers
-//! (`p * (W - e) + (c + k) * W <= limit * W`, time in nanoseconds), so they are exact: no
-//! rounding admits a unit at the boundary, and the retry-after is the exact first nanosecond at
-//! which the inequality holds, solved in closed form.
+//! All decisions are made on the inequality multiplied through by `W`
+//! (`p * (W - e) + (c + k) * W <= limit * W`, time in nanoseconds), in integers, 128-bit where a
+//! product of units and nanoseconds needs it. So they are exact: no rounding admits a unit at the
+//! boundary, and the retry-after is the first nanosecond at which the inequality holds, solved
+//! in closed form.
 
 use std::time::Duration;
 
@@ -72,6 +73,8 @@ impl SlidingWindow {
     }
 
     /// Decide a request of `cost` units at `now`; charges the state only when allowed.
+    /// Inlined across crates, as [`crate::algo::gcra::Gcra::check`].
+    #[inline]
     pub fn check(&self, state: &mut SlidingWindowState, now: Timestamp, cost: u64) -> Decision {
         let counts = self.current(state, now);
         let left = self.left_units(&counts, now);
@@ -126,15 +129,20 @@ impl SlidingWindow {
         u128::from(self.window_nanos - elapsed_nanos)
     }
 
-    /// `floor((limit * W - p * (W - e) - c * W) / W)`: the largest cost that passes now.
+    /// `floor((limit * W - p * (W - e) - c * W) / W)`, the largest cost that passes now, which
+    /// is `limit - c - ceil(p * (W - e) / W)` as `limit - c` is whole.
     fn left_units(&self, counts: &SlidingWindowState, now: Timestamp) -> u64 {
-        let w = u128::from(self.window_nanos);
-        let weighted = u128::from(counts.previous_units)
-            .saturating_mul(self.overlap_nanos(counts, now))
-            .saturating_add(u128::from(counts.current_units) * w);
-        let left = (u128::from(self.limit_units) * w).saturating_sub(weighted) / w;
-        // At most `limit`, so it fits.
-        u64::try_from(left).unwrap_or(u64::MAX)
+        self.limit_units
+            .saturating_sub(counts.current_units)
+            .saturating_sub(self.fading_units(counts, now))
+    }
+
+    /// `ceil(p * (W - e) / W)`: the previous window's units still inside the trailing window,
+    /// rounded up so that rounding never admits a unit. At most `p`.
+    fn fading_units(&self, counts: &SlidingWindowState, now: Timestamp) -> u64 {
+        let weighted = u128::from(counts.previous_units) * self.overlap_nanos(counts, now);
+        let units = weighted.div_ceil(u128::from(self.window_nanos));
+        u64::try_from(units).unwrap_or(u64::MAX)
     }
 
     /// The first instant at which a request of `cost <= limit`, denied at `now`, passes if
