@@ -319,6 +319,40 @@ mod tests {
     }
 
     #[test]
+    fn spending_the_limit_at_a_boundary_leaves_the_next_window_to_refill_linearly() {
+        let sw = SlidingWindow::new(10, Window::new(TEN_SECONDS));
+        let mut s = SlidingWindowState::default();
+        let boundary = start() + TEN_SECONDS;
+        assert!(
+            sw.check(&mut s, boundary - Duration::from_millis(1), 10)
+                .is_allowed()
+        );
+        // Unlike a fixed window, the new window opens with the estimate still at 10: a unit
+        // comes back each second as the previous window fades (10 * e/10 at e seconds).
+        assert_eq!(sw.remaining(&s, boundary), 0);
+        assert_eq!(sw.remaining(&s, boundary + secs(1)), 1);
+        assert_eq!(sw.remaining(&s, boundary + secs(4)), 4);
+    }
+
+    #[test]
+    fn the_estimate_is_not_a_trailing_window_bound() {
+        let sw = SlidingWindow::new(10, Window::new(TEN_SECONDS));
+        let mut s = SlidingWindowState::default();
+        // 10 at the very end of one window, then 9.9 s into the next the estimate is
+        // 10 * 0.1/10 = 0.1, so 9 more pass: 19 units within 9.901 s, because the estimate
+        // takes the first 10 as spread over their window when they were all at its end.
+        let first = start() + TEN_SECONDS - Duration::from_millis(1);
+        assert!(sw.check(&mut s, first, 10).is_allowed());
+        let second = start() + TEN_SECONDS + Duration::from_millis(9_900);
+        assert!(sw.check(&mut s, second, 9).is_allowed());
+        assert_eq!(sw.remaining(&s, second), 0);
+        assert_eq!(
+            second.saturating_duration_since(first),
+            Duration::from_millis(9_901)
+        );
+    }
+
+    #[test]
     fn a_clock_step_back_does_not_reopen_spent_quota() {
         let sw = SlidingWindow::new(10, Window::new(TEN_SECONDS));
         let mut s = SlidingWindowState::default();
