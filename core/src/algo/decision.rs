@@ -36,3 +36,26 @@ impl Decision {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use proptest::prelude::*;
+
+    use crate::time::Timestamp;
+
+    use super::*;
+
+    /// A denial's retry-after is exact: the same request, decided by `passes_at` on a copy of
+    /// the state, passes at `now + retry_after` and not one nanosecond earlier.
+    pub(crate) fn check_retry_is_exact(
+        now: Timestamp,
+        retry_after: Duration,
+        passes_at: impl Fn(Timestamp) -> bool,
+    ) -> Result<(), TestCaseError> {
+        let at = now + retry_after;
+        prop_assert!(passes_at(at), "denied at {:?} + {:?}", now, retry_after);
+        let just_before = at - Duration::from_nanos(1);
+        prop_assert!(!passes_at(just_before), "allowed 1 ns before {:?}", at);
+        Ok(())
+    }
+}

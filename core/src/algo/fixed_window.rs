@@ -25,18 +25,6 @@ pub struct FixedWindowState {
 
 const _: () = assert!(std::mem::size_of::<FixedWindowState>() == 16);
 
-impl FixedWindowState {
-    /// The window this state last counted in.
-    pub fn window(&self) -> WindowIndex {
-        self.window
-    }
-
-    /// Units charged in [`Self::window`].
-    pub fn used_units(&self) -> u64 {
-        self.used_units
-    }
-}
-
 impl FixedWindow {
     pub fn new(limit_units: u64, window: Window) -> Self {
         FixedWindow {
@@ -109,6 +97,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algo::decision::testing::check_retry_is_exact;
 
     const MINUTE: Duration = Duration::from_secs(60);
 
@@ -239,29 +228,16 @@ mod tests {
                     Decision::Denied { retry_after, .. } => {
                         prop_assert!(used + cost > limit);
                         prop_assert_eq!(state, before);
-                        check_retry_is_exact(&fw, &state, now, cost, retry_after)?;
+                        match retry_after {
+                            Some(after) => check_retry_is_exact(now, after, |t| {
+                                fw.check(&mut state.clone(), t, cost).is_allowed()
+                            })?,
+                            None => prop_assert!(cost > limit),
+                        }
                     }
                 }
             }
             prop_assert!(admitted.values().all(|&units| units <= limit));
         }
-    }
-
-    fn check_retry_is_exact(
-        fw: &FixedWindow,
-        state: &FixedWindowState,
-        now: Timestamp,
-        cost: u64,
-        retry_after: Option<Duration>,
-    ) -> Result<(), TestCaseError> {
-        let Some(retry_after) = retry_after else {
-            prop_assert!(cost > fw.limit_units());
-            return Ok(());
-        };
-        let at = now + retry_after;
-        prop_assert!(fw.check(&mut state.clone(), at, cost).is_allowed());
-        let just_before = at - Duration::from_nanos(1);
-        prop_assert!(!fw.check(&mut state.clone(), just_before, cost).is_allowed());
-        Ok(())
     }
 }

@@ -38,23 +38,6 @@ pub struct SlidingWindowState {
 
 const _: () = assert!(std::mem::size_of::<SlidingWindowState>() == 24);
 
-impl SlidingWindowState {
-    /// The window this state last counted in.
-    pub fn window(&self) -> WindowIndex {
-        self.window
-    }
-
-    /// Units charged in the window before [`Self::window`].
-    pub fn previous_units(&self) -> u64 {
-        self.previous_units
-    }
-
-    /// Units charged in [`Self::window`].
-    pub fn current_units(&self) -> u64 {
-        self.current_units
-    }
-}
-
 impl SlidingWindow {
     pub fn new(limit_units: u64, window: Window) -> Self {
         SlidingWindow {
@@ -197,6 +180,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algo::decision::testing::check_retry_is_exact;
 
     const MINUTE: Duration = Duration::from_secs(60);
     const TEN_SECONDS: Duration = Duration::from_secs(10);
@@ -419,29 +403,16 @@ mod tests {
                     Decision::Denied { retry_after, .. } => {
                         prop_assert!(!fits);
                         prop_assert_eq!(state, before);
-                        check_retry_is_exact(&sw, &state, now, cost, retry_after)?;
+                        match retry_after {
+                            Some(after) => check_retry_is_exact(now, after, |t| {
+                                sw.check(&mut state.clone(), t, cost).is_allowed()
+                            })?,
+                            None => prop_assert!(cost > limit),
+                        }
                     }
                 }
             }
             prop_assert!(admitted.values().all(|&units| units <= limit));
         }
-    }
-
-    fn check_retry_is_exact(
-        sw: &SlidingWindow,
-        state: &SlidingWindowState,
-        now: Timestamp,
-        cost: u64,
-        retry_after: Option<Duration>,
-    ) -> Result<(), TestCaseError> {
-        let Some(retry_after) = retry_after else {
-            prop_assert!(cost > sw.limit_units());
-            return Ok(());
-        };
-        let at = now + retry_after;
-        prop_assert!(sw.check(&mut state.clone(), at, cost).is_allowed());
-        let just_before = at - Duration::from_nanos(1);
-        prop_assert!(!sw.check(&mut state.clone(), just_before, cost).is_allowed());
-        Ok(())
     }
 }
