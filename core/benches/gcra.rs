@@ -11,7 +11,7 @@
 //!   `harness/fake_clock_advance` measures that shared cost alone.
 //! - Parameters and state go through `black_box`, so neither side gets its emission interval
 //!   folded into a constant or its state kept in registers across requests.
-//! - The one asymmetry is inherent: governor's state is an atomic behind `&self` (a lock-free
+//! - The asymmetries left are inherent: governor's state is an atomic behind `&self` (a lock-free
 //!   compare-exchange; the keyed store also takes a mutex), allot's is a plain value behind
 //!   `&mut` because its agent owns each key's state on one thread. allot also computes
 //!   `remaining` and `reset_after` on every decision; governor's default middleware does not.
