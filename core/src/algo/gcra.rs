@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::algo::Decision;
 use crate::limit::RateCap;
 use crate::time::{Timestamp, duration_nanos};
 
@@ -24,31 +25,14 @@ pub struct GcraState {
     tat: Timestamp,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GcraDecision {
-    Allowed {
-        /// Requests of cost one that would still pass right now.
-        remaining: u64,
-        /// Time until the key is back to a full burst.
-        reset_after: Duration,
-    },
-    Denied {
-        /// When the same request would pass; `None` when its cost exceeds the burst, so it
-        /// never can.
-        retry_after: Option<Duration>,
-        reset_after: Duration,
-    },
-}
-
-impl GcraDecision {
-    pub fn is_allowed(&self) -> bool {
-        matches!(self, GcraDecision::Allowed { .. })
-    }
-}
+/// GCRA answers with the decision every algorithm shares.
+pub type GcraDecision = Decision;
 
 impl Gcra {
     /// `cap.units` per `cap.per` with a burst of `cap.burst` (at least 1).
     /// The emission interval rounds up, so rounding never admits more than the cap.
+    /// A rate of zero units is read as one unit per `per`: GCRA has no "never refills", so the
+    /// config loader must reject a zero rate rather than pass it here.
     pub fn new(cap: RateCap) -> Self {
         let units = cap.units.max(1);
         let per_nanos = duration_nanos(cap.per).max(1);
@@ -70,6 +54,9 @@ impl Gcra {
     }
 
     /// Decide a request of `cost` units at `now`; charges the state only when allowed.
+    /// Inlined across crates: it runs once per request and is a handful of instructions, so
+    /// a call would cost as much as the decision.
+    #[inline]
     pub fn check(&self, state: &mut GcraState, now: Timestamp, cost: u64) -> GcraDecision {
         let now_ns = now.as_unix_nanos();
         let tat_ns = state.tat.as_unix_nanos().max(now_ns);
@@ -116,7 +103,10 @@ impl Gcra {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::algo::decision::testing::check_retry_is_exact;
 
     fn per_minute(units: u64, burst: u64) -> Gcra {
         Gcra::new(RateCap {
@@ -225,5 +215,70 @@ mod tests {
             burst: 1,
         });
         assert_eq!(g.emission_interval(), Duration::from_nanos(333_333_334));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// From a cold key, whatever the rate, burst and cost sequence, the units admitted at
+        /// times within any `[a, b]` never exceed `burst + units * (b - a) / per`; a denial
+        /// charges nothing and its retry-after is exact; an admission's `remaining` is exactly
+        /// the largest cost that would pass next.
+        #[test]
+        fn never_admits_more_than_burst_plus_rate_times_elapsed(
+            units in 1u64..=1_000,
+            // Short periods too, where rounding the emission interval matters most.
+            per_ns in prop_oneof![1u64..=1_000, 1_000u64..=3_600_000_000_000],
+            burst in 1u64..=40,
+            start_ms in 1_600_000_000_000u64..1_900_000_000_000,
+            // (gap in thousandths of the emission interval, cost, nanoseconds off the grid)
+            steps in prop::collection::vec((0u64..=3_000, 0u64..=45, 0u64..1_000), 1..80),
+        ) {
+            let cap = RateCap { units, per: Duration::from_nanos(per_ns), burst };
+            let g = Gcra::new(cap);
+            let t_ns = duration_nanos(g.emission_interval());
+            let mut s = GcraState::default();
+            let mut now = Timestamp::from_unix_millis(start_ms);
+            let mut admitted: Vec<(Timestamp, u64)> = Vec::new();
+            for (gap_permille, cost, jitter_ns) in steps {
+                now = now + Duration::from_nanos(t_ns * gap_permille / 1_000 + jitter_ns % t_ns);
+                let before = s;
+                match g.check(&mut s, now, cost) {
+                    Decision::Allowed { remaining, .. } => {
+                        admitted.push((now, cost));
+                        prop_assert!(g.check(&mut s.clone(), now, remaining).is_allowed());
+                        prop_assert!(!g.check(&mut s.clone(), now, remaining + 1).is_allowed());
+                    }
+                    Decision::Denied { retry_after, .. } => {
+                        prop_assert_eq!(s, before);
+                        match retry_after {
+                            Some(after) => check_retry_is_exact(now, after, |t| {
+                                g.check(&mut s.clone(), t, cost).is_allowed()
+                            })?,
+                            None => prop_assert!(cost > burst),
+                        }
+                    }
+                }
+            }
+            check_rate_bound(cap, &admitted)?;
+        }
+    }
+
+    /// Every interval that starts at an admission: the first one is the cold key's.
+    fn check_rate_bound(cap: RateCap, admitted: &[(Timestamp, u64)]) -> Result<(), TestCaseError> {
+        let per_ns = u128::from(duration_nanos(cap.per));
+        for (i, &(from, _)) in admitted.iter().enumerate() {
+            let mut units_in_interval = 0u128;
+            for &(to, cost) in &admitted[i..] {
+                units_in_interval += u128::from(cost);
+                let elapsed_ns = u128::from(to.as_unix_nanos() - from.as_unix_nanos());
+                let bound = u128::from(cap.burst) + u128::from(cap.units) * elapsed_ns / per_ns;
+                prop_assert!(
+                    units_in_interval <= bound,
+                    "{units_in_interval} units in [{from:?}, {to:?}], bound {bound}"
+                );
+            }
+        }
+        Ok(())
     }
 }

@@ -1,3 +1,8 @@
 //! Limiting algorithms, each a small value type driven by `now`.
 
+mod decision;
+pub mod fixed_window;
 pub mod gcra;
+pub mod sliding_window;
+
+pub use decision::Decision;
