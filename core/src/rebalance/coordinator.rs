@@ -369,7 +369,12 @@ impl Coordinator {
     }
 
     fn propose_rebalance(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        // A counter with a completion in this batch is planned next round, from its result.
+        let taken: BTreeSet<ProposalKey> = out.iter().filter_map(proposal_key).collect();
         for (counter, view) in &self.counters {
+            if taken.contains(&ProposalKey::Counter(counter.clone())) {
+                continue;
+            }
             if out.len() >= MAX_PROPOSALS_PER_POLL {
                 return;
             }
