@@ -174,8 +174,8 @@ impl Ctx<'_> {
         term("coordination", 0, detail)
     }
 
-    /// Per region in contact: `max(min(L, cap * lag + burst), d_j)` with
-    /// `lag = 2 * view_ttl + rtt_j`; per partitioned region: `min(L, cap * view_ttl + burst)`.
+    /// Per region: `max(min(L, cap * lag + burst), d_j)` with `lag = 2 * view_ttl + rtt_j`
+    /// (partitioned or not: see docs/bound.md).
     fn eventual(&self) -> BoundTerm {
         if !self.eventual_mode() {
             return term("eventual", 0, "strict mode".to_string());
@@ -184,18 +184,13 @@ impl Ctx<'_> {
         let (mut total, mut measured) = (0u64, 0u64);
         let mut detail = String::from("sum_j: ");
         for r in &self.inputs.regions {
-            let partitioned = self.inputs.partitioned.contains_key(r);
             let rtt = self
                 .inputs
                 .round_trip_nanos
                 .get(r)
                 .map_or(ttl, |n| Duration::from_nanos(*n));
-            let lag = if partitioned { ttl } else { ttl * 2 + rtt };
-            let d = if partitioned {
-                0
-            } else {
-                self.default_units(r)
-            };
+            let lag = ttl * 2 + rtt;
+            let d = self.default_units(r);
             let cap_units = self.spec.rate_cap.map_or(self.quota_units, |c| {
                 capped_units(&c, lag).min(self.quota_units)
             });

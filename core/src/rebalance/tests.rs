@@ -632,10 +632,9 @@ fn strict_bound_is_skew_plus_measured_terms() {
 fn eventual_bound_counts_view_lag_defaults_and_partitioned_floors() {
     // L = 100, defaults 50/50, cap 10/s burst 5, view_ttl 2 s. Clock samples: offset 0,
     // rtt 1 s for both (skew = 2 * min(L, 10 * 0.5 + 5) = 2 * 10 = 20).
-    // a in contact: lag = 2 * 2 s + 1 s = 5 s -> 10 * 5 + 5 = 55; max(55, d = 50) = 55.
-    // b partitioned (last seen n_b = 20): lag = view_ttl -> 10 * 2 + 5 = 25 (no d), and the
-    // partition_floor term adds (50 - 20)+ = 30.
-    // Measured peak of a: 4/s -> 4 * 5 = 20, max(20, 50) = 50; b: no peak -> its cap 25.
+    // Each region: lag = 2 * 2 s + 1 s = 5 s -> 10 * 5 + 5 = 55; max(55, d = 50) = 55.
+    // b is partitioned (last seen n_b = 20): partition_floor adds (50 - 20)+ = 30.
+    // Measured peak of a: 4/s -> 4 * 5 = 20, max(20, 50) = 50; b: no peak -> its cap, 55.
     let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
     for r in regions() {
         inputs.clock_offset_nanos.insert(r.clone(), 0);
@@ -650,11 +649,25 @@ fn eventual_bound_counts_view_lag_defaults_and_partitioned_floors() {
         ..spec()
     });
     let b = bound(&eventual, WindowIndex(100), &inputs);
-    assert_eq!(term(&b, "eventual").units, 55 + 25);
-    assert_eq!(term(&b, "eventual").measured_units, Some(50 + 25));
+    assert_eq!(term(&b, "eventual").units, 55 + 55);
+    assert_eq!(term(&b, "eventual").measured_units, Some(50 + 55));
     assert_eq!(term(&b, "partition_floor").units, 30);
     assert_eq!(term(&b, "skew").units, 20);
-    assert_eq!(b.total_units, 80 + 30 + 20);
+    assert_eq!(b.total_units, 110 + 30 + 20);
+}
+
+#[test]
+fn an_uncapped_eventual_limit_is_bounded_by_l_per_region() {
+    // No rate cap: each region's unseen admissions are at most L = 100 (its own use counts
+    // live against L), so eventual = 2 * 100; skew without a cap is each region's all, 2 * L.
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..spec()
+    };
+    let inputs = BoundInputs::new(regions(), Duration::from_secs(2));
+    let b = bound(&eventual, WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "eventual").units, 200);
+    assert_eq!(term(&b, "skew").units, 200);
 }
 
 #[test]
