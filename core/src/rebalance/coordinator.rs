@@ -38,7 +38,8 @@ pub const MAX_PROPOSALS_PER_POLL: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorConfig {
-    /// How often agents sync; the rebalancer runs at least this often.
+    /// How often agents sync. A grant is resent for a reported mismatch only once it has been
+    /// out this long (until then it is probably still in flight).
     pub sync_interval: Duration,
     /// A region not heard for this long is frozen: neither grown nor asked to release, and
     /// its view (on its side) has expired.
@@ -105,8 +106,8 @@ pub struct Coordinator {
     counters: BTreeMap<CounterRef, CounterView>,
     /// Acks whose release is still pending in the table, waiting to be committed.
     acks: BTreeMap<(CounterRef, RegionId), ReleaseAck>,
-    /// Epoch of the last grant sent per row.
-    sent: BTreeMap<(CounterRef, RegionId), Epoch>,
+    /// Epoch of the last grant sent per row, and when.
+    sent: BTreeMap<(CounterRef, RegionId), (Epoch, Timestamp)>,
     /// Rows whose region reported an allowance other than the table's: grant to resend.
     resend: BTreeSet<(CounterRef, RegionId)>,
     in_flight: BTreeMap<ProposalKey, Timestamp>,
@@ -208,8 +209,11 @@ impl Coordinator {
             let lost_grant = self.table.row(&d.counter, &msg.region).is_some_and(|row| {
                 row.pending.is_none() && row.allowance_units != d.allowance_units
             });
+            let key = (d.counter.clone(), msg.region.clone());
             if lost_grant {
-                self.resend.insert((d.counter.clone(), msg.region.clone()));
+                self.resend.insert(key);
+            } else {
+                self.resend.remove(&key);
             }
         }
     }
@@ -556,11 +560,11 @@ impl Coordinator {
     ) -> SyncDown {
         let view = self.region_view(region);
         let mut budget = MAX_ITEMS_PER_MESSAGE;
-        let (grants, release_requests) = self.grants_and_releases(region, &mut budget);
+        let (grants, release_requests) = self.grants_and_releases(now, region, &mut budget);
         for g in &grants {
             let key = (g.counter.clone(), region.clone());
             self.resend.remove(&key);
-            self.sent.insert(key, g.epoch);
+            self.sent.insert(key, (g.epoch, now));
         }
         let entries = self.entries_for(now, region, budget);
         SyncDown {
@@ -576,6 +580,7 @@ impl Coordinator {
 
     fn grants_and_releases(
         &self,
+        now: Timestamp,
         region: &RegionId,
         budget: &mut usize,
     ) -> (Vec<AllowanceGrant>, Vec<ReleaseRequest>) {
@@ -596,8 +601,14 @@ impl Coordinator {
                 });
                 continue;
             }
-            let unsent = self.sent.get(&key).is_none_or(|e| *e < row.epoch);
-            if row.epoch > Epoch(0) && (unsent || self.resend.contains(&key)) {
+            let sent = self.sent.get(&key);
+            let unsent = sent.is_none_or(|(e, _)| *e < row.epoch);
+            // A mismatch reported less than a sync interval after sending is most likely the
+            // grant still in flight: resend only once it has had time to arrive.
+            let overdue = sent
+                .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= self.cfg.sync_interval);
+            let lost = self.resend.contains(&key) && overdue;
+            if row.epoch > Epoch(0) && (unsent || lost) {
                 let g = AllowanceGrant {
                     counter: counter.clone(),
                     region: region.clone(),

@@ -558,9 +558,9 @@ impl AllowanceTable {
         if self.regions.binary_search(&region).is_err() {
             return Err(RejectReason::UnknownRegion(region));
         }
-        // Counters that already have rows keep the region's default as an explicit row: they
-        // may be in use by other regions' planning, and lowering their sum is never unsafe, but
-        // the region holds no grant for them and would use its floor on return.
+        // Counters that already have rows get an explicit zero for the region now (counters
+        // that get rows later get theirs when created): the region holds no grant for them and
+        // would use its floor on return, so the zero must be sent to it before anything else.
         let affected: Vec<CounterRef> = self
             .counters
             .iter()
@@ -605,7 +605,7 @@ impl AllowanceTable {
     fn collect_garbage(&mut self, limit: LimitId, before_window: WindowIndex) {
         let doomed: Vec<CounterRef> = self
             .counters
-            .range(..)
+            .iter()
             .filter(|(c, _)| c.limit == limit && c.window < before_window)
             .map(|(c, _)| c.clone())
             .collect();

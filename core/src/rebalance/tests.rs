@@ -322,7 +322,9 @@ fn epochs_increase_per_row_and_a_lost_grant_is_resent_with_its_epoch() {
     let lost = w.down("a", at_ms(5_100), seq);
     assert_eq!(lost.grants.len(), 1);
     let lost_grant = lost.grants[0].clone();
-    // a reports it still enforces 50: the same grant (same epoch) goes again.
+    // a reports it still enforces 50 only 100 ms later: the grant may still be on its way.
+    assert!(w.sync("a", at_ms(5_200)).grants.is_empty());
+    // Still 50 a sync interval after sending: the same grant (same epoch) goes again.
     let again = w.sync("a", at_ms(5_350));
     assert_eq!(again.grants, vec![lost_grant.clone()]);
     assert_eq!(w.a.allowance(&counter(100)), lost_grant.allowance_units);
