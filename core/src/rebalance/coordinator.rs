@@ -9,10 +9,11 @@
 //! - [`Coordinator::poll_sync_down`] answers a region from COMMITTED state only: a grant is
 //!   never sent before the allowance it carries is in the table (grow: commit, then send).
 //!
-//! Driver contract: answer a region only after every command polled before its SyncUp was
-//! handled has been committed (or abandoned). Then a region returning from a closed-policy
-//! reclaim always gets the zeroes for every counter whose rows used its floor in the same
-//! answer that makes its view fresh again ([`Coordinator::has_uncommitted_proposals`]).
+//! Driver contract: after `handle_sync_up`, call `poll_proposals` and commit (or abandon)
+//! everything it and earlier polls returned before calling `poll_sync_down` for that region
+//! ([`Coordinator::has_uncommitted_proposals`] is then false). A region returning from a
+//! closed-policy reclaim then finds the reclaim ended in the table and gets the zeroes for every
+//! counter whose rows used its floor in the same answer that makes its view fresh again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound as RangeBound;
@@ -111,6 +112,11 @@ pub struct Coordinator {
     /// Rows whose region reported an allowance other than the table's: grant to resend.
     resend: BTreeSet<(CounterRef, RegionId)>,
     in_flight: BTreeMap<ProposalKey, Timestamp>,
+    /// Rows whose region has shown (demand report or release ack) that it enforces at most the
+    /// row. A row below the region's configured default that is not confirmed may be unknown to
+    /// the region, which would then enforce its default: such a row is neither grown nor
+    /// shrunk, and its grant leads every answer, until confirmed.
+    confirmed: BTreeSet<(CounterRef, RegionId)>,
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
@@ -129,6 +135,7 @@ impl Coordinator {
             sent: BTreeMap::new(),
             resend: BTreeSet::new(),
             in_flight: BTreeMap::new(),
+            confirmed: BTreeSet::new(),
             entry_cursor: BTreeMap::new(),
         }
     }
@@ -210,6 +217,13 @@ impl Coordinator {
                 row.pending.is_none() && row.allowance_units != d.allowance_units
             });
             let key = (d.counter.clone(), msg.region.clone());
+            let at_most_row = self
+                .table
+                .row(&d.counter, &msg.region)
+                .is_some_and(|row| d.allowance_units <= row.allowance_units);
+            if at_most_row {
+                self.confirmed.insert(key.clone());
+            }
             if lost_grant {
                 self.resend.insert(key);
             } else {
@@ -260,13 +274,38 @@ impl Coordinator {
         if let Some(key) = proposal_key(cmd) {
             self.in_flight.remove(&key);
         }
-        if let TableCommand::CompleteRelease {
+        let ack = match cmd {
+            TableCommand::CompleteRelease {
+                counter, region, ..
+            } => self.acks.remove(&(counter.clone(), region.clone())),
+            _ => None,
+        };
+        let outcome = self.table.apply(cmd.clone());
+        if let (Some(ack), true) = (ack, outcome.is_applied()) {
+            self.confirm_from_ack(&ack, cmd);
+        }
+        outcome
+    }
+
+    fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
+        let TableCommand::CompleteRelease {
             counter, region, ..
         } = cmd
-        {
-            self.acks.remove(&(counter.clone(), region.clone()));
+        else {
+            return;
+        };
+        let row_units = self.table.allowance(counter, region);
+        if ack.allowance_after_units <= row_units {
+            self.confirmed.insert((counter.clone(), region.clone()));
         }
-        self.table.apply(cmd.clone())
+    }
+
+    /// A row below the region's configured default that the region has not confirmed.
+    fn unconfirmed_below_default(&self, counter: &CounterRef, region: &RegionId) -> bool {
+        self.table.row(counter, region).is_some_and(|row| {
+            row.allowance_units < self.table.configured_default(counter, region)
+                && !self.confirmed.contains(&(counter.clone(), region.clone()))
+        })
     }
 
     /// What the rebalancer wants committed now.
@@ -432,7 +471,7 @@ impl Coordinator {
                     allowance_units: self.table.allowance(counter, r),
                     pending_release_units: row
                         .and_then(|row| row.pending.as_ref().map(|p| p.units)),
-                    frozen: silent || reclaimed,
+                    frozen: silent || reclaimed || self.unconfirmed_below_default(counter, r),
                 }
             })
             .collect();
@@ -513,6 +552,7 @@ impl Coordinator {
         self.sent.retain(|(c, _), _| !ended(c));
         self.resend.retain(|(c, _)| !ended(c));
         self.acks.retain(|(c, _), _| !ended(c));
+        self.confirmed.retain(|(c, _)| !ended(c));
     }
 
     /// Near the end of a window, carry the demand of its hot counters over to the next one so
@@ -550,8 +590,10 @@ impl Coordinator {
     }
 
     /// The answer to `region`'s SyncUp `reply_to_seq`, from committed state only. Order of
-    /// precedence within `MAX_ITEMS_PER_MESSAGE`: reclaimed zeroes, release requests, other
-    /// grants, then other regions' entries (round-robin over counters across answers).
+    /// precedence within `MAX_ITEMS_PER_MESSAGE`: unconfirmed grants below the region's default
+    /// (reclaimed zeroes; repeated in every answer until confirmed, since a region that missed
+    /// one would enforce its default), release requests, other grants, then other regions'
+    /// entries (round-robin over counters across answers).
     pub fn poll_sync_down(
         &mut self,
         now: Timestamp,
@@ -584,7 +626,7 @@ impl Coordinator {
         region: &RegionId,
         budget: &mut usize,
     ) -> (Vec<AllowanceGrant>, Vec<ReleaseRequest>) {
-        let mut zeroes = Vec::new();
+        let mut below_default = Vec::new();
         let mut releases = Vec::new();
         let mut grants = Vec::new();
         for (counter, rows) in self.table.counters() {
@@ -608,28 +650,29 @@ impl Coordinator {
             let overdue = sent
                 .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= self.cfg.sync_interval);
             let lost = self.resend.contains(&key) && overdue;
-            if row.epoch > Epoch(0) && (unsent || lost) {
+            let must_deliver = self.unconfirmed_below_default(counter, region);
+            if row.epoch > Epoch(0) && (unsent || lost || must_deliver) {
                 let g = AllowanceGrant {
                     counter: counter.clone(),
                     region: region.clone(),
                     allowance_units: row.allowance_units,
                     epoch: row.epoch,
                 };
-                if g.allowance_units == 0 {
-                    zeroes.push(g)
+                if must_deliver {
+                    below_default.push(g)
                 } else {
                     grants.push(g)
                 }
             }
         }
-        zeroes.truncate(*budget);
-        *budget -= zeroes.len();
+        below_default.truncate(*budget);
+        *budget -= below_default.len();
         releases.truncate(*budget);
         *budget -= releases.len();
         grants.truncate(*budget);
         *budget -= grants.len();
-        zeroes.extend(grants);
-        (zeroes, releases)
+        below_default.extend(grants);
+        (below_default, releases)
     }
 
     /// Other regions' entries for the counters `region` takes part in: every tracked counter

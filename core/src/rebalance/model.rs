@@ -6,13 +6,19 @@
 //! - a release request releases `min(units, a_r - n_r)` and is acked with the released units
 //!   and the allowance after; a repeated id gets the same ack and releases nothing more;
 //! - acks are resent until a SyncDown answers a SyncUp that carried them;
-//! - admission only while `n_r + cost <= a_r`.
+//! - admission only while `n_r + cost <= a_r`;
+//! - closed policy: a counter without a grant admits nothing more once the region's view has
+//!   expired (`view_ttl` after sending the last SyncUp that got an answer, on its own clock).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::time::Duration;
+
 use crate::ids::{Epoch, LimitId, RegionId};
-use crate::limit::{LimitSpec, Quota};
-use crate::sync::{CounterEntry, CounterRef, DemandReport, ReleaseAck, SyncDown, SyncUp};
+use crate::limit::{LimitSpec, PartitionPolicy, Quota};
+use crate::sync::{
+    ClockSample, CounterEntry, CounterRef, DemandReport, ReleaseAck, SyncDown, SyncUp,
+};
 use crate::time::Timestamp;
 
 #[derive(Clone, Debug, Default)]
@@ -42,6 +48,10 @@ pub(crate) struct ModelRegion {
     pub demand: BTreeMap<CounterRef, u64>,
     /// Counters to report: escalated here or mentioned by the coordinator.
     reported: BTreeSet<CounterRef>,
+    view_ttl: Duration,
+    /// Send time of each SyncUp still in memory, and of the newest one answered.
+    sent_at: BTreeMap<u64, Timestamp>,
+    contact: Timestamp,
 }
 
 impl ModelRegion {
@@ -56,6 +66,30 @@ impl ModelRegion {
             unconfirmed_acks: BTreeMap::new(),
             demand: BTreeMap::new(),
             reported: BTreeSet::new(),
+            view_ttl: Duration::from_secs(2),
+            sent_at: BTreeMap::new(),
+            contact: Timestamp::ZERO,
+        }
+    }
+
+    /// Starts with a fresh view at `now` (as after a first answer).
+    pub fn with_contact(mut self, now: Timestamp) -> Self {
+        self.contact = now;
+        self
+    }
+
+    /// The allowance the region admits against at `now`: under the closed policy, a counter
+    /// without a grant is shut (no more than its use) once the view has expired.
+    pub fn effective_allowance(&self, counter: &CounterRef, now: Timestamp) -> u64 {
+        let closed = self.limits[&counter.limit].partition_policy == PartitionPolicy::Closed;
+        let expired = now.saturating_duration_since(self.contact) >= self.view_ttl;
+        match self.counters.get(counter) {
+            Some(c) if c.epoch == Epoch(0) && closed && expired => {
+                c.allowance_units.min(c.used_units())
+            }
+            Some(c) => c.allowance_units,
+            None if closed && expired => 0,
+            None => self.default_units(counter),
         }
     }
 
@@ -85,9 +119,10 @@ impl ModelRegion {
     }
 
     /// Admit up to `units` (as many as the allowance leaves); returns what was admitted.
-    pub fn admit(&mut self, counter: &CounterRef, units: u64) -> u64 {
+    pub fn admit(&mut self, counter: &CounterRef, units: u64, now: Timestamp) -> u64 {
+        let allowance = self.effective_allowance(counter, now);
         let c = self.counter(counter);
-        let admitted = units.min(c.allowance_units.saturating_sub(c.used_units()));
+        let admitted = units.min(allowance.saturating_sub(c.used_units()));
         c.granted_units += admitted;
         admitted
     }
@@ -107,6 +142,7 @@ impl ModelRegion {
     pub fn poll_transmit(&mut self, now: Timestamp) -> SyncUp {
         self.seq += 1;
         let seq = self.seq;
+        self.sent_at.insert(seq, now);
         let entries = self
             .reported
             .iter()
@@ -143,11 +179,18 @@ impl ModelRegion {
             entries,
             demand,
             release_acks,
-            clock: None,
+            // One clock for everyone in these tests, and no delay to measure.
+            clock: Some(ClockSample {
+                offset_nanos: 0,
+                round_trip_nanos: 0,
+            }),
         }
     }
 
     pub fn handle_sync_down(&mut self, msg: &SyncDown) {
+        if let Some(t0) = self.sent_at.get(&msg.reply_to_seq) {
+            self.contact = self.contact.max(*t0);
+        }
         self.unconfirmed_acks
             .retain(|_, carried| carried.is_none_or(|s| s > msg.reply_to_seq));
         for e in &msg.entries {

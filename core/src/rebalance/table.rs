@@ -248,6 +248,17 @@ impl AllowanceTable {
         spec.weights.default_allowance(region, &self.regions, units)
     }
 
+    /// `floor(w_r * L)` as configured, ignoring reclaims: what the region enforces for a
+    /// counter it has received no grant for.
+    pub fn configured_default(&self, counter: &CounterRef, region: &RegionId) -> u64 {
+        match self.limits.get(&counter.limit).map(|s| (s, s.quota)) {
+            Some((spec, Quota::Units { units, .. })) => {
+                spec.weights.default_allowance(region, &self.regions, units)
+            }
+            _ => 0,
+        }
+    }
+
     /// The allowance the table grants `region` for `counter`, explicit or default.
     pub fn allowance(&self, counter: &CounterRef, region: &RegionId) -> u64 {
         match self.row(counter, region) {

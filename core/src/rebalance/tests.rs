@@ -138,7 +138,7 @@ fn a_grant_is_sent_only_after_its_grow_is_committed() {
     // need, 50 -> target 75, deficit 45. Free is 40, so the grow is to 30 + 40 = 70.
     let mut w = world(&weighted(spec(), 300_000, 300_000));
     let now = at_ms(5_000);
-    w.a.admit(&counter(100), 25);
+    w.a.admit(&counter(100), 25, at_ms(0));
     w.a.set_demand(&counter(100), 10);
     let seq = w.up("a", now);
     let proposals = w.coord.poll_proposals(now);
@@ -174,7 +174,7 @@ fn a_grant_is_sent_only_after_its_grow_is_committed() {
 fn hot_a_idle_b() -> World {
     let mut w = world(&spec());
     w.up("b", at_ms(4_900));
-    w.a.admit(&counter(100), 40);
+    w.a.admit(&counter(100), 40, at_ms(0));
     w.a.set_demand(&counter(100), 10);
     w
 }
@@ -573,7 +573,7 @@ fn eventual_limits_get_no_rows_but_their_entries_are_relayed() {
     };
     let mut w = world(&eventual);
     let now = at_ms(5_000);
-    w.a.admit(&counter(100), 30);
+    w.a.admit(&counter(100), 30, at_ms(0));
     w.a.set_demand(&counter(100), 100);
     w.sync("a", now);
     assert_eq!(w.coord.table().row_count(), 0);
@@ -857,13 +857,16 @@ struct Sim {
     commits: std::collections::VecDeque<TableCommand>,
     now: Timestamp,
     spec: LimitSpec,
+    /// Honour the driver contract: before answering a SyncUp, poll once more after handling
+    /// it and commit everything polled (needed for closed-policy reclaims).
+    drain_before_answer: bool,
 }
 
 const SIM_REGIONS: [&str; 3] = ["a", "b", "c"];
 const SIM_KEYS: [&str; 2] = ["x", "y"];
 
 impl Sim {
-    fn new(spec: LimitSpec) -> Self {
+    fn new(spec: LimitSpec, drain_before_answer: bool) -> Self {
         let ids: Vec<RegionId> = SIM_REGIONS.iter().map(|r| RegionId::from(*r)).collect();
         let mut table = AllowanceTable::new();
         table.apply(TableCommand::SetConfig {
@@ -875,13 +878,16 @@ impl Sim {
             coord: Coordinator::new(config(), table, at_ms(0)),
             regions: SIM_REGIONS
                 .iter()
-                .map(|r| ModelRegion::new(r, &ids, std::slice::from_ref(&spec)))
+                .map(|r| {
+                    ModelRegion::new(r, &ids, std::slice::from_ref(&spec)).with_contact(at_ms(0))
+                })
                 .collect(),
             up: Vec::new(),
             down: Vec::new(),
             commits: Default::default(),
             now: at_ms(0),
             spec,
+            drain_before_answer,
         }
     }
 
@@ -921,7 +927,15 @@ impl Sim {
                     .position(|n| *n == msg.region.as_str())
                     .unwrap();
                 let seq = msg.seq;
+                if self.drain_before_answer {
+                    self.commit_queued();
+                }
                 self.coord.handle_sync_up(self.now, msg).unwrap();
+                if self.drain_before_answer {
+                    let cmds = self.coord.poll_proposals(self.now);
+                    self.commits.extend(cmds);
+                    self.commit_queued();
+                }
                 let answer =
                     self.coord
                         .poll_sync_down(self.now, &RegionId::from(SIM_REGIONS[r]), seq);
@@ -957,7 +971,7 @@ impl Sim {
                 self.commits.pop_front();
             }
             Step::Admit { region, units } => {
-                self.regions[region].admit(&counter, units);
+                self.regions[region].admit(&counter, units, self.now);
             }
             Step::Refund { region, units } => self.regions[region].refund(&counter, units),
             Step::Demand {
@@ -971,6 +985,12 @@ impl Sim {
         }
     }
 
+    fn commit_queued(&mut self) {
+        while let Some(cmd) = self.commits.pop_front() {
+            self.coord.handle_committed(self.now, &cmd);
+        }
+    }
+
     /// Invariant 2 on the table; on the regions: each enforces at most its row, the
     /// allowances they enforce sum to at most L, and so does their use.
     fn check(&self) -> Result<(), TestCaseError> {
@@ -979,7 +999,7 @@ impl Sim {
             let mut enforced = 0u64;
             let mut used = 0u64;
             for r in &self.regions {
-                let a = r.allowance(&counter);
+                let a = r.effective_allowance(&counter, self.now);
                 let row = self.coord.table().allowance(&counter, &r.id);
                 prop_assert!(
                     a <= row,
@@ -1020,7 +1040,26 @@ proptest! {
             },
             ..spec()
         };
-        let mut sim = Sim::new(spec);
+        let mut sim = Sim::new(spec, false);
+        for (step, key) in steps {
+            sim.run(step, key);
+            sim.check()?;
+        }
+    }
+
+    #[test]
+    fn closed_policy_reclaims_never_let_regions_enforce_more_than_the_table(
+        steps in prop::collection::vec((arb_step(), 0usize..2), 50..400),
+    ) {
+        let spec = LimitSpec {
+            quota: crate::limit::Quota::Units {
+                units: 100,
+                window: crate::time::Window::new(Duration::from_secs(4)),
+            },
+            partition_policy: PartitionPolicy::Closed,
+            ..spec()
+        };
+        let mut sim = Sim::new(spec, true);
         for (step, key) in steps {
             sim.run(step, key);
             sim.check()?;
@@ -1033,7 +1072,7 @@ fn demand_moves_quota_to_where_it_is_over_a_few_rounds() {
     // Liveness on a clean network: a wants 20/s from 1 s in (need 180 over 9 s, far above
     // L), b and c are idle. Within a second of rounds a holds everything but what the
     // others have used (nothing), i.e. all 100.
-    let mut sim = Sim::new(spec());
+    let mut sim = Sim::new(spec(), false);
     let k = sim.current_counters()[0].clone();
     sim.now = at_ms(1_000);
     sim.regions[0].set_demand(&k, 20);
