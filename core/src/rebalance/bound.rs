@@ -1,0 +1,312 @@
+//! The over-admission bound: how many units above `L` one window of one limit can admit under
+//! the stated assumptions, as a sum of named terms each showing its formula with the numbers.
+//! The derivation of every term is in `docs/bound.md`.
+//!
+//! Inputs that are configuration come from the [`LimitSpec`]; inputs that are measurements come
+//! in [`BoundInputs`] from whoever has them: the leader's views
+//! ([`crate::rebalance::Coordinator::bound_inputs`]) and the regions' stats.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{LimitId, RegionId};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RateCap};
+use crate::time::{WindowIndex, duration_nanos};
+
+/// What a region measured for the limit and window (from its stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionBoundStats {
+    /// Time the region spent admitting under the open partition policy.
+    pub time_open: Duration,
+    /// Units settled above their reservation.
+    pub settle_overage_units: u64,
+}
+
+/// The live measurements the bound is computed from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundInputs {
+    /// The deployment's regions.
+    pub regions: Vec<RegionId>,
+    pub view_ttl: Duration,
+    /// Each region's allowance `a_j` (strict mode; per key, or the largest over keys).
+    pub allowance_units: BTreeMap<RegionId, u64>,
+    /// Measured clock offsets and round trips (regions without a sample count as unknown).
+    pub clock_offset_nanos: BTreeMap<RegionId, i64>,
+    pub round_trip_nanos: BTreeMap<RegionId, u64>,
+    /// Measured peak grant rates, for the tightness figure of the eventual term.
+    pub peak_rate_units_per_sec: BTreeMap<RegionId, u64>,
+    pub stats: BTreeMap<RegionId, RegionBoundStats>,
+    /// Regions whose view has expired (silent at the coordinator for `view_ttl`), with the
+    /// net use the others last saw from them.
+    pub partitioned: BTreeMap<RegionId, u64>,
+    /// Some when agents persist grants after answering, every this often.
+    pub deferred_flush_interval: Option<Duration>,
+}
+
+impl BoundInputs {
+    pub fn new(regions: Vec<RegionId>, view_ttl: Duration) -> Self {
+        BoundInputs {
+            regions,
+            view_ttl,
+            allowance_units: BTreeMap::new(),
+            clock_offset_nanos: BTreeMap::new(),
+            round_trip_nanos: BTreeMap::new(),
+            peak_rate_units_per_sec: BTreeMap::new(),
+            stats: BTreeMap::new(),
+            partitioned: BTreeMap::new(),
+            deferred_flush_interval: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundTerm {
+    pub name: String,
+    pub units: u64,
+    /// The formula with the numbers.
+    pub detail: String,
+    /// The same term with measured rates in place of configured caps, where that applies:
+    /// how tight the guarantee is, never part of the total.
+    pub measured_units: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bound {
+    pub limit: LimitId,
+    pub window: WindowIndex,
+    pub terms: Vec<BoundTerm>,
+    pub total_units: u64,
+}
+
+/// The bound for `limit` in `window`. An unlimited or disabled limit admits everything by
+/// design and has no terms.
+pub fn bound(limit: &LimitSpec, window: WindowIndex, inputs: &BoundInputs) -> Bound {
+    let terms = match limit.quota {
+        Quota::Units { units, .. } if limit.enabled => Ctx {
+            spec: limit,
+            quota_units: units,
+            inputs,
+        }
+        .terms(),
+        _ => Vec::new(),
+    };
+    let total_units = terms.iter().map(|t| t.units).fold(0, u64::saturating_add);
+    Bound {
+        limit: limit.id.clone(),
+        window,
+        terms,
+        total_units,
+    }
+}
+
+/// Units a rate admits over `time`: `ceil(units * time / per)`.
+fn units_over(rate_units: u64, per: Duration, time: Duration) -> u64 {
+    let per_nanos = u128::from(duration_nanos(per).max(1));
+    let n = (u128::from(rate_units) * u128::from(duration_nanos(time))).div_ceil(per_nanos);
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Units a GCRA cap admits in any interval of length `time`: the rate over it plus the burst.
+fn capped_units(cap: &RateCap, time: Duration) -> u64 {
+    units_over(cap.units, cap.per, time).saturating_add(cap.burst)
+}
+
+fn term(name: &str, units: u64, detail: String) -> BoundTerm {
+    BoundTerm {
+        name: name.to_string(),
+        units,
+        detail,
+        measured_units: None,
+    }
+}
+
+struct Ctx<'a> {
+    spec: &'a LimitSpec,
+    quota_units: u64,
+    inputs: &'a BoundInputs,
+}
+
+impl Ctx<'_> {
+    fn terms(&self) -> Vec<BoundTerm> {
+        vec![
+            self.coordination(),
+            self.eventual(),
+            self.skew(),
+            self.fail_open(),
+            self.crash(),
+            self.settle_overage(),
+            self.partition_floor(),
+        ]
+    }
+
+    fn eventual_mode(&self) -> bool {
+        self.spec.consistency == Consistency::Eventual
+    }
+
+    fn default_units(&self, region: &RegionId) -> u64 {
+        self.spec
+            .weights
+            .default_allowance(region, &self.inputs.regions, self.quota_units)
+    }
+
+    /// What region j may hold in the window: its allowance in strict mode, `L` in eventual
+    /// mode (its own use counts live against `L`).
+    fn held_units(&self, region: &RegionId) -> u64 {
+        if self.eventual_mode() {
+            return self.quota_units;
+        }
+        self.inputs
+            .allowance_units
+            .get(region)
+            .copied()
+            .unwrap_or_else(|| self.default_units(region))
+    }
+
+    fn coordination(&self) -> BoundTerm {
+        let detail = if self.eventual_mode() {
+            "eventual mode: coordination overshoot is the eventual term".to_string()
+        } else {
+            "strict: sum of allowances <= L in the table, and a region's a_r <= its row".to_string()
+        };
+        term("coordination", 0, detail)
+    }
+
+    /// Per region: `max(min(L, cap * lag + burst), d_j)` with `lag = 2 * view_ttl + rtt_j`
+    /// (partitioned or not: see docs/bound.md).
+    fn eventual(&self) -> BoundTerm {
+        if !self.eventual_mode() {
+            return term("eventual", 0, "strict mode".to_string());
+        }
+        let ttl = self.inputs.view_ttl;
+        let (mut total, mut measured) = (0u64, 0u64);
+        let mut detail = String::from("sum_j: ");
+        for r in &self.inputs.regions {
+            let rtt = self
+                .inputs
+                .round_trip_nanos
+                .get(r)
+                .map_or(ttl, |n| Duration::from_nanos(*n));
+            let lag = ttl * 2 + rtt;
+            let d = self.default_units(r);
+            let cap_units = self.spec.rate_cap.map_or(self.quota_units, |c| {
+                capped_units(&c, lag).min(self.quota_units)
+            });
+            let peak = self.inputs.peak_rate_units_per_sec.get(r).copied();
+            let peak_units = peak.map_or(cap_units, |p| {
+                units_over(p, Duration::from_secs(1), lag).min(cap_units)
+            });
+            total = total.saturating_add(cap_units.max(d));
+            measured = measured.saturating_add(peak_units.max(d));
+            let cap_text = self.spec.rate_cap.map_or("no cap: L".to_string(), |c| {
+                format!("{}/{:?}*{:?}+{}", c.units, c.per, lag, c.burst)
+            });
+            let _ = write!(
+                detail,
+                "{r}: max(min({}, {cap_text}), d={d}) = {}; ",
+                self.quota_units,
+                cap_units.max(d)
+            );
+        }
+        BoundTerm {
+            measured_units: Some(measured),
+            ..term("eventual", total, detail)
+        }
+    }
+
+    /// `sum_j min(a_j, cap * (|offset_j| + rtt_j / 2) + burst)`, or `a_j` without a cap or
+    /// without a clock sample yet.
+    fn skew(&self) -> BoundTerm {
+        let mut total = 0u64;
+        let mut detail = String::from("sum_j min(a_j, cap*|offset_j| + burst): ");
+        for r in &self.inputs.regions {
+            let held = self.held_units(r);
+            let uncertainty = self.inputs.clock_offset_nanos.get(r).map(|o| {
+                let rtt = self.inputs.round_trip_nanos.get(r).copied().unwrap_or(0);
+                Duration::from_nanos(o.unsigned_abs() + rtt / 2)
+            });
+            let units = match (self.spec.rate_cap, uncertainty) {
+                (Some(cap), Some(u)) => capped_units(&cap, u).min(held),
+                _ => held,
+            };
+            total = total.saturating_add(units);
+            let _ = write!(detail, "{r}: a={held}, offset={uncertainty:?} -> {units}; ");
+        }
+        term("skew", total, detail)
+    }
+
+    fn fail_open(&self) -> BoundTerm {
+        let PartitionPolicy::Open { rate } = self.spec.partition_policy else {
+            return term("fail_open", 0, "partition policy is not open".to_string());
+        };
+        let mut total = 0u64;
+        let mut detail = format!(
+            "sum_j {}/{:?} * time_open_j + {}: ",
+            rate.units, rate.per, rate.burst
+        );
+        for (r, s) in &self.inputs.stats {
+            if s.time_open.is_zero() {
+                continue;
+            }
+            let units = capped_units(&rate, s.time_open);
+            total = total.saturating_add(units);
+            let _ = write!(detail, "{r}: {:?} -> {units}; ", s.time_open);
+        }
+        term("fail_open", total, detail)
+    }
+
+    fn crash(&self) -> BoundTerm {
+        let Some(flush) = self.inputs.deferred_flush_interval else {
+            return term(
+                "crash",
+                0,
+                "grants persisted before they are answered".to_string(),
+            );
+        };
+        let mut total = 0u64;
+        let mut detail = format!("sum_j min(a_j, cap * {flush:?} + burst): ");
+        for r in &self.inputs.regions {
+            let held = self.held_units(r);
+            let units = self
+                .spec
+                .rate_cap
+                .map_or(held, |c| capped_units(&c, flush).min(held));
+            total = total.saturating_add(units);
+            let _ = write!(detail, "{r}: {units}; ");
+        }
+        term("crash", total, detail)
+    }
+
+    fn settle_overage(&self) -> BoundTerm {
+        let mut detail = String::from("measured: ");
+        let mut total = 0u64;
+        for (r, s) in &self.inputs.stats {
+            total = total.saturating_add(s.settle_overage_units);
+            let _ = write!(detail, "{r}: {}; ", s.settle_overage_units);
+        }
+        term("settle_overage", total, detail)
+    }
+
+    /// Eventual mode, floor policy: a partitioned region may admit up to its default while
+    /// the others still count its last seen use: `sum_j (d_j - n_j_last_seen)+`.
+    fn partition_floor(&self) -> BoundTerm {
+        if !self.eventual_mode() || self.spec.partition_policy != PartitionPolicy::Floor {
+            return term(
+                "partition_floor",
+                0,
+                "only eventual mode under the floor policy".to_string(),
+            );
+        }
+        let mut total = 0u64;
+        let mut detail = String::from("sum over partitioned j of (d_j - n_j_last_seen)+: ");
+        for (r, last_seen) in &self.inputs.partitioned {
+            let d = self.default_units(r);
+            let units = d.saturating_sub(*last_seen);
+            total = total.saturating_add(units);
+            let _ = write!(detail, "{r}: ({d} - {last_seen})+ = {units}; ");
+        }
+        term("partition_floor", total, detail)
+    }
+}

@@ -1,0 +1,817 @@
+//! The leader's rebalancer, quinn style: SyncUps in, table commands and SyncDowns out.
+//!
+//! - [`Coordinator::handle_sync_up`] records a region's counter entries, demand, release acks,
+//!   clock sample and the time it was heard.
+//! - [`Coordinator::poll_proposals`] returns what should be committed through raft: release
+//!   completions, reclaims, grows, release requests and garbage collection.
+//! - The driver commits each and calls [`Coordinator::handle_committed`], which applies it to
+//!   the leader's copy of the table.
+//! - [`Coordinator::poll_sync_down`] answers a region from COMMITTED state only: a grant is
+//!   never sent before the allowance it carries is in the table (grow: commit, then send).
+//!
+//! Driver contract: after `handle_sync_up`, call `poll_proposals` and commit (or abandon)
+//! everything it and earlier polls returned before calling `poll_sync_down` for that region
+//! ([`Coordinator::has_uncommitted_proposals`] is then false). A region returning from a
+//! closed-policy reclaim then finds the reclaim ended in the table and gets the zeroes for every
+//! counter whose rows used its floor in the same answer that makes its view fresh again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound as RangeBound;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ids::{Epoch, KeyId, LimitId, RegionId};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::rebalance::bound::BoundInputs;
+use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
+use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
+use crate::rebalance::views::{CounterView, DemandView, RegionView};
+use crate::sync::{
+    AllowanceGrant, CounterEntry, CounterRef, MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest,
+    SyncDown, SyncUp,
+};
+use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
+
+/// Most commands one `poll_proposals` returns; the rest waits for the next round.
+pub const MAX_PROPOSALS_PER_POLL: usize = 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorConfig {
+    /// How often agents sync. A grant is resent for a reported mismatch only once it has been
+    /// out this long (until then it is probably still in flight).
+    pub sync_interval: Duration,
+    /// A region not heard for this long is frozen: neither grown nor asked to release, and
+    /// its view (on its side) has expired.
+    pub view_ttl: Duration,
+    /// Extra silence, beyond `view_ttl` and the measured clock uncertainty, before a closed
+    /// region's floor is reclaimed: covers the drift of clock rates over that time.
+    pub drift_margin: Duration,
+    /// Grows and releases smaller than this are not made: no churn for tiny changes.
+    pub rebalance_hysteresis_units: u64,
+    /// How long before a window starts its allocations are issued ("start the window where
+    /// demand is").
+    pub pre_issue_lead: Duration,
+    /// Most counters the leader keeps views of; reports for more are dropped (their demand
+    /// goes unmet, which is safe).
+    pub max_tracked_counters: usize,
+    /// A proposal neither committed nor abandoned after this long is forgotten, so the
+    /// counter can be planned again.
+    pub proposal_timeout: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            sync_interval: Duration::from_millis(250),
+            view_ttl: Duration::from_secs(2),
+            drift_margin: Duration::from_millis(500),
+            rebalance_hysteresis_units: 1,
+            pre_issue_lead: Duration::from_secs(1),
+            max_tracked_counters: 65_536,
+            proposal_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What an in-flight proposal is about: at most one per key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ProposalKey {
+    Counter(CounterRef),
+    Reclaim(LimitId, RegionId),
+    Gc(LimitId),
+}
+
+fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
+    match cmd {
+        TableCommand::Grow { counter, .. }
+        | TableCommand::RequestRelease { counter, .. }
+        | TableCommand::CompleteRelease { counter, .. } => {
+            Some(ProposalKey::Counter(counter.clone()))
+        }
+        TableCommand::Reclaim { limit, region, .. }
+        | TableCommand::EndReclaim { limit, region } => {
+            Some(ProposalKey::Reclaim(limit.clone(), region.clone()))
+        }
+        TableCommand::CollectGarbage { limit, .. } => Some(ProposalKey::Gc(limit.clone())),
+        TableCommand::SetConfig { .. } => None,
+    }
+}
+
+pub struct Coordinator {
+    cfg: CoordinatorConfig,
+    table: AllowanceTable,
+    started_at: Timestamp,
+    regions: BTreeMap<RegionId, RegionView>,
+    counters: BTreeMap<CounterRef, CounterView>,
+    /// Acks whose release is still pending in the table, waiting to be committed.
+    acks: BTreeMap<(CounterRef, RegionId), ReleaseAck>,
+    /// Epoch of the last grant sent per row, and when.
+    sent: BTreeMap<(CounterRef, RegionId), (Epoch, Timestamp)>,
+    /// Rows whose region reported an allowance other than the table's: grant to resend.
+    resend: BTreeSet<(CounterRef, RegionId)>,
+    in_flight: BTreeMap<ProposalKey, Timestamp>,
+    /// Rows whose region has shown (demand report or release ack) that it enforces at most the
+    /// row. A row below the region's configured default that is not confirmed may be unknown to
+    /// the region, which would then enforce its default: such a row is neither grown nor
+    /// shrunk, and its grant leads every answer, until confirmed.
+    confirmed: BTreeSet<(CounterRef, RegionId)>,
+    /// Per region, the last counter whose entries fitted in an answer: the next answer starts
+    /// after it, so no counter starves when there are more entries than fit.
+    entry_cursor: BTreeMap<RegionId, CounterRef>,
+}
+
+impl Coordinator {
+    /// A leader starting at `now` over the committed `table`.
+    pub fn new(cfg: CoordinatorConfig, table: AllowanceTable, now: Timestamp) -> Self {
+        Coordinator {
+            cfg,
+            table,
+            started_at: now,
+            regions: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            acks: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            resend: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
+            confirmed: BTreeSet::new(),
+            entry_cursor: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.cfg
+    }
+
+    pub fn table(&self) -> &AllowanceTable {
+        &self.table
+    }
+
+    /// True while a polled command has been neither committed nor abandoned.
+    pub fn has_uncommitted_proposals(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// Net use of `region` on `counter` as last reported, if the counter is tracked.
+    pub fn used_units(&self, counter: &CounterRef, region: &RegionId) -> Option<u64> {
+        self.counters.get(counter).map(|v| v.used_units(region))
+    }
+
+    /// Record one SyncUp. Old or duplicated messages are harmless: entries merge by max,
+    /// acks are matched by id, and demand is taken only from a newer message.
+    pub fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> Result<()> {
+        if self.table.regions().binary_search(&msg.region).is_err() {
+            return Err(Error::InvalidRequest(format!(
+                "sync from unknown region {}",
+                msg.region
+            )));
+        }
+        let started_at = self.started_at;
+        let view = self
+            .regions
+            .entry(msg.region.clone())
+            .or_insert_with(|| RegionView::new(started_at));
+        let newer = view.last_seq.is_none_or(|s| msg.seq > s);
+        // Even a late message proves the region answers: its view is aged from the message's
+        // own send time, which is before now, so hearing it "now" is never optimistic.
+        view.last_heard = view.last_heard.max(now);
+        view.heard = true;
+        if newer {
+            view.last_seq = Some(msg.seq);
+            view.last_received_at = now;
+            view.clock = msg.clock.or(view.clock);
+        }
+        for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            if e.region == msg.region
+                && self.track(now, &e.counter)
+                && let Some(v) = self.counters.get_mut(&e.counter)
+            {
+                v.merge(e);
+            }
+        }
+        if newer {
+            self.record_demand(now, &msg);
+        }
+        for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.record_ack(&msg.region, ack);
+        }
+        Ok(())
+    }
+
+    fn record_demand(&mut self, now: Timestamp, msg: &SyncUp) {
+        for d in msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            if !self.track(now, &d.counter) {
+                continue;
+            }
+            if let Some(v) = self.counters.get_mut(&d.counter) {
+                v.demand.insert(
+                    msg.region.clone(),
+                    DemandView {
+                        units_per_sec: d.demand_units_per_sec,
+                        allowance_units: d.allowance_units,
+                    },
+                );
+            }
+            let lost_grant = self.table.row(&d.counter, &msg.region).is_some_and(|row| {
+                row.pending.is_none() && row.allowance_units != d.allowance_units
+            });
+            let key = (d.counter.clone(), msg.region.clone());
+            let at_most_row = self
+                .table
+                .row(&d.counter, &msg.region)
+                .is_some_and(|row| d.allowance_units <= row.allowance_units);
+            if at_most_row {
+                self.confirmed.insert(key.clone());
+            }
+            if lost_grant {
+                self.resend.insert(key);
+            } else {
+                self.resend.remove(&key);
+            }
+        }
+    }
+
+    fn record_ack(&mut self, region: &RegionId, ack: &ReleaseAck) {
+        let pending = self
+            .table
+            .row(&ack.counter, region)
+            .and_then(|row| row.pending.as_ref());
+        // Duplicated or late acks (the release already completed) match nothing and vanish.
+        if pending.is_some_and(|p| p.id == ack.id) {
+            self.acks
+                .insert((ack.counter.clone(), region.clone()), ack.clone());
+        }
+    }
+
+    /// Starts tracking `counter` if there is room and it is worth tracking; true if tracked.
+    fn track(&mut self, now: Timestamp, counter: &CounterRef) -> bool {
+        if self.counters.contains_key(counter) {
+            return true;
+        }
+        let Some(window) = self.finite_window(&counter.limit) else {
+            return false;
+        };
+        let current = window.index(now);
+        let live = counter.window >= current && counter.window <= current.next();
+        if !live || self.counters.len() >= self.cfg.max_tracked_counters {
+            return false;
+        }
+        self.counters
+            .insert(counter.clone(), CounterView::default());
+        true
+    }
+
+    fn finite_window(&self, limit: &LimitId) -> Option<Window> {
+        match self.table.limit(limit)?.quota {
+            Quota::Units { window, .. } => Some(window),
+            Quota::Unlimited => None,
+        }
+    }
+
+    /// Apply a committed command to the leader's table.
+    pub fn handle_committed(&mut self, _now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
+        if let Some(key) = proposal_key(cmd) {
+            self.in_flight.remove(&key);
+        }
+        let ack = match cmd {
+            TableCommand::CompleteRelease {
+                counter, region, ..
+            } => self.acks.remove(&(counter.clone(), region.clone())),
+            _ => None,
+        };
+        let outcome = self.table.apply(cmd.clone());
+        if let (Some(ack), true) = (ack, outcome.is_applied()) {
+            self.confirm_from_ack(&ack, cmd);
+        }
+        outcome
+    }
+
+    fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
+        let TableCommand::CompleteRelease {
+            counter, region, ..
+        } = cmd
+        else {
+            return;
+        };
+        let row_units = self.table.allowance(counter, region);
+        if ack.allowance_after_units <= row_units {
+            self.confirmed.insert((counter.clone(), region.clone()));
+        }
+    }
+
+    /// A row below the region's configured default that the region has not confirmed.
+    fn unconfirmed_below_default(&self, counter: &CounterRef, region: &RegionId) -> bool {
+        self.table.row(counter, region).is_some_and(|row| {
+            row.allowance_units < self.table.configured_default(counter, region)
+                && !self.confirmed.contains(&(counter.clone(), region.clone()))
+        })
+    }
+
+    /// What the rebalancer wants committed now.
+    pub fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
+        let timeout = self.cfg.proposal_timeout;
+        self.in_flight
+            .retain(|_, at| now.saturating_duration_since(*at) < timeout);
+        self.forget_ended(now);
+        self.pre_issue(now);
+        let mut out = Vec::new();
+        self.propose_completions(&mut out);
+        self.propose_reclaims(now, &mut out);
+        self.propose_rebalance(now, &mut out);
+        self.propose_gc(now, &mut out);
+        out.truncate(MAX_PROPOSALS_PER_POLL);
+        for cmd in &out {
+            if let Some(key) = proposal_key(cmd) {
+                self.in_flight.insert(key, now);
+            }
+        }
+        out
+    }
+
+    fn is_in_flight(&self, key: &ProposalKey) -> bool {
+        self.in_flight.contains_key(key)
+    }
+
+    fn propose_completions(&self, out: &mut Vec<TableCommand>) {
+        for ((counter, region), ack) in &self.acks {
+            if self.is_in_flight(&ProposalKey::Counter(counter.clone())) {
+                continue;
+            }
+            out.push(TableCommand::CompleteRelease {
+                counter: counter.clone(),
+                region: region.clone(),
+                id: ack.id,
+                released_units: ack.released_units,
+            });
+        }
+    }
+
+    fn region_view(&self, region: &RegionId) -> RegionView {
+        self.regions
+            .get(region)
+            .cloned()
+            .unwrap_or_else(|| RegionView::new(self.started_at))
+    }
+
+    /// Silent long enough that its view (on its own clock) has expired.
+    fn is_silent(&self, region: &RegionId, now: Timestamp) -> bool {
+        self.region_view(region).silent_for(now) >= self.cfg.view_ttl
+    }
+
+    /// When `region`, silent since it was last heard, has certainly closed itself: `view_ttl`
+    /// after its last contact on its own clock, plus the drift margin, plus how far its clock
+    /// may be from ours (all of it when we have no sample yet).
+    fn reclaim_deadline(&self, region: &RegionId, window: Window) -> Timestamp {
+        let view = self.region_view(region);
+        let uncertainty = view.clock_uncertainty().unwrap_or(window.len());
+        view.last_heard + self.cfg.view_ttl + self.cfg.drift_margin + uncertainty
+    }
+
+    fn propose_reclaims(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        for spec in self.table.limits() {
+            let (Consistency::Strict, PartitionPolicy::Closed, Quota::Units { window, .. }) =
+                (spec.consistency, spec.partition_policy, spec.quota)
+            else {
+                continue;
+            };
+            for region in self.table.regions() {
+                let key = ProposalKey::Reclaim(spec.id.clone(), region.clone());
+                if self.is_in_flight(&key) {
+                    continue;
+                }
+                let deadline = self.reclaim_deadline(region, window);
+                let active = self.table.reclaim(&spec.id, region).is_some();
+                if !active && now >= deadline {
+                    out.push(TableCommand::Reclaim {
+                        limit: spec.id.clone(),
+                        region: region.clone(),
+                        from_window: first_window_starting_at_or_after(window, deadline),
+                    });
+                } else if active && self.has_returned(region, now) {
+                    out.push(TableCommand::EndReclaim {
+                        limit: spec.id.clone(),
+                        region: region.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Heard by this leader and no longer silent.
+    fn has_returned(&self, region: &RegionId, now: Timestamp) -> bool {
+        self.regions.get(region).is_some_and(|v| v.heard) && !self.is_silent(region, now)
+    }
+
+    /// A limit with a reclaim whose region is back: its floor must not be planned with until
+    /// the reclaim's end is committed.
+    fn reclaim_ending(&self, limit: &LimitId, now: Timestamp) -> bool {
+        self.table
+            .reclaims()
+            .any(|((l, r), _)| l == limit && self.has_returned(r, now))
+    }
+
+    fn propose_rebalance(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        // A counter with a completion in this batch is planned next round, from its result.
+        let taken: BTreeSet<ProposalKey> = out.iter().filter_map(proposal_key).collect();
+        for (counter, view) in &self.counters {
+            if taken.contains(&ProposalKey::Counter(counter.clone())) {
+                continue;
+            }
+            if out.len() >= MAX_PROPOSALS_PER_POLL {
+                return;
+            }
+            let Some(spec) = self.table.limit(&counter.limit) else {
+                continue;
+            };
+            let planable = spec.consistency == Consistency::Strict
+                && !self.is_in_flight(&ProposalKey::Counter(counter.clone()))
+                && !self.reclaim_ending(&counter.limit, now);
+            if !planable || view.demand.is_empty() {
+                continue;
+            }
+            if let Some(input) = self.plan_input(now, spec, counter, view) {
+                self.push_actions(counter, plan_counter(&input).actions, out);
+            }
+        }
+    }
+
+    fn plan_input(
+        &self,
+        now: Timestamp,
+        spec: &LimitSpec,
+        counter: &CounterRef,
+        view: &CounterView,
+    ) -> Option<CounterPlanInput> {
+        let Quota::Units { units, window } = spec.quota else {
+            return None;
+        };
+        let time_left = time_left(window, counter.window, now)?;
+        let regions = self.table.regions();
+        let states = regions
+            .iter()
+            .map(|r| {
+                let silent = self.is_silent(r, now);
+                let demand = if silent {
+                    0
+                } else {
+                    view.demand.get(r).map_or(0, |d| d.units_per_sec)
+                };
+                let row = self.table.row(counter, r);
+                let reclaimed = self
+                    .table
+                    .reclaim(&counter.limit, r)
+                    .is_some_and(|rc| counter.window >= rc.from_window);
+                RegionState {
+                    region: r.clone(),
+                    weight_ppm: spec.weights.share_ppm(r, regions),
+                    default_units: spec.weights.default_allowance(r, regions, units),
+                    used_units: view.used_units(r),
+                    need_units: need_units(demand, time_left),
+                    allowance_units: self.table.allowance(counter, r),
+                    pending_release_units: row
+                        .and_then(|row| row.pending.as_ref().map(|p| p.units)),
+                    frozen: silent || reclaimed || self.unconfirmed_below_default(counter, r),
+                }
+            })
+            .collect();
+        Some(CounterPlanInput {
+            quota_units: units,
+            free_units: self.table.free_units(counter),
+            hysteresis_units: self.cfg.rebalance_hysteresis_units,
+            regions: states,
+        })
+    }
+
+    fn push_actions(
+        &self,
+        counter: &CounterRef,
+        actions: Vec<PlanAction>,
+        out: &mut Vec<TableCommand>,
+    ) {
+        // One command per counter per round: the next round plans from the committed result,
+        // so two proposals never both count on the same free quota.
+        let Some(action) = actions.into_iter().next() else {
+            return;
+        };
+        let epoch_of = |region: &RegionId| {
+            self.table
+                .row(counter, region)
+                .map_or(Epoch(0), |row| row.epoch)
+        };
+        out.push(match action {
+            PlanAction::Grow {
+                region,
+                allowance_units,
+            } => TableCommand::Grow {
+                counter: counter.clone(),
+                expected_epoch: epoch_of(&region),
+                region,
+                allowance_units,
+            },
+            PlanAction::Release { region, units } => TableCommand::RequestRelease {
+                counter: counter.clone(),
+                expected_epoch: epoch_of(&region),
+                region,
+                units,
+            },
+        });
+    }
+
+    /// Rows of windows that ended (on our clock) more than `drift_margin` ago are collected:
+    /// late acks for them are then ignored, which only strands the released units.
+    fn propose_gc(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        let mut oldest: BTreeMap<&LimitId, WindowIndex> = BTreeMap::new();
+        for (counter, _) in self.table.counters() {
+            let w = oldest.entry(&counter.limit).or_insert(counter.window);
+            *w = (*w).min(counter.window);
+        }
+        for (limit, oldest_window) in oldest {
+            let Some(window) = self.table.window_of(limit) else {
+                continue;
+            };
+            let before = window.index(now - self.cfg.drift_margin);
+            if oldest_window < before && !self.is_in_flight(&ProposalKey::Gc(limit.clone())) {
+                out.push(TableCommand::CollectGarbage {
+                    limit: limit.clone(),
+                    before_window: before,
+                });
+            }
+        }
+    }
+
+    /// Drop soft state of windows that have ended.
+    fn forget_ended(&mut self, now: Timestamp) {
+        let drift = self.cfg.drift_margin;
+        let table = &self.table;
+        let ended = |c: &CounterRef| match table.limit(&c.limit).map(|s| s.quota) {
+            Some(Quota::Units { window, .. }) => c.window < window.index(now - drift),
+            _ => true,
+        };
+        self.counters.retain(|c, _| !ended(c));
+        self.sent.retain(|(c, _), _| !ended(c));
+        self.resend.retain(|(c, _)| !ended(c));
+        self.acks.retain(|(c, _), _| !ended(c));
+        self.confirmed.retain(|(c, _)| !ended(c));
+    }
+
+    /// Near the end of a window, carry the demand of its hot counters over to the next one so
+    /// that the next window's allocations are planned (and granted) before it starts.
+    fn pre_issue(&mut self, now: Timestamp) {
+        let mut carried: Vec<(CounterRef, BTreeMap<RegionId, DemandView>)> = Vec::new();
+        for (counter, view) in &self.counters {
+            let Some(window) = self.finite_window(&counter.limit) else {
+                continue;
+            };
+            let current = window.index(now);
+            let near_end = window.remaining(now) <= self.cfg.pre_issue_lead;
+            let hot = view.demand.values().any(|d| d.units_per_sec > 0);
+            if counter.window == current && near_end && hot {
+                let next = CounterRef {
+                    window: current.next(),
+                    ..counter.clone()
+                };
+                carried.push((next, view.demand.clone()));
+            }
+        }
+        for (next, demand) in carried {
+            if !self.track(now, &next) {
+                continue;
+            }
+            if let Some(v) = self.counters.get_mut(&next) {
+                for (region, d) in demand {
+                    v.demand.entry(region).or_insert(DemandView {
+                        units_per_sec: d.units_per_sec,
+                        allowance_units: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The answer to `region`'s SyncUp `reply_to_seq`, from committed state only. Order of
+    /// precedence within `MAX_ITEMS_PER_MESSAGE`: unconfirmed grants below the region's default
+    /// (reclaimed zeroes; repeated in every answer until confirmed, since a region that missed
+    /// one would enforce its default), release requests, other grants, then other regions'
+    /// entries (round-robin over counters across answers).
+    pub fn poll_sync_down(
+        &mut self,
+        now: Timestamp,
+        region: &RegionId,
+        reply_to_seq: u64,
+    ) -> SyncDown {
+        let view = self.region_view(region);
+        let mut budget = MAX_ITEMS_PER_MESSAGE;
+        let (grants, release_requests) = self.grants_and_releases(now, region, &mut budget);
+        for g in &grants {
+            let key = (g.counter.clone(), region.clone());
+            self.resend.remove(&key);
+            self.sent.insert(key, (g.epoch, now));
+        }
+        let entries = self.entries_for(now, region, budget);
+        SyncDown {
+            reply_to_seq,
+            received_at: view.last_received_at,
+            sent_at: now,
+            config_version: self.table.config_version(),
+            entries,
+            grants,
+            release_requests,
+        }
+    }
+
+    fn grants_and_releases(
+        &self,
+        now: Timestamp,
+        region: &RegionId,
+        budget: &mut usize,
+    ) -> (Vec<AllowanceGrant>, Vec<ReleaseRequest>) {
+        let mut below_default = Vec::new();
+        let mut releases = Vec::new();
+        let mut grants = Vec::new();
+        for (counter, rows) in self.table.counters() {
+            let Some(row) = rows.get(region) else {
+                continue;
+            };
+            let key = (counter.clone(), region.clone());
+            if let Some(p) = &row.pending {
+                releases.push(ReleaseRequest {
+                    id: p.id,
+                    counter: counter.clone(),
+                    units: p.units,
+                    epoch: p.epoch,
+                });
+                continue;
+            }
+            let sent = self.sent.get(&key);
+            let unsent = sent.is_none_or(|(e, _)| *e < row.epoch);
+            // A mismatch reported less than a sync interval after sending is most likely the
+            // grant still in flight: resend only once it has had time to arrive.
+            let overdue = sent
+                .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= self.cfg.sync_interval);
+            let lost = self.resend.contains(&key) && overdue;
+            let must_deliver = self.unconfirmed_below_default(counter, region);
+            if row.epoch > Epoch(0) && (unsent || lost || must_deliver) {
+                let g = AllowanceGrant {
+                    counter: counter.clone(),
+                    region: region.clone(),
+                    allowance_units: row.allowance_units,
+                    epoch: row.epoch,
+                };
+                if must_deliver {
+                    below_default.push(g)
+                } else {
+                    grants.push(g)
+                }
+            }
+        }
+        below_default.truncate(*budget);
+        *budget -= below_default.len();
+        releases.truncate(*budget);
+        *budget -= releases.len();
+        grants.truncate(*budget);
+        *budget -= grants.len();
+        below_default.extend(grants);
+        (below_default, releases)
+    }
+
+    /// Other regions' entries for the counters `region` takes part in: every tracked counter
+    /// of a live window (a mentioned counter is reported from then on, so every region's use
+    /// of an escalated key becomes known).
+    fn entries_for(
+        &mut self,
+        now: Timestamp,
+        region: &RegionId,
+        budget: usize,
+    ) -> Vec<CounterEntry> {
+        let order: Vec<&CounterRef> = match self.entry_cursor.get(region) {
+            Some(c) => self
+                .counters
+                .range((RangeBound::Excluded(c), RangeBound::Unbounded))
+                .chain(self.counters.range(..=c))
+                .map(|(k, _)| k)
+                .collect(),
+            None => self.counters.keys().collect(),
+        };
+        let mut out = Vec::new();
+        let mut last_fitted = None;
+        for counter in order {
+            let live = self
+                .finite_window(&counter.limit)
+                .is_some_and(|w| counter.window >= w.index(now));
+            let Some(view) = self.counters.get(counter).filter(|_| live) else {
+                continue;
+            };
+            let others: Vec<&RegionId> =
+                view.reporting_regions().filter(|r| *r != region).collect();
+            if out.len() + others.len() > budget {
+                break;
+            }
+            for other in others {
+                let (granted_units, refunded_units) = view.entry(other);
+                out.push(CounterEntry {
+                    counter: counter.clone(),
+                    region: other.clone(),
+                    granted_units,
+                    refunded_units,
+                });
+            }
+            last_fitted = Some(counter.clone());
+        }
+        if let Some(c) = last_fitted {
+            self.entry_cursor.insert(region.clone(), c);
+        }
+        out
+    }
+
+    /// Measurements for [`crate::rebalance::bound::bound`] that the leader holds: allowances
+    /// (per key if `key` is given, else the largest over keys), clock uncertainties,
+    /// partitioned regions and their last seen use. Region stats (time open, settle overage,
+    /// peak rates) are for the caller to add.
+    pub fn bound_inputs(
+        &self,
+        now: Timestamp,
+        limit: &LimitId,
+        window: WindowIndex,
+        key: Option<&KeyId>,
+    ) -> BoundInputs {
+        let regions = self.table.regions().to_vec();
+        let mut inputs = BoundInputs::new(regions.clone(), self.cfg.view_ttl);
+        for r in &regions {
+            let view = self.region_view(r);
+            if let Some(c) = view.clock {
+                inputs.clock_offset_nanos.insert(r.clone(), c.offset_nanos);
+                inputs
+                    .round_trip_nanos
+                    .insert(r.clone(), c.round_trip_nanos);
+            }
+            inputs
+                .allowance_units
+                .insert(r.clone(), self.largest_allowance(limit, window, key, r));
+            if self.is_silent(r, now) {
+                let last_seen = key.map_or(0, |k| {
+                    let c = CounterRef {
+                        limit: limit.clone(),
+                        key: k.clone(),
+                        window,
+                    };
+                    self.used_units(&c, r).unwrap_or(0)
+                });
+                inputs.partitioned.insert(r.clone(), last_seen);
+            }
+        }
+        inputs
+    }
+
+    fn largest_allowance(
+        &self,
+        limit: &LimitId,
+        window: WindowIndex,
+        key: Option<&KeyId>,
+        region: &RegionId,
+    ) -> u64 {
+        let any_key = CounterRef {
+            limit: limit.clone(),
+            key: key.cloned().unwrap_or_else(|| KeyId::from("")),
+            window,
+        };
+        let default = self.table.default_allowance(&any_key, region);
+        if key.is_some() {
+            return self.table.allowance(&any_key, region);
+        }
+        self.table
+            .counters()
+            .filter(|(c, _)| &c.limit == limit && c.window == window)
+            .filter_map(|(_, rows)| rows.get(region).map(|row| row.allowance_units))
+            .fold(default, u64::max)
+    }
+}
+
+/// Time the counter's window still has, or all of it for a window yet to start; `None` for a
+/// window already over.
+fn time_left(window: Window, counter_window: WindowIndex, now: Timestamp) -> Option<Duration> {
+    let current = window.index(now);
+    if counter_window == current {
+        Some(window.remaining(now))
+    } else if counter_window > current {
+        Some(window.len())
+    } else {
+        None
+    }
+}
+
+/// `ceil(rate * time)` in units.
+fn need_units(units_per_sec: u64, time: Duration) -> u64 {
+    let nanos = u128::from(duration_nanos(time));
+    let need = (u128::from(units_per_sec) * nanos).div_ceil(1_000_000_000);
+    u64::try_from(need).unwrap_or(u64::MAX)
+}
+
+fn first_window_starting_at_or_after(window: Window, t: Timestamp) -> WindowIndex {
+    let idx = window.index(t);
+    if window.start(idx) < t {
+        idx.next()
+    } else {
+        idx
+    }
+}

@@ -1,0 +1,693 @@
+//! The replicated allowance table: the only state the coordinator replicates (through raft).
+//!
+//! Per counter (limit, key, window) and region it holds an explicit allowance `a_r` with its
+//! epoch and at most one pending release. A counter or region with no row has the default
+//! `floor(w_r * L)`, so defaults cost no state and only escalated counters get rows.
+//!
+//! Every mutation goes through [`AllowanceTable::apply`], which is deterministic and refuses
+//! (with a reason) any command that would break invariant 2: for every counter, the sum over
+//! regions of `a_r` (explicit or default) is at most `L`. Each applied command re-checks it.
+//!
+//! Epochs: each command that changes what a region should enforce (grow, release request,
+//! release completion, a reclaimed zero) bumps the row's epoch; grants and release requests share
+//! that sequence, so a region that has seen a newer one ignores an older one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, LimitId, RegionId};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::sync::CounterRef;
+use crate::time::{Window, WindowIndex};
+
+/// Most explicit rows the table holds. A command that would create more is refused: the demand
+/// behind it stays unmet (stranded quota), which is safe, and the table stays bounded.
+pub const MAX_TABLE_ROWS: usize = 65_536;
+
+/// A release asked of a region and not yet acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRelease {
+    pub id: u64,
+    pub units: u64,
+    /// The epoch the request was sent with.
+    pub epoch: Epoch,
+}
+
+/// One region's explicit allowance for one counter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowanceRow {
+    /// Still includes the units of a pending release: they are freed only by its ack.
+    pub allowance_units: u64,
+    /// The epoch of the last grant, release request or completion for this row.
+    pub epoch: Epoch,
+    pub pending: Option<PendingRelease>,
+}
+
+/// A closed-policy reclaim: the region's default is zero for windows from `from_window` on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reclaim {
+    pub from_window: WindowIndex,
+}
+
+/// A mutation of the table, as committed through raft.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TableCommand {
+    /// A new limits configuration and region membership. Rows of limits that are gone, no
+    /// longer strict or whose window length changed are dropped.
+    SetConfig {
+        version: u64,
+        limits: Vec<LimitSpec>,
+        regions: Vec<RegionId>,
+    },
+    /// Raise `region`'s allowance to `allowance_units`, out of free quota only.
+    Grow {
+        counter: CounterRef,
+        region: RegionId,
+        /// The row's epoch the proposal was computed from; a stale proposal is refused.
+        expected_epoch: Epoch,
+        allowance_units: u64,
+    },
+    /// Ask `region` to give back up to `units`; the allowance stays until the ack commits.
+    RequestRelease {
+        counter: CounterRef,
+        region: RegionId,
+        expected_epoch: Epoch,
+        units: u64,
+    },
+    /// The region acknowledged release `id`: it already lowered its own allowance.
+    CompleteRelease {
+        counter: CounterRef,
+        region: RegionId,
+        id: u64,
+        released_units: u64,
+    },
+    /// The region has been silent past the deadline under the `closed` policy: its default
+    /// is free for windows from `from_window` on.
+    Reclaim {
+        limit: LimitId,
+        region: RegionId,
+        from_window: WindowIndex,
+    },
+    /// The region is back; rows materialised as zero for it stay, other counters revert to
+    /// its default.
+    EndReclaim { limit: LimitId, region: RegionId },
+    /// Drop the rows of windows before `before_window` (they have ended).
+    CollectGarbage {
+        limit: LimitId,
+        before_window: WindowIndex,
+    },
+}
+
+/// Why a command was refused. A refusal changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// Applying it would make the sum of allowances exceed the quota.
+    AboveQuota {
+        counter: CounterRef,
+        sum_units: u128,
+        quota_units: u64,
+    },
+    UnknownLimit(LimitId),
+    UnknownRegion(RegionId),
+    /// The limit is eventual or unlimited: it has no allowance rows.
+    NotStrict(LimitId),
+    StaleEpoch {
+        expected: Epoch,
+        actual: Epoch,
+    },
+    /// A grow that would not raise the allowance, or a release of zero or more than held.
+    BadAmount,
+    /// The row already has a release pending (one at a time), or has none to complete.
+    ReleasePending,
+    NoSuchRelease {
+        id: u64,
+    },
+    /// The counter's window was garbage-collected.
+    WindowCollected,
+    TableFull,
+    StaleConfig {
+        current_version: u64,
+    },
+    /// A reclaim for a limit without the closed policy, or one that already exists / does not.
+    ReclaimNotAllowed,
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::AboveQuota {
+                counter,
+                sum_units,
+                quota_units,
+            } => write!(
+                f,
+                "allowances of {counter:?} would sum to {sum_units}, above the quota {quota_units}"
+            ),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApplyOutcome {
+    Applied,
+    Rejected(RejectReason),
+}
+
+impl ApplyOutcome {
+    pub fn is_applied(&self) -> bool {
+        matches!(self, ApplyOutcome::Applied)
+    }
+}
+
+/// The replicated state. Serialisable as a whole, for raft snapshots.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowanceTable {
+    config_version: u64,
+    limits: BTreeMap<LimitId, LimitSpec>,
+    /// Sorted, no duplicates.
+    regions: Vec<RegionId>,
+    counters: BTreeMap<CounterRef, BTreeMap<RegionId, AllowanceRow>>,
+    reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
+    /// Windows below this were collected; no row may be created for them again.
+    collected_below: BTreeMap<LimitId, WindowIndex>,
+    next_release_id: u64,
+    row_count: usize,
+}
+
+/// Quota and window of a strict, finite limit: the only kind with rows.
+#[derive(Clone, Copy, Debug)]
+struct StrictQuota {
+    units: u64,
+    window: Window,
+}
+
+impl AllowanceTable {
+    pub fn new() -> Self {
+        AllowanceTable {
+            next_release_id: 1,
+            ..AllowanceTable::default()
+        }
+    }
+
+    pub fn config_version(&self) -> u64 {
+        self.config_version
+    }
+
+    pub fn regions(&self) -> &[RegionId] {
+        &self.regions
+    }
+
+    pub fn limit(&self, id: &LimitId) -> Option<&LimitSpec> {
+        self.limits.get(id)
+    }
+
+    pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
+        self.limits.values()
+    }
+
+    pub fn row_count(&self) -> usize {
+        self.row_count
+    }
+
+    pub fn row(&self, counter: &CounterRef, region: &RegionId) -> Option<&AllowanceRow> {
+        self.counters.get(counter)?.get(region)
+    }
+
+    /// Counters with at least one explicit row, with their rows.
+    pub fn counters(
+        &self,
+    ) -> impl Iterator<Item = (&CounterRef, &BTreeMap<RegionId, AllowanceRow>)> {
+        self.counters.iter()
+    }
+
+    pub fn reclaims(&self) -> impl Iterator<Item = (&(LimitId, RegionId), &Reclaim)> {
+        self.reclaims.iter()
+    }
+
+    pub fn reclaim(&self, limit: &LimitId, region: &RegionId) -> Option<&Reclaim> {
+        self.reclaims.get(&(limit.clone(), region.clone()))
+    }
+
+    /// `region`'s default for `counter`: `floor(w_r * L)`, or zero where reclaimed.
+    pub fn default_allowance(&self, counter: &CounterRef, region: &RegionId) -> u64 {
+        let Some(spec) = self.limits.get(&counter.limit) else {
+            return 0;
+        };
+        let Quota::Units { units, .. } = spec.quota else {
+            return 0;
+        };
+        let reclaimed = self
+            .reclaim(&counter.limit, region)
+            .is_some_and(|r| counter.window >= r.from_window);
+        if reclaimed {
+            return 0;
+        }
+        spec.weights.default_allowance(region, &self.regions, units)
+    }
+
+    /// `floor(w_r * L)` as configured, ignoring reclaims: what the region enforces for a
+    /// counter it has received no grant for.
+    pub fn configured_default(&self, counter: &CounterRef, region: &RegionId) -> u64 {
+        match self.limits.get(&counter.limit).map(|s| (s, s.quota)) {
+            Some((spec, Quota::Units { units, .. })) => {
+                spec.weights.default_allowance(region, &self.regions, units)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The allowance the table grants `region` for `counter`, explicit or default.
+    pub fn allowance(&self, counter: &CounterRef, region: &RegionId) -> u64 {
+        match self.row(counter, region) {
+            Some(row) => row.allowance_units,
+            None => self.default_allowance(counter, region),
+        }
+    }
+
+    /// Sum over regions (members and any region with a row) of the allowance for `counter`.
+    pub fn allowance_sum(&self, counter: &CounterRef) -> u128 {
+        let rows = self.counters.get(counter);
+        let mut sum: u128 = self
+            .regions
+            .iter()
+            .filter(|r| rows.is_none_or(|rows| !rows.contains_key(*r)))
+            .map(|r| u128::from(self.default_allowance(counter, r)))
+            .sum();
+        if let Some(rows) = rows {
+            sum += rows
+                .values()
+                .map(|row| u128::from(row.allowance_units))
+                .sum::<u128>();
+        }
+        sum
+    }
+
+    /// Free quota of `counter`: `L - sum a_r`, or zero for a limit without rows.
+    pub fn free_units(&self, counter: &CounterRef) -> u64 {
+        match self.strict_quota(&counter.limit) {
+            Ok(q) => u128::from(q.units).saturating_sub(self.allowance_sum(counter)) as u64,
+            Err(_) => 0,
+        }
+    }
+
+    /// Invariant 2 for every counter with rows; used by tests and after config changes.
+    pub fn check_invariants(&self) -> Result<(), RejectReason> {
+        let counters: Vec<&CounterRef> = self.counters.keys().collect();
+        for counter in counters {
+            self.check_counter(counter)?;
+        }
+        let rows: usize = self.counters.values().map(BTreeMap::len).sum();
+        assert_eq!(rows, self.row_count, "row count out of step");
+        Ok(())
+    }
+
+    /// Apply one committed command. Deterministic; a refused command changes nothing.
+    pub fn apply(&mut self, cmd: TableCommand) -> ApplyOutcome {
+        let result = match cmd {
+            TableCommand::SetConfig {
+                version,
+                limits,
+                regions,
+            } => self.set_config(version, limits, regions),
+            TableCommand::Grow {
+                counter,
+                region,
+                expected_epoch,
+                allowance_units,
+            } => self.grow(&counter, &region, expected_epoch, allowance_units),
+            TableCommand::RequestRelease {
+                counter,
+                region,
+                expected_epoch,
+                units,
+            } => self.request_release(&counter, &region, expected_epoch, units),
+            TableCommand::CompleteRelease {
+                counter,
+                region,
+                id,
+                released_units,
+            } => self.complete_release(&counter, &region, id, released_units),
+            TableCommand::Reclaim {
+                limit,
+                region,
+                from_window,
+            } => self.start_reclaim(limit, region, from_window),
+            TableCommand::EndReclaim { limit, region } => self.end_reclaim(limit, region),
+            TableCommand::CollectGarbage {
+                limit,
+                before_window,
+            } => {
+                self.collect_garbage(limit, before_window);
+                Ok(())
+            }
+        };
+        match result {
+            Ok(()) => ApplyOutcome::Applied,
+            Err(reason) => ApplyOutcome::Rejected(reason),
+        }
+    }
+
+    fn strict_quota(&self, limit: &LimitId) -> Result<StrictQuota, RejectReason> {
+        let spec = self
+            .limits
+            .get(limit)
+            .ok_or_else(|| RejectReason::UnknownLimit(limit.clone()))?;
+        match (spec.consistency, spec.quota) {
+            (Consistency::Strict, Quota::Units { units, window }) => {
+                Ok(StrictQuota { units, window })
+            }
+            _ => Err(RejectReason::NotStrict(limit.clone())),
+        }
+    }
+
+    fn check_counter(&self, counter: &CounterRef) -> Result<(), RejectReason> {
+        let quota = self.strict_quota(&counter.limit)?;
+        let sum = self.allowance_sum(counter);
+        if sum > u128::from(quota.units) {
+            return Err(RejectReason::AboveQuota {
+                counter: counter.clone(),
+                sum_units: sum,
+                quota_units: quota.units,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks shared by every row command: a strict limit, a member region, a live window.
+    fn check_row_target(
+        &self,
+        counter: &CounterRef,
+        region: &RegionId,
+    ) -> Result<StrictQuota, RejectReason> {
+        let quota = self.strict_quota(&counter.limit)?;
+        if self.regions.binary_search(region).is_err() {
+            return Err(RejectReason::UnknownRegion(region.clone()));
+        }
+        let collected = self
+            .collected_below
+            .get(&counter.limit)
+            .is_some_and(|below| counter.window < *below);
+        if collected {
+            return Err(RejectReason::WindowCollected);
+        }
+        Ok(quota)
+    }
+
+    /// Rows a command on (`counter`, `region`) would create: the region's own, plus a zero row
+    /// for every region whose default is reclaimed in this window, when the counter is new.
+    /// Those zeroes are what the returning region is told before anything else.
+    fn rows_to_create(&self, counter: &CounterRef, region: &RegionId) -> Vec<RegionId> {
+        let mut new_rows = Vec::new();
+        if !self.counters.contains_key(counter) {
+            new_rows.extend(
+                self.reclaims
+                    .iter()
+                    .filter(|((limit, r), rc)| {
+                        *limit == counter.limit && r != region && counter.window >= rc.from_window
+                    })
+                    .map(|((_, r), _)| r.clone()),
+            );
+        }
+        if self.row(counter, region).is_none() {
+            new_rows.push(region.clone());
+        }
+        new_rows
+    }
+
+    /// The row for (`counter`, `region`), created at its default (and any reclaimed zeroes)
+    /// if absent. Fails when the table is full.
+    fn materialise(
+        &mut self,
+        counter: &CounterRef,
+        region: &RegionId,
+    ) -> Result<&mut AllowanceRow, RejectReason> {
+        let new_rows = self.rows_to_create(counter, region);
+        if self.row_count + new_rows.len() > MAX_TABLE_ROWS {
+            return Err(RejectReason::TableFull);
+        }
+        for r in new_rows {
+            let allowance_units = self.default_allowance(counter, &r);
+            // A reclaimed zero is news to its region (its own default is its floor), so it gets
+            // an epoch to be sent with; a row at the region's own default is not news.
+            let epoch = if &r == region { Epoch(0) } else { Epoch(1) };
+            self.counters.entry(counter.clone()).or_default().insert(
+                r,
+                AllowanceRow {
+                    allowance_units,
+                    epoch,
+                    pending: None,
+                },
+            );
+            self.row_count += 1;
+        }
+        self.counters
+            .get_mut(counter)
+            .and_then(|rows| rows.get_mut(region))
+            .ok_or(RejectReason::TableFull)
+    }
+
+    fn grow(
+        &mut self,
+        counter: &CounterRef,
+        region: &RegionId,
+        expected_epoch: Epoch,
+        allowance_units: u64,
+    ) -> Result<(), RejectReason> {
+        let quota = self.check_row_target(counter, region)?;
+        let current = self.allowance(counter, region);
+        let row = self.row(counter, region);
+        let epoch = row.map_or(Epoch(0), |r| r.epoch);
+        if epoch != expected_epoch {
+            return Err(RejectReason::StaleEpoch {
+                expected: expected_epoch,
+                actual: epoch,
+            });
+        }
+        if row.is_some_and(|r| r.pending.is_some()) {
+            return Err(RejectReason::ReleasePending);
+        }
+        if allowance_units <= current {
+            return Err(RejectReason::BadAmount);
+        }
+        // Growing only ever draws on free quota: the new sum is the old plus the increase.
+        let sum = self.allowance_sum(counter) + u128::from(allowance_units - current);
+        if sum > u128::from(quota.units) {
+            return Err(RejectReason::AboveQuota {
+                counter: counter.clone(),
+                sum_units: sum,
+                quota_units: quota.units,
+            });
+        }
+        let row = self.materialise(counter, region)?;
+        row.allowance_units = allowance_units;
+        row.epoch = Epoch(row.epoch.0 + 1);
+        self.assert_counter(counter);
+        Ok(())
+    }
+
+    fn request_release(
+        &mut self,
+        counter: &CounterRef,
+        region: &RegionId,
+        expected_epoch: Epoch,
+        units: u64,
+    ) -> Result<(), RejectReason> {
+        self.check_row_target(counter, region)?;
+        let current = self.allowance(counter, region);
+        let row = self.row(counter, region);
+        let epoch = row.map_or(Epoch(0), |r| r.epoch);
+        if epoch != expected_epoch {
+            return Err(RejectReason::StaleEpoch {
+                expected: expected_epoch,
+                actual: epoch,
+            });
+        }
+        if row.is_some_and(|r| r.pending.is_some()) {
+            return Err(RejectReason::ReleasePending);
+        }
+        if units == 0 || units > current {
+            return Err(RejectReason::BadAmount);
+        }
+        let id = self.next_release_id;
+        let row = self.materialise(counter, region)?;
+        row.epoch = Epoch(row.epoch.0 + 1);
+        row.pending = Some(PendingRelease {
+            id,
+            units,
+            epoch: row.epoch,
+        });
+        self.next_release_id += 1;
+        self.assert_counter(counter);
+        Ok(())
+    }
+
+    fn complete_release(
+        &mut self,
+        counter: &CounterRef,
+        region: &RegionId,
+        id: u64,
+        released_units: u64,
+    ) -> Result<(), RejectReason> {
+        let row = self
+            .counters
+            .get_mut(counter)
+            .and_then(|rows| rows.get_mut(region))
+            .ok_or(RejectReason::NoSuchRelease { id })?;
+        let pending = match &row.pending {
+            Some(p) if p.id == id => p.clone(),
+            _ => return Err(RejectReason::NoSuchRelease { id }),
+        };
+        if released_units > pending.units {
+            return Err(RejectReason::BadAmount);
+        }
+        // The region lowered its own allowance by exactly this much before acking, so lowering
+        // ours by the same amount keeps its allowance at or below ours.
+        row.allowance_units -= released_units;
+        row.epoch = Epoch(row.epoch.0 + 1);
+        row.pending = None;
+        self.assert_counter(counter);
+        Ok(())
+    }
+
+    fn start_reclaim(
+        &mut self,
+        limit: LimitId,
+        region: RegionId,
+        from_window: WindowIndex,
+    ) -> Result<(), RejectReason> {
+        self.strict_quota(&limit)?;
+        let closed = self
+            .limits
+            .get(&limit)
+            .is_some_and(|s| s.partition_policy == PartitionPolicy::Closed);
+        if !closed || self.reclaims.contains_key(&(limit.clone(), region.clone())) {
+            return Err(RejectReason::ReclaimNotAllowed);
+        }
+        if self.regions.binary_search(&region).is_err() {
+            return Err(RejectReason::UnknownRegion(region));
+        }
+        // Counters that already have rows get an explicit zero for the region now (counters
+        // that get rows later get theirs when created): the region holds no grant for them and
+        // would use its floor on return, so the zero must be sent to it before anything else.
+        let affected: Vec<CounterRef> = self
+            .counters
+            .iter()
+            .filter(|(c, rows)| {
+                c.limit == limit && c.window >= from_window && !rows.contains_key(&region)
+            })
+            .map(|(c, _)| c.clone())
+            .collect();
+        if self.row_count + affected.len() > MAX_TABLE_ROWS {
+            return Err(RejectReason::TableFull);
+        }
+        for counter in affected {
+            self.insert_zero_row(&counter, &region);
+        }
+        self.reclaims
+            .insert((limit, region), Reclaim { from_window });
+        Ok(())
+    }
+
+    fn insert_zero_row(&mut self, counter: &CounterRef, region: &RegionId) {
+        let rows = self.counters.entry(counter.clone()).or_default();
+        rows.insert(
+            region.clone(),
+            AllowanceRow {
+                allowance_units: 0,
+                epoch: Epoch(1),
+                pending: None,
+            },
+        );
+        self.row_count += 1;
+    }
+
+    fn end_reclaim(&mut self, limit: LimitId, region: RegionId) -> Result<(), RejectReason> {
+        if self.reclaims.remove(&(limit, region)).is_none() {
+            return Err(RejectReason::ReclaimNotAllowed);
+        }
+        // Counters with rows hold an explicit zero for the region (created with the counter or
+        // at the reclaim); counters without rows go back to everyone's default, whose sum fits.
+        Ok(())
+    }
+
+    fn collect_garbage(&mut self, limit: LimitId, before_window: WindowIndex) {
+        let doomed: Vec<CounterRef> = self
+            .counters
+            .iter()
+            .filter(|(c, _)| c.limit == limit && c.window < before_window)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for counter in doomed {
+            if let Some(rows) = self.counters.remove(&counter) {
+                self.row_count -= rows.len();
+            }
+        }
+        let below = self.collected_below.entry(limit).or_default();
+        *below = (*below).max(before_window);
+    }
+
+    fn set_config(
+        &mut self,
+        version: u64,
+        limits: Vec<LimitSpec>,
+        mut regions: Vec<RegionId>,
+    ) -> Result<(), RejectReason> {
+        if version <= self.config_version && !self.limits.is_empty() {
+            return Err(RejectReason::StaleConfig {
+                current_version: self.config_version,
+            });
+        }
+        regions.sort();
+        regions.dedup();
+        let mut next = self.clone();
+        next.config_version = version;
+        next.limits = limits.into_iter().map(|l| (l.id.clone(), l)).collect();
+        next.regions = regions;
+        next.drop_rows_of_changed_limits(&self.limits);
+        next.check_invariants()?;
+        *self = next;
+        Ok(())
+    }
+
+    fn drop_rows_of_changed_limits(&mut self, old: &BTreeMap<LimitId, LimitSpec>) {
+        let keeps = |id: &LimitId, table: &AllowanceTable| {
+            let (Ok(new), Some(old)) = (table.strict_quota(id), old.get(id)) else {
+                return false;
+            };
+            matches!(old.quota, Quota::Units { window, .. } if window == new.window)
+        };
+        let dropped: Vec<CounterRef> = self
+            .counters
+            .keys()
+            .filter(|c| !keeps(&c.limit, self))
+            .cloned()
+            .collect();
+        for counter in dropped {
+            if let Some(rows) = self.counters.remove(&counter) {
+                self.row_count -= rows.len();
+            }
+        }
+        let limits = &self.limits;
+        self.reclaims.retain(|(limit, _), _| {
+            limits
+                .get(limit)
+                .is_some_and(|s| s.partition_policy == PartitionPolicy::Closed)
+        });
+    }
+
+    fn assert_counter(&self, counter: &CounterRef) {
+        // Cheap (one pass over the regions) and the whole point of the table.
+        assert!(
+            self.check_counter(counter).is_ok(),
+            "invariant 2 broken for {counter:?}"
+        );
+    }
+
+    /// The window length of a strict limit, for callers that plan per window.
+    pub fn window_of(&self, limit: &LimitId) -> Option<Window> {
+        self.strict_quota(limit).ok().map(|q| q.window)
+    }
+}

@@ -1,0 +1,137 @@
+//! The leader's soft state about regions and counters: rebuilt from what agents resend, so it
+//! is never replicated. Counter entries are G-counters (`crdts::VClock<RegionId>`, merged by
+//! max), so duplicated, reordered or replayed SyncUps never double-count.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crdts::{CmRDT, Dot, VClock};
+
+use crate::ids::RegionId;
+use crate::sync::{ClockSample, CounterEntry};
+use crate::time::Timestamp;
+
+/// What the leader knows about one region.
+#[derive(Clone, Debug)]
+pub(crate) struct RegionView {
+    /// Coordinator clock. Starts at the leader's start, so a region is never taken for silent
+    /// before a whole deadline has passed under this leader.
+    pub last_heard: Timestamp,
+    /// Heard at least once by this leader.
+    pub heard: bool,
+    pub last_seq: Option<u64>,
+    /// t1 of the newest SyncUp: echoed in the answer.
+    pub last_received_at: Timestamp,
+    pub clock: Option<ClockSample>,
+}
+
+impl RegionView {
+    pub fn new(now: Timestamp) -> Self {
+        RegionView {
+            last_heard: now,
+            heard: false,
+            last_seq: None,
+            last_received_at: now,
+            clock: None,
+        }
+    }
+
+    /// How far the region's clock may be from ours: `|offset| + rtt / 2` (the NTP estimate's
+    /// own error), or `None` before the first sample.
+    pub fn clock_uncertainty(&self) -> Option<Duration> {
+        self.clock
+            .map(|c| Duration::from_nanos(c.offset_nanos.unsigned_abs() + c.round_trip_nanos / 2))
+    }
+
+    pub fn silent_for(&self, now: Timestamp) -> Duration {
+        now.saturating_duration_since(self.last_heard)
+    }
+}
+
+/// A region's latest demand report for one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DemandView {
+    pub units_per_sec: u64,
+    /// What the region said it enforces: a mismatch with the table means a lost grant.
+    pub allowance_units: u64,
+}
+
+/// What the leader knows about one counter.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CounterView {
+    pub granted: VClock<RegionId>,
+    pub refunded: VClock<RegionId>,
+    pub demand: BTreeMap<RegionId, DemandView>,
+}
+
+impl CounterView {
+    pub fn merge(&mut self, e: &CounterEntry) {
+        self.granted
+            .apply(Dot::new(e.region.clone(), e.granted_units));
+        self.refunded
+            .apply(Dot::new(e.region.clone(), e.refunded_units));
+    }
+
+    /// Net use `n_r`; a refund can never exceed what was granted, but a region that reports
+    /// one entry ahead of the other must not make the difference wrap.
+    pub fn used_units(&self, region: &RegionId) -> u64 {
+        self.granted
+            .get(region)
+            .saturating_sub(self.refunded.get(region))
+    }
+
+    pub fn entry(&self, region: &RegionId) -> (u64, u64) {
+        (self.granted.get(region), self.refunded.get(region))
+    }
+
+    /// Regions with any entry, in order.
+    pub fn reporting_regions(&self) -> impl Iterator<Item = &RegionId> {
+        self.granted.iter().map(|d| d.actor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{KeyId, LimitId};
+    use crate::sync::CounterRef;
+    use crate::time::WindowIndex;
+    use crdts::CvRDT;
+
+    fn entry(region: &str, granted: u64, refunded: u64) -> CounterEntry {
+        CounterEntry {
+            counter: CounterRef {
+                limit: LimitId::from("l"),
+                key: KeyId::from("k"),
+                window: WindowIndex(0),
+            },
+            region: RegionId::from(region),
+            granted_units: granted,
+            refunded_units: refunded,
+        }
+    }
+
+    #[test]
+    fn replayed_and_reordered_entries_never_double_count_or_go_back() {
+        let mut v = CounterView::default();
+        v.merge(&entry("a", 10, 2));
+        v.merge(&entry("a", 7, 1)); // older message arriving late
+        v.merge(&entry("a", 10, 2)); // duplicate
+        assert_eq!(v.used_units(&RegionId::from("a")), 8);
+        v.merge(&entry("a", 15, 2));
+        assert_eq!(v.used_units(&RegionId::from("a")), 13);
+    }
+
+    #[test]
+    fn merging_two_leaders_views_takes_the_max_per_region() {
+        let mut x = CounterView::default();
+        x.merge(&entry("a", 10, 0));
+        x.merge(&entry("b", 3, 0));
+        let mut y = CounterView::default();
+        y.merge(&entry("a", 4, 0));
+        y.merge(&entry("b", 9, 0));
+        x.granted.merge(y.granted.clone());
+        assert_eq!(x.granted.get(&RegionId::from("a")), 10);
+        assert_eq!(x.granted.get(&RegionId::from("b")), 9);
+    }
+}
