@@ -1,7 +1,26 @@
 //! allot-sim: the deterministic chaos and partition simulator.
-//!
-//! It will drive the real core state machines (`allot_core::budget`, `allot_core::rebalance`)
-//! over seeded traffic and faults on a virtual clock, check the invariants of the design after
-//! every event, and report overshoot against the stated bound. Any failure replays from its seed.
-//!
-//! Not yet written: see the simulator issue.
+
+pub mod check;
+pub mod cli;
+pub mod clock;
+pub mod engine;
+pub mod error;
+pub mod link;
+pub mod measure;
+pub mod node;
+pub mod plot;
+pub mod queue;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod sizes;
+pub mod traffic;
+
+#[cfg(test)]
+mod test_nodes;
+
+pub use cli::{SimArgs, run_cli};
+pub use error::{Result, ScenarioError, SimError};
+pub use report::Report;
+pub use runner::{RunOptions, run_scenario};
+pub use scenario::Scenario;
