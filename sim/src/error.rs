@@ -54,6 +54,8 @@ pub enum SimError {
         what: &'static str,
         bound: usize,
     },
+    #[error(transparent)]
+    Core(#[from] allot_core::Error),
     #[error("plot: {0}")]
     Plot(String),
     #[error("report: {0}")]

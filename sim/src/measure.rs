@@ -169,7 +169,8 @@ impl Measure {
         &mut table.cells[row * self.regions + region]
     }
 
-    /// An attempt arrives at a gateway; `fresh` unless it is a client's retry.
+    /// An attempt of `units` (what the client will use) arrives at a gateway; `fresh` unless
+    /// it is a client's retry.
     #[inline]
     pub fn request(&mut self, key: usize, region: usize, t: Timestamp, units: u64, fresh: bool) {
         let t = t.as_unix_nanos();
@@ -451,4 +452,183 @@ pub fn convergence_after(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_nodes::scenario;
+
+    /// Quota 100 per second; two regions; 1 s windows; 10 s run; 100 ms buckets.
+    const YAML: &str = r#"
+name: measure-test
+duration: 10s
+regions:
+  - id: a
+    latency: 10ms
+  - id: b
+    latency: 10ms
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 100}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 1}
+"#;
+
+    fn measure() -> (Scenario, Measure) {
+        let s = scenario(YAML);
+        let keys = vec![KeyMeta {
+            limit_index: 0,
+            limit: LimitId::from("api/t"),
+            key: KeyId::from("t=1"),
+        }];
+        let local = [LocalRange {
+            first: s.start,
+            last: s.end() - Duration::from_nanos(1),
+        }; 2];
+        let m = Measure::new(&s, keys, &local).unwrap();
+        (s, m)
+    }
+
+    fn at(s: &Scenario, millis: u64) -> Timestamp {
+        s.start + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn overshoot_and_utilization_per_window() {
+        let (s, mut m) = measure();
+        // Window 0: demand 150, 120 admitted (80 in a, 40 in b): overshoot 20,
+        // utilization 120 / min(150, 100) = 1.2.
+        m.request(0, 0, at(&s, 100), 100, true);
+        m.request(0, 1, at(&s, 100), 50, true);
+        m.admitted(0, 0, at(&s, 200), at(&s, 200), 80);
+        m.admitted(0, 1, at(&s, 300), at(&s, 300), 40);
+        // Window 3: demand 40, 30 admitted: utilization 0.75.
+        m.request(0, 0, at(&s, 3_100), 40, true);
+        m.admitted(0, 0, at(&s, 3_100), at(&s, 3_100), 30);
+        let w = m.windows();
+        assert_eq!(w.len(), 10);
+        assert_eq!(w[0].admitted_units_per_region, vec![80, 40]);
+        assert_eq!(w[0].overshoot_units, 20);
+        assert_eq!(w[0].utilization, Some(1.2));
+        assert_eq!(w[3].utilization, Some(0.75));
+        assert_eq!(w[1].utilization, None, "no demand, nothing to judge");
+    }
+
+    #[test]
+    fn a_denial_is_false_only_while_the_remainder_is_above_the_threshold() {
+        let (s, mut m) = measure();
+        // Threshold 1% of 100 = 1 unit. 50 admitted: a 1-unit denial leaves 49 > 1: false.
+        m.admitted(0, 0, at(&s, 100), at(&s, 100), 50);
+        m.denied(0, 1, at(&s, 150), 1);
+        // 98 admitted: remainder 2, minus the request's 1 unit = 1, not above 1: not false.
+        m.admitted(0, 0, at(&s, 200), at(&s, 200), 48);
+        m.denied(0, 1, at(&s, 250), 1);
+        let w = &m.windows()[0];
+        assert_eq!(w.denials, 2);
+        assert_eq!(w.false_denials, 1);
+    }
+
+    #[test]
+    fn settling_below_the_reservation_charges_the_admission_window() {
+        let (s, mut m) = measure();
+        m.admitted(0, 0, at(&s, 900), at(&s, 900), 60);
+        // Settled in the next window, 60 reserved, 25 used: window 0 keeps 25.
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 60, 25);
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 10, 30);
+        let w = m.windows();
+        assert_eq!(w[0].admitted_units, 25 + 20);
+        assert_eq!(w[1].admitted_units, 0);
+    }
+
+    #[test]
+    fn windows_on_region_clocks_sum_what_each_region_counted_per_index() {
+        let (s, mut m) = measure();
+        // Region a's clock runs 600 ms ahead: at true 0.5 s it is in its window 1.
+        // Region b admits 60 in true window 1 (its own window 1). On the true clock: 60 in
+        // window 0, 60 in window 1, no overshoot. Per index on the regions' clocks, window 1
+        // holds 120: above the quota of 100 (no bound reported: nothing may exceed it).
+        m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
+        m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
+        assert!(m.windows().iter().all(|w| w.overshoot_units == 0));
+        let excess = m.local_window_excess();
+        assert_eq!(excess.len(), 1);
+        assert_eq!(excess[0].admitted_units, 120);
+        assert_eq!(
+            excess[0].window_index,
+            s.start.as_unix_nanos() / 1_000_000_000 + 1
+        );
+        // A bound of 30 units without a skew term covers 20 of excess.
+        let bound = Bound {
+            terms: vec![crate::node::BoundTerm {
+                name: "eventual".into(),
+                units: 30,
+            }],
+            total_units: 30,
+        };
+        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        assert!(m.local_window_excess().is_empty());
+    }
+
+    #[test]
+    fn the_skew_term_covers_true_windows_but_not_windows_per_index() {
+        let (s, mut m) = measure();
+        m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
+        m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
+        let bound = Bound {
+            terms: vec![crate::node::BoundTerm {
+                name: crate::node::SKEW_TERM.into(),
+                units: 30,
+            }],
+            total_units: 30,
+        };
+        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        assert_eq!(m.local_window_excess().len(), 1);
+    }
+
+    #[test]
+    fn convergence_is_the_first_calm_stretch_after_the_mark() {
+        let (s, mut m) = measure();
+        // From the mark at 2 s: buckets 2.0 s..2.3 s have false denials above 1% of what was
+        // attempted, then all is calm. Converged after 300 ms.
+        for b in 20..60u64 {
+            let t = at(&s, b * 100);
+            m.request(0, 0, t, 100, true);
+            m.admitted(0, 0, t, t, 1);
+            if b < 23 {
+                m.denied(0, 0, t, 10);
+            }
+        }
+        let after = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_secs(6),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(after, Some(Duration::from_millis(300)));
+        // Never calm for 5 buckets before a horizon of 2.6 s: 2.3..2.6 is only 3 buckets, but
+        // the calm stretch reaches the horizon, which counts as converged.
+        let short = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_millis(2_600),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(short, Some(Duration::from_millis(300)));
+        let never = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_millis(2_300),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(never, None);
+    }
 }

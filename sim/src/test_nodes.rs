@@ -143,7 +143,7 @@ impl RegionNode for TestRegion {
         } else {
             want.units.min(available)
         };
-        if units == 0 {
+        if units == 0 || units < want.min_units {
             let window = self
                 .limits
                 .iter()

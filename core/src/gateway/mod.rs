@@ -283,6 +283,7 @@ impl Gateway {
                 limit: state.limit.clone(),
                 key: state.key.clone(),
                 units,
+                min_units: cost_units,
             }));
         }
         None

@@ -80,6 +80,7 @@ fn an_empty_key_waits_for_one_lease_then_spends_locally() {
     assert_eq!(g.try_spend(T0, h, 1), Spend::Wait, "still waiting");
     let w = next_wanted(&mut g, T0).unwrap();
     assert_eq!(w.units, 10, "the first lease has the initial size");
+    assert_eq!(w.min_units, 1);
     assert_eq!(
         next_wanted(&mut g, T0),
         None,
@@ -390,6 +391,10 @@ fn leftovers_too_small_for_the_waiting_request_are_released() {
     assert_eq!(g.try_spend(T0, h, 500), Spend::Wait);
     let w = next_wanted(&mut g, T0).unwrap();
     assert!(w.units >= 500, "the lease covers the waiting request");
+    assert_eq!(
+        w.min_units, 500,
+        "and the agent is told a smaller one is of no use"
+    );
     g.handle_lease_granted(
         T0,
         w.ticket,

@@ -167,6 +167,9 @@ pub struct LeaseWanted {
     pub limit: LimitId,
     pub key: KeyId,
     pub units: u64,
+    /// The cost of the request waiting for this lease (1 for a prefetch): a smaller grant
+    /// cannot serve it, so the agent should grant at least this many units or deny.
+    pub min_units: u64,
 }
 
 /// Give back the `units` of a lease that were never spent; the lease ends.

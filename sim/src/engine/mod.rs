@@ -369,11 +369,19 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             bound: crate::measure::MAX_WINDOW_CELLS,
         })?;
         let gateway_config = gateway_config(scenario, key_count);
-        let regions = scenario
-            .regions
-            .iter()
-            .zip(clocks)
-            .map(|(r, clock)| RegionRt {
+        let mut regions = Vec::with_capacity(scenario.regions.len());
+        for (r, clock) in scenario.regions.iter().zip(clocks) {
+            let gateways = (0..r.gateways)
+                .map(|_| {
+                    Ok(GatewayRt {
+                        gateway: Some(Gateway::new(gateway_config.clone())?),
+                        incarnation: 0,
+                        handles: vec![None; key_count],
+                        timer: None,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            regions.push(RegionRt {
                 id: r.id.clone(),
                 clock,
                 node: None,
@@ -381,17 +389,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 timer: None,
                 up: Link { latency: r.latency },
                 down: Link { latency: r.latency },
-                gateways: (0..r.gateways)
-                    .map(|_| GatewayRt {
-                        gateway: Gateway::new(gateway_config.clone()).ok(),
-                        incarnation: 0,
-                        handles: vec![None; key_count],
-                        timer: None,
-                    })
-                    .collect(),
+                gateways,
                 next_gateway: 0,
-            })
-            .collect();
+            });
+        }
         let sources = scenario
             .traffic
             .iter()
@@ -604,7 +605,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             }
             Event::GatewayRestart { region, gateway } => {
                 let config = gateway_config(self.scenario, self.measure.keys.len());
-                self.regions[region].gateways[gateway].gateway = Gateway::new(config).ok();
+                self.regions[region].gateways[gateway].gateway = Some(Gateway::new(config)?);
                 Ok(())
             }
             Event::CoordinatorDown => {
@@ -635,7 +636,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     fn attempt(&mut self, s: usize, cost: Cost, retries: u32, fresh: bool) -> Result<()> {
         let (key, region) = (self.sources[s].key, self.sources[s].region);
         let units = cost.reserve_units;
-        self.measure.request(key, region, self.now, units, fresh);
+        // Demand is what the client will really use: for a reservation, its actual count.
+        let demand_units = cost.settle.map_or(units, |s| s.actual_units);
+        self.measure
+            .request(key, region, self.now, demand_units, fresh);
         self.stats.requests += 1;
         match self.serve(region, key, units)? {
             Served::Admitted {

@@ -294,3 +294,28 @@ fn llm_reservations_are_settled_to_the_actual_use() {
     assert_eq!(o.stats.admitted, 99);
     assert_eq!(admitted, settled * 5 + 5 * 20);
 }
+
+#[test]
+fn every_shipped_scenario_runs_to_its_end() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    for path in names {
+        let s = crate::scenario::load(&path).unwrap();
+        for policy in [Policy::Rebalancing, Policy::StaticSplit] {
+            let o = run(&s, &TestFactory::default(), RunSpec { seed: 1, policy })
+                .unwrap_or_else(|e| panic!("{}: {e}", s.name));
+            assert!(o.stats.requests > 0, "{}", s.name);
+            assert_eq!(
+                o.stats.admitted + o.stats.denials,
+                o.stats.requests,
+                "{}",
+                s.name
+            );
+            assert!(o.stats.sync_up_messages > 0, "{}", s.name);
+        }
+    }
+}
