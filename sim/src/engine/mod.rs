@@ -146,7 +146,8 @@ struct PendingSettle {
     source: usize,
     gateway: usize,
     incarnation: u32,
-    receipt: SpendReceipt,
+    /// `None` when the request was admitted by the open failure mode, with no lease.
+    receipt: Option<SpendReceipt>,
     admitted_at: (Timestamp, Timestamp),
     reserved_units: u64,
     actual_units: u64,
@@ -158,7 +159,9 @@ struct GatewayRt {
     incarnation: u32,
     /// Per key index: the gateway's handle, once looked up.
     handles: Vec<Option<KeyHandle>>,
+    /// The armed sweep, on the true clock and as the gateway asked for it (its own clock).
     timer: Option<Timestamp>,
+    timer_local: Option<Timestamp>,
 }
 
 struct RegionRt<R: RegionNode> {
@@ -378,6 +381,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         incarnation: 0,
                         handles: vec![None; key_count],
                         timer: None,
+                        timer_local: None,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -601,11 +605,15 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 g.incarnation += 1;
                 g.handles.iter_mut().for_each(|h| *h = None);
                 g.timer = None;
+                g.timer_local = None;
                 Ok(())
             }
             Event::GatewayRestart { region, gateway } => {
-                let config = gateway_config(self.scenario, self.measure.keys.len());
-                self.regions[region].gateways[gateway].gateway = Some(Gateway::new(config)?);
+                let rt = &mut self.regions[region].gateways[gateway];
+                if rt.gateway.is_none() {
+                    let config = gateway_config(self.scenario, self.measure.keys.len());
+                    rt.gateway = Some(Gateway::new(config)?);
+                }
                 Ok(())
             }
             Event::CoordinatorDown => {
@@ -649,7 +657,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             } => {
                 self.stats.admitted += 1;
                 self.measure.admitted(key, region, self.now, local, units);
-                if let (Some(settle), Some(receipt)) = (cost.settle, receipt) {
+                if let Some(settle) = cost.settle {
                     let incarnation = self.regions[region].gateways[gateway].incarnation;
                     let pending = PendingSettle {
                         source: s,
@@ -824,27 +832,29 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         Ok(())
     }
 
+    /// Arms the gateway's sweep timer when its deadline changed. Called after every request,
+    /// so the common case (unchanged) is one comparison on the gateway's own clock.
     fn arm_gateway_timer(&mut self, region: usize, g: usize) -> Result<()> {
         let r = &mut self.regions[region];
         let rt = &mut r.gateways[g];
-        let wanted = rt
-            .gateway
-            .as_ref()
-            .and_then(Gateway::poll_timeout)
-            .map(|local| r.clock.true_time_of(local));
-        if wanted.is_none() || wanted == rt.timer {
+        let wanted_local = rt.gateway.as_ref().and_then(Gateway::poll_timeout);
+        if wanted_local == rt.timer_local {
             return Ok(());
         }
+        rt.timer_local = wanted_local;
+        let wanted = wanted_local.map(|local| r.clock.true_time_of(local).max(self.now));
         rt.timer = wanted;
-        let at = wanted.unwrap_or(self.now);
-        self.push(
-            at,
-            Event::GatewayTimer {
-                region,
-                gateway: g,
+        match wanted {
+            Some(at) => self.push(
                 at,
-            },
-        )
+                Event::GatewayTimer {
+                    region,
+                    gateway: g,
+                    at,
+                },
+            ),
+            None => Ok(()),
+        }
     }
 
     fn gateway_timer(&mut self, region: usize, g: usize, at: Timestamp) -> Result<()> {
@@ -853,6 +863,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         }
         rt.timer = None;
+        rt.timer_local = None;
         let local = self.regions[region].clock.local(self.now);
         if let Some(gateway) = self.regions[region].gateways[g].gateway.as_mut() {
             gateway.handle_timeout(local);
@@ -869,12 +880,15 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let local = self.regions[region].clock.local(self.now);
         let rt = &mut self.regions[region].gateways[s.gateway];
         let incarnation = rt.incarnation;
+        let Some(receipt) = s.receipt else {
+            return Ok(());
+        };
         let gateway = rt.gateway.as_mut().filter(|_| incarnation == s.incarnation);
         let Some(gateway) = gateway else {
             self.stats.settles_lost += 1;
             return Ok(());
         };
-        gateway.settle(local, s.receipt, s.actual_units);
+        gateway.settle(local, receipt, s.actual_units);
         self.pump_gateway(region, s.gateway, local)
     }
 
@@ -895,18 +909,18 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         for msg in outgoing {
             self.send_up(region, msg)?;
         }
+        let now = self.now;
         let r = &mut self.regions[region];
-        if let Some(at) = wanted.filter(|t| Some(*t) != r.timer) {
-            r.timer = Some(at.max(self.now));
-            self.push(
-                at,
-                Event::RegionTimer {
-                    region,
-                    at: at.max(self.now),
-                },
-            )?;
+        let wanted = wanted.map(|t| t.max(now));
+        if wanted == r.timer {
+            return Ok(());
         }
-        Ok(())
+        // A timer that moved or went away leaves its old event behind, skipped when it fires.
+        r.timer = wanted;
+        match wanted {
+            Some(at) => self.push(at, Event::RegionTimer { region, at }),
+            None => Ok(()),
+        }
     }
 
     fn region_timer(&mut self, region: usize, at: Timestamp) -> Result<()> {
@@ -1010,18 +1024,20 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         };
         let proposals = node.poll_proposals(self.now);
-        let wanted = node.poll_timeout();
+        let wanted = node.poll_timeout().map(|t| t.max(self.now));
         let term = self.coordinator.term;
         let commit_at = self.now + self.scenario.coordinator.commit_latency;
         for cmd in proposals {
             self.push(commit_at, Event::Commit { term, cmd })?;
         }
-        if let Some(at) = wanted.filter(|t| Some(*t) != self.coordinator.timer) {
-            let at = at.max(self.now);
-            self.coordinator.timer = Some(at);
-            self.push(at, Event::CoordinatorTimer { at })?;
+        if wanted == self.coordinator.timer {
+            return Ok(());
         }
-        Ok(())
+        self.coordinator.timer = wanted;
+        match wanted {
+            Some(at) => self.push(at, Event::CoordinatorTimer { at }),
+            None => Ok(()),
+        }
     }
 
     fn coordinator_timer(&mut self, at: Timestamp) -> Result<()> {
