@@ -101,6 +101,24 @@ where
     Ok(report)
 }
 
+/// [`run_cli`] on the process's standard streams, as an exit status: success when every
+/// invariant held on every seed.
+pub fn cli_main<F, B>(args: &SimArgs, factory: B) -> std::process::ExitCode
+where
+    F: NodeFactory,
+    B: FnOnce(&Scenario) -> Result<F>,
+{
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match run_cli(args, factory, &mut out, &mut err) {
+        Ok(report) if report.violations == 0 => std::process::ExitCode::SUCCESS,
+        Ok(_) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            let _ = writeln!(err, "allot sim: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     writeln!(
@@ -140,6 +158,120 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_nodes::{Bugs, TestFactory};
+
+    const SCENARIO: &str = r#"
+name: cli-test
+duration: 5s
+regions:
+  - id: a
+    latency: 10ms
+  - id: b
+    latency: 20ms
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 50}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 80}
+"#;
+
+    struct Files {
+        dir: PathBuf,
+    }
+
+    impl Files {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("allot-sim-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("s.yaml"), SCENARIO).unwrap();
+            Files { dir }
+        }
+
+        fn args(&self, seeds: Range<u64>) -> SimArgs {
+            SimArgs {
+                scenario: self.dir.join("s.yaml"),
+                seeds,
+                jobs: Some(2),
+                report: Some(self.dir.join("r.json")),
+                plot: Some(self.dir.join("p.svg")),
+            }
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[test]
+    fn writes_the_report_and_the_plot_and_summarises() {
+        let files = Files::new("ok");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let args = files.args(0..3);
+        let report = run_cli(&args, |_| Ok(TestFactory::default()), &mut out, &mut err).unwrap();
+        assert_eq!(report.runs, 3);
+        assert_eq!(report.violations, 0);
+        assert!(err.is_empty());
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(files.dir.join("r.json")).unwrap())
+                .unwrap();
+        for field in ["scenario", "seeds", "runs"] {
+            assert!(json.get(field).is_some(), "top level lacks {field}");
+        }
+        for field in [
+            "violations",
+            "overshoot_max",
+            "bound_min_slack",
+            "utilization_p50",
+            "utilization_min",
+            "baseline_utilization_p50",
+            "convergence_ms_max",
+            "false_denial_rate",
+            "sim_requests_per_wall_second",
+        ] {
+            assert!(json.get(field).is_some(), "top level lacks {field}");
+            assert!(
+                json["per_seed"][0].get(field).is_some(),
+                "per seed lacks {field}"
+            );
+        }
+        assert_eq!(json["seeds"], "0..3");
+        assert_eq!(json["per_seed"].as_array().unwrap().len(), 3);
+        assert!(json["sim_requests_per_wall_second"].as_f64().unwrap() > 0.0);
+        let svg = std::fs::read_to_string(files.dir.join("p.svg")).unwrap();
+        assert!(svg.contains("admitted, a"));
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .contains("violations            0")
+        );
+    }
+
+    #[test]
+    fn a_failing_seed_is_printed_with_its_replay_command() {
+        let files = Files::new("fail");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let buggy = TestFactory {
+            bugs: Bugs {
+                overgrant: true,
+                ..Bugs::default()
+            },
+            ..TestFactory::default()
+        };
+        let args = files.args(4..6);
+        let report = run_cli(&args, |_| Ok(buggy), &mut out, &mut err).unwrap();
+        assert!(report.violations > 0);
+        let err = String::from_utf8(err).unwrap();
+        let file = files.dir.join("s.yaml");
+        let replay = format!("allot sim --scenario {} --seeds 4..5", file.display());
+        assert!(err.contains(&replay), "{err}");
+    }
 
     #[test]
     fn seeds_are_a_half_open_range_or_one_seed() {

@@ -2,10 +2,10 @@
 //!
 //! The simulator drives an agent's budget machine through [`RegionNode`] and the coordinator
 //! through [`CoordinatorNode`], exactly as the daemons drive them (quinn-style: `handle_*` in,
-//! `poll_*` out, time passed in). A [`NodeFactory`] builds them for a run. The simulator itself
-//! implements neither: the implementations over `allot_core::budget::RegionBudget` and
-//! `allot_core::rebalance::Coordinator` live beside these traits once those exist, so that
-//! what is simulated is the product, not a model of it.
+//! `poll_*` out, time passed in). A [`NodeFactory`] builds them for a run. The simulator has
+//! no limiter of its own behind these traits: their implementations wrap
+//! `allot_core::budget::RegionBudget` and `allot_core::rebalance::Coordinator`, so that what is
+//! simulated is the product, not a model of it.
 //!
 //! The gateways are not behind a trait: the simulator runs `allot_core::gateway::Gateway`
 //! itself, and hands the messages it emits to the region's node.
@@ -82,7 +82,7 @@ pub enum LeaseAnswer {
 /// One region's agent: its budget machine, as the agent daemon drives it. Every `now` is on
 /// the region's own clock.
 ///
-/// Phase 2 implements this over `RegionBudget`: `handle_lease_wanted` maps to acquire/lease,
+/// Over `RegionBudget`: `handle_lease_wanted` maps to acquire/lease,
 /// `handle_release`/`handle_settle` to release/settle, `poll_transmit`/`handle_sync_down`/
 /// `poll_timeout`/`handle_timeout` one to one, and `persist` to `drain_dirty`.
 pub trait RegionNode: Send {
@@ -110,7 +110,7 @@ pub trait RegionNode: Send {
 /// The coordinator leader: rebalancer, allowance table and bound calculator. Its clock is the
 /// simulation's true clock.
 ///
-/// Phase 2 implements this over `Coordinator`: the methods map one to one, with `Command` its
+/// Over `Coordinator`: the methods map one to one, with `Command` its
 /// `TableCommand` (committed through the simulated replicated log, not openraft).
 pub trait CoordinatorNode: Send {
     /// One change to the replicated table.
