@@ -74,6 +74,30 @@ struct KeyState {
     last_active_at: Timestamp,
 }
 
+impl KeyState {
+    /// Queues a request for the next lease once the held units run low.
+    fn prefetch_if_low(&mut self, max_leases: usize) {
+        let low = self.ask == Ask::None
+            && self.leases.len() < max_leases
+            && held_units(&self.leases) < self.refill_below_units;
+        if low {
+            self.ask = Ask::Queued { cost_units: 1 };
+        }
+    }
+
+    /// No held lease can pay `units`: make sure a lease that can is asked for.
+    fn wait_for(&mut self, units: u64) {
+        self.waiting_cost_units = units;
+        self.ask = match self.ask {
+            Ask::None => Ask::Queued { cost_units: units },
+            Ask::Queued { cost_units } => Ask::Queued {
+                cost_units: cost_units.max(units),
+            },
+            sent @ Ask::Sent { .. } => sent,
+        };
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Slot {
     generation: u32,
@@ -155,8 +179,9 @@ impl Gateway {
         Ok(self.handle_of(slot))
     }
 
-    /// Decides one request of `units` for the key: the hot path. Never allocates.
+    /// Decides one request of `units` (at least 1) for the key: the hot path. Never allocates.
     pub fn try_spend(&mut self, now: Timestamp, handle: KeyHandle, units: u64) -> Spend {
+        debug_assert!(units > 0, "a request costs at least one unit");
         let max_leases = self.config.max_leases_per_key;
         let Some(state) = slot_state_mut(&mut self.slots, handle) else {
             return Spend::UnknownKey;
@@ -175,12 +200,7 @@ impl Gateway {
         let ask_before = state.ask;
         let outcome = match take_units(&mut state.leases, units) {
             Some(lease) => {
-                let wants_refill = state.ask == Ask::None
-                    && state.leases.len() < max_leases
-                    && held_units(&state.leases) < state.refill_below_units;
-                if wants_refill {
-                    state.ask = Ask::Queued { cost_units: 1 };
-                }
+                state.prefetch_if_low(max_leases);
                 Spend::Spent(SpendReceipt {
                     handle,
                     lease,
@@ -189,16 +209,7 @@ impl Gateway {
             }
             None if state.unavailable_until.is_some_and(|until| now < until) => Spend::Unavailable,
             None => {
-                state.waiting_cost_units = units;
-                match state.ask {
-                    Ask::None => state.ask = Ask::Queued { cost_units: units },
-                    Ask::Queued { cost_units } => {
-                        state.ask = Ask::Queued {
-                            cost_units: cost_units.max(units),
-                        }
-                    }
-                    Ask::Sent { .. } => {}
-                }
+                state.wait_for(units);
                 Spend::Wait
             }
         };
@@ -302,6 +313,9 @@ impl Gateway {
         state.denied_until = None;
         state.unavailable_until = None;
         state.remaining_hint_units = Some(grant.remaining_units);
+        if grant.units == 0 {
+            return;
+        }
         let expires_at = (sent_at + grant.ttl).saturating_sub(config.expiry_margin);
         let mut released = Vec::new();
         if expires_at > now {
