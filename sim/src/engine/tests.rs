@@ -319,3 +319,15 @@ fn every_shipped_scenario_runs_to_its_end() {
         }
     }
 }
+
+#[test]
+fn a_region_machine_lives_on_its_own_clock() {
+    // East's clock runs 10% fast: in 10 s of true time it reads 11 s, so its 250 ms sync
+    // timer fires at its own 0.25 s, 0.5 s, ..., 10.75 s: 43 times. West keeps 39.
+    let fast = BASE.replace(
+        "    latency: 20ms\n",
+        "    latency: 20ms\n    clock: {offset: 2s, drift_ppm: 100000}\n",
+    );
+    let o = run_one(&fast, &TestFactory::default(), 1);
+    assert_eq!(o.stats.sync_up_messages, 43 + 39);
+}
