@@ -23,6 +23,9 @@ use crate::traffic::{
 /// 2026-01-01T00:00:00Z: aligned to every window length up to a day.
 const DEFAULT_START_UNIX_SECS: u64 = 1_767_225_600;
 
+/// Most leases a gateway may hold per key.
+const MAX_LEASES_PER_KEY: usize = 64;
+
 /// Most time-series buckets per run (duration / sample_interval).
 pub const MAX_SAMPLES: u64 = 200_000;
 
@@ -217,8 +220,15 @@ fn read_lease(map: &Map<'_, '_>) -> Result<LeaseSettings, ScenarioError> {
     lease.target = opt_positive(&m, "target")?.unwrap_or(lease.target);
     lease.idle_release_after =
         opt_positive(&m, "idle_release_after")?.unwrap_or(lease.idle_release_after);
-    if let Some(n) = opt_positive_u64(&m, "max_leases_per_key")? {
-        lease.max_leases_per_key = usize::try_from(n.min(64)).unwrap_or(64);
+    if let Some(node) = m.opt("max_leases_per_key") {
+        let n = node.as_u64()?;
+        if n == 0 || n > MAX_LEASES_PER_KEY as u64 {
+            return Err(node.err(format!("expected 1 to {MAX_LEASES_PER_KEY}")));
+        }
+        lease.max_leases_per_key = n as usize;
+    }
+    if lease.initial_units > lease.max_units {
+        return Err(node.err("initial_units is above max_units"));
     }
     m.finish()?;
     Ok(lease)
