@@ -18,6 +18,7 @@ pub mod algo;
 pub mod budget;
 pub mod config;
 pub mod error;
+pub mod gateway;
 pub mod ids;
 pub mod limit;
 pub mod rebalance;

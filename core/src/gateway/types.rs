@@ -1,0 +1,209 @@
+//! What goes into and out of a [`super::Gateway`]: its configuration, the answers it takes from
+//! the agent, and the messages it asks its driver to send.
+//!
+//! These are the gateway's own small types. A driver (the `client` crate, the simulator) maps
+//! them onto the agent's lease API; nothing here knows a wire format.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ids::{KeyId, LeaseId, LimitId};
+
+/// Bounds and tuning of one gateway. Every collection the gateway holds is bounded by a field
+/// of this struct.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// Most (limit, key) pairs tracked at once; a key beyond this is refused with
+    /// [`Error::TooManyKeys`] until an idle key is dropped.
+    pub max_keys: usize,
+    /// Most leases held per key at once (the one being spent plus prefetched ones).
+    pub max_leases_per_key: usize,
+    /// Most messages (releases, settles) waiting for the driver to poll them; beyond this the
+    /// newest are dropped and counted in [`GatewayStats`].
+    pub max_queued_messages: usize,
+    /// Size of the first lease asked for a key, before any rate has been observed.
+    pub initial_lease_units: u64,
+    /// Largest lease ever asked for, however fast a key is spent.
+    pub max_lease_units: u64,
+    /// A lease is sized to last this long at the key's observed rate.
+    pub lease_target: Duration,
+    /// Ask for the next lease once the units held fall below this percentage of the next
+    /// lease's size, so the new lease arrives before the old one runs dry.
+    pub refill_threshold_percent: u8,
+    /// Near the limit a lease takes at most `1 / near_limit_divisor` of the units the agent
+    /// said remain, so several gateways share the tail and the last units go one at a time.
+    pub near_limit_divisor: u64,
+    /// A key with no request for this long gives its unused units back to the agent.
+    pub idle_release_after: Duration,
+    /// A lease is treated as expired this long before its TTL runs out, so that a gateway whose
+    /// clock runs slightly behind the agent's never spends a unit the agent counts as expired.
+    pub expiry_margin: Duration,
+    /// A lease request with no answer after this long is abandoned and may be asked again;
+    /// a late grant for it is released at once.
+    pub lease_request_timeout: Duration,
+    /// After the agent could not be reached, requests for the key report
+    /// [`super::Spend::Unavailable`] for this long before the gateway asks again.
+    pub unavailable_backoff: Duration,
+    /// How often [`super::Gateway::handle_timeout`] sweeps keys for expiry and idleness.
+    pub sweep_interval: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            max_keys: 10_000,
+            max_leases_per_key: 2,
+            max_queued_messages: 20_000,
+            initial_lease_units: 10,
+            max_lease_units: 1_000,
+            lease_target: Duration::from_millis(500),
+            refill_threshold_percent: 25,
+            near_limit_divisor: 8,
+            idle_release_after: Duration::from_secs(2),
+            expiry_margin: Duration::from_millis(50),
+            lease_request_timeout: Duration::from_secs(1),
+            unavailable_backoff: Duration::from_millis(250),
+            sweep_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Rejects configurations under which the gateway could not make progress.
+    pub fn validate(&self) -> Result<()> {
+        let problem = if self.max_keys == 0 {
+            "max_keys must be at least 1"
+        } else if self.max_leases_per_key == 0 {
+            "max_leases_per_key must be at least 1"
+        } else if self.initial_lease_units == 0 || self.max_lease_units == 0 {
+            "lease sizes must be at least 1 unit"
+        } else if self.near_limit_divisor == 0 {
+            "near_limit_divisor must be at least 1"
+        } else if self.refill_threshold_percent > 100 {
+            "refill_threshold_percent must be at most 100"
+        } else if self.sweep_interval.is_zero() {
+            "sweep_interval must be positive"
+        } else if u32::try_from(self.max_keys).is_err() {
+            "max_keys must fit in 32 bits"
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidRequest(format!("gateway config: {problem}")))
+    }
+}
+
+/// A key's place in the gateway. Cheap to copy; a handle outlives its key only as a stale
+/// value that every call recognises (the generation no longer matches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyHandle {
+    pub(super) slot: u32,
+    pub(super) generation: u32,
+}
+
+/// Names one lease request, so that its answer finds the key that asked, and an answer to a
+/// request the gateway no longer waits for is recognised as late.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseTicket {
+    pub handle: KeyHandle,
+    pub(super) seq: u32,
+}
+
+/// The outcome of one request at the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spend {
+    /// Admitted from a held lease, with no network hop.
+    Spent(SpendReceipt),
+    /// No held lease covers the cost: a lease is asked for (or already on its way). Hold the
+    /// request until the agent answers, then spend again.
+    Wait,
+    /// The agent denied this key recently; the gateway denies without asking until then.
+    Denied { retry_after: Duration },
+    /// The agent could not be reached recently: apply the limit's failure mode.
+    Unavailable,
+    /// The handle's key was dropped (idle); look the key up again.
+    UnknownKey,
+}
+
+/// Which lease paid for a request, for a later [`super::Gateway::settle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpendReceipt {
+    pub handle: KeyHandle,
+    pub lease: LeaseId,
+    pub units: u64,
+}
+
+/// The agent's answer to a lease request that granted units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    pub lease: LeaseId,
+    pub units: u64,
+    /// How long the lease lives. The gateway counts it from the moment it sent the request on
+    /// its own clock (the agent's `expires_at` minus the agent's time of grant), so a slow
+    /// answer only shortens the lease and the two clocks never need to agree.
+    pub ttl: Duration,
+    /// Units the agent can still grant for this key in this window after this grant.
+    pub remaining_units: u64,
+}
+
+/// The agent's answer to a lease request that granted nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseDenial {
+    /// When asking again may succeed; until then the key is denied locally.
+    pub retry_after: Duration,
+}
+
+/// A message the gateway asks its driver to deliver to the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToAgent {
+    LeaseWanted(LeaseWanted),
+    Release(LeaseRelease),
+    Settle(LeaseSettle),
+}
+
+/// Ask for a lease of `units` for one key; answer with the ticket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseWanted {
+    pub ticket: LeaseTicket,
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub units: u64,
+    /// The cost of the request waiting for this lease (1 for a prefetch): a smaller grant
+    /// cannot serve it, so the agent should grant at least this many units or deny.
+    pub min_units: u64,
+}
+
+/// Give back the `units` of a lease that were never spent; the lease ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRelease {
+    pub lease: LeaseId,
+    pub units: u64,
+}
+
+/// A reservation settled differently from its estimate, after the lease that paid for it was
+/// released or expired (while the lease is held the gateway settles locally).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseSettle {
+    pub lease: LeaseId,
+    pub delta: SettleDelta,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettleDelta {
+    /// Fewer units were used than reserved: give these back.
+    Refund { units: u64 },
+    /// More units were used than reserved and the lease could not cover them: charge these.
+    Overage { units: u64 },
+}
+
+/// Counters a driver may export; they never influence decisions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayStats {
+    /// Messages dropped because the queue was full (releases and refunds only strand units;
+    /// an overage dropped is an under-count, also summed in `overage_dropped_units`).
+    pub dropped_messages: u64,
+    pub overage_dropped_units: u64,
+    /// Grants that arrived for a request the gateway no longer waited for (released at once).
+    pub late_grants: u64,
+    /// Units that expired unspent in a held lease (the agent counts them as spent).
+    pub expired_units: u64,
+}

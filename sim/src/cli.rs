@@ -1,0 +1,284 @@
+//! `allot sim`: the command line over [`crate::runner::run_scenario`].
+//!
+//! The binary owns the subcommand; this module owns its arguments ([`SimArgs`], a clap
+//! `Args` to flatten into it) and what it does ([`run_cli`]).
+
+use std::io::Write;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use crate::error::{Result, SimError};
+use crate::node::NodeFactory;
+use crate::plot::write_svg;
+use crate::report::Report;
+use crate::runner::{RunOptions, run_scenario};
+use crate::scenario::{self, Scenario};
+
+/// Arguments of `allot sim`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SimArgs {
+    /// The scenario file (YAML; see docs/sim.md).
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// Seeds to run: `A..B` runs A to B - 1; a single number runs that seed.
+    #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
+    pub seeds: Range<u64>,
+    /// Seeds run at once (default: the number of cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write an SVG plot of the first seed here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// `A..B` (B excluded, A < B) or a single seed.
+pub fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
+    let bad = || SimError::SeedRange(text.to_string()).to_string();
+    let range = match text.split_once("..") {
+        Some((a, b)) => {
+            let a: u64 = a.trim().parse().map_err(|_| bad())?;
+            let b: u64 = b.trim().parse().map_err(|_| bad())?;
+            a..b
+        }
+        None => {
+            let s: u64 = text.trim().parse().map_err(|_| bad())?;
+            s..s.checked_add(1).ok_or_else(bad)?
+        }
+    };
+    if range.is_empty() {
+        return Err(bad());
+    }
+    Ok(range)
+}
+
+/// Runs the command. `factory` builds the machines from the scenario. Returns the report;
+/// the caller exits non-zero when `report.violations > 0`. A summary goes to `out`, and each
+/// failing seed with its replay command to `err`.
+pub fn run_cli<F, B>(
+    args: &SimArgs,
+    factory: B,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Report>
+where
+    F: NodeFactory,
+    B: FnOnce(&Scenario) -> Result<F>,
+{
+    let scenario = scenario::load(&args.scenario)?;
+    let factory = factory(&scenario)?;
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let options = RunOptions {
+        jobs,
+        wall_clock: true,
+    };
+    let report = run_scenario(&scenario, args.seeds.clone(), options, &factory)?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, report.to_json()?).map_err(|source| SimError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    if let Some(path) = &args.plot {
+        write_svg(&report, path)?;
+    }
+    // Terminal output is best effort: a closed pipe must not hide the exit status.
+    let _ = write_summary(&report, out);
+    for seed in report.failing_seeds() {
+        let first = seed.violation_details.first().map_or(String::new(), |v| {
+            format!(" (first: {} at {} ms: {})", v.kind, v.at_ms, v.detail)
+        });
+        let _ = writeln!(
+            err,
+            "seed {} failed: {} violations{first}\n  replay: {}",
+            seed.seed, seed.violations, seed.replay
+        );
+    }
+    Ok(report)
+}
+
+/// [`run_cli`] on the process's standard streams, as an exit status: success when every
+/// invariant held on every seed.
+pub fn cli_main<F, B>(args: &SimArgs, factory: B) -> std::process::ExitCode
+where
+    F: NodeFactory,
+    B: FnOnce(&Scenario) -> Result<F>,
+{
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match run_cli(args, factory, &mut out, &mut err) {
+        Ok(report) if report.violations == 0 => std::process::ExitCode::SUCCESS,
+        Ok(_) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            let _ = writeln!(err, "allot sim: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    writeln!(
+        out,
+        "scenario {}: seeds {} ({} runs)",
+        r.scenario, r.seeds, r.runs
+    )?;
+    writeln!(out, "  violations            {}", r.violations)?;
+    writeln!(out, "  overshoot max         {} units", r.overshoot_max)?;
+    writeln!(
+        out,
+        "  bound min slack       {}",
+        r.bound_min_slack
+            .map_or("-".to_string(), |s| format!("{s} units"))
+    )?;
+    writeln!(
+        out,
+        "  utilization p50/min   {} / {} (static split p50 {})",
+        opt(r.utilization_p50),
+        opt(r.utilization_min),
+        opt(r.baseline_utilization_p50)
+    )?;
+    writeln!(
+        out,
+        "  convergence max       {}",
+        r.convergence_ms_max
+            .map_or("-".to_string(), |c| format!("{c} ms"))
+    )?;
+    writeln!(out, "  false denial rate     {:.6}", r.false_denial_rate)?;
+    writeln!(
+        out,
+        "  speed                 {:.0} simulated requests per wall-clock second (per thread)",
+        r.sim_requests_per_wall_second
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_nodes::{Bugs, TestFactory};
+
+    const SCENARIO: &str = r#"
+name: cli-test
+duration: 5s
+regions:
+  - id: a
+    latency: 10ms
+  - id: b
+    latency: 20ms
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 50}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 80}
+"#;
+
+    struct Files {
+        dir: PathBuf,
+    }
+
+    impl Files {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("allot-sim-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("s.yaml"), SCENARIO).unwrap();
+            Files { dir }
+        }
+
+        fn args(&self, seeds: Range<u64>) -> SimArgs {
+            SimArgs {
+                scenario: self.dir.join("s.yaml"),
+                seeds,
+                jobs: Some(2),
+                report: Some(self.dir.join("r.json")),
+                plot: Some(self.dir.join("p.svg")),
+            }
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[test]
+    fn writes_the_report_and_the_plot_and_summarises() {
+        let files = Files::new("ok");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let args = files.args(0..3);
+        let report = run_cli(&args, |_| Ok(TestFactory::default()), &mut out, &mut err).unwrap();
+        assert_eq!(report.runs, 3);
+        assert_eq!(report.violations, 0);
+        assert!(err.is_empty());
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(files.dir.join("r.json")).unwrap())
+                .unwrap();
+        for field in ["scenario", "seeds", "runs"] {
+            assert!(json.get(field).is_some(), "top level lacks {field}");
+        }
+        for field in [
+            "violations",
+            "overshoot_max",
+            "bound_min_slack",
+            "utilization_p50",
+            "utilization_min",
+            "baseline_utilization_p50",
+            "convergence_ms_max",
+            "false_denial_rate",
+            "sim_requests_per_wall_second",
+        ] {
+            assert!(json.get(field).is_some(), "top level lacks {field}");
+            assert!(
+                json["per_seed"][0].get(field).is_some(),
+                "per seed lacks {field}"
+            );
+        }
+        assert_eq!(json["seeds"], "0..3");
+        assert_eq!(json["per_seed"].as_array().unwrap().len(), 3);
+        assert!(json["sim_requests_per_wall_second"].as_f64().unwrap() > 0.0);
+        let svg = std::fs::read_to_string(files.dir.join("p.svg")).unwrap();
+        assert!(svg.contains("admitted, a"));
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .contains("violations            0")
+        );
+    }
+
+    #[test]
+    fn a_failing_seed_is_printed_with_its_replay_command() {
+        let files = Files::new("fail");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let buggy = TestFactory {
+            bugs: Bugs {
+                overgrant: true,
+                ..Bugs::default()
+            },
+            ..TestFactory::default()
+        };
+        let args = files.args(4..6);
+        let report = run_cli(&args, |_| Ok(buggy), &mut out, &mut err).unwrap();
+        assert!(report.violations > 0);
+        let err = String::from_utf8(err).unwrap();
+        let file = files.dir.join("s.yaml");
+        let replay = format!("allot sim --scenario {} --seeds 4..5", file.display());
+        assert!(err.contains(&replay), "{err}");
+    }
+
+    #[test]
+    fn seeds_are_a_half_open_range_or_one_seed() {
+        assert_eq!(parse_seeds("0..100"), Ok(0..100));
+        assert_eq!(parse_seeds("42"), Ok(42..43));
+        assert!(parse_seeds("5..5").is_err());
+        assert!(parse_seeds("9..3").is_err());
+        assert!(parse_seeds("a..b").is_err());
+    }
+}

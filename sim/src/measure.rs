@@ -1,0 +1,636 @@
+//! Measurement: what was asked for, admitted and denied, per key, window and region, judged
+//! on the true clock and on each region's own clock; and the time series behind plots and
+//! convergence.
+//!
+//! Tallies are dense arrays indexed by (key, window, region), sized when the run starts, so a
+//! request costs a few additions and divisions and never allocates.
+
+use std::time::Duration;
+
+use allot_core::ids::{KeyId, LimitId};
+use allot_core::time::{Timestamp, duration_nanos};
+use serde::Serialize;
+
+use crate::node::Bound;
+use crate::scenario::{LimitInfo, Scenario};
+
+/// Most (key, window) cells a run may track; a scenario beyond it must use fewer keys, longer
+/// windows or a shorter run.
+pub const MAX_WINDOW_CELLS: usize = 20_000_000;
+
+/// One (limit, key) pair some source sends to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyMeta {
+    pub limit_index: usize,
+    pub limit: LimitId,
+    pub key: KeyId,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct WindowCell {
+    admitted_units: u64,
+    /// Units of fresh requests (retries excluded): what the clients wanted.
+    demand_units: u64,
+    requests: u64,
+    denials: u64,
+    false_denials: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BucketCell {
+    pub admitted_units: u64,
+    pub demand_units: u64,
+    /// Units of every attempt, retries included.
+    pub attempted_units: u64,
+    pub false_denied_units: u64,
+}
+
+/// Per key: one row of cells per window, one cell per region, plus the all-region total.
+#[derive(Clone, Debug)]
+struct WindowTable {
+    window_nanos: u64,
+    first_index: u64,
+    windows: usize,
+    cells: Vec<WindowCell>,
+    admitted_total: Vec<u64>,
+}
+
+impl WindowTable {
+    fn new(window_nanos: u64, first_nanos: u64, last_nanos: u64, regions: usize) -> Self {
+        let first_index = first_nanos / window_nanos;
+        let windows = (last_nanos / window_nanos - first_index + 1) as usize;
+        WindowTable {
+            window_nanos,
+            first_index,
+            windows,
+            cells: vec![WindowCell::default(); windows * regions],
+            admitted_total: vec![0; windows],
+        }
+    }
+
+    /// Row of the window holding `t`, clamped into the table (a local clock read just past
+    /// the run's end lands in the last row).
+    #[inline]
+    fn row(&self, t: u64) -> usize {
+        let index = (t / self.window_nanos).saturating_sub(self.first_index) as usize;
+        index.min(self.windows - 1)
+    }
+}
+
+/// All tallies of one run.
+#[derive(Clone, Debug)]
+pub struct Measure {
+    start_nanos: u64,
+    end_nanos: u64,
+    regions: usize,
+    pub keys: Vec<KeyMeta>,
+    limits: Vec<LimitInfo>,
+    true_windows: Vec<WindowTable>,
+    /// Admissions by window index on the admitting region's own clock.
+    local_windows: Vec<WindowTable>,
+    /// Per limit and true window: the largest bound reported during the window.
+    bounds: Vec<Vec<Option<Bound>>>,
+    bucket_nanos: u64,
+    buckets: usize,
+    /// (key, bucket, region).
+    bucket_cells: Vec<BucketCell>,
+    threshold_percent: u64,
+}
+
+/// Range of local clock readings a region shows during the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalRange {
+    pub first: Timestamp,
+    pub last: Timestamp,
+}
+
+impl Measure {
+    /// `None` when the run would need more than [`MAX_WINDOW_CELLS`] cells.
+    pub fn new(scenario: &Scenario, keys: Vec<KeyMeta>, local: &[LocalRange]) -> Option<Self> {
+        let regions = scenario.regions.len();
+        let start = scenario.start.as_unix_nanos();
+        let end = scenario.end().as_unix_nanos();
+        let local_first = local.iter().map(|r| r.first.as_unix_nanos()).min()?;
+        let local_last = local.iter().map(|r| r.last.as_unix_nanos()).max()?;
+        let mut cells = 0usize;
+        let mut true_windows = Vec::with_capacity(keys.len());
+        let mut local_windows = Vec::with_capacity(keys.len());
+        for k in &keys {
+            let w = duration_nanos(scenario.limits.limits[k.limit_index].window.len());
+            // The run covers [start, end): its last instant is end - 1.
+            let t = WindowTable::new(w, start, end - 1, regions);
+            let l = WindowTable::new(w, local_first, local_last, regions);
+            cells = cells
+                .saturating_add(t.cells.len())
+                .saturating_add(l.cells.len());
+            if cells > MAX_WINDOW_CELLS {
+                return None;
+            }
+            true_windows.push(t);
+            local_windows.push(l);
+        }
+        let bounds = scenario
+            .limits
+            .limits
+            .iter()
+            .map(|l| {
+                let t = WindowTable::new(duration_nanos(l.window.len()), start, end - 1, 1);
+                vec![None; t.windows]
+            })
+            .collect();
+        let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
+        let buckets = (end - start).div_ceil(bucket_nanos) as usize;
+        Some(Measure {
+            start_nanos: start,
+            end_nanos: end,
+            regions,
+            bucket_cells: vec![BucketCell::default(); keys.len() * buckets * regions],
+            keys,
+            limits: scenario.limits.limits.clone(),
+            true_windows,
+            local_windows,
+            bounds,
+            bucket_nanos,
+            buckets,
+            threshold_percent: u64::from(scenario.measure.false_denial_threshold_percent),
+        })
+    }
+
+    #[inline]
+    fn bucket(&mut self, key: usize, region: usize, t: u64) -> &mut BucketCell {
+        let b = (((t - self.start_nanos) / self.bucket_nanos) as usize).min(self.buckets - 1);
+        &mut self.bucket_cells[(key * self.buckets + b) * self.regions + region]
+    }
+
+    #[inline]
+    fn cell(&mut self, key: usize, region: usize, t: u64) -> &mut WindowCell {
+        let table = &mut self.true_windows[key];
+        let row = table.row(t);
+        &mut table.cells[row * self.regions + region]
+    }
+
+    /// An attempt of `units` (what the client will use) arrives at a gateway; `fresh` unless
+    /// it is a client's retry.
+    #[inline]
+    pub fn request(&mut self, key: usize, region: usize, t: Timestamp, units: u64, fresh: bool) {
+        let t = t.as_unix_nanos();
+        let cell = self.cell(key, region, t);
+        cell.requests += 1;
+        if fresh {
+            cell.demand_units += units;
+        }
+        let b = self.bucket(key, region, t);
+        b.attempted_units += units;
+        if fresh {
+            b.demand_units += units;
+        }
+    }
+
+    /// `units` admitted at true time `t`, region-local time `local`.
+    #[inline]
+    pub fn admitted(
+        &mut self,
+        key: usize,
+        region: usize,
+        t: Timestamp,
+        local: Timestamp,
+        units: u64,
+    ) {
+        let t = t.as_unix_nanos();
+        self.cell(key, region, t).admitted_units += units;
+        let table = &mut self.true_windows[key];
+        let row = table.row(t);
+        table.admitted_total[row] += units;
+        let local_table = &mut self.local_windows[key];
+        let local_row = local_table.row(local.as_unix_nanos());
+        local_table.cells[local_row * self.regions + region].admitted_units += units;
+        local_table.admitted_total[local_row] += units;
+        self.bucket(key, region, t).admitted_units += units;
+    }
+
+    /// A reservation admitted at (`t`, `local`) settled at `actual_units`: the window it was
+    /// admitted in is charged what was really used.
+    pub fn settled(
+        &mut self,
+        key: usize,
+        region: usize,
+        admitted_at: (Timestamp, Timestamp),
+        reserved_units: u64,
+        actual_units: u64,
+    ) {
+        let (t, local) = admitted_at;
+        if actual_units >= reserved_units {
+            self.admitted(key, region, t, local, actual_units - reserved_units);
+            return;
+        }
+        let less = reserved_units - actual_units;
+        let t = t.as_unix_nanos();
+        let cell = self.cell(key, region, t);
+        cell.admitted_units -= less;
+        let table = &mut self.true_windows[key];
+        let row = table.row(t);
+        table.admitted_total[row] -= less;
+        let local_table = &mut self.local_windows[key];
+        let local_row = local_table.row(local.as_unix_nanos());
+        local_table.cells[local_row * self.regions + region].admitted_units -= less;
+        local_table.admitted_total[local_row] -= less;
+        self.bucket(key, region, t).admitted_units -= less;
+    }
+
+    /// A denial. It is false when the global remainder of the window, after this request,
+    /// would still have been above the threshold (a share of the quota).
+    #[inline]
+    pub fn denied(&mut self, key: usize, region: usize, t: Timestamp, units: u64) {
+        let t = t.as_unix_nanos();
+        let quota = self.limits[self.keys[key].limit_index].quota_units;
+        let table = &self.true_windows[key];
+        let remainder = quota.saturating_sub(table.admitted_total[table.row(t)]);
+        let threshold = quota * self.threshold_percent / 100;
+        let is_false = remainder.saturating_sub(units) > threshold;
+        let cell = self.cell(key, region, t);
+        cell.denials += 1;
+        if is_false {
+            cell.false_denials += 1;
+            self.bucket(key, region, t).false_denied_units += units;
+        }
+    }
+
+    /// The bound the coordinator reported for a limit at true time `t`.
+    pub fn bound_sample(&mut self, limit: &LimitId, t: Timestamp, bound: &Bound) {
+        let Some(i) = self.limits.iter().position(|l| &l.id == limit) else {
+            return;
+        };
+        let w = duration_nanos(self.limits[i].window.len());
+        let row = ((t.as_unix_nanos() / w).saturating_sub(self.start_nanos / w)) as usize;
+        if let Some(slot) = self.bounds[i].get_mut(row)
+            && slot
+                .as_ref()
+                .is_none_or(|b| b.total_units < bound.total_units)
+        {
+            *slot = Some(bound.clone());
+        }
+    }
+
+    pub fn buckets(&self) -> usize {
+        self.buckets
+    }
+
+    pub fn bucket_interval(&self) -> Duration {
+        Duration::from_nanos(self.bucket_nanos)
+    }
+
+    pub fn bucket_cell(&self, key: usize, bucket: usize, region: usize) -> BucketCell {
+        self.bucket_cells[(key * self.buckets + bucket) * self.regions + region]
+    }
+
+    /// Every window of every key, judged on the true clock.
+    pub fn windows(&self) -> Vec<WindowReport> {
+        (0..self.keys.len())
+            .flat_map(|k| (0..self.true_windows[k].windows).map(move |row| (k, row)))
+            .map(|(k, row)| self.window_report(k, row))
+            .collect()
+    }
+
+    fn window_report(&self, k: usize, row: usize) -> WindowReport {
+        let meta = &self.keys[k];
+        let quota = self.limits[meta.limit_index].quota_units;
+        let table = &self.true_windows[k];
+        let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
+        let index = table.first_index + row as u64;
+        let bound = self.bounds[meta.limit_index].get(row).cloned().flatten();
+        let admitted: u64 = cells.iter().map(|c| c.admitted_units).sum();
+        let demand: u64 = cells.iter().map(|c| c.demand_units).sum();
+        let local = &self.local_windows[k];
+        let on_region_clocks = index
+            .checked_sub(local.first_index)
+            .and_then(|r| local.admitted_total.get(r as usize))
+            .copied()
+            .unwrap_or(0);
+        let window_start = index * table.window_nanos;
+        let complete =
+            window_start >= self.start_nanos && window_start + table.window_nanos <= self.end_nanos;
+        let wanted = demand.min(quota);
+        WindowReport {
+            limit: meta.limit.to_string(),
+            key: meta.key.to_string(),
+            index,
+            start_ms: window_start.saturating_sub(self.start_nanos) / 1_000_000,
+            complete,
+            quota_units: quota,
+            admitted_units: admitted,
+            admitted_units_per_region: cells.iter().map(|c| c.admitted_units).collect(),
+            admitted_units_on_region_clocks: on_region_clocks,
+            demand_units: demand,
+            overshoot_units: admitted.saturating_sub(quota),
+            bound_units: bound.as_ref().map(|b| b.total_units),
+            bound,
+            utilization: (complete && wanted > 0).then(|| admitted as f64 / wanted as f64),
+            requests: cells.iter().map(|c| c.requests).sum(),
+            denials: cells.iter().map(|c| c.denials).sum(),
+            false_denials: cells.iter().map(|c| c.false_denials).sum(),
+        }
+    }
+
+    /// Windows on each region's own clock where the sum over regions is above the quota plus
+    /// the skew-free part of the bound: (limit, key, window index, admitted, allowed).
+    pub fn local_window_excess(&self) -> Vec<LocalExcess> {
+        let mut out = Vec::new();
+        for (k, table) in self.local_windows.iter().enumerate() {
+            let meta = &self.keys[k];
+            let quota = self.limits[meta.limit_index].quota_units;
+            for row in 0..table.windows {
+                let admitted = table.admitted_total[row];
+                let index = table.first_index + row as u64;
+                // Bounds are kept per true window; the same index on a region's clock uses
+                // the bound stated for that index.
+                let bound = index
+                    .checked_sub(self.start_nanos / table.window_nanos)
+                    .and_then(|r| {
+                        self.bounds[meta.limit_index]
+                            .get(r as usize)
+                            .cloned()
+                            .flatten()
+                    })
+                    .map_or(0, |b| b.without_skew_units());
+                if admitted > quota + bound {
+                    out.push(LocalExcess {
+                        limit: meta.limit.clone(),
+                        key: meta.key.clone(),
+                        window_index: index,
+                        admitted_units: admitted,
+                        allowed_units: quota + bound,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One key's window, judged on the true clock.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WindowReport {
+    pub limit: String,
+    pub key: String,
+    pub index: u64,
+    /// Window start, in milliseconds from the start of the run.
+    pub start_ms: u64,
+    /// Wholly inside the run (only complete windows count for utilization).
+    pub complete: bool,
+    pub quota_units: u64,
+    pub admitted_units: u64,
+    pub admitted_units_per_region: Vec<u64>,
+    /// Admitted in the window of the same index as each region's own clock counts it: the sum
+    /// the strict invariant holds exactly, whatever the skew.
+    pub admitted_units_on_region_clocks: u64,
+    pub demand_units: u64,
+    /// `max(0, admitted - quota)`.
+    pub overshoot_units: u64,
+    /// The largest bound the coordinator reported during the window; none reported counts as
+    /// a bound of zero.
+    pub bound_units: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound: Option<Bound>,
+    /// `admitted / min(demand, quota)`.
+    pub utilization: Option<f64>,
+    pub requests: u64,
+    pub denials: u64,
+    pub false_denials: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalExcess {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window_index: u64,
+    pub admitted_units: u64,
+    pub allowed_units: u64,
+}
+
+/// A moment after which the system should settle again: a jump in demand or a heal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mark {
+    pub at_ms: u64,
+    pub what: String,
+}
+
+/// How long after `mark` false denials stayed above tolerance, in whole buckets: the first
+/// bucket from which they stay within tolerance for `hold` (or until the next mark or the end)
+/// is where convergence happened. `None` if that never happened before `horizon`.
+pub fn convergence_after(
+    m: &Measure,
+    mark_at: Duration,
+    horizon: Duration,
+    hold: Duration,
+    tolerance_percent: u64,
+) -> Option<Duration> {
+    let interval = duration_nanos(m.bucket_interval());
+    let first = (duration_nanos(mark_at) / interval) as usize;
+    let last = ((duration_nanos(horizon).div_ceil(interval)) as usize).min(m.buckets());
+    let hold_buckets = (duration_nanos(hold).div_ceil(interval) as usize).max(1);
+    let calm = |b: usize| {
+        let mut attempted = 0;
+        let mut false_denied = 0;
+        for k in 0..m.keys.len() {
+            for r in 0..m.regions {
+                let c = m.bucket_cell(k, b, r);
+                attempted += c.attempted_units;
+                false_denied += c.false_denied_units;
+            }
+        }
+        false_denied * 100 <= attempted * tolerance_percent
+    };
+    let mut run_start = None;
+    for b in first..last {
+        if !calm(b) {
+            run_start = None;
+            continue;
+        }
+        let start = *run_start.get_or_insert(b);
+        if b + 1 - start >= hold_buckets || b + 1 == last {
+            return Some(Duration::from_nanos((start - first) as u64 * interval));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_nodes::scenario;
+
+    /// Quota 100 per second; two regions; 1 s windows; 10 s run; 100 ms buckets.
+    const YAML: &str = r#"
+name: measure-test
+duration: 10s
+regions:
+  - id: a
+    latency: 10ms
+  - id: b
+    latency: 10ms
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 100}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 1}
+"#;
+
+    fn measure() -> (Scenario, Measure) {
+        let s = scenario(YAML);
+        let keys = vec![KeyMeta {
+            limit_index: 0,
+            limit: LimitId::from("api/t"),
+            key: KeyId::from("t=1"),
+        }];
+        let local = [LocalRange {
+            first: s.start,
+            last: s.end() - Duration::from_nanos(1),
+        }; 2];
+        let m = Measure::new(&s, keys, &local).unwrap();
+        (s, m)
+    }
+
+    fn at(s: &Scenario, millis: u64) -> Timestamp {
+        s.start + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn overshoot_and_utilization_per_window() {
+        let (s, mut m) = measure();
+        // Window 0: demand 150, 120 admitted (80 in a, 40 in b): overshoot 20,
+        // utilization 120 / min(150, 100) = 1.2.
+        m.request(0, 0, at(&s, 100), 100, true);
+        m.request(0, 1, at(&s, 100), 50, true);
+        m.admitted(0, 0, at(&s, 200), at(&s, 200), 80);
+        m.admitted(0, 1, at(&s, 300), at(&s, 300), 40);
+        // Window 3: demand 40, 30 admitted: utilization 0.75.
+        m.request(0, 0, at(&s, 3_100), 40, true);
+        m.admitted(0, 0, at(&s, 3_100), at(&s, 3_100), 30);
+        let w = m.windows();
+        assert_eq!(w.len(), 10);
+        assert_eq!(w[0].admitted_units_per_region, vec![80, 40]);
+        assert_eq!(w[0].overshoot_units, 20);
+        assert_eq!(w[0].utilization, Some(1.2));
+        assert_eq!(w[3].utilization, Some(0.75));
+        assert_eq!(w[1].utilization, None, "no demand, nothing to judge");
+    }
+
+    #[test]
+    fn a_denial_is_false_only_while_the_remainder_is_above_the_threshold() {
+        let (s, mut m) = measure();
+        // Threshold 1% of 100 = 1 unit. 50 admitted: a 1-unit denial leaves 49 > 1: false.
+        m.admitted(0, 0, at(&s, 100), at(&s, 100), 50);
+        m.denied(0, 1, at(&s, 150), 1);
+        // 98 admitted: remainder 2, minus the request's 1 unit = 1, not above 1: not false.
+        m.admitted(0, 0, at(&s, 200), at(&s, 200), 48);
+        m.denied(0, 1, at(&s, 250), 1);
+        let w = &m.windows()[0];
+        assert_eq!(w.denials, 2);
+        assert_eq!(w.false_denials, 1);
+    }
+
+    #[test]
+    fn settling_below_the_reservation_charges_the_admission_window() {
+        let (s, mut m) = measure();
+        m.admitted(0, 0, at(&s, 900), at(&s, 900), 60);
+        // Settled in the next window, 60 reserved, 25 used: window 0 keeps 25.
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 60, 25);
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 10, 30);
+        let w = m.windows();
+        assert_eq!(w[0].admitted_units, 25 + 20);
+        assert_eq!(w[1].admitted_units, 0);
+    }
+
+    #[test]
+    fn windows_on_region_clocks_sum_what_each_region_counted_per_index() {
+        let (s, mut m) = measure();
+        // Region a's clock runs 600 ms ahead: at true 0.5 s it is in its window 1.
+        // Region b admits 60 in true window 1 (its own window 1). On the true clock: 60 in
+        // window 0, 60 in window 1, no overshoot. Per index on the regions' clocks, window 1
+        // holds 120: above the quota of 100 (no bound reported: nothing may exceed it).
+        m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
+        m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
+        assert!(m.windows().iter().all(|w| w.overshoot_units == 0));
+        assert_eq!(m.windows()[1].admitted_units_on_region_clocks, 120);
+        assert_eq!(m.windows()[0].admitted_units_on_region_clocks, 0);
+        let excess = m.local_window_excess();
+        assert_eq!(excess.len(), 1);
+        assert_eq!(excess[0].admitted_units, 120);
+        assert_eq!(
+            excess[0].window_index,
+            s.start.as_unix_nanos() / 1_000_000_000 + 1
+        );
+        // A bound of 30 units without a skew term covers 20 of excess.
+        let bound = Bound {
+            terms: vec![crate::node::BoundTerm {
+                name: "eventual".into(),
+                units: 30,
+            }],
+            total_units: 30,
+        };
+        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        assert!(m.local_window_excess().is_empty());
+    }
+
+    #[test]
+    fn the_skew_term_covers_true_windows_but_not_windows_per_index() {
+        let (s, mut m) = measure();
+        m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
+        m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
+        let bound = Bound {
+            terms: vec![crate::node::BoundTerm {
+                name: crate::node::SKEW_TERM.into(),
+                units: 30,
+            }],
+            total_units: 30,
+        };
+        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        assert_eq!(m.local_window_excess().len(), 1);
+    }
+
+    #[test]
+    fn convergence_is_the_first_calm_stretch_after_the_mark() {
+        let (s, mut m) = measure();
+        // From the mark at 2 s: buckets 2.0 s..2.3 s have false denials above 1% of what was
+        // attempted, then all is calm. Converged after 300 ms.
+        for b in 20..60u64 {
+            let t = at(&s, b * 100);
+            m.request(0, 0, t, 100, true);
+            m.admitted(0, 0, t, t, 1);
+            if b < 23 {
+                m.denied(0, 0, t, 10);
+            }
+        }
+        let after = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_secs(6),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(after, Some(Duration::from_millis(300)));
+        // Never calm for 5 buckets before a horizon of 2.6 s: 2.3..2.6 is only 3 buckets, but
+        // the calm stretch reaches the horizon, which counts as converged.
+        let short = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_millis(2_600),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(short, Some(Duration::from_millis(300)));
+        let never = convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_millis(2_300),
+            Duration::from_millis(500),
+            1,
+        );
+        assert_eq!(never, None);
+    }
+}

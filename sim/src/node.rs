@@ -1,0 +1,196 @@
+//! The seams where the real state machines plug in.
+//!
+//! The simulator drives an agent's budget machine through [`RegionNode`] and the coordinator
+//! through [`CoordinatorNode`], exactly as the daemons drive them (quinn-style: `handle_*` in,
+//! `poll_*` out, time passed in). A [`NodeFactory`] builds them for a run. The simulator has
+//! no limiter of its own behind these traits: their implementations wrap
+//! `allot_core::budget::RegionBudget` and `allot_core::rebalance::Coordinator`, so that what is
+//! simulated is the product, not a model of it.
+//!
+//! The gateways are not behind a trait: the simulator runs `allot_core::gateway::Gateway`
+//! itself, and hands the messages it emits to the region's node.
+
+use allot_core::gateway::{LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted};
+use allot_core::ids::{LimitId, RegionId};
+use allot_core::limit::FailureMode;
+use allot_core::sync::{CounterEntry, CounterRef, SyncDown, SyncUp};
+use allot_core::time::Timestamp;
+use serde::Serialize;
+
+use crate::scenario::Scenario;
+
+/// Which allocation policy a run uses; every scenario runs under both in one invocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Policy {
+    /// The product: escalation, rebalancing, the bound.
+    Rebalancing,
+    /// The baseline: fixed shares `w_r * L` per region, no rebalancing.
+    StaticSplit,
+}
+
+/// What a factory needs to build one region's agent.
+#[derive(Clone, Copy, Debug)]
+pub struct RegionSetup<'a> {
+    pub scenario: &'a Scenario,
+    pub region_index: usize,
+    pub region: &'a RegionId,
+    pub policy: Policy,
+    /// Seed for any randomness of the machine (jitter), derived from the run's seed.
+    pub seed: u64,
+}
+
+/// What a factory needs to build the coordinator (leader).
+#[derive(Clone, Copy, Debug)]
+pub struct CoordinatorSetup<'a> {
+    pub scenario: &'a Scenario,
+    pub policy: Policy,
+    pub seed: u64,
+}
+
+/// Builds the machines of one run. Shared by the threads that run seeds in parallel.
+pub trait NodeFactory: Sync {
+    type Region: RegionNode;
+    type Coordinator: CoordinatorNode;
+
+    /// A fresh agent, at its region's local time `now`.
+    fn region(&self, setup: &RegionSetup<'_>, now: Timestamp) -> Self::Region;
+
+    /// An agent restarted after a crash, from what it had persisted.
+    fn restore_region(
+        &self,
+        setup: &RegionSetup<'_>,
+        store: &<Self::Region as RegionNode>::Store,
+        now: Timestamp,
+    ) -> Self::Region;
+
+    /// A coordinator leader with an empty replicated table. After a leader loss the
+    /// simulator builds a new one and replays every committed command into it.
+    fn coordinator(&self, setup: &CoordinatorSetup<'_>, now: Timestamp) -> Self::Coordinator;
+
+    /// What a gateway does for `limit` when it cannot reach its agent (the limit's
+    /// `failure_mode`).
+    fn failure_mode(&self, limit: &LimitId) -> FailureMode;
+}
+
+/// The agent's answer to a gateway's lease request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    Granted(LeaseGrant),
+    Denied(LeaseDenial),
+}
+
+/// One region's agent: its budget machine, as the agent daemon drives it. Every `now` is on
+/// the region's own clock.
+///
+/// Over `RegionBudget`: `handle_lease_wanted` maps to acquire/lease,
+/// `handle_release`/`handle_settle` to release/settle, `poll_transmit`/`handle_sync_down`/
+/// `poll_timeout`/`handle_timeout` one to one, and `persist` to `drain_dirty`.
+pub trait RegionNode: Send {
+    /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts.
+    type Store: Default + Send;
+
+    fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer;
+    fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease);
+    fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle);
+    fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown);
+    fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp>;
+    fn poll_timeout(&self) -> Option<Timestamp>;
+    fn handle_timeout(&mut self, now: Timestamp);
+
+    /// Writes what the machine has made durable since the last call into `store`. The
+    /// simulator calls it after every input, so anything written before an answer survives a
+    /// crash after that answer; a machine that defers its flushes keeps records back until its
+    /// flush timer and loses them in a crash, as the real one would.
+    fn persist(&mut self, store: &mut Self::Store);
+
+    /// The machine's counters and allowances, for the invariant checks (not a hot path).
+    fn observe(&self, out: &mut RegionObservation);
+}
+
+/// The coordinator leader: rebalancer, allowance table and bound calculator. Its clock is the
+/// simulation's true clock.
+///
+/// Over `Coordinator`: the methods map one to one, with `Command` its
+/// `TableCommand` (committed through the simulated replicated log, not openraft).
+pub trait CoordinatorNode: Send {
+    /// One change to the replicated table.
+    type Command: Clone + Send;
+
+    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp);
+    /// The answer to the `SyncUp` numbered `reply_to_seq` just handled from `region`.
+    fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown;
+    /// Table changes to replicate; each comes back through `handle_committed` once committed
+    /// (after the scenario's commit latency, if the leader is still up).
+    fn poll_proposals(&mut self, now: Timestamp) -> Vec<Self::Command>;
+    fn handle_committed(&mut self, now: Timestamp, cmd: &Self::Command);
+    fn poll_timeout(&self) -> Option<Timestamp>;
+    fn handle_timeout(&mut self, now: Timestamp);
+
+    /// The table and the bound as the coordinator states them now.
+    fn observe(&self, now: Timestamp, out: &mut CoordinatorObservation);
+}
+
+/// A region's state as the checker sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionObservation {
+    /// The region's own monotone counter entries (invariants 3 and 6).
+    pub entries: Vec<CounterEntry>,
+    /// Per counter: net use against what the region may use (invariant 1).
+    pub allowances: Vec<AllowanceView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllowanceView {
+    pub counter: CounterRef,
+    /// `granted - refunded`, including outstanding leases.
+    pub net_units: u64,
+    /// The region's allowance `a_r` plus the policy terms it may add (e.g. open-policy
+    /// admissions while partitioned).
+    pub limit_units: u64,
+}
+
+/// The coordinator's state as the checker sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoordinatorObservation {
+    /// Strict-mode rows of the table (invariant 2: `sum <= quota`).
+    pub strict_rows: Vec<TableRow>,
+    /// The bound per limit, as reported live.
+    pub bounds: Vec<(LimitId, Bound)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRow {
+    pub counter: CounterRef,
+    pub allowance_sum_units: u64,
+    pub quota_units: u64,
+}
+
+/// The over-admission bound of one limit: named terms and their sum.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Bound {
+    pub terms: Vec<BoundTerm>,
+    pub total_units: u64,
+}
+
+/// The term of the bound that windows judged on each region's own clock do not need.
+pub const SKEW_TERM: &str = "skew";
+
+impl Bound {
+    /// The bound for windows counted per window index on each region's own clock, where the
+    /// skew term does not apply.
+    pub fn without_skew_units(&self) -> u64 {
+        let skew: u64 = self
+            .terms
+            .iter()
+            .filter(|t| t.name == SKEW_TERM)
+            .map(|t| t.units)
+            .sum();
+        self.total_units.saturating_sub(skew)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BoundTerm {
+    pub name: String,
+    pub units: u64,
+}

@@ -1,0 +1,350 @@
+//! The report of an invocation: per seed, and summed up over all seeds.
+//!
+//! Every figure in it comes from the run's tallies, so the same seed always gives the same
+//! bytes, except `sim_requests_per_wall_second`, which measures the machine running the
+//! simulation (and is 0 when wall-clock timing is off, as in the determinism tests).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::check::Violation;
+use crate::engine::{RunOutcome, RunStats};
+use crate::error::Result;
+use crate::measure::{WindowReport, convergence_after};
+use crate::node::Policy;
+use crate::scenario::Scenario;
+
+/// The report of one invocation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    /// `A..B`: seeds A to B - 1.
+    pub seeds: String,
+    pub runs: u64,
+    /// Invariant failures over all seeds; 0 when all hold.
+    pub violations: u64,
+    pub overshoot_max: u64,
+    /// Smallest `bound - overshoot` over all windows (negative: a violation).
+    pub bound_min_slack: Option<i64>,
+    pub utilization_p50: Option<f64>,
+    pub utilization_min: Option<f64>,
+    /// The same seeds under the static-split baseline.
+    pub baseline_utilization_p50: Option<f64>,
+    pub convergence_ms_max: Option<u64>,
+    /// False denials over all requests.
+    pub false_denial_rate: f64,
+    pub sim_requests_per_wall_second: f64,
+    pub per_seed: Vec<SeedReport>,
+    /// Series of the first seed, for [`crate::plot::write_svg`].
+    #[serde(skip)]
+    pub plot: Option<PlotData>,
+}
+
+/// One seed: its run under the product's policy, and its baseline run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    /// The command that replays this seed alone.
+    pub replay: String,
+    pub violations: u64,
+    pub overshoot_max: u64,
+    pub bound_min_slack: Option<i64>,
+    pub utilization_p50: Option<f64>,
+    pub utilization_min: Option<f64>,
+    pub baseline_utilization_p50: Option<f64>,
+    pub convergence_ms_max: Option<u64>,
+    pub false_denial_rate: f64,
+    pub sim_requests_per_wall_second: f64,
+    pub stats: RunStats,
+    pub baseline_stats: RunStats,
+    pub convergence: Vec<Convergence>,
+    pub violation_details: Vec<Violation>,
+    pub windows: Vec<WindowReport>,
+}
+
+/// Recovery after one mark.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Convergence {
+    pub at_ms: u64,
+    pub what: String,
+    /// `None`: false denials never settled before the next mark or the end.
+    pub converged_after_ms: Option<u64>,
+    /// Time to the next mark or the end of the run.
+    pub horizon_ms: u64,
+}
+
+/// Admitted rate per region over time for one limit, with its quota and bound as rates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlotData {
+    pub title: String,
+    pub limit: String,
+    pub bucket: Duration,
+    pub regions: Vec<String>,
+    /// Per region, per bucket: units per second.
+    pub admitted_per_sec: Vec<Vec<f64>>,
+    pub quota_per_sec: f64,
+    /// Per bucket: `(quota + bound) / window`, where a bound was reported.
+    pub bound_per_sec: Vec<Option<f64>>,
+}
+
+/// A finished run with its wall-clock time (zero when not measured).
+pub struct TimedRun {
+    pub outcome: RunOutcome,
+    pub wall: Duration,
+}
+
+/// The replay command for one seed.
+pub fn replay_command(scenario: &Scenario, seed: u64) -> String {
+    format!(
+        "allot sim --scenario {} --seeds {seed}..{}",
+        scenario.file,
+        seed + 1
+    )
+}
+
+impl Report {
+    /// Builds the report from every run, primary and baseline, in any order.
+    pub fn build(scenario: &Scenario, seeds: std::ops::Range<u64>, runs: Vec<TimedRun>) -> Self {
+        let (mut primary, mut baseline): (Vec<_>, Vec<_>) = runs
+            .into_iter()
+            .partition(|r| r.outcome.spec.policy == Policy::Rebalancing);
+        primary.sort_by_key(|r| r.outcome.spec.seed);
+        baseline.sort_by_key(|r| r.outcome.spec.seed);
+        let plot = primary.first().map(|r| plot_data(scenario, &r.outcome));
+        let mut per_seed = Vec::with_capacity(primary.len());
+        let mut all_util = Vec::new();
+        let mut all_base_util = Vec::new();
+        let (mut requests, mut false_denials) = (0u64, 0u64);
+        let (mut sim_requests, mut wall) = (0u64, Duration::ZERO);
+        for run in primary {
+            let base = baseline
+                .iter()
+                .position(|b| b.outcome.spec.seed == run.outcome.spec.seed)
+                .map(|i| baseline.swap_remove(i));
+            let seed = SeedReport::build(scenario, &run, base.as_ref());
+            all_util.extend(utilizations(&seed.windows));
+            if let Some(b) = &base {
+                all_base_util.extend(utilizations(&b.outcome.measure.windows()));
+                sim_requests += b.outcome.stats.requests;
+                wall += b.wall;
+            }
+            requests += seed.stats.requests;
+            false_denials += seed.windows.iter().map(|w| w.false_denials).sum::<u64>();
+            sim_requests += seed.stats.requests;
+            wall += run.wall;
+            per_seed.push(seed);
+        }
+        Report {
+            scenario: scenario.name.clone(),
+            seeds: format!("{}..{}", seeds.start, seeds.end),
+            runs: per_seed.len() as u64,
+            violations: per_seed.iter().map(|s| s.violations).sum(),
+            overshoot_max: per_seed.iter().map(|s| s.overshoot_max).max().unwrap_or(0),
+            bound_min_slack: per_seed.iter().filter_map(|s| s.bound_min_slack).min(),
+            utilization_p50: median(&mut all_util),
+            utilization_min: all_util.iter().copied().reduce(f64::min),
+            baseline_utilization_p50: median(&mut all_base_util),
+            convergence_ms_max: per_seed.iter().filter_map(|s| s.convergence_ms_max).max(),
+            false_denial_rate: ratio(false_denials, requests),
+            sim_requests_per_wall_second: per_second(sim_requests, wall),
+            per_seed,
+            plot,
+        }
+    }
+
+    pub fn to_json(&self) -> Result<String> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    /// Seeds with at least one violation.
+    pub fn failing_seeds(&self) -> impl Iterator<Item = &SeedReport> {
+        self.per_seed.iter().filter(|s| s.violations > 0)
+    }
+}
+
+impl SeedReport {
+    fn build(scenario: &Scenario, run: &TimedRun, baseline: Option<&TimedRun>) -> Self {
+        let o = &run.outcome;
+        let windows = o.measure.windows();
+        let mut checker = o.checker.clone();
+        for w in &windows {
+            let bound = w.bound_units.unwrap_or(0);
+            if w.overshoot_units > bound {
+                checker.record(
+                    "overshoot_above_bound",
+                    w.start_ms,
+                    format!(
+                        "{} {} window {}: admitted {} of quota {}, overshoot {} above bound {}",
+                        w.limit,
+                        w.key,
+                        w.index,
+                        w.admitted_units,
+                        w.quota_units,
+                        w.overshoot_units,
+                        bound
+                    ),
+                );
+            }
+        }
+        for e in o.measure.local_window_excess() {
+            checker.record(
+                "overshoot_above_bound_on_region_clocks",
+                0,
+                format!(
+                    "{} {} window index {} on the regions' clocks: admitted {} above {} \
+                     (quota plus the bound without its skew term)",
+                    e.limit, e.key, e.window_index, e.admitted_units, e.allowed_units
+                ),
+            );
+        }
+        let mut util = utilizations(&windows);
+        let convergence = convergence(scenario, o);
+        let false_denials: u64 = windows.iter().map(|w| w.false_denials).sum();
+        SeedReport {
+            seed: o.spec.seed,
+            replay: replay_command(scenario, o.spec.seed),
+            violations: checker.count(),
+            overshoot_max: windows.iter().map(|w| w.overshoot_units).max().unwrap_or(0),
+            bound_min_slack: windows
+                .iter()
+                .map(|w| w.bound_units.unwrap_or(0) as i64 - w.overshoot_units as i64)
+                .min(),
+            utilization_min: util.iter().copied().reduce(f64::min),
+            utilization_p50: median(&mut util),
+            baseline_utilization_p50: baseline
+                .and_then(|b| median(&mut utilizations(&b.outcome.measure.windows()))),
+            convergence_ms_max: convergence
+                .iter()
+                .map(|c| c.converged_after_ms.unwrap_or(c.horizon_ms))
+                .max(),
+            false_denial_rate: ratio(false_denials, o.stats.requests),
+            sim_requests_per_wall_second: per_second(o.stats.requests, run.wall),
+            stats: o.stats.clone(),
+            baseline_stats: baseline
+                .map(|b| b.outcome.stats.clone())
+                .unwrap_or_default(),
+            convergence,
+            violation_details: checker.into_details(),
+            windows,
+        }
+    }
+}
+
+fn convergence(scenario: &Scenario, o: &RunOutcome) -> Vec<Convergence> {
+    let end_ms = scenario.duration.as_millis() as u64;
+    let m = &scenario.measure;
+    o.marks
+        .iter()
+        .map(|mark| {
+            let horizon_at = o
+                .marks
+                .iter()
+                .map(|n| n.at_ms)
+                .find(|&t| t > mark.at_ms)
+                .unwrap_or(end_ms);
+            let after = convergence_after(
+                &o.measure,
+                Duration::from_millis(mark.at_ms),
+                Duration::from_millis(horizon_at),
+                m.convergence_hold,
+                u64::from(m.convergence_tolerance_percent),
+            );
+            Convergence {
+                at_ms: mark.at_ms,
+                what: mark.what.clone(),
+                converged_after_ms: after.map(|d| d.as_millis() as u64),
+                horizon_ms: horizon_at - mark.at_ms,
+            }
+        })
+        .collect()
+}
+
+fn utilizations(windows: &[WindowReport]) -> Vec<f64> {
+    windows.iter().filter_map(|w| w.utilization).collect()
+}
+
+/// The lower median (nearest rank), or `None` for no values.
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some(values[(values.len() - 1) / 2])
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn per_second(count: u64, wall: Duration) -> f64 {
+    if wall.is_zero() {
+        0.0
+    } else {
+        (count as f64 / wall.as_secs_f64()).round()
+    }
+}
+
+/// The first limit's admitted rate per region, summed over its keys.
+fn plot_data(scenario: &Scenario, o: &RunOutcome) -> PlotData {
+    let m = &o.measure;
+    let limit_index = 0;
+    let limit = &scenario.limits.limits[limit_index];
+    let bucket = m.bucket_interval();
+    let bucket_secs = bucket.as_secs_f64();
+    let keys: Vec<usize> = (0..m.keys.len())
+        .filter(|&k| m.keys[k].limit_index == limit_index)
+        .collect();
+    let admitted_per_sec = (0..scenario.regions.len())
+        .map(|r| {
+            (0..m.buckets())
+                .map(|b| {
+                    let units: u64 = keys
+                        .iter()
+                        .map(|&k| m.bucket_cell(k, b, r).admitted_units)
+                        .sum();
+                    units as f64 / bucket_secs
+                })
+                .collect()
+        })
+        .collect();
+    let window_secs = limit.window.len().as_secs_f64();
+    let windows = m.windows();
+    let bound_per_sec = (0..m.buckets())
+        .map(|b| {
+            let t = scenario.start + bucket * (b as u32);
+            let index = limit.window.index(t).0;
+            windows
+                .iter()
+                .find(|w| w.limit == limit.id.as_str() && w.index == index)
+                .and_then(|w| w.bound_units)
+                .map(|bound| (limit.quota_units + bound) as f64 / window_secs)
+        })
+        .collect();
+    PlotData {
+        title: format!("{}: seed {}", scenario.name, o.spec.seed),
+        limit: limit.id.to_string(),
+        bucket,
+        regions: scenario.regions.iter().map(|r| r.id.to_string()).collect(),
+        admitted_per_sec,
+        quota_per_sec: limit.quota_units as f64 / window_secs,
+        bound_per_sec,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_is_the_lower_middle_value() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [3.0]), Some(3.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [0.9, 1.0, 0.5]), Some(0.9));
+    }
+}

@@ -1,0 +1,147 @@
+//! The scenario's `limits:` section: envoyproxy/ratelimit YAML, checked only as far as the
+//! simulator needs it (the quota and window of each rule, to judge admissions against).
+//!
+//! The full meaning of the section (the `allot:` blocks, weights, modes, policies) belongs to
+//! the configuration loader, which reads the same text when the real state machines are built;
+//! here `allot:` blocks are only checked to be mappings.
+
+use std::time::Duration;
+
+use allot_core::ids::LimitId;
+use allot_core::time::Window;
+
+use super::yaml::{Map, Node, Source};
+use crate::error::ScenarioError;
+
+/// Nesting deeper than this is refused (Envoy descriptors are a few levels at most).
+const MAX_DESCRIPTOR_DEPTH: usize = 8;
+
+/// What the simulator measures a limit against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitInfo {
+    /// `domain/key[=value]/...`, the id the configuration loader gives the rule.
+    pub id: LimitId,
+    pub quota_units: u64,
+    pub window: Window,
+}
+
+/// Reads the embedded limits YAML of `section`; `src` places its lines inside the scenario file.
+pub(super) fn read(
+    section: &Node<'_, '_>,
+    src: &Source<'_>,
+    text: &str,
+) -> Result<Vec<LimitInfo>, ScenarioError> {
+    let docs = src.load(text)?;
+    let mut out = Vec::new();
+    for doc in &docs {
+        let root = Node::root(src, doc);
+        let map = root.as_map()?;
+        let domain = map.req("domain")?;
+        let domain_name = domain.as_str()?;
+        if domain_name.is_empty() {
+            return Err(domain.err("must not be empty"));
+        }
+        if let Some(allot) = map.opt("allot") {
+            allot.as_map()?;
+        }
+        for d in map.req("descriptors")?.as_seq()? {
+            read_descriptor(&d, domain_name, 1, &mut out)?;
+        }
+        map.finish()?;
+    }
+    if out.is_empty() {
+        return Err(section.err("no rule with a rate_limit: the simulator has nothing to measure"));
+    }
+    for (i, l) in out.iter().enumerate() {
+        if out[..i].iter().any(|o| o.id == l.id) {
+            return Err(section.err(format!("two rules define limit {}", l.id)));
+        }
+    }
+    Ok(out)
+}
+
+fn read_descriptor(
+    node: &Node<'_, '_>,
+    prefix: &str,
+    depth: usize,
+    out: &mut Vec<LimitInfo>,
+) -> Result<(), ScenarioError> {
+    if depth > MAX_DESCRIPTOR_DEPTH {
+        return Err(node.err(format!(
+            "descriptors nest deeper than {MAX_DESCRIPTOR_DEPTH}"
+        )));
+    }
+    let map = node.as_map()?;
+    let key = map.req("key")?.as_str()?;
+    let id = match map.opt("value") {
+        Some(v) => format!("{prefix}/{key}={}", v.as_str()?),
+        None => format!("{prefix}/{key}"),
+    };
+    for flag in ["shadow_mode", "detailed_metric"] {
+        if let Some(f) = map.opt(flag) {
+            f.as_bool()?;
+        }
+    }
+    if let Some(allot) = map.opt("allot") {
+        allot.as_map()?;
+    }
+    if let Some(rl) = map.opt("rate_limit") {
+        out.extend(read_rate_limit(&rl.as_map()?, &id)?);
+    }
+    if let Some(children) = map.opt("descriptors") {
+        for child in children.as_seq()? {
+            read_descriptor(&child, &id, depth + 1, out)?;
+        }
+    }
+    map.finish()
+}
+
+fn read_rate_limit(map: &Map<'_, '_>, id: &str) -> Result<Option<LimitInfo>, ScenarioError> {
+    if let Some(name) = map.opt("name") {
+        name.as_str()?;
+    }
+    if let Some(replaces) = map.opt("replaces") {
+        for r in replaces.as_seq()? {
+            let r = r.as_map()?;
+            r.req("name")?.as_str()?;
+            r.finish()?;
+        }
+    }
+    if let Some(allot) = map.opt("allot") {
+        allot.as_map()?;
+    }
+    let unlimited = match map.opt("unlimited") {
+        Some(u) => u.as_bool()?,
+        None => false,
+    };
+    let unit = map.opt("unit");
+    let per_unit = map.opt("requests_per_unit");
+    if unlimited {
+        map.finish()?;
+        return Ok(None);
+    }
+    let unit = unit.ok_or_else(|| map.node().err("missing field `unit`"))?;
+    let window = match unit.as_str()? {
+        "second" => Duration::from_secs(1),
+        "minute" => Duration::from_secs(60),
+        "hour" => Duration::from_secs(3_600),
+        "day" => Duration::from_secs(86_400),
+        "week" => Duration::from_secs(7 * 86_400),
+        other => {
+            return Err(unit.err(format!(
+                "unknown unit {other:?} (second, minute, hour, day or week)"
+            )));
+        }
+    };
+    let per_unit = per_unit.ok_or_else(|| map.node().err("missing field `requests_per_unit`"))?;
+    let quota_units = per_unit.as_u64()?;
+    if quota_units == 0 {
+        return Err(per_unit.err("must be at least 1 (use unlimited: true for no limit)"));
+    }
+    map.finish()?;
+    Ok(Some(LimitInfo {
+        id: LimitId::new(id),
+        quota_units,
+        window: Window::new(window),
+    }))
+}
