@@ -40,6 +40,18 @@ pub enum GcraDecision {
     },
 }
 
+impl GcraState {
+    /// The state whose theoretical arrival time is `tat` (to restore persisted state).
+    pub fn from_tat(tat: Timestamp) -> Self {
+        GcraState { tat }
+    }
+
+    /// The theoretical arrival time, for persisting the state.
+    pub fn tat(&self) -> Timestamp {
+        self.tat
+    }
+}
+
 impl GcraDecision {
     pub fn is_allowed(&self) -> bool {
         matches!(self, GcraDecision::Allowed { .. })
