@@ -1,0 +1,351 @@
+//! Leases: units of one key granted to a gateway for a TTL, spent locally with no network hop.
+//!
+//! A lease is charged to the key's `granted` entry when it is granted, exactly once (retries
+//! with the same request id replay the grant). Release and settle end it and refund the
+//! unused part into `refunded` (or, for settle, charge what was used beyond the reservation);
+//! expiry ends it with nothing refunded: units a gateway might have spent count as spent.
+//! A lease never outlives its window, because its units belong to that window's counter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::admit::{self, Want};
+use super::api::{
+    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason, ReleaseOutcome,
+    RenewOutcome, SettleOutcome,
+};
+use super::persist::Dirty;
+use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
+use crate::error::{Error, Result};
+use crate::ids::{KeyId, LeaseId, LimitId, RequestId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// One outstanding lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+    /// Units charged at grant time.
+    pub units: u64,
+    pub expires_at: Timestamp,
+}
+
+/// Every outstanding lease of the region, with an expiry index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LeaseTable {
+    by_id: BTreeMap<LeaseId, Lease>,
+    expiry: BTreeSet<(Timestamp, LeaseId)>,
+    /// Next id to hand out; ids are never reused for the life of the region's state.
+    pub next_id: u64,
+}
+
+impl LeaseTable {
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn get(&self, id: LeaseId) -> Option<&Lease> {
+        self.by_id.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&LeaseId, &Lease)> {
+        self.by_id.iter()
+    }
+
+    pub fn peek_id(&self) -> LeaseId {
+        LeaseId(self.next_id.max(1))
+    }
+
+    pub fn insert(&mut self, id: LeaseId, lease: Lease) {
+        self.next_id = self.next_id.max(id.0.saturating_add(1));
+        if let Some(old) = self.by_id.insert(id, lease.clone()) {
+            self.expiry.remove(&(old.expires_at, id));
+        }
+        self.expiry.insert((lease.expires_at, id));
+        debug_assert_eq!(self.by_id.len(), self.expiry.len());
+    }
+
+    pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
+        let lease = self.by_id.remove(&id)?;
+        self.expiry.remove(&(lease.expires_at, id));
+        Some(lease)
+    }
+
+    pub fn set_expiry(&mut self, id: LeaseId, at: Timestamp) {
+        if let Some(lease) = self.by_id.get_mut(&id) {
+            self.expiry.remove(&(lease.expires_at, id));
+            lease.expires_at = at;
+            self.expiry.insert((at, id));
+        }
+    }
+
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.expiry.first().map(|(at, _)| *at)
+    }
+
+    /// Ids of leases whose time is up at `now`.
+    pub fn due(&self, now: Timestamp) -> Vec<LeaseId> {
+        self.expiry
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, id)| *id)
+            .collect()
+    }
+
+    /// Drop every lease of a limit; returns their ids.
+    pub fn remove_limit(&mut self, limit: &LimitId) -> Vec<LeaseId> {
+        let ids: Vec<LeaseId> = self
+            .by_id
+            .iter()
+            .filter(|(_, l)| &l.limit == limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.remove(*id);
+        }
+        ids
+    }
+
+    pub fn clear(&mut self) {
+        self.by_id.clear();
+        self.expiry.clear();
+    }
+}
+
+impl RegionBudget {
+    /// Grant `min(units_wanted, available)` units (at least 1) for `min(ttl, lease_ttl_max)`,
+    /// never past the end of the window.
+    pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
+        if let Some(Outcome::Lease(out)) = self.replay(now, req.request_id, "lease")? {
+            return Ok(out);
+        }
+        if req.units_wanted == 0 || req.ttl.is_zero() {
+            return Err(Error::InvalidRequest(
+                "a lease needs at least one unit and a positive TTL".into(),
+            ));
+        }
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let ttl = req.ttl.min(self.cfg.lease_ttl_max);
+        let max_leases = self.cfg.max_leases_per_key;
+        let id = self.leases.peek_id();
+        let lim = self
+            .limits
+            .get_mut(&req.limit)
+            .ok_or_else(|| Error::UnknownLimit(req.limit.clone()))?;
+        if let Some(d) = unmetered_decision(&lim.params, now) {
+            return Ok(LeaseOutcome::Unmetered {
+                units: req.units_wanted,
+                reason: d.reason,
+            });
+        }
+        let mut touched = Vec::new();
+        let res = lim.with_key(
+            now,
+            &req.key,
+            self.cfg.max_keys_per_limit,
+            &mut touched,
+            |p, ks, stats| {
+                if ks
+                    .hot
+                    .as_ref()
+                    .is_some_and(|h| h.leases.len() >= max_leases)
+                {
+                    let d = Decision {
+                        allowed: false,
+                        remaining_units: 0,
+                        retry_after: None,
+                        reset_after: p.window_end(ks.window).saturating_duration_since(now),
+                        limit_units: p.quota_units(),
+                        shadow_denied: false,
+                        reason: Reason::TooManyLeases,
+                    };
+                    return (LeaseOutcome::Denied(d), None, false);
+                }
+                let adm = admit::admit(p, ks, stats, &ctx, now, Want::UpTo(req.units_wanted));
+                if !adm.allowed {
+                    let d = decision_of(p, ks, &adm, now);
+                    return (LeaseOutcome::Denied(d), None, adm.escalated);
+                }
+                let expires_at = (now + ttl).min(p.window_end(ks.window));
+                ks.hot_mut().leases.push(id);
+                debug_assert!(
+                    ks.hot
+                        .as_ref()
+                        .is_some_and(|h| h.leases.len() <= max_leases)
+                );
+                let grant = LeaseGrant {
+                    lease: id,
+                    units: adm.units,
+                    expires_at,
+                    window: ks.window,
+                    remaining_units: adm.allowance.units.saturating_sub(ks.net_units()),
+                    shadow_denied: adm.shadow_denied,
+                    reason: adm.reason,
+                };
+                let lease = Lease {
+                    limit: req.limit.clone(),
+                    key: req.key.clone(),
+                    window: ks.window,
+                    units: adm.units,
+                    expires_at,
+                };
+                (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
+            },
+        );
+        self.mark_touched(&req.limit, touched);
+        let (outcome, lease, escalated) = res?;
+        if let Some(lease) = lease {
+            self.leases.insert(id, lease);
+            self.dirty.mark(Dirty::Lease(id));
+            self.dirty.mark(Dirty::Meta);
+        }
+        self.key_changed(&req.limit, &req.key, escalated);
+        self.remember(now, req.request_id, Outcome::Lease(outcome.clone()));
+        Ok(outcome)
+    }
+
+    /// Extend a live lease to `now + min(ttl, lease_ttl_max)`, never past its window's end
+    /// and never shorter than it already was.
+    pub fn renew(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        ttl: Duration,
+        request_id: Option<RequestId>,
+    ) -> Result<RenewOutcome> {
+        if let Some(Outcome::Renew(out)) = self.replay(now, request_id, "renew")? {
+            return Ok(out);
+        }
+        let l = self.live_lease(now, lease)?;
+        let window_end = self
+            .limits
+            .get(&l.limit)
+            .map_or(l.expires_at, |lim| lim.params.window_end(l.window));
+        let wanted = (now + ttl.min(self.cfg.lease_ttl_max)).min(window_end);
+        let expires_at = wanted.max(l.expires_at);
+        self.leases.set_expiry(lease, expires_at);
+        self.dirty.mark(Dirty::Lease(lease));
+        let out = RenewOutcome { lease, expires_at };
+        self.remember(now, request_id, Outcome::Renew(out));
+        Ok(out)
+    }
+
+    /// End a lease and refund its `unused_units`.
+    pub fn release(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        unused_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<ReleaseOutcome> {
+        if let Some(Outcome::Release(out)) = self.replay(now, request_id, "release")? {
+            return Ok(out);
+        }
+        let l = self.live_lease(now, lease)?;
+        if unused_units > l.units {
+            return Err(Error::InvalidRequest(format!(
+                "lease {lease:?} holds {} units, cannot give back {unused_units}",
+                l.units
+            )));
+        }
+        self.end_lease(now, lease, Settlement::Refund(unused_units));
+        let out = ReleaseOutcome {
+            refunded_units: unused_units,
+        };
+        self.remember(now, request_id, Outcome::Release(out));
+        Ok(out)
+    }
+
+    /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`
+    /// even beyond the allowance (recorded as settle overage for the bound).
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        actual_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<SettleOutcome> {
+        if let Some(Outcome::Settle(out)) = self.replay(now, request_id, "settle")? {
+            return Ok(out);
+        }
+        let reserved = self.live_lease(now, lease)?.units;
+        let out = SettleOutcome {
+            refunded_units: reserved.saturating_sub(actual_units),
+            overage_units: actual_units.saturating_sub(reserved),
+        };
+        let settlement = if out.overage_units > 0 {
+            Settlement::Overage(out.overage_units)
+        } else {
+            Settlement::Refund(out.refunded_units)
+        };
+        self.end_lease(now, lease, settlement);
+        self.remember(now, request_id, Outcome::Settle(out));
+        Ok(out)
+    }
+
+    /// The lease, if it is still live at `now`; a lease past its time is expired on the spot.
+    fn live_lease(&mut self, now: Timestamp, id: LeaseId) -> Result<Lease> {
+        match self.leases.get(id) {
+            Some(l) if l.expires_at > now => Ok(l.clone()),
+            Some(_) => {
+                self.end_lease(now, id, Settlement::Expired);
+                Err(Error::UnknownLease(id))
+            }
+            None => Err(Error::UnknownLease(id)),
+        }
+    }
+
+    /// Remove a lease and apply its settlement to its key.
+    pub(crate) fn end_lease(&mut self, now: Timestamp, id: LeaseId, how: Settlement) {
+        let Some(lease) = self.leases.remove(id) else {
+            return;
+        };
+        self.dirty.mark(Dirty::Lease(id));
+        let Some(lim) = self.limits.get_mut(&lease.limit) else {
+            return;
+        };
+        let window_stats = lim.stats.window_mut(lease.window);
+        let Some(ks) = lim.keys.get_mut(lease.key.as_str()) else {
+            return;
+        };
+        if ks.window != lease.window {
+            // The key moved on: the lease's window is over and its units stay spent.
+            return;
+        }
+        if let Some(hot) = ks.hot.as_mut() {
+            hot.leases.retain(|l| *l != id);
+        }
+        match how {
+            Settlement::Expired => {}
+            Settlement::Refund(units) => {
+                debug_assert!(units <= lease.units);
+                ks.refunded_units = ks.refunded_units.saturating_add(units);
+                let state = ks.hot.as_mut().and_then(|h| h.rate.as_mut());
+                if let (Some(g), Some(s)) = (lim.params.rate, state) {
+                    g.refund(s, now, units);
+                }
+            }
+            Settlement::Overage(units) => {
+                ks.granted_units = ks.granted_units.saturating_add(units);
+                ks.hot_mut().excess_units += units;
+                if let Some(s) = window_stats {
+                    s.settle_overage_units += units;
+                }
+            }
+        }
+        debug_assert!(ks.refunded_units <= ks.granted_units);
+        self.dirty.mark(Dirty::Key(lease.limit, lease.key));
+    }
+}
+
+/// How a lease ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settlement {
+    /// Its time ran out: nothing comes back.
+    Expired,
+    /// Unused units come back.
+    Refund(u64),
+    /// It used more than reserved: charge the difference.
+    Overage(u64),
+}
