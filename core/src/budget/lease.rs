@@ -6,7 +6,8 @@
 //! expiry ends it with nothing refunded: units a gateway might have spent count as spent.
 //! A lease never outlives its window, because its units belong to that window's counter.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use super::admit::{self, Want};
@@ -32,13 +33,21 @@ pub(crate) struct Lease {
 }
 
 /// Every outstanding lease of the region, with an expiry index.
+///
+/// The index is a min-heap cleaned lazily: ending or renewing a lease leaves its old entry
+/// behind, skipped when it surfaces (it no longer matches the lease). Pushing is all a grant
+/// pays; the heap is rebuilt whenever stale entries outnumber live ones, which bounds it to
+/// twice the outstanding leases.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LeaseTable {
     by_id: BTreeMap<LeaseId, Lease>,
-    expiry: BTreeSet<(Timestamp, LeaseId)>,
+    expiry: BinaryHeap<Reverse<(Timestamp, LeaseId)>>,
     /// Next id to hand out; ids are never reused for the life of the region's state.
     pub next_id: u64,
 }
+
+/// Stale heap entries tolerated beyond the live ones before a rebuild.
+const EXPIRY_HEAP_SLACK: usize = 1_024;
 
 impl LeaseTable {
     pub fn len(&self) -> usize {
@@ -59,38 +68,52 @@ impl LeaseTable {
 
     pub fn insert(&mut self, id: LeaseId, lease: Lease) {
         self.next_id = self.next_id.max(id.0.saturating_add(1));
-        if let Some(old) = self.by_id.insert(id, lease.clone()) {
-            self.expiry.remove(&(old.expires_at, id));
-        }
-        self.expiry.insert((lease.expires_at, id));
-        debug_assert_eq!(self.by_id.len(), self.expiry.len());
+        self.expiry.push(Reverse((lease.expires_at, id)));
+        self.by_id.insert(id, lease);
+        self.compact();
     }
 
     pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
-        let lease = self.by_id.remove(&id)?;
-        self.expiry.remove(&(lease.expires_at, id));
-        Some(lease)
+        self.by_id.remove(&id)
     }
 
     pub fn set_expiry(&mut self, id: LeaseId, at: Timestamp) {
         if let Some(lease) = self.by_id.get_mut(&id) {
-            self.expiry.remove(&(lease.expires_at, id));
             lease.expires_at = at;
-            self.expiry.insert((at, id));
+            self.expiry.push(Reverse((at, id)));
+            self.compact();
         }
     }
 
-    pub fn next_expiry(&self) -> Option<Timestamp> {
-        self.expiry.first().map(|(at, _)| *at)
+    /// The earliest expiry of a live lease (stale entries are dropped on the way).
+    pub fn next_expiry(&mut self) -> Option<Timestamp> {
+        while let Some(Reverse((at, id))) = self.expiry.peek().copied() {
+            if self.is_current(at, id) {
+                return Some(at);
+            }
+            self.expiry.pop();
+        }
+        None
+    }
+
+    /// The earliest expiry, without cleaning (it may be a stale entry's, so a little early).
+    pub fn next_expiry_hint(&self) -> Option<Timestamp> {
+        self.expiry.peek().map(|Reverse((at, _))| *at)
     }
 
     /// Ids of leases whose time is up at `now`.
-    pub fn due(&self, now: Timestamp) -> Vec<LeaseId> {
-        self.expiry
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, id)| *id)
-            .collect()
+    pub fn due(&mut self, now: Timestamp) -> Vec<LeaseId> {
+        let mut due = Vec::new();
+        while let Some(Reverse((at, id))) = self.expiry.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.expiry.pop();
+            if self.is_current(at, id) {
+                due.push(id);
+            }
+        }
+        due
     }
 
     /// Drop every lease of a limit; returns their ids.
@@ -110,6 +133,19 @@ impl LeaseTable {
     pub fn clear(&mut self) {
         self.by_id.clear();
         self.expiry.clear();
+    }
+
+    fn is_current(&self, at: Timestamp, id: LeaseId) -> bool {
+        self.by_id.get(&id).is_some_and(|l| l.expires_at == at)
+    }
+
+    fn compact(&mut self) {
+        if self.expiry.len() > 2 * self.by_id.len() + EXPIRY_HEAP_SLACK {
+            let by_id = &self.by_id;
+            self.expiry
+                .retain(|Reverse((at, id))| by_id.get(id).is_some_and(|l| l.expires_at == *at));
+        }
+        debug_assert!(self.expiry.len() <= 2 * self.by_id.len() + EXPIRY_HEAP_SLACK + 1);
     }
 }
 

@@ -280,10 +280,11 @@ impl RegionBudget {
 
     fn remember(&mut self, now: Timestamp, request_id: Option<RequestId>, outcome: Outcome) {
         let Some(id) = request_id else { return };
-        for old in self.idempotency.insert(now, id, outcome) {
-            self.stats.idempotency_evicted_early += 1;
-            self.dirty.mark(Dirty::Idempotency(old));
-        }
+        let (stats, dirty) = (&mut self.stats, &mut self.dirty);
+        self.idempotency.insert(now, id, outcome, |old| {
+            stats.idempotency_evicted_early += 1;
+            dirty.mark(Dirty::Idempotency(old));
+        });
         self.dirty.mark(Dirty::Idempotency(id));
     }
 

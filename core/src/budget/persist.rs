@@ -12,7 +12,6 @@
 //! request id; `Idempotency`/`IdempotencyExpired` by request id. `Reset` clears everything but
 //! `Meta`; `LimitRemoved` clears a limit's keys, leases and slots.
 
-use std::collections::BTreeSet;
 use std::mem;
 
 use serde::{Deserialize, Serialize};
@@ -126,8 +125,7 @@ pub struct IdempotencyRecord {
     pub outcome: Outcome,
 }
 
-/// Something changed since the last drain. The order of variants is the order records come
-/// out in, so a removal always precedes what was created after it.
+/// Something changed since the last drain.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Dirty {
     Meta,
@@ -139,11 +137,19 @@ pub(crate) enum Dirty {
     Idempotency(RequestId),
 }
 
-/// The marks, bounded by [`MAX_DIRTY_ITEMS`]: past it, individual marks are dropped and the
-/// next drain is a full snapshot instead.
+/// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
+/// by [`MAX_DIRTY_ITEMS`]: past it, marks are dropped and the next drain is a full snapshot.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DirtySet {
-    items: BTreeSet<Dirty>,
+    meta: bool,
+    limits: Vec<LimitId>,
+    keys: Vec<(LimitId, KeyId)>,
+    leases: Vec<LeaseId>,
+    slots: Vec<SlotId>,
+    acks: Vec<u64>,
+    idempotency: Vec<RequestId>,
+    /// Marks held, duplicates included.
+    len: usize,
     overflowed: bool,
     overflows: u64,
 }
@@ -153,9 +159,18 @@ impl DirtySet {
         if self.overflowed {
             return;
         }
-        self.items.insert(item);
-        if self.items.len() > MAX_DIRTY_ITEMS {
-            self.items.clear();
+        match item {
+            Dirty::Meta => self.meta = true,
+            Dirty::Limit(l) => self.limits.push(l),
+            Dirty::Key(l, k) => self.keys.push((l, k)),
+            Dirty::Lease(id) => self.leases.push(id),
+            Dirty::Slot(id) => self.slots.push(id),
+            Dirty::Ack(id) => self.acks.push(id),
+            Dirty::Idempotency(id) => self.idempotency.push(id),
+        }
+        self.len += 1;
+        if self.len > MAX_DIRTY_ITEMS {
+            self.clear();
             self.overflowed = true;
             self.overflows += 1;
         }
@@ -164,6 +179,36 @@ impl DirtySet {
     pub fn overflows(&self) -> u64 {
         self.overflows
     }
+
+    fn clear(&mut self) {
+        *self = DirtySet {
+            overflows: self.overflows,
+            ..DirtySet::default()
+        };
+    }
+
+    /// Every distinct mark, in record order: a removal always precedes what was created
+    /// after it (limits before keys), and each kind is sorted.
+    fn take(&mut self) -> Vec<Dirty> {
+        let mut taken = mem::take(self);
+        self.overflows = taken.overflows;
+        let mut out = Vec::with_capacity(taken.len + 1);
+        if taken.meta {
+            out.push(Dirty::Meta);
+        }
+        fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
+            v.sort_unstable();
+            v.dedup();
+            v.drain(..)
+        }
+        out.extend(sorted(&mut taken.limits).map(Dirty::Limit));
+        out.extend(sorted(&mut taken.keys).map(|(l, k)| Dirty::Key(l, k)));
+        out.extend(sorted(&mut taken.leases).map(Dirty::Lease));
+        out.extend(sorted(&mut taken.slots).map(Dirty::Slot));
+        out.extend(sorted(&mut taken.acks).map(Dirty::Ack));
+        out.extend(sorted(&mut taken.idempotency).map(Dirty::Idempotency));
+        out
+    }
 }
 
 impl RegionBudget {
@@ -171,11 +216,18 @@ impl RegionBudget {
     /// order) before it answers the call that caused them, and before sending a SyncUp.
     pub fn drain_dirty(&mut self) -> Vec<PersistRecord> {
         if mem::take(&mut self.dirty.overflowed) {
-            self.dirty.items.clear();
+            self.dirty.clear();
             return self.snapshot();
         }
-        let items = mem::take(&mut self.dirty.items);
-        items.into_iter().map(|d| self.record_of(d)).collect()
+        let mut records: Vec<PersistRecord> = self
+            .dirty
+            .take()
+            .into_iter()
+            .map(|d| self.record_of(d))
+            .collect();
+        // Idempotency entries go out in expiry order, so a restore keeps its ring in order.
+        records.sort_by_key(idempotency_order);
+        records
     }
 
     /// The whole durable state, behind a `Reset`.
@@ -196,8 +248,9 @@ impl RegionBudget {
             out.push(PersistRecord::ReleaseAck(ack_record(e)));
         }
         for (id, e) in self.idempotency.iter() {
-            out.push(PersistRecord::Idempotency(idempotency_record(*id, e)));
+            out.push(PersistRecord::Idempotency(idempotency_record(id, e)));
         }
+        out.sort_by_key(idempotency_order);
         out
     }
 
@@ -425,6 +478,17 @@ impl RegionBudget {
                 }
             }
         }
+    }
+}
+
+/// Sort key keeping every record in place except idempotency entries, which sort among
+/// themselves by expiry then id (tombstones first). The sort is stable and idempotency
+/// records always come last.
+fn idempotency_order(r: &PersistRecord) -> (bool, Timestamp, RequestId) {
+    match r {
+        PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
+        PersistRecord::IdempotencyExpired { request } => (true, Timestamp::ZERO, *request),
+        _ => (false, Timestamp::ZERO, RequestId(0)),
     }
 }
 

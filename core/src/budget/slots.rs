@@ -45,10 +45,11 @@ impl SlotTable {
 
     pub fn insert(&mut self, id: SlotId, home: SlotHome) {
         self.next_id = self.next_id.max(id.0.saturating_add(1));
-        if let Some(old) = self.by_id.insert(id, home.clone()) {
+        let expires_at = home.expires_at;
+        if let Some(old) = self.by_id.insert(id, home) {
             self.expiry.remove(&(old.expires_at, id));
         }
-        self.expiry.insert((home.expires_at, id));
+        self.expiry.insert((expires_at, id));
     }
 
     pub fn remove(&mut self, id: SlotId) -> Option<SlotHome> {

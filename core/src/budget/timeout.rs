@@ -23,7 +23,9 @@ impl RegionBudget {
             consider(Some(self.sync.next_sync_at().unwrap_or(Timestamp::ZERO)));
             consider(self.view.expires_at().filter(|t| *t > self.last_timeout));
         }
-        consider(self.leases.next_expiry());
+        // Possibly a released lease's old deadline: an early wake-up finds nothing to do and
+        // cleans the index.
+        consider(self.leases.next_expiry_hint());
         consider(self.slots.next_expiry());
         consider(self.idempotency.next_expiry());
         let window_end = self
@@ -42,6 +44,7 @@ impl RegionBudget {
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.last_timeout = self.last_timeout.max(now);
         self.account_open_time(now);
+        self.leases.next_expiry();
         for id in self.leases.due(now) {
             self.end_lease(now, id, Settlement::Expired);
         }
