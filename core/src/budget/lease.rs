@@ -187,6 +187,10 @@ impl RegionBudget {
                     .as_ref()
                     .is_some_and(|h| h.leases.len() >= max_leases)
                 {
+                    if let Some(s) = stats.window_mut(ks.window) {
+                        s.denials += 1;
+                        s.denied_units += req.units_wanted;
+                    }
                     let d = Decision {
                         allowed: false,
                         remaining_units: 0,

@@ -78,12 +78,14 @@ impl AckBook {
         self.pending.len()
     }
 
-    /// Answer a repeated request again with its original ack. False for an unknown id.
+    /// Answer a repeated request again with its original ack (unless too many are pending:
+    /// the coordinator will ask again). False for an unknown id.
     fn requeue(&mut self, id: u64) -> bool {
+        let full = self.pending.len() >= MAX_PENDING_ACKS;
         let Some(entry) = self.by_id.get_mut(&id) else {
             return false;
         };
-        if !entry.pending {
+        if !entry.pending && !full {
             entry.pending = true;
             self.done.retain(|d| *d != id);
             self.pending.push_back(id);
@@ -232,6 +234,9 @@ impl RegionBudget {
             .take(MAX_ITEMS_PER_MESSAGE)
             .cloned()
             .collect();
+        debug_assert!(up.entries.len() <= MAX_ITEMS_PER_MESSAGE);
+        debug_assert!(up.demand.len() <= MAX_ITEMS_PER_MESSAGE);
+        debug_assert!(self.sync.acks.pending_len() <= MAX_PENDING_ACKS);
         if self.sync.inflight.len() >= MAX_INFLIGHT_SYNCS {
             self.sync.inflight.pop_front();
         }
