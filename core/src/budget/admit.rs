@@ -11,7 +11,7 @@ use super::api::Reason;
 use super::config::DEMAND_WARMUP_DIVISOR;
 use super::key::KeyState;
 use super::limits::LimitParams;
-use super::stats::LimitStats;
+use super::stats::{LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::ids::RegionId;
 use crate::limit::PartitionPolicy;
@@ -133,14 +133,10 @@ pub(crate) fn admit(
     want: Want,
 ) -> Admission {
     let a = allowance(p, ks, ks.window, ctx);
-    let n_before = ks.net_units();
-    let head = a.units.saturating_sub(n_before);
-    let plan = match want {
-        Want::Exact(cost) => plan_exact(p, ks, &a, head, now, cost),
-        Want::UpTo(wanted) => plan_up_to(p, ks, &a, head, now, wanted),
-    };
-    let wanted = match want {
-        Want::Exact(c) | Want::UpTo(c) => c,
+    let head = a.units.saturating_sub(ks.net_units());
+    let (plan, wanted) = match want {
+        Want::Exact(cost) => (plan_exact(p, ks, &a, head, now, cost), cost),
+        Want::UpTo(units) => (plan_up_to(p, ks, &a, head, now, units), units),
     };
     let window_stats = stats.window_mut(ks.window);
     let mut out = Admission {
@@ -152,25 +148,8 @@ pub(crate) fn admit(
         allowance: a,
         escalated: false,
     };
-    let mut denied = false;
     match plan.refusal {
-        None => {
-            ks.granted_units = ks.granted_units.saturating_add(plan.units);
-            if plan.fail_open_units > 0 {
-                ks.hot_mut().excess_units += plan.fail_open_units;
-                if let Some(s) = window_stats {
-                    s.fail_open_units += plan.fail_open_units;
-                }
-            }
-            if let Some(s) = plan.rate_state {
-                ks.hot_mut().rate = Some(s);
-            }
-            if let Some(s) = plan.open_state {
-                ks.hot_mut().open_rate = Some(s);
-            }
-            // Invariant 1: only the recorded fail-open part may exceed the allowance.
-            debug_assert!(ks.net_units() <= a.units.max(n_before) + plan.fail_open_units);
-        }
+        None => charge(ks, &a, &plan, window_stats),
         Some((reason, retry_after)) if p.spec.shadow_mode => {
             // Let it through and count it, so the counters stay true; record the excess.
             let excess = wanted.saturating_sub(head);
@@ -180,13 +159,15 @@ pub(crate) fn admit(
                 s.shadow_denials += 1;
                 s.shadow_excess_units += excess;
             }
-            out.units = wanted;
-            out.shadow_denied = true;
-            out.reason = reason;
-            out.retry_after = retry_after;
+            out = Admission {
+                units: wanted,
+                shadow_denied: true,
+                reason,
+                retry_after,
+                ..out
+            };
         }
         Some((reason, retry_after)) => {
-            denied = true;
             ks.hot_mut().denied_units += wanted;
             if let Some(s) = window_stats {
                 s.denials += 1;
@@ -201,8 +182,29 @@ pub(crate) fn admit(
             };
         }
     }
+    let denied = !out.allowed;
     out.escalated = escalate_if_needed(p, ks, &a, ctx, now, denied);
     out
+}
+
+/// Charge an admitted plan: counters, fail-open excess, and the GCRA states it moved.
+fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut WindowStats>) {
+    let n_before = ks.net_units();
+    ks.granted_units = ks.granted_units.saturating_add(plan.units);
+    if plan.fail_open_units > 0 {
+        ks.hot_mut().excess_units += plan.fail_open_units;
+        if let Some(s) = stats {
+            s.fail_open_units += plan.fail_open_units;
+        }
+    }
+    if let Some(s) = plan.rate_state {
+        ks.hot_mut().rate = Some(s);
+    }
+    if let Some(s) = plan.open_state {
+        ks.hot_mut().open_rate = Some(s);
+    }
+    // Invariant 1: only the recorded fail-open part may exceed the allowance.
+    debug_assert!(ks.net_units() <= a.units.max(n_before) + plan.fail_open_units);
 }
 
 /// What the checks allow, before anything is charged (GCRA states are copies).

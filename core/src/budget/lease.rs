@@ -10,12 +10,15 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
-use super::admit::{self, Want};
+use super::admit::{self, Ctx, Want};
 use super::api::{
     Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason, ReleaseOutcome,
     RenewOutcome, SettleOutcome,
 };
+use super::key::KeyState;
+use super::limits::LimitParams;
 use super::persist::Dirty;
+use super::stats::LimitStats;
 use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId, RequestId};
@@ -161,10 +164,14 @@ impl RegionBudget {
                 "a lease needs at least one unit and a positive TTL".into(),
             ));
         }
-        let ctx = ctx_of(&self.cfg, &self.view, now);
-        let ttl = req.ttl.min(self.cfg.lease_ttl_max);
-        let max_leases = self.cfg.max_leases_per_key;
         let id = self.leases.peek_id();
+        let terms = LeaseTerms {
+            ctx: ctx_of(&self.cfg, &self.view, now),
+            now,
+            id,
+            ttl: req.ttl.min(self.cfg.lease_ttl_max),
+            max_leases: self.cfg.max_leases_per_key,
+        };
         let lim = self
             .limits
             .get_mut(&req.limit)
@@ -176,63 +183,10 @@ impl RegionBudget {
             });
         }
         let mut touched = Vec::new();
-        let res = lim.with_key(
-            now,
-            &req.key,
-            self.cfg.max_keys_per_limit,
-            &mut touched,
-            |p, ks, stats| {
-                if ks
-                    .hot
-                    .as_ref()
-                    .is_some_and(|h| h.leases.len() >= max_leases)
-                {
-                    if let Some(s) = stats.window_mut(ks.window) {
-                        s.denials += 1;
-                        s.denied_units += req.units_wanted;
-                    }
-                    let d = Decision {
-                        allowed: false,
-                        remaining_units: 0,
-                        retry_after: None,
-                        reset_after: p.window_end(ks.window).saturating_duration_since(now),
-                        limit_units: p.quota_units(),
-                        shadow_denied: false,
-                        reason: Reason::TooManyLeases,
-                    };
-                    return (LeaseOutcome::Denied(d), None, false);
-                }
-                let adm = admit::admit(p, ks, stats, &ctx, now, Want::UpTo(req.units_wanted));
-                if !adm.allowed {
-                    let d = decision_of(p, ks, &adm, now);
-                    return (LeaseOutcome::Denied(d), None, adm.escalated);
-                }
-                let expires_at = (now + ttl).min(p.window_end(ks.window));
-                ks.hot_mut().leases.push(id);
-                debug_assert!(
-                    ks.hot
-                        .as_ref()
-                        .is_some_and(|h| h.leases.len() <= max_leases)
-                );
-                let grant = LeaseGrant {
-                    lease: id,
-                    units: adm.units,
-                    expires_at,
-                    window: ks.window,
-                    remaining_units: adm.allowance.units.saturating_sub(ks.net_units()),
-                    shadow_denied: adm.shadow_denied,
-                    reason: adm.reason,
-                };
-                let lease = Lease {
-                    limit: req.limit.clone(),
-                    key: req.key.clone(),
-                    window: ks.window,
-                    units: adm.units,
-                    expires_at,
-                };
-                (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
-            },
-        );
+        let max_keys = self.cfg.max_keys_per_limit;
+        let res = lim.with_key(now, &req.key, max_keys, &mut touched, |p, ks, stats| {
+            lease_in_key(p, ks, stats, &terms, &req)
+        });
         self.mark_touched(&req.limit, touched);
         let (outcome, lease, escalated) = res?;
         if let Some(lease) = lease {
@@ -377,6 +331,73 @@ impl RegionBudget {
         debug_assert!(ks.refunded_units <= ks.granted_units);
         self.dirty.mark(Dirty::Key(lease.limit, lease.key));
     }
+}
+
+/// What a lease grant needs besides the key: the call's context and the new lease's terms.
+struct LeaseTerms<'a> {
+    ctx: Ctx<'a>,
+    now: Timestamp,
+    id: LeaseId,
+    ttl: Duration,
+    max_leases: usize,
+}
+
+/// Decide a lease on one key: the outcome, the lease to record if granted, and whether the key
+/// escalated.
+fn lease_in_key(
+    p: &LimitParams,
+    ks: &mut KeyState,
+    stats: &mut LimitStats,
+    t: &LeaseTerms,
+    req: &LeaseRequest,
+) -> (LeaseOutcome, Option<Lease>, bool) {
+    let now = t.now;
+    if ks
+        .hot
+        .as_ref()
+        .is_some_and(|h| h.leases.len() >= t.max_leases)
+    {
+        if let Some(s) = stats.window_mut(ks.window) {
+            s.denials += 1;
+            s.denied_units += req.units_wanted;
+        }
+        let d = Decision {
+            allowed: false,
+            remaining_units: 0,
+            retry_after: None,
+            reset_after: p.window_end(ks.window).saturating_duration_since(now),
+            limit_units: p.quota_units(),
+            shadow_denied: false,
+            reason: Reason::TooManyLeases,
+        };
+        return (LeaseOutcome::Denied(d), None, false);
+    }
+    let adm = admit::admit(p, ks, stats, &t.ctx, now, Want::UpTo(req.units_wanted));
+    if !adm.allowed {
+        let d = decision_of(p, ks, &adm, now);
+        return (LeaseOutcome::Denied(d), None, adm.escalated);
+    }
+    let expires_at = (now + t.ttl).min(p.window_end(ks.window));
+    let leases = &mut ks.hot_mut().leases;
+    leases.push(t.id);
+    debug_assert!(leases.len() <= t.max_leases);
+    let grant = LeaseGrant {
+        lease: t.id,
+        units: adm.units,
+        expires_at,
+        window: ks.window,
+        remaining_units: adm.allowance.units.saturating_sub(ks.net_units()),
+        shadow_denied: adm.shadow_denied,
+        reason: adm.reason,
+    };
+    let lease = Lease {
+        limit: req.limit.clone(),
+        key: req.key.clone(),
+        window: ks.window,
+        units: adm.units,
+        expires_at,
+    };
+    (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
 }
 
 /// How a lease ends.

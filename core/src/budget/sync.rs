@@ -19,6 +19,7 @@ use super::config::{MAX_INFLIGHT_SYNCS, MAX_PENDING_ACKS, RECENT_RELEASES_KEPT, 
 use super::key::{KeyState, WindowAllowance};
 use super::limits::LimitState;
 use super::persist::{Dirty, DirtySet};
+use super::view::RoundTrip;
 use super::{RegionBudget, ctx_of};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::sync::{
@@ -297,8 +298,12 @@ impl RegionBudget {
         self.account_open_time(now);
         self.coordinator_config_version = Some(msg.config_version);
         if let Some(f) = self.sync.take_inflight(msg.reply_to_seq) {
-            self.view
-                .on_answer(f.sent_at, msg.received_at, msg.sent_at, now);
+            self.view.on_answer(RoundTrip {
+                sent_at: f.sent_at,
+                received_at: msg.received_at,
+                answered_at: msg.sent_at,
+                returned_at: now,
+            });
             self.confirm(&f);
         }
         for e in msg.entries.into_iter().take(MAX_ITEMS_PER_MESSAGE) {

@@ -50,11 +50,11 @@ impl View {
         self.clock
     }
 
-    /// An answer to the SyncUp sent at `t0` arrived at `t3`; `t1`, `t2` are the coordinator's
-    /// receive and send times on its own clock.
-    pub fn on_answer(&mut self, t0: Timestamp, t1: Timestamp, t2: Timestamp, t3: Timestamp) {
+    /// An answer arrived: contact dates from the send time of the SyncUp it answers.
+    pub fn on_answer(&mut self, rt: RoundTrip) {
+        let t0 = rt.sent_at;
         self.contact_at = Some(self.contact_at.map_or(t0, |c| c.max(t0)));
-        self.clock = Some(clock_sample(t0, t1, t2, t3));
+        self.clock = Some(rt.clock_sample());
     }
 
     /// The expired stretch of time between the last call and `now`, if any: the span during
@@ -70,20 +70,33 @@ impl View {
     }
 }
 
-/// NTP's estimate: `offset = ((t1 - t0) + (t2 - t3)) / 2` (positive when the coordinator's
-/// clock is ahead) and `round trip = (t3 - t0) - (t2 - t1)`, never negative.
-pub(crate) fn clock_sample(
-    t0: Timestamp,
-    t1: Timestamp,
-    t2: Timestamp,
-    t3: Timestamp,
-) -> ClockSample {
-    let ns = |t: Timestamp| i128::from(t.as_unix_nanos());
-    let offset = ((ns(t1) - ns(t0)) + (ns(t2) - ns(t3))) / 2;
-    let round_trip = (ns(t3) - ns(t0)) - (ns(t2) - ns(t1));
-    ClockSample {
-        offset_nanos: i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN } else { i64::MAX }),
-        round_trip_nanos: u64::try_from(round_trip.max(0)).unwrap_or(u64::MAX),
+/// The four timestamps of one SyncUp/SyncDown round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RoundTrip {
+    /// t0: the SyncUp left (agent clock).
+    pub sent_at: Timestamp,
+    /// t1: the coordinator received it (its clock).
+    pub received_at: Timestamp,
+    /// t2: the coordinator sent the answer (its clock).
+    pub answered_at: Timestamp,
+    /// t3: the answer arrived (agent clock).
+    pub returned_at: Timestamp,
+}
+
+impl RoundTrip {
+    /// NTP's estimate: `offset = ((t1 - t0) + (t2 - t3)) / 2` (positive when the coordinator's
+    /// clock is ahead) and `round trip = (t3 - t0) - (t2 - t1)`, never negative.
+    pub fn clock_sample(&self) -> ClockSample {
+        let ns = |t: Timestamp| i128::from(t.as_unix_nanos());
+        let (t0, t1) = (ns(self.sent_at), ns(self.received_at));
+        let (t2, t3) = (ns(self.answered_at), ns(self.returned_at));
+        let offset = ((t1 - t0) + (t2 - t3)) / 2;
+        let round_trip = (t3 - t0) - (t2 - t1);
+        let saturated = if offset < 0 { i64::MIN } else { i64::MAX };
+        ClockSample {
+            offset_nanos: i64::try_from(offset).unwrap_or(saturated),
+            round_trip_nanos: u64::try_from(round_trip.max(0)).unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -95,13 +108,22 @@ mod tests {
         Timestamp::from_unix_millis(v)
     }
 
+    fn rt(t0: u64, t1: u64, t2: u64, t3: u64) -> RoundTrip {
+        RoundTrip {
+            sent_at: ms(t0),
+            received_at: ms(t1),
+            answered_at: ms(t2),
+            returned_at: ms(t3),
+        }
+    }
+
     #[test]
     fn clock_sample_worked_example() {
         // Sent at 1000 (agent), received at 1120 and answered at 1130 (coordinator, which runs
         // 100 ms ahead), back at 1050 (agent). One-way delay 20 ms each way, 10 ms inside.
         // offset = ((1120 - 1000) + (1130 - 1050)) / 2 = (120 + 80) / 2 = 100 ms
         // round trip = (1050 - 1000) - (1130 - 1120) = 40 ms
-        let s = clock_sample(ms(1000), ms(1120), ms(1130), ms(1050));
+        let s = rt(1000, 1120, 1130, 1050).clock_sample();
         assert_eq!(s.offset_nanos, 100_000_000);
         assert_eq!(s.round_trip_nanos, 40_000_000);
     }
@@ -109,7 +131,7 @@ mod tests {
     #[test]
     fn a_coordinator_clock_behind_gives_a_negative_offset() {
         // Coordinator 300 ms behind, instant links: t1 = t2 = t0 - 300.
-        let s = clock_sample(ms(1000), ms(700), ms(700), ms(1000));
+        let s = rt(1000, 700, 700, 1000).clock_sample();
         assert_eq!(s.offset_nanos, -300_000_000);
         assert_eq!(s.round_trip_nanos, 0);
     }
@@ -118,7 +140,7 @@ mod tests {
     fn the_view_expires_strictly_after_its_ttl() {
         let mut v = View::new(Duration::from_secs(2));
         assert!(v.is_expired(ms(0)), "no contact yet");
-        v.on_answer(ms(10_000), ms(10_010), ms(10_011), ms(10_030));
+        v.on_answer(rt(10_000, 10_010, 10_011, 10_030));
         assert!(
             !v.is_expired(ms(12_000)),
             "exactly the TTL old is still fresh"
@@ -130,15 +152,15 @@ mod tests {
     #[test]
     fn a_late_answer_to_an_older_sync_never_moves_contact_back() {
         let mut v = View::new(Duration::from_secs(2));
-        v.on_answer(ms(5_000), ms(5_000), ms(5_000), ms(5_100));
-        v.on_answer(ms(4_000), ms(4_000), ms(4_000), ms(5_200));
+        v.on_answer(rt(5_000, 5_000, 5_000, 5_100));
+        v.on_answer(rt(4_000, 4_000, 4_000, 5_200));
         assert_eq!(v.contact_at(), Some(ms(5_000)));
     }
 
     #[test]
     fn expired_spans_are_handed_out_once() {
         let mut v = View::new(Duration::from_secs(2));
-        v.on_answer(ms(1_000), ms(1_000), ms(1_000), ms(1_000));
+        v.on_answer(rt(1_000, 1_000, 1_000, 1_000));
         assert_eq!(v.take_expired_span(ms(2_000)), None, "fresh");
         // Expired from 3,000 (contact + TTL); at 5,000 the span is 3,000..5,000.
         assert_eq!(v.take_expired_span(ms(5_000)), Some((ms(3_000), ms(5_000))));

@@ -292,3 +292,23 @@ fn a_rate_capped_lease_is_cut_to_what_the_cap_allows_and_charges_it() {
         3
     );
 }
+
+#[test]
+fn shadow_mode_grants_the_whole_lease_it_would_have_refused() {
+    let mut spec = per_minute("api", 400);
+    spec.shadow_mode = true;
+    let mut b = budget(vec![spec]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 100, 10))
+            .expect("lease"),
+    );
+    assert!(!g.shadow_denied);
+    // Default share 100 is used up: shadow mode hands out the 30 wanted and counts them.
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 30, 10))
+            .expect("lease"),
+    );
+    assert!(g.shadow_denied);
+    assert_eq!(g.units, 30);
+    assert_eq!(net(&b, "api", "k"), 130);
+}

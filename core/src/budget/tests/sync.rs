@@ -392,3 +392,46 @@ fn epochs_start_above_zero_for_every_counter() {
     let up = b.poll_transmit(at(250)).expect("sync");
     assert_eq!(up.release_acks[0].released_units, 0);
 }
+
+#[test]
+fn a_counter_the_coordinator_names_is_reported_from_then_on() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // A quiet key: 5 units in 30 s never escalates (5 + 5 = 10 <= 100).
+    acquire(&mut b, at(30_000), "api", "k", 5);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    assert!(up.entries.is_empty());
+    // The coordinator grants it an allowance: others are interested in it now.
+    let mut down = answer(&up, at(30_000));
+    down.grants = vec![grant("api", "k", minute_window(0), 120, 1)];
+    b.handle_sync_down(at(30_000), down);
+    let up = b.poll_transmit(at(30_250)).expect("sync");
+    assert_eq!(up.entries.len(), 1);
+    assert_eq!(up.entries[0].granted_units, 5);
+    assert!(up.demand.is_empty(), "named, not escalated: entries only");
+}
+
+#[test]
+fn release_requests_beyond_the_pending_ack_bound_wait_for_a_resend() {
+    use crate::budget::config::MAX_PENDING_ACKS;
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    let total = MAX_PENDING_ACKS as u64 + 1;
+    let mut id = 0;
+    while id < total {
+        let up = b.poll_transmit(at(id)).expect("sync");
+        let mut down = answer(&up, at(id));
+        // Answer with an empty SyncUp's seq only, so no ack is confirmed meanwhile.
+        down.reply_to_seq = u64::MAX;
+        let batch = (total - id).min(MAX_ITEMS_PER_MESSAGE as u64);
+        down.release_requests = (id..id + batch)
+            .map(|i| release_req(i + 1, "api", &format!("k{i}"), w, 10, 1))
+            .collect();
+        b.handle_sync_down(at(id), down);
+        id += batch;
+    }
+    assert_eq!(b.region_stats().release_requests_deferred, 1);
+    // The deferred one released nothing.
+    let last = format!("k{}", total - 1);
+    assert_eq!(allowance(&b, at(0), "api", &last), 100);
+    assert_eq!(allowance(&b, at(0), "api", "k0"), 90);
+}
