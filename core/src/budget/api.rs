@@ -157,3 +157,36 @@ impl Outcome {
         }
     }
 }
+
+/// An outcome kind that the idempotency cache can hold and give back.
+pub(crate) trait Remembered: Sized {
+    const KIND: &'static str;
+    fn to_outcome(&self) -> Outcome;
+    fn from_outcome(o: &Outcome) -> Option<Self>;
+}
+
+macro_rules! remembered {
+    ($t:ty, $variant:ident, $kind:literal) => {
+        impl Remembered for $t {
+            const KIND: &'static str = $kind;
+
+            fn to_outcome(&self) -> Outcome {
+                Outcome::$variant(self.clone())
+            }
+
+            fn from_outcome(o: &Outcome) -> Option<Self> {
+                match o {
+                    Outcome::$variant(v) => Some(v.clone()),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+remembered!(Decision, Acquire, "acquire");
+remembered!(LeaseOutcome, Lease, "lease");
+remembered!(RenewOutcome, Renew, "renew");
+remembered!(ReleaseOutcome, Release, "release");
+remembered!(SettleOutcome, Settle, "settle");
+remembered!(SlotOutcome, Slot, "acquire_slot");

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use super::admit::{self, Ctx, Want};
 use super::api::{
-    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason, ReleaseOutcome,
-    RenewOutcome, SettleOutcome,
+    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Reason, ReleaseOutcome, RenewOutcome,
+    SettleOutcome,
 };
 use super::key::KeyState;
 use super::limits::LimitParams;
@@ -156,9 +156,10 @@ impl RegionBudget {
     /// Grant `min(units_wanted, available)` units (at least 1) for `min(ttl, lease_ttl_max)`,
     /// never past the end of the window.
     pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
-        if let Some(Outcome::Lease(out)) = self.replay(now, req.request_id, "lease")? {
-            return Ok(out);
-        }
+        self.once(now, req.request_id, |b| b.lease_once(now, req))
+    }
+
+    fn lease_once(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
         if req.units_wanted == 0 || req.ttl.is_zero() {
             return Err(Error::InvalidRequest(
                 "a lease needs at least one unit and a positive TTL".into(),
@@ -195,7 +196,6 @@ impl RegionBudget {
             self.dirty.mark(Dirty::Meta);
         }
         self.key_changed(&req.limit, &req.key, escalated);
-        self.remember(now, req.request_id, Outcome::Lease(outcome.clone()));
         Ok(outcome)
     }
 
@@ -208,9 +208,15 @@ impl RegionBudget {
         ttl: Duration,
         request_id: Option<RequestId>,
     ) -> Result<RenewOutcome> {
-        if let Some(Outcome::Renew(out)) = self.replay(now, request_id, "renew")? {
-            return Ok(out);
-        }
+        self.once(now, request_id, |b| b.renew_once(now, lease, ttl))
+    }
+
+    fn renew_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> Result<RenewOutcome> {
         let l = self.live_lease(now, lease)?;
         let window_end = self
             .limits
@@ -220,9 +226,7 @@ impl RegionBudget {
         let expires_at = wanted.max(l.expires_at);
         self.leases.set_expiry(lease, expires_at);
         self.dirty.mark(Dirty::Lease(lease));
-        let out = RenewOutcome { lease, expires_at };
-        self.remember(now, request_id, Outcome::Renew(out));
-        Ok(out)
+        Ok(RenewOutcome { lease, expires_at })
     }
 
     /// End a lease and refund its `unused_units`.
@@ -233,9 +237,17 @@ impl RegionBudget {
         unused_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<ReleaseOutcome> {
-        if let Some(Outcome::Release(out)) = self.replay(now, request_id, "release")? {
-            return Ok(out);
-        }
+        self.once(now, request_id, |b| {
+            b.release_once(now, lease, unused_units)
+        })
+    }
+
+    fn release_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        unused_units: u64,
+    ) -> Result<ReleaseOutcome> {
         let l = self.live_lease(now, lease)?;
         if unused_units > l.units {
             return Err(Error::InvalidRequest(format!(
@@ -244,11 +256,9 @@ impl RegionBudget {
             )));
         }
         self.end_lease(now, lease, Settlement::Refund(unused_units));
-        let out = ReleaseOutcome {
+        Ok(ReleaseOutcome {
             refunded_units: unused_units,
-        };
-        self.remember(now, request_id, Outcome::Release(out));
-        Ok(out)
+        })
     }
 
     /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`
@@ -260,9 +270,15 @@ impl RegionBudget {
         actual_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
-        if let Some(Outcome::Settle(out)) = self.replay(now, request_id, "settle")? {
-            return Ok(out);
-        }
+        self.once(now, request_id, |b| b.settle_once(now, lease, actual_units))
+    }
+
+    fn settle_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        actual_units: u64,
+    ) -> Result<SettleOutcome> {
         let reserved = self.live_lease(now, lease)?.units;
         let out = SettleOutcome {
             refunded_units: reserved.saturating_sub(actual_units),
@@ -274,7 +290,6 @@ impl RegionBudget {
             Settlement::Refund(out.refunded_units)
         };
         self.end_lease(now, lease, settlement);
-        self.remember(now, request_id, Outcome::Settle(out));
         Ok(out)
     }
 

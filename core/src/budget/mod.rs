@@ -50,7 +50,9 @@ pub use persist::PersistRecord;
 pub use stats::{LimitStats, RegionStats, WindowStats};
 
 use admit::{Ctx, Want};
+use api::Remembered;
 use idempotency::IdempotencyCache;
+use idempotency::Reserved;
 use lease::LeaseTable;
 use limits::{LimitParams, LimitState};
 use persist::{Dirty, DirtySet};
@@ -163,9 +165,10 @@ impl RegionBudget {
 
     /// Decide one request of `cost_units`, and charge it if allowed.
     pub fn acquire(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
-        if let Some(Outcome::Acquire(d)) = self.replay(now, req.request_id, "acquire")? {
-            return Ok(d);
-        }
+        self.once(now, req.request_id, |b| b.acquire_once(now, req))
+    }
+
+    fn acquire_once(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let lim = self
             .limits
@@ -188,7 +191,6 @@ impl RegionBudget {
         self.mark_touched(&req.limit, touched);
         let (decision, escalated) = res?;
         self.key_changed(&req.limit, &req.key, escalated);
-        self.remember(now, req.request_id, Outcome::Acquire(decision.clone()));
         Ok(decision)
     }
 
@@ -258,34 +260,44 @@ impl RegionBudget {
         self.leases.len()
     }
 
-    /// The cached outcome of a retried call, if `request_id` was seen; an error if it was
-    /// used for a different kind of call.
-    fn replay(
-        &self,
+    /// Run a mutating call at most once per request id: a retry within the TTL gets the
+    /// first outcome back and changes nothing (an id used for another kind of call is an
+    /// error). A call that fails is not remembered.
+    fn once<T: Remembered>(
+        &mut self,
         now: Timestamp,
         request_id: Option<RequestId>,
-        kind: &'static str,
-    ) -> Result<Option<Outcome>> {
-        let Some(out) = request_id.and_then(|id| self.idempotency.get(id, now)) else {
-            return Ok(None);
+        op: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        let Some(id) = request_id else {
+            return op(self);
         };
-        if out.kind() != kind {
-            return Err(Error::InvalidRequest(format!(
-                "request id already used for {}, not {kind}",
-                out.kind()
-            )));
+        let ticket = match self.idempotency.reserve(now, id) {
+            Reserved::Ticket(t) => t,
+            Reserved::Replay(first) => {
+                return T::from_outcome(&first).ok_or_else(|| {
+                    Error::InvalidRequest(format!(
+                        "request id already used for {}, not {}",
+                        first.kind(),
+                        T::KIND
+                    ))
+                });
+            }
+        };
+        let result = op(self);
+        match &result {
+            Ok(out) => {
+                let (stats, dirty) = (&mut self.stats, &mut self.dirty);
+                self.idempotency.fill(ticket, out.to_outcome(), |old| {
+                    stats.idempotency_evicted_early += 1;
+                    dirty.mark(Dirty::Idempotency(old));
+                });
+            }
+            Err(_) => self.idempotency.cancel(ticket),
         }
-        Ok(Some(out.clone()))
-    }
-
-    fn remember(&mut self, now: Timestamp, request_id: Option<RequestId>, outcome: Outcome) {
-        let Some(id) = request_id else { return };
-        let (stats, dirty) = (&mut self.stats, &mut self.dirty);
-        self.idempotency.insert(now, id, outcome, |old| {
-            stats.idempotency_evicted_early += 1;
-            dirty.mark(Dirty::Idempotency(old));
-        });
+        // Either way the id's record changed (a new entry, or an expired one dropped).
         self.dirty.mark(Dirty::Idempotency(id));
+        result
     }
 
     /// Persist keys changed on the side of a call (evicted, rolled, compacted).

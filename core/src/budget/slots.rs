@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::api::{Outcome, SlotOutcome};
+use super::api::SlotOutcome;
 use super::persist::Dirty;
 use super::{RegionBudget, sync::KeyRef};
 use crate::algo::concurrency::{SlotDecision, SlotId};
@@ -98,9 +98,15 @@ impl RegionBudget {
         key: &KeyId,
         request_id: Option<RequestId>,
     ) -> Result<SlotOutcome> {
-        if let Some(Outcome::Slot(out)) = self.replay(now, request_id, "acquire_slot")? {
-            return Ok(out);
-        }
+        self.once(now, request_id, |b| b.acquire_slot_once(now, limit, key))
+    }
+
+    fn acquire_slot_once(
+        &mut self,
+        now: Timestamp,
+        limit: &LimitId,
+        key: &KeyId,
+    ) -> Result<SlotOutcome> {
         let lim = self
             .limits
             .get_mut(limit)
@@ -175,7 +181,6 @@ impl RegionBudget {
             self.dirty.mark(Dirty::Slot(slot));
         }
         self.key_changed(limit, key, false);
-        self.remember(now, request_id, Outcome::Slot(outcome.clone()));
         Ok(outcome)
     }
 
