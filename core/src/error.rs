@@ -7,6 +7,9 @@ pub enum Error {
     /// Every problem found in a set of configuration files, each naming file and place.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigErrors),
+    /// Daemon or state-machine settings that cannot work (each problem named).
+    #[error("invalid settings: {}", .0.join("; "))]
+    InvalidSettings(Vec<String>),
     #[error("unknown limit {0}")]
     UnknownLimit(LimitId),
     #[error("unknown lease {0:?}")]

@@ -28,6 +28,18 @@ pub struct GcraState {
 /// GCRA answers with the decision every algorithm shares.
 pub type GcraDecision = Decision;
 
+impl GcraState {
+    /// The state whose theoretical arrival time is `tat` (to restore persisted state).
+    pub fn from_tat(tat: Timestamp) -> Self {
+        GcraState { tat }
+    }
+
+    /// The theoretical arrival time, for persisting the state.
+    pub fn tat(&self) -> Timestamp {
+        self.tat
+    }
+}
+
 impl Gcra {
     /// `cap.units` per `cap.per` with a burst of `cap.burst` (at least 1).
     /// The emission interval rounds up, so rounding never admits more than the cap.

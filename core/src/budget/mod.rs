@@ -1,1 +1,382 @@
-//! The regional budget state machine (not yet written).
+//! The regional budget state machine: what an agent runs.
+//!
+//! [`RegionBudget`] holds a region's allowances and counters for every (limit, key, window),
+//! answers gateways (acquire, lease, renew, release, settle, concurrency slots) from them with
+//! no network hop, and exchanges counter entries, demand, grants and release requests with the
+//! coordinator. It is deterministic and does no IO, in the style of quinn-proto: time comes in
+//! as `now`, inputs go in through `handle_*` and the gateway calls, outputs come out of
+//! `poll_transmit` (the next SyncUp), `poll_timeout` (when to call `handle_timeout`) and
+//! `drain_dirty` (what the agent must write to disk before answering).
+//!
+//! Map:
+//! - [`config`]: [`BudgetConfig`] and the fixed bounds.
+//! - [`api`]: gateway requests and outcomes.
+//! - `admit`: the allowance in force, admission, escalation (shared by acquire and lease).
+//! - `key`: compact per-key state; `limits`: per-limit state, key map, eviction.
+//! - `lease`, `slots`: leases (reserve, renew, release, settle) and concurrency slots.
+//! - `idempotency`: request-id cache; `view`: contact with the coordinator, clock sample.
+//! - `sync`: producing SyncUps, applying SyncDowns; `timeout`: timers, expiry, sweeps.
+//! - [`persist`]: records for the agent's store, snapshot and restore.
+//! - [`stats`]: per-limit, per-window measurements for the bound.
+//!
+//! The rules themselves are written up in `docs/budget.md`.
+
+mod admit;
+pub mod api;
+pub mod config;
+mod idempotency;
+mod key;
+mod lease;
+mod limits;
+pub mod persist;
+mod slots;
+pub mod stats;
+mod sync;
+mod timeout;
+mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use api::{
+    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason,
+    ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+};
+pub use config::BudgetConfig;
+pub use persist::PersistRecord;
+pub use stats::{LimitStats, RegionStats, WindowStats};
+
+use admit::{Ctx, Want};
+use api::Remembered;
+use idempotency::IdempotencyCache;
+use idempotency::Reserved;
+use lease::LeaseTable;
+use limits::{LimitParams, LimitState};
+use persist::{Dirty, DirtySet};
+use slots::SlotTable;
+use sync::{KeyRef, SyncState};
+use view::View;
+
+use crate::error::{Error, Result};
+use crate::ids::{KeyId, LimitId, RegionId, RequestId};
+use crate::limit::LimitSpec;
+use crate::sync::ClockSample;
+use crate::time::{Timestamp, WindowIndex};
+
+/// One region's budget: allowances, counters, leases and slots for every limit it enforces.
+#[derive(Debug)]
+pub struct RegionBudget {
+    cfg: BudgetConfig,
+    limits: BTreeMap<LimitId, LimitState>,
+    leases: LeaseTable,
+    slots: SlotTable,
+    idempotency: IdempotencyCache,
+    view: View,
+    sync: SyncState,
+    dirty: DirtySet,
+    stats: RegionStats,
+    /// Version of the limits configuration in force, reported in every SyncUp.
+    config_version: u64,
+    /// The coordinator's configuration version, as of its last message.
+    coordinator_config_version: Option<u64>,
+    /// Latest `now` seen by `handle_timeout`, so past deadlines are not asked for again.
+    last_timeout: Timestamp,
+}
+
+/// A key's own counter entries, as the region holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterState {
+    pub window: WindowIndex,
+    pub granted_units: u64,
+    pub refunded_units: u64,
+}
+
+impl CounterState {
+    pub fn net_units(&self) -> u64 {
+        self.granted_units.saturating_sub(self.refunded_units)
+    }
+}
+
+impl RegionBudget {
+    pub fn new(cfg: BudgetConfig, limits: impl IntoIterator<Item = LimitSpec>) -> Result<Self> {
+        cfg.validate()?;
+        let limits = limits
+            .into_iter()
+            .map(|spec| {
+                let params = LimitParams::new(spec, &cfg);
+                (params.spec.id.clone(), LimitState::new(params))
+            })
+            .collect();
+        Ok(RegionBudget {
+            idempotency: IdempotencyCache::new(cfg.idempotency_capacity, cfg.idempotency_ttl),
+            view: View::new(cfg.view_ttl),
+            cfg,
+            limits,
+            leases: LeaseTable::default(),
+            slots: SlotTable::default(),
+            sync: SyncState::default(),
+            dirty: DirtySet::default(),
+            stats: RegionStats::default(),
+            config_version: 0,
+            coordinator_config_version: None,
+            last_timeout: Timestamp::ZERO,
+        })
+    }
+
+    /// Configuration reload. Limits that still exist keep their keys (unless their window
+    /// length changed: then the old counters count for different windows and are dropped);
+    /// removed limits lose their keys, leases and slots.
+    pub fn set_limits(&mut self, now: Timestamp, limits: impl IntoIterator<Item = LimitSpec>) {
+        self.account_open_time(now);
+        let mut old = std::mem::take(&mut self.limits);
+        for spec in limits {
+            let params = LimitParams::new(spec, &self.cfg);
+            let id = params.spec.id.clone();
+            let state = match old.remove(&id) {
+                Some(mut s) if s.params.quota.map(|q| q.1) == params.quota.map(|q| q.1) => {
+                    s.params = params;
+                    s
+                }
+                Some(_) => {
+                    self.forget_limit(&id);
+                    LimitState::new(params)
+                }
+                None => LimitState::new(params),
+            };
+            self.limits.insert(id, state);
+        }
+        for id in old.into_keys() {
+            self.forget_limit(&id);
+        }
+    }
+
+    /// The version of the limits configuration now in force (reported in SyncUps).
+    pub fn set_config_version(&mut self, version: u64) {
+        self.config_version = version;
+    }
+
+    /// The coordinator's configuration version, from its latest SyncDown.
+    pub fn coordinator_config_version(&self) -> Option<u64> {
+        self.coordinator_config_version
+    }
+
+    /// Decide one request of `cost_units`, and charge it if allowed.
+    pub fn acquire(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
+        self.once(now, req.request_id, |b| b.acquire_once(now, req))
+    }
+
+    fn acquire_once(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let lim = self
+            .limits
+            .get_mut(&req.limit)
+            .ok_or_else(|| Error::UnknownLimit(req.limit.clone()))?;
+        if let Some(d) = unmetered_decision(&lim.params, now) {
+            return Ok(d);
+        }
+        let mut touched = Vec::new();
+        let res = lim.with_key(
+            now,
+            &req.key,
+            self.cfg.max_keys_per_limit,
+            &mut touched,
+            |p, ks, stats| {
+                let adm = admit::admit(p, ks, stats, &ctx, now, Want::Exact(req.cost_units));
+                (decision_of(p, ks, &adm, now), adm.escalated)
+            },
+        );
+        self.mark_touched(&req.limit, touched);
+        let (decision, escalated) = res?;
+        self.key_changed(&req.limit, &req.key, escalated);
+        Ok(decision)
+    }
+
+    pub fn config(&self) -> &BudgetConfig {
+        &self.cfg
+    }
+
+    pub fn region(&self) -> &RegionId {
+        &self.cfg.region
+    }
+
+    /// Per-window measurements of one limit (settle overage, fail-open, time open, denials).
+    pub fn stats(&self, limit: &LimitId) -> Option<&LimitStats> {
+        self.limits.get(limit).map(|l| &l.stats)
+    }
+
+    pub fn region_stats(&self) -> RegionStats {
+        RegionStats {
+            dirty_overflows: self.dirty.overflows(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// The key's own counter entries (for the window it was last used in).
+    pub fn counter(&self, limit: &LimitId, key: &KeyId) -> Option<CounterState> {
+        let ks = self.limits.get(limit)?.keys.get(key.as_str())?;
+        Some(CounterState {
+            window: ks.window,
+            granted_units: ks.granted_units,
+            refunded_units: ks.refunded_units,
+        })
+    }
+
+    /// The allowance `a_r` the region enforces for the key at `now`.
+    pub fn allowance_units(&self, now: Timestamp, limit: &LimitId, key: &KeyId) -> Result<u64> {
+        let lim = self
+            .limits
+            .get(limit)
+            .ok_or_else(|| Error::UnknownLimit(limit.clone()))?;
+        let window = lim.params.window_index(now);
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let fresh = key::KeyState::new(window);
+        let ks = lim.keys.get(key.as_str()).unwrap_or(&fresh);
+        Ok(admit::allowance(&lim.params, ks, window.max(ks.window), &ctx).units)
+    }
+
+    /// Contact with the coordinator is older than `view_ttl`, or never happened.
+    pub fn is_view_expired(&self, now: Timestamp) -> bool {
+        self.view.is_expired(now)
+    }
+
+    /// Send time (own clock) of the latest SyncUp the coordinator answered.
+    pub fn last_contact(&self) -> Option<Timestamp> {
+        self.view.contact_at()
+    }
+
+    /// The clock sample of the last answered round trip.
+    pub fn clock_sample(&self) -> Option<ClockSample> {
+        self.view.clock()
+    }
+
+    pub fn key_count(&self, limit: &LimitId) -> usize {
+        self.limits.get(limit).map_or(0, |l| l.keys.len())
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Run a mutating call at most once per request id: a retry within the TTL gets the
+    /// first outcome back and changes nothing (an id used for another kind of call is an
+    /// error). A call that fails is not remembered.
+    fn once<T: Remembered>(
+        &mut self,
+        now: Timestamp,
+        request_id: Option<RequestId>,
+        op: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        let Some(id) = request_id else {
+            return op(self);
+        };
+        let ticket = match self.idempotency.reserve(now, id) {
+            Reserved::Ticket(t) => t,
+            Reserved::Replay(first) => {
+                return T::from_outcome(&first).ok_or_else(|| {
+                    Error::InvalidRequest(format!(
+                        "request id already used for {}, not {}",
+                        first.kind(),
+                        T::KIND
+                    ))
+                });
+            }
+        };
+        let result = op(self);
+        match &result {
+            Ok(out) => {
+                let (stats, dirty) = (&mut self.stats, &mut self.dirty);
+                self.idempotency.fill(ticket, out.to_outcome(), |old| {
+                    stats.idempotency_evicted_early += 1;
+                    dirty.mark(Dirty::Idempotency(old));
+                });
+            }
+            Err(_) => self.idempotency.cancel(ticket),
+        }
+        // Either way the id's record changed (a new entry, or an expired one dropped).
+        self.dirty.mark(Dirty::Idempotency(id));
+        result
+    }
+
+    /// Persist keys changed on the side of a call (evicted, rolled, compacted).
+    fn mark_touched(&mut self, limit: &LimitId, touched: Vec<Box<str>>) {
+        for name in touched {
+            self.dirty
+                .mark(Dirty::Key(limit.clone(), KeyId::new(name.as_ref())));
+        }
+    }
+
+    /// Bookkeeping after a key changed: persist it, and report it to the coordinator from
+    /// now on if it escalated.
+    fn key_changed(&mut self, limit: &LimitId, key: &KeyId, escalated: bool) {
+        self.dirty.mark(Dirty::Key(limit.clone(), key.clone()));
+        if escalated {
+            self.sync.report(KeyRef {
+                limit: limit.clone(),
+                key: key.clone(),
+            });
+        }
+    }
+
+    /// A limit's keys are gone (removed, or its window changed): end its leases and slots.
+    fn forget_limit(&mut self, id: &LimitId) {
+        self.dirty.mark(Dirty::Limit(id.clone()));
+        for lease in self.leases.remove_limit(id) {
+            self.dirty.mark(Dirty::Lease(lease));
+        }
+        for slot in self.slots.remove_limit(id) {
+            self.dirty.mark(Dirty::Slot(slot));
+        }
+    }
+}
+
+fn ctx_of<'a>(cfg: &'a BudgetConfig, view: &View, now: Timestamp) -> Ctx<'a> {
+    Ctx {
+        region: &cfg.region,
+        coordinated: cfg.coordinated,
+        view_expired: cfg.coordinated && view.is_expired(now),
+        sync_interval: cfg.sync_interval,
+    }
+}
+
+/// Disabled and unlimited limits admit everything and count nothing.
+fn unmetered_decision(p: &LimitParams, now: Timestamp) -> Option<Decision> {
+    if !p.is_unmetered() {
+        return None;
+    }
+    let window = p.window_index(now);
+    Some(Decision {
+        allowed: true,
+        remaining_units: p.quota_units(),
+        retry_after: None,
+        reset_after: p.quota.map_or(Duration::ZERO, |_| {
+            p.window_end(window).saturating_duration_since(now)
+        }),
+        limit_units: p.quota_units(),
+        shadow_denied: false,
+        reason: if p.spec.enabled {
+            Reason::Unlimited
+        } else {
+            Reason::Disabled
+        },
+    })
+}
+
+fn decision_of(
+    p: &LimitParams,
+    ks: &key::KeyState,
+    adm: &admit::Admission,
+    now: Timestamp,
+) -> Decision {
+    Decision {
+        allowed: adm.allowed,
+        remaining_units: adm.allowance.units.saturating_sub(ks.net_units()),
+        retry_after: if adm.allowed { None } else { adm.retry_after },
+        reset_after: p.window_end(ks.window).saturating_duration_since(now),
+        limit_units: p.quota_units(),
+        shadow_denied: adm.shadow_denied,
+        reason: adm.reason,
+    }
+}

@@ -1,0 +1,427 @@
+//! Admission: the allowance a key has now, what a request or lease may be granted against it,
+//! charging the counters, and escalation.
+//!
+//! One function decides both acquires (all or nothing) and leases (as much as is available,
+//! down to 1), so the two can never disagree about the allowance, the rate cap, the partition
+//! policy or shadow mode.
+
+use std::time::Duration;
+
+use super::api::Reason;
+use super::config::DEMAND_WARMUP_DIVISOR;
+use super::key::KeyState;
+use super::limits::LimitParams;
+use super::stats::{LimitStats, WindowStats};
+use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
+use crate::ids::RegionId;
+use crate::limit::PartitionPolicy;
+use crate::time::{Timestamp, WindowIndex, duration_nanos};
+
+/// The region-wide inputs of an admission.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctx<'a> {
+    pub region: &'a RegionId,
+    pub coordinated: bool,
+    /// Contact with the coordinator is older than `view_ttl` (or never happened).
+    pub view_expired: bool,
+    pub sync_interval: Duration,
+}
+
+/// The allowance `a_r` in force for a key, and where it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Allowance {
+    pub units: u64,
+    pub reason: Reason,
+    /// Open partition policy: beyond `units`, its rate cap may still admit (fail-open).
+    pub open: bool,
+}
+
+/// How much a request wants: an acquire is all or nothing, a lease takes what there is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    Exact(u64),
+    UpTo(u64),
+}
+
+/// The result of one admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Admission {
+    pub allowed: bool,
+    /// Units charged to the key (0 when refused).
+    pub units: u64,
+    pub shadow_denied: bool,
+    pub reason: Reason,
+    pub retry_after: Option<Duration>,
+    /// The allowance the request was judged against.
+    pub allowance: Allowance,
+    /// The key escalated because of this request.
+    pub escalated: bool,
+}
+
+/// `a_r` for `ks` in `window` (the key's own window, or a later one it has not rolled to).
+pub(crate) fn allowance(
+    p: &LimitParams,
+    ks: &KeyState,
+    window: WindowIndex,
+    ctx: &Ctx,
+) -> Allowance {
+    let quota = p.quota_units();
+    let default = Allowance {
+        units: p.default_units,
+        reason: Reason::Allowance,
+        open: false,
+    };
+    if !ctx.coordinated {
+        return Allowance {
+            units: quota,
+            ..default
+        };
+    }
+    if !p.is_eventual() {
+        // Strict: an explicit grant holds whatever happens to contact.
+        if let Some(units) = ks.explicit_allowance(window) {
+            return Allowance { units, ..default };
+        }
+    } else if !ctx.view_expired {
+        let hot = ks.hot.as_deref().filter(|_| ks.window == window);
+        return match hot.filter(|h| h.known_to_coordinator) {
+            Some(h) => {
+                let global = quota.saturating_sub(h.remote_net_units(ctx.region));
+                Allowance {
+                    units: global.max(p.default_units),
+                    reason: if global > p.default_units {
+                        Reason::GlobalView
+                    } else {
+                        Reason::Allowance
+                    },
+                    open: false,
+                }
+            }
+            // The coordinator has not yet answered for this counter: the default share only.
+            None => default,
+        };
+    }
+    if !ctx.view_expired {
+        return default;
+    }
+    match p.spec.partition_policy {
+        PartitionPolicy::Floor => default,
+        PartitionPolicy::Closed => Allowance {
+            units: if ks.window == window {
+                ks.net_units()
+            } else {
+                0
+            },
+            reason: Reason::PartitionClosed,
+            open: false,
+        },
+        PartitionPolicy::Open { .. } => Allowance {
+            open: true,
+            ..default
+        },
+    }
+}
+
+/// Decide `want` for the key at `now` and charge what is granted. The key must already be
+/// rolled to the window of `now`.
+pub(crate) fn admit(
+    p: &LimitParams,
+    ks: &mut KeyState,
+    stats: &mut LimitStats,
+    ctx: &Ctx,
+    now: Timestamp,
+    want: Want,
+) -> Admission {
+    let a = allowance(p, ks, ks.window, ctx);
+    let head = a.units.saturating_sub(ks.net_units());
+    let (plan, wanted) = match want {
+        Want::Exact(cost) => (plan_exact(p, ks, &a, head, now, cost), cost),
+        Want::UpTo(units) => (plan_up_to(p, ks, &a, head, now, units), units),
+    };
+    let window_stats = stats.window_mut(ks.window);
+    let mut out = Admission {
+        allowed: true,
+        units: plan.units,
+        shadow_denied: false,
+        reason: plan.reason,
+        retry_after: None,
+        allowance: a,
+        escalated: false,
+    };
+    match plan.refusal {
+        None => charge(ks, &a, &plan, window_stats),
+        Some((reason, retry_after)) if p.spec.shadow_mode => {
+            // Let it through and count it, so the counters stay true; record the excess.
+            let excess = wanted.saturating_sub(head);
+            ks.granted_units = ks.granted_units.saturating_add(wanted);
+            ks.hot_mut().excess_units += excess;
+            if let Some(s) = window_stats {
+                s.shadow_denials += 1;
+                s.shadow_excess_units += excess;
+            }
+            out = Admission {
+                units: wanted,
+                shadow_denied: true,
+                reason,
+                retry_after,
+                ..out
+            };
+        }
+        Some((reason, retry_after)) => {
+            ks.hot_mut().denied_units += wanted;
+            if let Some(s) = window_stats {
+                s.denials += 1;
+                s.denied_units += wanted;
+            }
+            out = Admission {
+                allowed: false,
+                units: 0,
+                reason,
+                retry_after,
+                ..out
+            };
+        }
+    }
+    let denied = !out.allowed;
+    out.escalated = escalate_if_needed(p, ks, &a, ctx, now, denied);
+    out
+}
+
+/// Charge an admitted plan: counters, fail-open excess, and the GCRA states it moved.
+fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut WindowStats>) {
+    let n_before = ks.net_units();
+    ks.granted_units = ks.granted_units.saturating_add(plan.units);
+    if plan.fail_open_units > 0 {
+        ks.hot_mut().excess_units += plan.fail_open_units;
+        if let Some(s) = stats {
+            s.fail_open_units += plan.fail_open_units;
+        }
+    }
+    if let Some(s) = plan.rate_state {
+        ks.hot_mut().rate = Some(s);
+    }
+    if let Some(s) = plan.open_state {
+        ks.hot_mut().open_rate = Some(s);
+    }
+    // Invariant 1: only the recorded fail-open part may exceed the allowance.
+    debug_assert!(ks.net_units() <= a.units.max(n_before) + plan.fail_open_units);
+}
+
+/// What the checks allow, before anything is charged (GCRA states are copies).
+struct Plan {
+    units: u64,
+    fail_open_units: u64,
+    reason: Reason,
+    refusal: Option<(Reason, Option<Duration>)>,
+    rate_state: Option<GcraState>,
+    open_state: Option<GcraState>,
+}
+
+impl Plan {
+    fn refused(reason: Reason, retry_after: Option<Duration>) -> Plan {
+        Plan {
+            units: 0,
+            fail_open_units: 0,
+            reason,
+            refusal: Some((reason, retry_after)),
+            rate_state: None,
+            open_state: None,
+        }
+    }
+}
+
+fn plan_exact(
+    p: &LimitParams,
+    ks: &KeyState,
+    a: &Allowance,
+    head: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Plan {
+    let mut plan = Plan {
+        units: cost,
+        fail_open_units: 0,
+        reason: a.reason,
+        refusal: None,
+        rate_state: None,
+        open_state: None,
+    };
+    if cost > head {
+        let beyond = cost - head;
+        match (a.open, p.open_rate) {
+            (true, Some(g)) => {
+                let mut s = open_state(ks);
+                if let GcraDecision::Denied { retry_after, .. } = g.check(&mut s, now, beyond) {
+                    return Plan::refused(Reason::PartitionOpen, retry_after);
+                }
+                plan.open_state = Some(s);
+                plan.fail_open_units = beyond;
+                plan.reason = Reason::PartitionOpen;
+            }
+            _ => return Plan::refused(a.reason, allowance_retry_after(p, ks, now, cost)),
+        }
+    }
+    if let Some(g) = p.rate {
+        let mut s = rate_state(ks);
+        if let GcraDecision::Denied { retry_after, .. } = g.check(&mut s, now, cost) {
+            return Plan::refused(Reason::RateCap, retry_after);
+        }
+        plan.rate_state = Some(s);
+    }
+    plan
+}
+
+fn plan_up_to(
+    p: &LimitParams,
+    ks: &KeyState,
+    a: &Allowance,
+    head: u64,
+    now: Timestamp,
+    wanted: u64,
+) -> Plan {
+    let mut cap = wanted;
+    if let Some(g) = p.rate {
+        cap = cap.min(g.remaining(&rate_state(ks), now));
+        if cap == 0 {
+            return Plan::refused(Reason::RateCap, peek_retry(&g, rate_state(ks), now));
+        }
+    }
+    let within = cap.min(head);
+    let mut beyond = 0;
+    if let (true, Some(g)) = (a.open, p.open_rate) {
+        beyond = (cap - within).min(g.remaining(&open_state(ks), now));
+        if within + beyond == 0 {
+            return Plan::refused(Reason::PartitionOpen, peek_retry(&g, open_state(ks), now));
+        }
+    }
+    let units = within + beyond;
+    if units == 0 {
+        return Plan::refused(a.reason, allowance_retry_after(p, ks, now, 1));
+    }
+    // Both checks pass by construction (units <= remaining); they move the states.
+    let charge = |g: Option<Gcra>, mut s: GcraState, c: u64| {
+        g.filter(|_| c > 0).map(|g| {
+            let d = g.check(&mut s, now, c);
+            debug_assert!(d.is_allowed());
+            s
+        })
+    };
+    Plan {
+        units,
+        fail_open_units: beyond,
+        reason: if beyond > 0 {
+            Reason::PartitionOpen
+        } else {
+            a.reason
+        },
+        refusal: None,
+        rate_state: charge(p.rate, rate_state(ks), units),
+        open_state: charge(p.open_rate, open_state(ks), beyond),
+    }
+}
+
+fn rate_state(ks: &KeyState) -> GcraState {
+    ks.hot.as_ref().and_then(|h| h.rate).unwrap_or_default()
+}
+
+fn open_state(ks: &KeyState) -> GcraState {
+    ks.hot
+        .as_ref()
+        .and_then(|h| h.open_rate)
+        .unwrap_or_default()
+}
+
+/// When a request of cost 1 would pass the GCRA, without charging it.
+fn peek_retry(g: &Gcra, mut s: GcraState, now: Timestamp) -> Option<Duration> {
+    match g.check(&mut s, now, 1) {
+        GcraDecision::Denied { retry_after, .. } => retry_after,
+        GcraDecision::Allowed { .. } => Some(Duration::ZERO),
+    }
+}
+
+/// Retry-after of an allowance refusal: the window's end, when the counters restart. (A
+/// coordinated region may be granted more sooner; the hint stays the one certain time.)
+/// `None` when the cost is above the whole quota, so no window can ever admit it.
+pub(crate) fn allowance_retry_after(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    cost: u64,
+) -> Option<Duration> {
+    if cost > p.quota_units() {
+        return None;
+    }
+    let reset = p.window_end(ks.window).saturating_duration_since(now);
+    Some(reset)
+}
+
+/// Escalate when refused, when an eventual counter passes its default share, or when the
+/// projected use by the window's end exceeds the allowance. Returns true on the transition.
+fn escalate_if_needed(
+    p: &LimitParams,
+    ks: &mut KeyState,
+    a: &Allowance,
+    ctx: &Ctx,
+    now: Timestamp,
+    denied: bool,
+) -> bool {
+    if !ctx.coordinated || p.is_unmetered() || ks.hot.as_ref().is_some_and(|h| h.escalated) {
+        return false;
+    }
+    let n = ks.net_units();
+    let hot_eventual = p.is_eventual() && n > p.default_units;
+    if denied || hot_eventual || projected_units(p, ks, now, ctx.sync_interval) > a.units {
+        ks.hot_mut().escalated = true;
+        return true;
+    }
+    false
+}
+
+/// Units requested so far in the key's window (net use plus refused units).
+fn requested_units(ks: &KeyState) -> u64 {
+    let denied = ks.hot.as_ref().map_or(0, |h| h.denied_units);
+    ks.net_units().saturating_add(denied)
+}
+
+/// Elapsed time the demand estimate divides by: time since the window began, but at least
+/// one sync interval and `window / DEMAND_WARMUP_DIVISOR`.
+fn demand_elapsed_nanos(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    sync_interval: Duration,
+) -> u64 {
+    let elapsed = duration_nanos(now.saturating_duration_since(p.window_start(ks.window)));
+    let warmup = duration_nanos(p.window_len()) / u64::from(DEMAND_WARMUP_DIVISOR);
+    elapsed
+        .max(warmup)
+        .max(duration_nanos(sync_interval))
+        .max(1)
+}
+
+/// Demand: units requested this window (refused ones included) per second of the window so
+/// far (see [`demand_elapsed_nanos`]).
+pub(crate) fn demand_units_per_sec(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    sync_interval: Duration,
+) -> u64 {
+    let elapsed = demand_elapsed_nanos(p, ks, now, sync_interval);
+    let rate = u128::from(requested_units(ks)) * 1_000_000_000 / u128::from(elapsed);
+    u64::try_from(rate).unwrap_or(u64::MAX)
+}
+
+/// `n_r + demand rate * time left in the window`.
+pub(crate) fn projected_units(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    sync_interval: Duration,
+) -> u64 {
+    let elapsed = demand_elapsed_nanos(p, ks, now, sync_interval);
+    let left = duration_nanos(p.window_end(ks.window).saturating_duration_since(now));
+    let more = u128::from(requested_units(ks)) * u128::from(left) / u128::from(elapsed);
+    ks.net_units()
+        .saturating_add(u64::try_from(more).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,192 @@
+//! The gateway-facing requests and outcomes of the budget machine.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::concurrency::SlotId;
+use crate::ids::{KeyId, LeaseId, LimitId, RequestId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// One request of a known cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireRequest {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub cost_units: u64,
+    pub request_id: Option<RequestId>,
+}
+
+/// Which check decided an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reason {
+    /// The region's allowance: a grant, the default share, or `L` for a single region.
+    Allowance,
+    /// Eventual mode: the region's view of the global sum against `L`.
+    GlobalView,
+    /// The limit's per-key rate cap (GCRA).
+    RateCap,
+    /// Closed partition policy: contact with the coordinator expired, nothing more admitted.
+    PartitionClosed,
+    /// Open partition policy: admitted (or refused) by its rate cap beyond the allowance.
+    PartitionOpen,
+    /// The limit's kill switch is off: everything admitted, nothing counted.
+    Disabled,
+    /// The limit has no quota: everything admitted, nothing counted.
+    Unlimited,
+    /// The key already holds `max_leases_per_key` leases.
+    TooManyLeases,
+}
+
+/// The answer to an acquire, and to a lease that could not be granted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// What the gateway does (in shadow mode, also when the limit would have denied).
+    pub allowed: bool,
+    /// Units the region can still grant this key in this window (after this request).
+    pub remaining_units: u64,
+    /// On a denial: when the rate cap would pass the same request, or when the window resets
+    /// for an allowance refusal; `None` when it never can pass (cost above the quota or burst).
+    pub retry_after: Option<Duration>,
+    /// Time until the window ends.
+    pub reset_after: Duration,
+    /// The global quota `L` (0 for an unlimited limit).
+    pub limit_units: u64,
+    /// Shadow mode: the limit would have denied this request.
+    pub shadow_denied: bool,
+    pub reason: Reason,
+}
+
+/// A lease of up to `units_wanted` units for `ttl` (capped by `lease_ttl_max` and the window).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub units_wanted: u64,
+    pub ttl: Duration,
+    pub request_id: Option<RequestId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseOutcome {
+    Granted(LeaseGrant),
+    /// Nothing granted; `allowed` is false.
+    Denied(Decision),
+    /// The limit counts nothing (disabled or unlimited): spend freely, no release needed.
+    Unmetered {
+        units: u64,
+        reason: Reason,
+    },
+}
+
+/// Units charged to the key at grant time; the unused part comes back on release or settle,
+/// and is spent if the lease expires.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    pub lease: LeaseId,
+    /// `min(units_wanted, available)`: shrinks near the limit, down to 1.
+    pub units: u64,
+    /// Never after the end of `window`: a lease's units belong to one window.
+    pub expires_at: Timestamp,
+    pub window: WindowIndex,
+    /// Units the region can still grant this key in this window, after this lease.
+    pub remaining_units: u64,
+    /// Shadow mode: the limit would have denied this lease (it got `units_wanted`).
+    pub shadow_denied: bool,
+    pub reason: Reason,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewOutcome {
+    pub lease: LeaseId,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseOutcome {
+    pub refunded_units: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleOutcome {
+    /// `reserved - actual` when the lease was not all used.
+    pub refunded_units: u64,
+    /// `actual - reserved` when it used more: charged even beyond the allowance, and recorded
+    /// as settle overage for the bound.
+    pub overage_units: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotOutcome {
+    Acquired {
+        slot: SlotId,
+        expires_at: Timestamp,
+        /// Shadow mode: every slot was taken; this one is not counted (releasing it is a no-op).
+        shadow_denied: bool,
+    },
+    Denied {
+        retry_after: Option<Duration>,
+        in_use: u32,
+        max_slots: u32,
+    },
+    /// The limit has no concurrency cap, or is disabled.
+    Unmetered,
+}
+
+/// What a mutating call answered, remembered under its request id so that a retry gets the
+/// same answer and charges nothing again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Acquire(Decision),
+    Lease(LeaseOutcome),
+    Renew(RenewOutcome),
+    Release(ReleaseOutcome),
+    Settle(SettleOutcome),
+    Slot(SlotOutcome),
+}
+
+impl Outcome {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Acquire(_) => "acquire",
+            Outcome::Lease(_) => "lease",
+            Outcome::Renew(_) => "renew",
+            Outcome::Release(_) => "release",
+            Outcome::Settle(_) => "settle",
+            Outcome::Slot(_) => "acquire_slot",
+        }
+    }
+}
+
+/// An outcome kind that the idempotency cache can hold and give back.
+pub(crate) trait Remembered: Sized {
+    const KIND: &'static str;
+    fn to_outcome(&self) -> Outcome;
+    fn from_outcome(o: &Outcome) -> Option<Self>;
+}
+
+macro_rules! remembered {
+    ($t:ty, $variant:ident, $kind:literal) => {
+        impl Remembered for $t {
+            const KIND: &'static str = $kind;
+
+            fn to_outcome(&self) -> Outcome {
+                Outcome::$variant(self.clone())
+            }
+
+            fn from_outcome(o: &Outcome) -> Option<Self> {
+                match o {
+                    Outcome::$variant(v) => Some(v.clone()),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+remembered!(Decision, Acquire, "acquire");
+remembered!(LeaseOutcome, Lease, "lease");
+remembered!(RenewOutcome, Renew, "renew");
+remembered!(ReleaseOutcome, Release, "release");
+remembered!(SettleOutcome, Settle, "settle");
+remembered!(SlotOutcome, Slot, "acquire_slot");

@@ -1,0 +1,311 @@
+//! Per-key state: one counter pair for the key's current window, and a boxed part for the
+//! rarely used rest.
+//!
+//! A limit may track a million keys, nearly all of them cold: used a little, never escalated,
+//! holding the default allowance. A cold key is 32 bytes ([`KeyState`]); leases, grants, the
+//! remote view, escalation and rate-cap state live in [`HotState`], allocated only for keys
+//! that need one and dropped again once they go quiet.
+
+use crdts::VClock;
+
+use super::config::MAX_FUTURE_WINDOWS;
+use crate::algo::concurrency::SlotSet;
+use crate::algo::gcra::GcraState;
+use crate::ids::{Epoch, LeaseId, RegionId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// The state of one key of one limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KeyState {
+    /// The window `granted_units` and `refunded_units` count for.
+    pub window: WindowIndex,
+    /// Own G-counter entry: units charged in `window` (acquires, leases, settle overage).
+    pub granted_units: u64,
+    /// Own G-counter entry: units given back in `window` (lease releases, settles).
+    pub refunded_units: u64,
+    pub hot: Option<Box<HotState>>,
+}
+
+/// An explicit allowance (a grant, or what a release left) for one window, with its epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WindowAllowance {
+    pub window: WindowIndex,
+    pub allowance_units: u64,
+    pub epoch: Epoch,
+}
+
+/// Final counter values of a window that ended before the coordinator acknowledged them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClosingEntry {
+    pub window: WindowIndex,
+    pub granted_units: u64,
+    pub refunded_units: u64,
+}
+
+/// The rarely used parts of a key. Everything here is for `KeyState::window` unless it says
+/// otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HotState {
+    /// Explicit allowance for the current window, and the last epoch applied to it (grants
+    /// and release requests share one epoch sequence per counter).
+    pub allowance: Option<u64>,
+    pub epoch: Epoch,
+    /// Pre-issued allowances for later windows, oldest first, at most [`MAX_FUTURE_WINDOWS`].
+    pub future: Vec<WindowAllowance>,
+    /// Outstanding leases of the current window (at most `max_leases_per_key`).
+    pub leases: Vec<LeaseId>,
+    /// Concurrency slots held (not per window).
+    pub slots: SlotSet,
+    /// Rate-cap GCRA state, only for rate-capped limits.
+    pub rate: Option<GcraState>,
+    /// GCRA state of the open partition policy's cap.
+    pub open_rate: Option<GcraState>,
+    /// Units refused this window: part of the demand estimate.
+    pub denied_units: u64,
+    /// Units above the allowance that policy let in this window (settle overage, fail-open,
+    /// shadow): invariant 1 allows exactly these.
+    pub excess_units: u64,
+    /// Demand exceeded the allowance, or a request was refused: report to the coordinator.
+    pub escalated: bool,
+    /// The coordinator named this counter (entries, grant, release): report it too.
+    pub mentioned: bool,
+    /// An answered SyncUp carried this counter, so the coordinator's answer includes every
+    /// other region's entries for it: eventual mode may trust the remote view.
+    pub known_to_coordinator: bool,
+    /// Other regions' G-counter entries, merged by max.
+    pub remote_granted: VClock<RegionId>,
+    pub remote_refunded: VClock<RegionId>,
+    /// Own entries as far as the coordinator has confirmed receiving them.
+    pub acked_granted_units: u64,
+    pub acked_refunded_units: u64,
+    pub closing: Option<ClosingEntry>,
+}
+
+impl KeyState {
+    pub fn new(window: WindowIndex) -> Self {
+        KeyState {
+            window,
+            ..KeyState::default()
+        }
+    }
+
+    /// Net use `n_r = granted - refunded`, outstanding leases included.
+    pub fn net_units(&self) -> u64 {
+        debug_assert!(self.refunded_units <= self.granted_units);
+        self.granted_units.saturating_sub(self.refunded_units)
+    }
+
+    pub fn hot_mut(&mut self) -> &mut HotState {
+        self.hot.get_or_insert_with(Box::default)
+    }
+
+    pub fn is_reported(&self) -> bool {
+        self.hot.as_ref().is_some_and(|h| h.is_reported())
+    }
+
+    /// The explicit allowance in force for `window` (the key's own window or a later one).
+    pub fn explicit_allowance(&self, window: WindowIndex) -> Option<u64> {
+        let hot = self.hot.as_ref()?;
+        if window == self.window {
+            return hot.allowance;
+        }
+        hot.future
+            .iter()
+            .find(|f| f.window == window)
+            .map(|f| f.allowance_units)
+    }
+
+    /// Move to `window` if it is later: counters restart at zero, a pre-issued allowance for
+    /// it takes effect, and unacknowledged final values of a reported counter are kept aside
+    /// for the next SyncUp. Time never moves a key back. Returns true if it moved.
+    pub fn roll(&mut self, window: WindowIndex) -> bool {
+        if window <= self.window {
+            return false;
+        }
+        let closing = ClosingEntry {
+            window: self.window,
+            granted_units: self.granted_units,
+            refunded_units: self.refunded_units,
+        };
+        self.window = window;
+        self.granted_units = 0;
+        self.refunded_units = 0;
+        if let Some(hot) = self.hot.as_mut() {
+            hot.roll(window, closing);
+        }
+        true
+    }
+
+    /// Idle: no use in its window, nothing outstanding, nothing the coordinator waits for.
+    /// Dropping an idle key loses nothing (a new one starts exactly the same).
+    pub fn is_idle(&self, now: Timestamp) -> bool {
+        self.granted_units == 0
+            && self.refunded_units == 0
+            && self.hot.as_ref().is_none_or(|h| h.is_idle(now))
+    }
+
+    /// Free the boxed part once nothing in it matters any more. Returns true if it did.
+    pub fn compact(&mut self, now: Timestamp) -> bool {
+        let idle = self.hot.as_ref().is_some_and(|h| h.is_idle(now));
+        if idle {
+            self.hot = None;
+        }
+        idle
+    }
+}
+
+impl HotState {
+    pub fn is_reported(&self) -> bool {
+        self.escalated || self.mentioned
+    }
+
+    fn roll(&mut self, window: WindowIndex, ended: ClosingEntry) {
+        let unacked = ended.granted_units != self.acked_granted_units
+            || ended.refunded_units != self.acked_refunded_units;
+        // A closing entry for an even older window is superseded: that window is long over.
+        self.closing = (self.is_reported() && unacked).then_some(ended);
+        let pre_issued = self.future.iter().find(|f| f.window == window).copied();
+        self.future.retain(|f| f.window > window);
+        self.allowance = pre_issued.map(|f| f.allowance_units);
+        self.epoch = pre_issued.map(|f| f.epoch).unwrap_or_default();
+        // Leases of the ended window expired with it; the lease table drops them on its own.
+        self.leases.clear();
+        self.denied_units = 0;
+        self.excess_units = 0;
+        self.escalated = false;
+        // A pre-issued grant means the coordinator follows this counter.
+        self.mentioned = pre_issued.is_some();
+        self.known_to_coordinator = false;
+        self.remote_granted = VClock::new();
+        self.remote_refunded = VClock::new();
+        self.acked_granted_units = 0;
+        self.acked_refunded_units = 0;
+    }
+
+    fn is_idle(&self, now: Timestamp) -> bool {
+        let pacing = |s: &Option<GcraState>| s.is_some_and(|s| s.tat() > now);
+        self.allowance.is_none()
+            && self.future.is_empty()
+            && self.leases.is_empty()
+            && self.slots.is_empty()
+            && !self.is_reported()
+            && self.closing.is_none()
+            && !pacing(&self.rate)
+            && !pacing(&self.open_rate)
+    }
+
+    /// Keep a pre-issued allowance for a later window. Returns false when it is stale (its
+    /// epoch is not newer) or too far ahead.
+    pub fn set_future(&mut self, key_window: WindowIndex, grant: WindowAllowance) -> bool {
+        if grant.window.0 > key_window.0.saturating_add(MAX_FUTURE_WINDOWS) {
+            return false;
+        }
+        match self.future.iter_mut().find(|f| f.window == grant.window) {
+            Some(f) if grant.epoch > f.epoch => *f = grant,
+            Some(_) => return false,
+            // Like the current window's, a later window's last epoch starts at 0.
+            None if grant.epoch == Epoch::default() => return false,
+            None => {
+                self.future.push(grant);
+                self.future.sort_by_key(|f| f.window);
+            }
+        }
+        debug_assert!(self.future.len() as u64 <= MAX_FUTURE_WINDOWS);
+        true
+    }
+
+    /// The epoch last applied to `window` (current or later).
+    pub fn epoch_for(&self, key_window: WindowIndex, window: WindowIndex) -> Epoch {
+        if window == key_window {
+            return self.epoch;
+        }
+        self.future
+            .iter()
+            .find(|f| f.window == window)
+            .map(|f| f.epoch)
+            .unwrap_or_default()
+    }
+
+    /// Other regions' net use, as last heard.
+    pub fn remote_net_units(&self, own: &RegionId) -> u64 {
+        self.remote_granted
+            .iter()
+            .filter(|d| d.actor != own)
+            .map(|d| d.counter.saturating_sub(self.remote_refunded.get(d.actor)))
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cold_key_is_32_bytes() {
+        // The idle-key memory target (128 bytes with map entry and key text) depends on it.
+        assert_eq!(std::mem::size_of::<KeyState>(), 32);
+    }
+
+    #[test]
+    fn rolling_restarts_counters_and_applies_the_pre_issued_grant() {
+        let mut k = KeyState::new(WindowIndex(5));
+        k.granted_units = 40;
+        k.refunded_units = 10;
+        let hot = k.hot_mut();
+        hot.escalated = true;
+        assert!(hot.set_future(
+            WindowIndex(5),
+            WindowAllowance {
+                window: WindowIndex(6),
+                allowance_units: 70,
+                epoch: Epoch(3),
+            }
+        ));
+        k.roll(WindowIndex(6));
+        assert_eq!((k.window, k.net_units()), (WindowIndex(6), 0));
+        assert_eq!(k.explicit_allowance(WindowIndex(6)), Some(70));
+        let hot = k.hot.as_ref().expect("hot state survives the roll");
+        assert_eq!(hot.epoch, Epoch(3));
+        assert!(!hot.escalated, "escalation is per window");
+        assert!(
+            hot.mentioned,
+            "a pre-issued grant keeps the counter reported"
+        );
+        // The ended window's values were never acknowledged: kept for the next SyncUp.
+        assert_eq!(
+            hot.closing,
+            Some(ClosingEntry {
+                window: WindowIndex(5),
+                granted_units: 40,
+                refunded_units: 10
+            })
+        );
+    }
+
+    #[test]
+    fn a_key_never_rolls_back() {
+        let mut k = KeyState::new(WindowIndex(5));
+        k.granted_units = 3;
+        k.roll(WindowIndex(4));
+        assert_eq!((k.window, k.granted_units), (WindowIndex(5), 3));
+    }
+
+    #[test]
+    fn grants_too_far_ahead_or_stale_are_refused() {
+        let mut h = HotState::default();
+        let at = |w, e| WindowAllowance {
+            window: WindowIndex(w),
+            allowance_units: 1,
+            epoch: Epoch(e),
+        };
+        assert!(!h.set_future(WindowIndex(10), at(13, 1)), "3 windows ahead");
+        assert!(h.set_future(WindowIndex(10), at(12, 2)));
+        assert!(
+            !h.set_future(WindowIndex(10), at(12, 2)),
+            "same epoch again"
+        );
+        assert!(h.set_future(WindowIndex(10), at(11, 1)));
+        assert_eq!(h.future.len(), 2);
+        assert_eq!(h.future[0].window, WindowIndex(11), "kept in window order");
+    }
+}

@@ -1,0 +1,427 @@
+//! Leases: units of one key granted to a gateway for a TTL, spent locally with no network hop.
+//!
+//! A lease is charged to the key's `granted` entry when it is granted, exactly once (retries
+//! with the same request id replay the grant). Release and settle end it and refund the
+//! unused part into `refunded` (or, for settle, charge what was used beyond the reservation);
+//! expiry ends it with nothing refunded: units a gateway might have spent count as spent.
+//! A lease never outlives its window, because its units belong to that window's counter.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use super::admit::{self, Ctx, Want};
+use super::api::{
+    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Reason, ReleaseOutcome, RenewOutcome,
+    SettleOutcome,
+};
+use super::key::KeyState;
+use super::limits::LimitParams;
+use super::persist::Dirty;
+use super::stats::LimitStats;
+use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
+use crate::error::{Error, Result};
+use crate::ids::{KeyId, LeaseId, LimitId, RequestId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// One outstanding lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+    /// Units charged at grant time.
+    pub units: u64,
+    pub expires_at: Timestamp,
+}
+
+/// Every outstanding lease of the region, with an expiry index.
+///
+/// The index is a min-heap cleaned lazily: ending or renewing a lease leaves its old entry
+/// behind, skipped when it surfaces (it no longer matches the lease). Pushing is all a grant
+/// pays; the heap is rebuilt whenever stale entries outnumber live ones, which bounds it to
+/// twice the outstanding leases.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LeaseTable {
+    by_id: BTreeMap<LeaseId, Lease>,
+    expiry: BinaryHeap<Reverse<(Timestamp, LeaseId)>>,
+    /// Next id to hand out; ids are never reused for the life of the region's state.
+    pub next_id: u64,
+}
+
+/// Stale heap entries tolerated beyond the live ones before a rebuild.
+const EXPIRY_HEAP_SLACK: usize = 1_024;
+
+impl LeaseTable {
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn get(&self, id: LeaseId) -> Option<&Lease> {
+        self.by_id.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&LeaseId, &Lease)> {
+        self.by_id.iter()
+    }
+
+    pub fn peek_id(&self) -> LeaseId {
+        LeaseId(self.next_id.max(1))
+    }
+
+    pub fn insert(&mut self, id: LeaseId, lease: Lease) {
+        self.next_id = self.next_id.max(id.0.saturating_add(1));
+        self.expiry.push(Reverse((lease.expires_at, id)));
+        self.by_id.insert(id, lease);
+        self.compact();
+    }
+
+    pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
+        self.by_id.remove(&id)
+    }
+
+    pub fn set_expiry(&mut self, id: LeaseId, at: Timestamp) {
+        if let Some(lease) = self.by_id.get_mut(&id) {
+            lease.expires_at = at;
+            self.expiry.push(Reverse((at, id)));
+            self.compact();
+        }
+    }
+
+    /// The earliest expiry of a live lease (stale entries are dropped on the way).
+    pub fn next_expiry(&mut self) -> Option<Timestamp> {
+        while let Some(Reverse((at, id))) = self.expiry.peek().copied() {
+            if self.is_current(at, id) {
+                return Some(at);
+            }
+            self.expiry.pop();
+        }
+        None
+    }
+
+    /// The earliest expiry, without cleaning (it may be a stale entry's, so a little early).
+    pub fn next_expiry_hint(&self) -> Option<Timestamp> {
+        self.expiry.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Ids of leases whose time is up at `now`.
+    pub fn due(&mut self, now: Timestamp) -> Vec<LeaseId> {
+        let mut due = Vec::new();
+        while let Some(Reverse((at, id))) = self.expiry.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.expiry.pop();
+            if self.is_current(at, id) {
+                due.push(id);
+            }
+        }
+        due
+    }
+
+    /// Drop every lease of a limit; returns their ids.
+    pub fn remove_limit(&mut self, limit: &LimitId) -> Vec<LeaseId> {
+        let ids: Vec<LeaseId> = self
+            .by_id
+            .iter()
+            .filter(|(_, l)| &l.limit == limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.remove(*id);
+        }
+        ids
+    }
+
+    pub fn clear(&mut self) {
+        self.by_id.clear();
+        self.expiry.clear();
+    }
+
+    fn is_current(&self, at: Timestamp, id: LeaseId) -> bool {
+        self.by_id.get(&id).is_some_and(|l| l.expires_at == at)
+    }
+
+    fn compact(&mut self) {
+        if self.expiry.len() > 2 * self.by_id.len() + EXPIRY_HEAP_SLACK {
+            let by_id = &self.by_id;
+            self.expiry
+                .retain(|Reverse((at, id))| by_id.get(id).is_some_and(|l| l.expires_at == *at));
+        }
+        debug_assert!(self.expiry.len() <= 2 * self.by_id.len() + EXPIRY_HEAP_SLACK + 1);
+    }
+}
+
+impl RegionBudget {
+    /// Grant `min(units_wanted, available)` units (at least 1) for `min(ttl, lease_ttl_max)`,
+    /// never past the end of the window.
+    pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
+        self.once(now, req.request_id, |b| b.lease_once(now, req))
+    }
+
+    fn lease_once(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
+        if req.units_wanted == 0 || req.ttl.is_zero() {
+            return Err(Error::InvalidRequest(
+                "a lease needs at least one unit and a positive TTL".into(),
+            ));
+        }
+        let id = self.leases.peek_id();
+        let terms = LeaseTerms {
+            ctx: ctx_of(&self.cfg, &self.view, now),
+            now,
+            id,
+            ttl: req.ttl.min(self.cfg.lease_ttl_max),
+            max_leases: self.cfg.max_leases_per_key,
+        };
+        let lim = self
+            .limits
+            .get_mut(&req.limit)
+            .ok_or_else(|| Error::UnknownLimit(req.limit.clone()))?;
+        if let Some(d) = unmetered_decision(&lim.params, now) {
+            return Ok(LeaseOutcome::Unmetered {
+                units: req.units_wanted,
+                reason: d.reason,
+            });
+        }
+        let mut touched = Vec::new();
+        let max_keys = self.cfg.max_keys_per_limit;
+        let res = lim.with_key(now, &req.key, max_keys, &mut touched, |p, ks, stats| {
+            lease_in_key(p, ks, stats, &terms, &req)
+        });
+        self.mark_touched(&req.limit, touched);
+        let (outcome, lease, escalated) = res?;
+        if let Some(lease) = lease {
+            self.leases.insert(id, lease);
+            self.dirty.mark(Dirty::Lease(id));
+            self.dirty.mark(Dirty::Meta);
+        }
+        self.key_changed(&req.limit, &req.key, escalated);
+        Ok(outcome)
+    }
+
+    /// Extend a live lease to `now + min(ttl, lease_ttl_max)`, never past its window's end
+    /// and never shorter than it already was.
+    pub fn renew(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        ttl: Duration,
+        request_id: Option<RequestId>,
+    ) -> Result<RenewOutcome> {
+        self.once(now, request_id, |b| b.renew_once(now, lease, ttl))
+    }
+
+    fn renew_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> Result<RenewOutcome> {
+        let l = self.live_lease(now, lease)?;
+        let window_end = self
+            .limits
+            .get(&l.limit)
+            .map_or(l.expires_at, |lim| lim.params.window_end(l.window));
+        let wanted = (now + ttl.min(self.cfg.lease_ttl_max)).min(window_end);
+        let expires_at = wanted.max(l.expires_at);
+        self.leases.set_expiry(lease, expires_at);
+        self.dirty.mark(Dirty::Lease(lease));
+        Ok(RenewOutcome { lease, expires_at })
+    }
+
+    /// End a lease and refund its `unused_units`.
+    pub fn release(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        unused_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<ReleaseOutcome> {
+        self.once(now, request_id, |b| {
+            b.release_once(now, lease, unused_units)
+        })
+    }
+
+    fn release_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        unused_units: u64,
+    ) -> Result<ReleaseOutcome> {
+        let l = self.live_lease(now, lease)?;
+        if unused_units > l.units {
+            return Err(Error::InvalidRequest(format!(
+                "lease {lease:?} holds {} units, cannot give back {unused_units}",
+                l.units
+            )));
+        }
+        self.end_lease(now, lease, Settlement::Refund(unused_units));
+        Ok(ReleaseOutcome {
+            refunded_units: unused_units,
+        })
+    }
+
+    /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`
+    /// even beyond the allowance (recorded as settle overage for the bound).
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        actual_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<SettleOutcome> {
+        self.once(now, request_id, |b| b.settle_once(now, lease, actual_units))
+    }
+
+    fn settle_once(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        actual_units: u64,
+    ) -> Result<SettleOutcome> {
+        let reserved = self.live_lease(now, lease)?.units;
+        let out = SettleOutcome {
+            refunded_units: reserved.saturating_sub(actual_units),
+            overage_units: actual_units.saturating_sub(reserved),
+        };
+        let settlement = if out.overage_units > 0 {
+            Settlement::Overage(out.overage_units)
+        } else {
+            Settlement::Refund(out.refunded_units)
+        };
+        self.end_lease(now, lease, settlement);
+        Ok(out)
+    }
+
+    /// The lease, if it is still live at `now`; a lease past its time is expired on the spot.
+    fn live_lease(&mut self, now: Timestamp, id: LeaseId) -> Result<Lease> {
+        match self.leases.get(id) {
+            Some(l) if l.expires_at > now => Ok(l.clone()),
+            Some(_) => {
+                self.end_lease(now, id, Settlement::Expired);
+                Err(Error::UnknownLease(id))
+            }
+            None => Err(Error::UnknownLease(id)),
+        }
+    }
+
+    /// Remove a lease and apply its settlement to its key.
+    pub(crate) fn end_lease(&mut self, now: Timestamp, id: LeaseId, how: Settlement) {
+        let Some(lease) = self.leases.remove(id) else {
+            return;
+        };
+        self.dirty.mark(Dirty::Lease(id));
+        let Some(lim) = self.limits.get_mut(&lease.limit) else {
+            return;
+        };
+        let window_stats = lim.stats.window_mut(lease.window);
+        let Some(ks) = lim.keys.get_mut(lease.key.as_str()) else {
+            return;
+        };
+        if ks.window != lease.window {
+            // The key moved on: the lease's window is over and its units stay spent.
+            return;
+        }
+        if let Some(hot) = ks.hot.as_mut() {
+            hot.leases.retain(|l| *l != id);
+        }
+        match how {
+            Settlement::Expired => {}
+            Settlement::Refund(units) => {
+                debug_assert!(units <= lease.units);
+                ks.refunded_units = ks.refunded_units.saturating_add(units);
+                let state = ks.hot.as_mut().and_then(|h| h.rate.as_mut());
+                if let (Some(g), Some(s)) = (lim.params.rate, state) {
+                    g.refund(s, now, units);
+                }
+            }
+            Settlement::Overage(units) => {
+                ks.granted_units = ks.granted_units.saturating_add(units);
+                ks.hot_mut().excess_units += units;
+                if let Some(s) = window_stats {
+                    s.settle_overage_units += units;
+                }
+            }
+        }
+        debug_assert!(ks.refunded_units <= ks.granted_units);
+        self.dirty.mark(Dirty::Key(lease.limit, lease.key));
+    }
+}
+
+/// What a lease grant needs besides the key: the call's context and the new lease's terms.
+struct LeaseTerms<'a> {
+    ctx: Ctx<'a>,
+    now: Timestamp,
+    id: LeaseId,
+    ttl: Duration,
+    max_leases: usize,
+}
+
+/// Decide a lease on one key: the outcome, the lease to record if granted, and whether the key
+/// escalated.
+fn lease_in_key(
+    p: &LimitParams,
+    ks: &mut KeyState,
+    stats: &mut LimitStats,
+    t: &LeaseTerms,
+    req: &LeaseRequest,
+) -> (LeaseOutcome, Option<Lease>, bool) {
+    let now = t.now;
+    if ks
+        .hot
+        .as_ref()
+        .is_some_and(|h| h.leases.len() >= t.max_leases)
+    {
+        if let Some(s) = stats.window_mut(ks.window) {
+            s.denials += 1;
+            s.denied_units += req.units_wanted;
+        }
+        let d = Decision {
+            allowed: false,
+            remaining_units: 0,
+            retry_after: None,
+            reset_after: p.window_end(ks.window).saturating_duration_since(now),
+            limit_units: p.quota_units(),
+            shadow_denied: false,
+            reason: Reason::TooManyLeases,
+        };
+        return (LeaseOutcome::Denied(d), None, false);
+    }
+    let adm = admit::admit(p, ks, stats, &t.ctx, now, Want::UpTo(req.units_wanted));
+    if !adm.allowed {
+        let d = decision_of(p, ks, &adm, now);
+        return (LeaseOutcome::Denied(d), None, adm.escalated);
+    }
+    let expires_at = (now + t.ttl).min(p.window_end(ks.window));
+    let leases = &mut ks.hot_mut().leases;
+    leases.push(t.id);
+    debug_assert!(leases.len() <= t.max_leases);
+    let grant = LeaseGrant {
+        lease: t.id,
+        units: adm.units,
+        expires_at,
+        window: ks.window,
+        remaining_units: adm.allowance.units.saturating_sub(ks.net_units()),
+        shadow_denied: adm.shadow_denied,
+        reason: adm.reason,
+    };
+    let lease = Lease {
+        limit: req.limit.clone(),
+        key: req.key.clone(),
+        window: ks.window,
+        units: adm.units,
+        expires_at,
+    };
+    (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
+}
+
+/// How a lease ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settlement {
+    /// Its time ran out: nothing comes back.
+    Expired,
+    /// Unused units come back.
+    Refund(u64),
+    /// It used more than reserved: charge the difference.
+    Overage(u64),
+}

@@ -1,0 +1,556 @@
+//! Persistence hooks: what the agent writes to its store before answering, and how a region
+//! comes back from it.
+//!
+//! Every mutation marks what it touched; `drain_dirty` turns the marks into records holding
+//! the current state of each touched item (or a tombstone when it is gone). Applying drained
+//! batches in order, or a `snapshot`, through `restore` rebuilds the same durable state.
+//! Soft state is not persisted: the remote view and escalation come back with the next sync,
+//! and statistics restart.
+//!
+//! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
+//! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
+//! request id; `Idempotency`/`IdempotencyExpired` by request id. `Reset` clears everything but
+//! `Meta`; `LimitRemoved` clears a limit's keys, leases and slots.
+
+use std::mem;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::MAX_DIRTY_ITEMS;
+use super::idempotency::IdempotencyEntry;
+use super::key::{KeyState, WindowAllowance};
+use super::lease::Lease;
+use super::limits::LimitState;
+use super::slots::SlotHome;
+use super::sync::{AckEntry, KeyRef};
+use super::{BudgetConfig, Outcome, RegionBudget};
+use crate::algo::concurrency::{HeldSlot, SlotId};
+use crate::algo::gcra::GcraState;
+use crate::error::Result;
+use crate::ids::{Epoch, KeyId, LeaseId, LimitId, RequestId};
+use crate::limit::LimitSpec;
+use crate::sync::ReleaseAck;
+use crate::time::{Timestamp, WindowIndex};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PersistRecord {
+    /// Forget every key, lease, slot, ack and idempotency entry (a full snapshot follows).
+    Reset,
+    Meta(MetaRecord),
+    LimitRemoved {
+        limit: LimitId,
+    },
+    Key(KeyRecord),
+    KeyEvicted {
+        limit: LimitId,
+        key: KeyId,
+    },
+    Lease(LeaseRecord),
+    LeaseEnded {
+        lease: LeaseId,
+    },
+    Slot(SlotRecord),
+    SlotEnded {
+        slot: SlotId,
+    },
+    ReleaseAck(AckRecord),
+    ReleaseForgotten {
+        id: u64,
+    },
+    Idempotency(IdempotencyRecord),
+    IdempotencyExpired {
+        request: RequestId,
+    },
+}
+
+/// Counters of the region's own state that must never go back after a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRecord {
+    pub next_lease_id: u64,
+    pub next_slot_id: u64,
+    pub next_seq: u64,
+}
+
+/// One key: its own counter entries (invariant 6), its explicit allowances (a restarted
+/// region must not fall back to a default above what it was left with) and rate state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+    pub granted_units: u64,
+    pub refunded_units: u64,
+    /// For `window` and pre-issued later windows.
+    pub allowances: Vec<AllowanceRecord>,
+    pub rate_tat: Option<Timestamp>,
+    pub open_rate_tat: Option<Timestamp>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowanceRecord {
+    pub window: WindowIndex,
+    pub allowance_units: u64,
+    pub epoch: Epoch,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub lease: LeaseId,
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+    pub units: u64,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRecord {
+    pub slot: SlotId,
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckRecord {
+    pub ack: ReleaseAck,
+    /// Not yet confirmed received by the coordinator: still to be sent.
+    pub pending: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyRecord {
+    pub request: RequestId,
+    pub expires_at: Timestamp,
+    pub outcome: Outcome,
+}
+
+/// Something changed since the last drain.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Dirty {
+    Meta,
+    Limit(LimitId),
+    Key(LimitId, KeyId),
+    Lease(LeaseId),
+    Slot(SlotId),
+    Ack(u64),
+    Idempotency(RequestId),
+}
+
+/// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
+/// by [`MAX_DIRTY_ITEMS`]: past it, marks are dropped and the next drain is a full snapshot.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DirtySet {
+    meta: bool,
+    limits: Vec<LimitId>,
+    keys: Vec<(LimitId, KeyId)>,
+    leases: Vec<LeaseId>,
+    slots: Vec<SlotId>,
+    acks: Vec<u64>,
+    idempotency: Vec<RequestId>,
+    /// Marks held, duplicates included.
+    len: usize,
+    overflowed: bool,
+    overflows: u64,
+}
+
+impl DirtySet {
+    pub fn mark(&mut self, item: Dirty) {
+        if self.overflowed {
+            return;
+        }
+        match item {
+            Dirty::Meta => self.meta = true,
+            Dirty::Limit(l) => self.limits.push(l),
+            Dirty::Key(l, k) => self.keys.push((l, k)),
+            Dirty::Lease(id) => self.leases.push(id),
+            Dirty::Slot(id) => self.slots.push(id),
+            Dirty::Ack(id) => self.acks.push(id),
+            Dirty::Idempotency(id) => self.idempotency.push(id),
+        }
+        self.len += 1;
+        if self.len > MAX_DIRTY_ITEMS {
+            self.clear();
+            self.overflowed = true;
+            self.overflows += 1;
+        }
+    }
+
+    pub fn overflows(&self) -> u64 {
+        self.overflows
+    }
+
+    fn clear(&mut self) {
+        *self = DirtySet {
+            overflows: self.overflows,
+            ..DirtySet::default()
+        };
+    }
+
+    /// Every distinct mark, in record order: a removal always precedes what was created
+    /// after it (limits before keys), and each kind is sorted.
+    fn take(&mut self) -> Vec<Dirty> {
+        let mut taken = mem::take(self);
+        self.overflows = taken.overflows;
+        let mut out = Vec::with_capacity(taken.len + 1);
+        if taken.meta {
+            out.push(Dirty::Meta);
+        }
+        fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
+            v.sort_unstable();
+            v.dedup();
+            v.drain(..)
+        }
+        out.extend(sorted(&mut taken.limits).map(Dirty::Limit));
+        out.extend(sorted(&mut taken.keys).map(|(l, k)| Dirty::Key(l, k)));
+        out.extend(sorted(&mut taken.leases).map(Dirty::Lease));
+        out.extend(sorted(&mut taken.slots).map(Dirty::Slot));
+        out.extend(sorted(&mut taken.acks).map(Dirty::Ack));
+        out.extend(sorted(&mut taken.idempotency).map(Dirty::Idempotency));
+        out
+    }
+}
+
+impl RegionBudget {
+    /// Records for everything changed since the last drain. The agent writes them (in
+    /// order) before it answers the call that caused them, and before sending a SyncUp.
+    pub fn drain_dirty(&mut self) -> Vec<PersistRecord> {
+        if mem::take(&mut self.dirty.overflowed) {
+            self.dirty.clear();
+            return self.snapshot();
+        }
+        let mut records: Vec<PersistRecord> = self
+            .dirty
+            .take()
+            .into_iter()
+            .map(|d| self.record_of(d))
+            .collect();
+        // Idempotency entries go out in expiry order, so a restore keeps its ring in order.
+        records.sort_by_key(idempotency_order);
+        records
+    }
+
+    /// The whole durable state, behind a `Reset`.
+    pub fn snapshot(&self) -> Vec<PersistRecord> {
+        let mut out = vec![PersistRecord::Reset, PersistRecord::Meta(self.meta())];
+        for lim in self.limits.values() {
+            for (name, ks) in &lim.keys {
+                out.push(PersistRecord::Key(key_record(lim, name, ks)));
+            }
+        }
+        for (id, lease) in self.leases.iter() {
+            out.push(PersistRecord::Lease(lease_record(*id, lease)));
+        }
+        for (id, home) in self.slots.iter() {
+            out.push(PersistRecord::Slot(slot_record(*id, home)));
+        }
+        for e in self.sync.acks.iter() {
+            out.push(PersistRecord::ReleaseAck(ack_record(e)));
+        }
+        for (id, e) in self.idempotency.iter() {
+            out.push(PersistRecord::Idempotency(idempotency_record(id, e)));
+        }
+        out.sort_by_key(idempotency_order);
+        out
+    }
+
+    /// A region rebuilt from persisted records (drained batches in order, snapshots, or
+    /// both). Records of limits no longer configured are skipped. Own counters the
+    /// coordinator resends are merged by max on top (`handle_sync_down`), so a restarted
+    /// region never sees less than it admitted.
+    pub fn restore(
+        cfg: BudgetConfig,
+        limits: impl IntoIterator<Item = LimitSpec>,
+        records: impl IntoIterator<Item = PersistRecord>,
+    ) -> Result<Self> {
+        let mut b = RegionBudget::new(cfg, limits)?;
+        for r in records {
+            b.apply_record(r);
+        }
+        b.rebuild_indexes();
+        // Restoring is not a change: nothing needs writing back.
+        b.dirty = DirtySet::default();
+        Ok(b)
+    }
+
+    fn meta(&self) -> MetaRecord {
+        MetaRecord {
+            next_lease_id: self.leases.next_id,
+            next_slot_id: self.slots.next_id,
+            next_seq: self.sync.next_seq,
+        }
+    }
+
+    fn record_of(&self, d: Dirty) -> PersistRecord {
+        match d {
+            Dirty::Meta => PersistRecord::Meta(self.meta()),
+            Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
+            Dirty::Key(limit, key) => {
+                let found = self
+                    .limits
+                    .get(&limit)
+                    .and_then(|l| l.keys.get_key_value(key.as_str()).map(|kv| (l, kv)));
+                match found {
+                    Some((lim, (name, ks))) => PersistRecord::Key(key_record(lim, name, ks)),
+                    None => PersistRecord::KeyEvicted { limit, key },
+                }
+            }
+            Dirty::Lease(id) => match self.leases.get(id) {
+                Some(l) => PersistRecord::Lease(lease_record(id, l)),
+                None => PersistRecord::LeaseEnded { lease: id },
+            },
+            Dirty::Slot(id) => match self.slots.get(id) {
+                Some(h) => PersistRecord::Slot(slot_record(id, h)),
+                None => PersistRecord::SlotEnded { slot: id },
+            },
+            Dirty::Ack(id) => match self.sync.acks.get(id) {
+                Some(e) => PersistRecord::ReleaseAck(ack_record(e)),
+                None => PersistRecord::ReleaseForgotten { id },
+            },
+            Dirty::Idempotency(id) => match self.idempotency.entry(id) {
+                Some(e) => PersistRecord::Idempotency(idempotency_record(id, e)),
+                None => PersistRecord::IdempotencyExpired { request: id },
+            },
+        }
+    }
+
+    fn apply_record(&mut self, r: PersistRecord) {
+        match r {
+            PersistRecord::Reset => {
+                for lim in self.limits.values_mut() {
+                    lim.keys.clear();
+                }
+                self.leases.clear();
+                self.slots.clear();
+                self.sync.acks.clear();
+                self.idempotency.clear();
+            }
+            PersistRecord::Meta(m) => {
+                self.leases.next_id = self.leases.next_id.max(m.next_lease_id);
+                self.slots.next_id = self.slots.next_id.max(m.next_slot_id);
+                self.sync.next_seq = self.sync.next_seq.max(m.next_seq);
+            }
+            PersistRecord::LimitRemoved { limit } => {
+                if let Some(lim) = self.limits.get_mut(&limit) {
+                    lim.keys.clear();
+                }
+                self.leases.remove_limit(&limit);
+                self.slots.remove_limit(&limit);
+            }
+            PersistRecord::Key(rec) => self.restore_key(rec),
+            PersistRecord::KeyEvicted { limit, key } => {
+                if let Some(lim) = self.limits.get_mut(&limit) {
+                    lim.keys.remove(key.as_str());
+                }
+            }
+            PersistRecord::Lease(l) => {
+                let lease = Lease {
+                    limit: l.limit,
+                    key: l.key,
+                    window: l.window,
+                    units: l.units,
+                    expires_at: l.expires_at,
+                };
+                self.leases.insert(l.lease, lease);
+            }
+            PersistRecord::LeaseEnded { lease } => {
+                self.leases.remove(lease);
+            }
+            PersistRecord::Slot(s) => {
+                let home = SlotHome {
+                    limit: s.limit,
+                    key: s.key,
+                    expires_at: s.expires_at,
+                };
+                self.slots.insert(s.slot, home);
+            }
+            PersistRecord::SlotEnded { slot } => {
+                self.slots.remove(slot);
+            }
+            PersistRecord::ReleaseAck(a) => {
+                self.sync.acks.insert(AckEntry {
+                    ack: a.ack,
+                    pending: a.pending,
+                });
+            }
+            PersistRecord::ReleaseForgotten { id } => self.sync.acks.remove(id),
+            PersistRecord::Idempotency(i) => {
+                let entry = IdempotencyEntry {
+                    expires_at: i.expires_at,
+                    outcome: i.outcome,
+                };
+                self.idempotency.restore(i.request, entry);
+            }
+            PersistRecord::IdempotencyExpired { request } => self.idempotency.remove(request),
+        }
+    }
+
+    /// A key record replaces an older window's state and merges into the same window's by
+    /// max (entries are monotone); allowances apply by epoch.
+    fn restore_key(&mut self, rec: KeyRecord) {
+        let Some(lim) = self.limits.get_mut(&rec.limit) else {
+            return;
+        };
+        let ks = lim
+            .keys
+            .entry(rec.key.as_str().into())
+            .or_insert_with(|| KeyState::new(rec.window));
+        if rec.window > ks.window {
+            *ks = KeyState::new(rec.window);
+        }
+        if rec.window < ks.window {
+            return;
+        }
+        ks.granted_units = ks.granted_units.max(rec.granted_units);
+        ks.refunded_units = ks.refunded_units.max(rec.refunded_units);
+        let window = ks.window;
+        for a in rec.allowances {
+            let hot = ks.hot_mut();
+            if a.window == window {
+                if a.epoch >= hot.epoch {
+                    hot.allowance = Some(a.allowance_units);
+                    hot.epoch = a.epoch;
+                }
+            } else {
+                hot.set_future(
+                    window,
+                    WindowAllowance {
+                        window: a.window,
+                        allowance_units: a.allowance_units,
+                        epoch: a.epoch,
+                    },
+                );
+            }
+        }
+        if let Some(t) = rec.rate_tat {
+            ks.hot_mut().rate = Some(GcraState::from_tat(t));
+        }
+        if let Some(t) = rec.open_rate_tat {
+            ks.hot_mut().open_rate = Some(GcraState::from_tat(t));
+        }
+    }
+
+    /// Per-key lease lists and slot sets, and the set of reported keys, from the tables.
+    fn rebuild_indexes(&mut self) {
+        let mut orphans = Vec::new();
+        for (id, lease) in self.leases.iter() {
+            let ks = self
+                .limits
+                .get_mut(&lease.limit)
+                .and_then(|l| l.keys.get_mut(lease.key.as_str()))
+                .filter(|ks| ks.window == lease.window);
+            match ks {
+                Some(ks) => ks.hot_mut().leases.push(*id),
+                None => orphans.push(*id),
+            }
+        }
+        for id in orphans {
+            // Its key's window was already over when the state was written: spent.
+            self.leases.remove(id);
+        }
+        let mut orphans = Vec::new();
+        for (id, home) in self.slots.iter() {
+            let ks = self
+                .limits
+                .get_mut(&home.limit)
+                .and_then(|l| l.keys.get_mut(home.key.as_str()));
+            match ks {
+                Some(ks) => ks.hot_mut().slots.restore(HeldSlot {
+                    id: *id,
+                    expires_at: home.expires_at,
+                }),
+                None => orphans.push(*id),
+            }
+        }
+        for id in orphans {
+            self.slots.remove(id);
+        }
+        for (limit, lim) in &mut self.limits {
+            for (name, ks) in &mut lim.keys {
+                let Some(hot) = ks.hot.as_mut() else { continue };
+                if hot.allowance.is_some() {
+                    // The coordinator granted or released here: it follows this counter.
+                    hot.mentioned = true;
+                    self.sync.report(KeyRef {
+                        limit: limit.clone(),
+                        key: KeyId::new(name.as_ref()),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Sort key keeping every record in place except idempotency entries, which sort among
+/// themselves by expiry then id (tombstones first). The sort is stable and idempotency
+/// records always come last.
+fn idempotency_order(r: &PersistRecord) -> (bool, Timestamp, RequestId) {
+    match r {
+        PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
+        PersistRecord::IdempotencyExpired { request } => (true, Timestamp::ZERO, *request),
+        _ => (false, Timestamp::ZERO, RequestId(0)),
+    }
+}
+
+fn key_record(lim: &LimitState, name: &str, ks: &KeyState) -> KeyRecord {
+    let hot = ks.hot.as_deref();
+    let current = hot.and_then(|h| {
+        h.allowance.map(|units| AllowanceRecord {
+            window: ks.window,
+            allowance_units: units,
+            epoch: h.epoch,
+        })
+    });
+    let future = hot.into_iter().flat_map(|h| {
+        h.future.iter().map(|f| AllowanceRecord {
+            window: f.window,
+            allowance_units: f.allowance_units,
+            epoch: f.epoch,
+        })
+    });
+    KeyRecord {
+        limit: lim.id().clone(),
+        key: KeyId::new(name),
+        window: ks.window,
+        granted_units: ks.granted_units,
+        refunded_units: ks.refunded_units,
+        allowances: current.into_iter().chain(future).collect(),
+        rate_tat: hot.and_then(|h| h.rate).map(|s| s.tat()),
+        open_rate_tat: hot.and_then(|h| h.open_rate).map(|s| s.tat()),
+    }
+}
+
+fn lease_record(id: LeaseId, l: &Lease) -> LeaseRecord {
+    LeaseRecord {
+        lease: id,
+        limit: l.limit.clone(),
+        key: l.key.clone(),
+        window: l.window,
+        units: l.units,
+        expires_at: l.expires_at,
+    }
+}
+
+fn slot_record(id: SlotId, h: &SlotHome) -> SlotRecord {
+    SlotRecord {
+        slot: id,
+        limit: h.limit.clone(),
+        key: h.key.clone(),
+        expires_at: h.expires_at,
+    }
+}
+
+fn ack_record(e: &AckEntry) -> AckRecord {
+    AckRecord {
+        ack: e.ack.clone(),
+        pending: e.pending,
+    }
+}
+
+fn idempotency_record(id: RequestId, e: &IdempotencyEntry) -> IdempotencyRecord {
+    IdempotencyRecord {
+        request: id,
+        expires_at: e.expires_at,
+        outcome: e.outcome.clone(),
+    }
+}

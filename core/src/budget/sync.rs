@@ -1,0 +1,607 @@
+//! The coordinator-facing half: producing SyncUps and applying SyncDowns.
+//!
+//! Only reported counters travel: those that escalated (demand above the allowance, a
+//! refusal, an eventual counter past its default share) and those the coordinator named.
+//! A key never escalated costs the coordinator nothing.
+//!
+//! Acknowledgement is exact: each SyncUp in flight remembers what it carried, and an answer
+//! to it confirms exactly that (counter values received, release acks received, counters now
+//! known to the coordinator). Counter entries are absolute G-counter values, so resending
+//! them until confirmed is harmless.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
+
+use crdts::{CmRDT, Dot};
+
+use super::admit::{self, Ctx};
+use super::config::{MAX_INFLIGHT_SYNCS, MAX_PENDING_ACKS, RECENT_RELEASES_KEPT, SYNC_SCAN_KEYS};
+use super::key::{KeyState, WindowAllowance};
+use super::limits::LimitState;
+use super::persist::{Dirty, DirtySet};
+use super::view::RoundTrip;
+use super::{RegionBudget, ctx_of};
+use crate::ids::{Epoch, KeyId, LimitId, RegionId};
+use crate::sync::{
+    AllowanceGrant, CounterEntry, CounterRef, DemandReport, MAX_ITEMS_PER_MESSAGE, ReleaseAck,
+    ReleaseRequest, SyncDown, SyncUp,
+};
+use crate::time::{Timestamp, WindowIndex};
+
+/// A key of a limit, as the sync index names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct KeyRef {
+    pub limit: LimitId,
+    pub key: KeyId,
+}
+
+/// A counter a SyncUp carried, and the values it carried if it carried an entry.
+#[derive(Clone, Debug)]
+struct Carried {
+    key: KeyRef,
+    window: WindowIndex,
+    values: Option<(u64, u64)>,
+}
+
+#[derive(Clone, Debug)]
+struct Inflight {
+    seq: u64,
+    sent_at: Timestamp,
+    carried: Vec<Carried>,
+    acks: Vec<u64>,
+}
+
+/// A release ack, and whether the coordinator has yet to confirm receiving it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AckEntry {
+    pub ack: ReleaseAck,
+    pub pending: bool,
+}
+
+/// Release acks: pending until confirmed, then remembered a while for replayed requests.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AckBook {
+    by_id: BTreeMap<u64, AckEntry>,
+    pending: VecDeque<u64>,
+    done: VecDeque<u64>,
+}
+
+impl AckBook {
+    pub fn get(&self, id: u64) -> Option<&AckEntry> {
+        self.by_id.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &AckEntry> {
+        self.by_id.values()
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Answer a repeated request again with its original ack (unless too many are pending:
+    /// the coordinator will ask again). False for an unknown id.
+    fn requeue(&mut self, id: u64) -> bool {
+        let full = self.pending.len() >= MAX_PENDING_ACKS;
+        let Some(entry) = self.by_id.get_mut(&id) else {
+            return false;
+        };
+        if !entry.pending && !full {
+            entry.pending = true;
+            self.done.retain(|d| *d != id);
+            self.pending.push_back(id);
+        }
+        true
+    }
+
+    /// Add an ack (new, or read back from persisted state). Returns ids forgotten to make room.
+    pub fn insert(&mut self, entry: AckEntry) -> Vec<u64> {
+        let id = entry.ack.id;
+        if self.by_id.contains_key(&id) {
+            self.pending.retain(|p| *p != id);
+            self.done.retain(|d| *d != id);
+        }
+        if entry.pending {
+            self.pending.push_back(id);
+        } else {
+            self.done.push_back(id);
+        }
+        self.by_id.insert(id, entry);
+        self.forget_old()
+    }
+
+    /// The coordinator received these acks. Returns the ids whose state changed, and those
+    /// forgotten to make room (both must be persisted).
+    fn confirm(&mut self, ids: &[u64]) -> Vec<u64> {
+        let mut changed = Vec::new();
+        for id in ids {
+            if let Some(e) = self.by_id.get_mut(id).filter(|e| e.pending) {
+                e.pending = false;
+                self.done.push_back(*id);
+                changed.push(*id);
+            }
+        }
+        if !changed.is_empty() {
+            let by_id = &self.by_id;
+            self.pending
+                .retain(|p| by_id.get(p).is_some_and(|e| e.pending));
+        }
+        changed.extend(self.forget_old());
+        changed
+    }
+
+    fn forget_old(&mut self) -> Vec<u64> {
+        let mut gone = Vec::new();
+        while self.done.len() > RECENT_RELEASES_KEPT {
+            if let Some(id) = self.done.pop_front() {
+                self.by_id.remove(&id);
+                gone.push(id);
+            }
+        }
+        gone
+    }
+
+    /// Drop an ack entirely (its record was forgotten).
+    pub fn remove(&mut self, id: u64) {
+        if self.by_id.remove(&id).is_some() {
+            self.pending.retain(|p| *p != id);
+            self.done.retain(|d| *d != id);
+        }
+    }
+
+    fn pending_acks(&self) -> impl Iterator<Item = &ReleaseAck> {
+        self.pending
+            .iter()
+            .filter_map(|id| self.by_id.get(id))
+            .map(|e| &e.ack)
+    }
+
+    pub fn clear(&mut self) {
+        *self = AckBook::default();
+    }
+}
+
+/// The sync side of the region's state.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SyncState {
+    /// The next SyncUp's sequence number (persisted, so answers are never confused across
+    /// a restart).
+    pub next_seq: u64,
+    next_sync_at: Option<Timestamp>,
+    inflight: VecDeque<Inflight>,
+    /// Keys whose counters travel in SyncUps; cleaned lazily when they stop being reported.
+    reported: BTreeSet<KeyRef>,
+    /// The last key a SyncUp got to, so the next one starts after it.
+    cursor: Option<KeyRef>,
+    pub acks: AckBook,
+}
+
+impl SyncState {
+    pub fn report(&mut self, key: KeyRef) {
+        self.reported.insert(key);
+    }
+
+    pub fn next_sync_at(&self) -> Option<Timestamp> {
+        self.next_sync_at
+    }
+
+    fn take_inflight(&mut self, seq: u64) -> Option<Inflight> {
+        let i = self.inflight.iter().position(|f| f.seq == seq)?;
+        self.inflight.remove(i)
+    }
+
+    /// Up to [`SYNC_SCAN_KEYS`] reported keys after the cursor, wrapping around.
+    fn candidates(&self) -> Vec<KeyRef> {
+        let Some(c) = &self.cursor else {
+            return self.reported.iter().take(SYNC_SCAN_KEYS).cloned().collect();
+        };
+        let after = self.reported.range((Bound::Excluded(c), Bound::Unbounded));
+        let before = self.reported.range(..=c);
+        after.chain(before).take(SYNC_SCAN_KEYS).cloned().collect()
+    }
+}
+
+impl RegionBudget {
+    /// The next SyncUp, when one is due (every `sync_interval`; the first at once). It carries
+    /// the entries of reported counters not yet confirmed, demand of escalated ones, pending
+    /// release acks and the last clock sample, each list at most `MAX_ITEMS_PER_MESSAGE`;
+    /// the rest goes next time, starting where this one stopped.
+    ///
+    /// The driver must write `drain_dirty()` to disk before sending it: release acks promise
+    /// the allowance was lowered durably.
+    pub fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp> {
+        if !self.cfg.coordinated || self.sync.next_sync_at.is_some_and(|at| now < at) {
+            return None;
+        }
+        self.sync.next_sync_at = Some(now + self.cfg.sync_interval);
+        let seq = self.sync.next_seq;
+        self.sync.next_seq += 1;
+        self.dirty.mark(Dirty::Meta);
+        let mut up = SyncUp {
+            region: self.cfg.region.clone(),
+            seq,
+            sent_at: now,
+            config_version: self.config_version,
+            entries: Vec::new(),
+            demand: Vec::new(),
+            release_acks: Vec::new(),
+            clock: self.view.clock(),
+        };
+        let carried = self.collect_reported(now, &mut up);
+        up.release_acks = self
+            .sync
+            .acks
+            .pending_acks()
+            .take(MAX_ITEMS_PER_MESSAGE)
+            .cloned()
+            .collect();
+        debug_assert!(up.entries.len() <= MAX_ITEMS_PER_MESSAGE);
+        debug_assert!(up.demand.len() <= MAX_ITEMS_PER_MESSAGE);
+        debug_assert!(self.sync.acks.pending_len() <= MAX_PENDING_ACKS);
+        if self.sync.inflight.len() >= MAX_INFLIGHT_SYNCS {
+            self.sync.inflight.pop_front();
+        }
+        self.sync.inflight.push_back(Inflight {
+            seq,
+            sent_at: now,
+            carried,
+            acks: up.release_acks.iter().map(|a| a.id).collect(),
+        });
+        Some(up)
+    }
+
+    /// Walk reported keys from the cursor, filling `up.entries` and `up.demand`.
+    fn collect_reported(&mut self, now: Timestamp, up: &mut SyncUp) -> Vec<Carried> {
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let mut carried = Vec::new();
+        let mut stale = Vec::new();
+        for kr in self.sync.candidates() {
+            let Some(ks) = rolled_key(&mut self.limits, &mut self.dirty, &kr, now) else {
+                stale.push(kr);
+                continue;
+            };
+            let closing = ks.hot.as_ref().and_then(|h| h.closing);
+            let room = MAX_ITEMS_PER_MESSAGE - 1 - usize::from(closing.is_some());
+            if up.entries.len() > room || up.demand.len() >= MAX_ITEMS_PER_MESSAGE {
+                break;
+            }
+            if let Some(c) = closing {
+                let values = (c.granted_units, c.refunded_units);
+                up.entries
+                    .push(entry(&self.cfg.region, &kr, c.window, values));
+                carried.push(Carried {
+                    key: kr.clone(),
+                    window: c.window,
+                    values: Some(values),
+                });
+            }
+            if ks.is_reported() {
+                let lim = &self.limits[&kr.limit];
+                let ks = &lim.keys[kr.key.as_str()];
+                report_key(&self.cfg.region, lim, ks, &kr, &ctx, now, up, &mut carried);
+            } else if closing.is_none() {
+                stale.push(kr.clone());
+            }
+            self.sync.cursor = Some(kr);
+        }
+        for kr in stale {
+            self.sync.reported.remove(&kr);
+        }
+        carried
+    }
+
+    /// Merge an answer from the coordinator: confirm what the answered SyncUp carried, take
+    /// the clock sample, merge counter entries (by max), apply grants and release requests
+    /// (by epoch). An answer to an unknown or forgotten SyncUp is still merged, but refreshes
+    /// nothing: its send time, from which it would be aged, is unknown.
+    pub fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown) {
+        self.account_open_time(now);
+        self.coordinator_config_version = Some(msg.config_version);
+        if let Some(f) = self.sync.take_inflight(msg.reply_to_seq) {
+            self.view.on_answer(RoundTrip {
+                sent_at: f.sent_at,
+                received_at: msg.received_at,
+                answered_at: msg.sent_at,
+                returned_at: now,
+            });
+            self.confirm(&f);
+        }
+        for e in msg.entries.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.merge_entry(now, e);
+        }
+        for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.apply_grant(now, g);
+        }
+        for r in msg.release_requests.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.apply_release(now, r);
+        }
+    }
+
+    fn confirm(&mut self, f: &Inflight) {
+        for c in &f.carried {
+            let Some(ks) = self
+                .limits
+                .get_mut(&c.key.limit)
+                .and_then(|l| l.keys.get_mut(c.key.key.as_str()))
+            else {
+                continue;
+            };
+            let window = ks.window;
+            let Some(hot) = ks.hot.as_mut() else { continue };
+            if c.window == window {
+                hot.known_to_coordinator = true;
+                if let Some((g, r)) = c.values {
+                    hot.acked_granted_units = hot.acked_granted_units.max(g);
+                    hot.acked_refunded_units = hot.acked_refunded_units.max(r);
+                }
+            }
+            if let (Some(cl), Some((g, r))) = (hot.closing, c.values)
+                && cl.window == c.window
+                && g >= cl.granted_units
+                && r >= cl.refunded_units
+            {
+                hot.closing = None;
+            }
+        }
+        for id in self.sync.acks.confirm(&f.acks) {
+            self.dirty.mark(Dirty::Ack(id));
+        }
+    }
+
+    /// A counter entry from the coordinator: another region's goes into the remote view, this
+    /// region's own (resent after a restart) is merged into its counters by max.
+    fn merge_entry(&mut self, now: Timestamp, e: CounterEntry) {
+        let own = e.region == self.cfg.region;
+        let Some(lim) = self.limits.get_mut(&e.counter.limit) else {
+            return;
+        };
+        if lim.params.is_unmetered() || e.counter.window != lim.params.window_index(now) {
+            return;
+        }
+        let known = lim.keys.contains_key(e.counter.key.as_str());
+        if !own && !known && !lim.params.is_eventual() {
+            // Strict admission never reads other regions' counts; nothing to keep.
+            return;
+        }
+        let mut touched = Vec::new();
+        let max_keys = self.cfg.max_keys_per_limit;
+        let done = lim.with_key(now, &e.counter.key, max_keys, &mut touched, |_, ks, _| {
+            if ks.window != e.counter.window {
+                return;
+            }
+            if own {
+                ks.granted_units = ks.granted_units.max(e.granted_units);
+                ks.refunded_units = ks.refunded_units.max(e.refunded_units);
+            }
+            let hot = ks.hot_mut();
+            if !own {
+                hot.remote_granted
+                    .apply(Dot::new(e.region.clone(), e.granted_units));
+                hot.remote_refunded
+                    .apply(Dot::new(e.region.clone(), e.refunded_units));
+            }
+            hot.mentioned = true;
+            hot.known_to_coordinator = true;
+        });
+        self.after_sync_item(done.is_ok(), &e.counter, touched);
+    }
+
+    /// An allowance grant: absolute, applied only if its epoch is newer; for the current
+    /// window or kept aside for a later one. Eventual limits take no grants.
+    fn apply_grant(&mut self, now: Timestamp, g: AllowanceGrant) {
+        if g.region != self.cfg.region {
+            return;
+        }
+        let Some(lim) = self.limits.get_mut(&g.counter.limit) else {
+            self.stats.sync_items_skipped += 1;
+            return;
+        };
+        if lim.params.is_unmetered() || lim.params.is_eventual() {
+            return;
+        }
+        if g.counter.window < lim.params.window_index(now) {
+            return;
+        }
+        let mut touched = Vec::new();
+        let max_keys = self.cfg.max_keys_per_limit;
+        let done = lim.with_key(now, &g.counter.key, max_keys, &mut touched, |_, ks, _| {
+            let window = ks.window;
+            let hot = ks.hot_mut();
+            if g.counter.window == window {
+                hot.mentioned = true;
+                if g.epoch > hot.epoch {
+                    hot.allowance = Some(g.allowance_units);
+                    hot.epoch = g.epoch;
+                }
+            } else {
+                hot.set_future(
+                    window,
+                    WindowAllowance {
+                        window: g.counter.window,
+                        allowance_units: g.allowance_units,
+                        epoch: g.epoch,
+                    },
+                );
+            }
+        });
+        self.after_sync_item(done.is_ok(), &g.counter, touched);
+    }
+
+    /// A release request: lower the allowance by `min(units, a_r - n_r)` (never below net
+    /// use), remember the epoch, and queue the ack. A repeated id is answered with the same
+    /// ack and releases nothing more.
+    fn apply_release(&mut self, now: Timestamp, r: ReleaseRequest) {
+        if self.sync.acks.requeue(r.id) {
+            self.dirty.mark(Dirty::Ack(r.id));
+            return;
+        }
+        if self.sync.acks.pending_len() >= MAX_PENDING_ACKS {
+            self.stats.release_requests_deferred += 1;
+            return;
+        }
+        let ack = |released_units, allowance_after_units| ReleaseAck {
+            id: r.id,
+            counter: r.counter.clone(),
+            released_units,
+            allowance_after_units,
+        };
+        let mut fresh = ctx_of(&self.cfg, &self.view, now);
+        fresh.view_expired = false;
+        let answer = match self.limits.get_mut(&r.counter.limit) {
+            None => Some(ack(0, 0)),
+            Some(lim) if lim.params.is_unmetered() || lim.params.is_eventual() => {
+                Some(ack(0, lim.params.default_units))
+            }
+            // The window is over: nothing more can be admitted in it, nothing to release.
+            Some(lim) if r.counter.window < lim.params.window_index(now) => Some(ack(0, 0)),
+            Some(lim) => {
+                let mut touched = Vec::new();
+                let max_keys = self.cfg.max_keys_per_limit;
+                let out = lim.with_key(now, &r.counter.key, max_keys, &mut touched, |p, ks, _| {
+                    let (released, after) = release_in_key(p, ks, &r, &fresh);
+                    ack(released, after)
+                });
+                let done = out.is_ok();
+                self.after_sync_item(done, &r.counter, touched);
+                out.ok()
+            }
+        };
+        if let Some(a) = answer {
+            let forgotten = self.sync.acks.insert(AckEntry {
+                ack: a,
+                pending: true,
+            });
+            self.dirty.mark(Dirty::Ack(r.id));
+            for id in forgotten {
+                self.dirty.mark(Dirty::Ack(id));
+            }
+        }
+    }
+
+    /// Persist and report a counter the coordinator named; count it if it could not be kept.
+    fn after_sync_item(&mut self, done: bool, counter: &CounterRef, touched: Vec<Box<str>>) {
+        self.mark_touched(&counter.limit, touched);
+        if !done {
+            self.stats.sync_items_skipped += 1;
+            return;
+        }
+        self.key_changed(&counter.limit, &counter.key, false);
+        self.sync.report(KeyRef {
+            limit: counter.limit.clone(),
+            key: counter.key.clone(),
+        });
+    }
+}
+
+/// Apply a release request to a key; returns `(released, allowance after)`.
+fn release_in_key(
+    p: &super::limits::LimitParams,
+    ks: &mut KeyState,
+    r: &ReleaseRequest,
+    fresh: &Ctx,
+) -> (u64, u64) {
+    let window = ks.window;
+    let target = r.counter.window;
+    let current = target == window;
+    let base = admit::allowance(p, ks, target, fresh).units;
+    let epoch = ks
+        .hot
+        .as_ref()
+        .map_or(Epoch::default(), |h| h.epoch_for(window, target));
+    if r.epoch <= epoch {
+        // Superseded by a newer grant or release: nothing changes.
+        return (0, base);
+    }
+    let n = if current { ks.net_units() } else { 0 };
+    let released = r.units.min(base.saturating_sub(n));
+    let after = base - released;
+    let hot = ks.hot_mut();
+    if current {
+        hot.allowance = Some(after);
+        hot.epoch = r.epoch;
+        hot.mentioned = true;
+    } else {
+        let kept = hot.set_future(
+            window,
+            WindowAllowance {
+                window: target,
+                allowance_units: after,
+                epoch: r.epoch,
+            },
+        );
+        if !kept {
+            // Too far ahead to hold: release nothing, which is always safe.
+            return (0, base);
+        }
+    }
+    debug_assert!(after >= n || released == 0);
+    (released, after)
+}
+
+/// The key, rolled to the window of `now`, if it still exists; marked dirty if it rolled.
+fn rolled_key<'a>(
+    limits: &'a mut BTreeMap<LimitId, LimitState>,
+    dirty: &mut DirtySet,
+    kr: &KeyRef,
+    now: Timestamp,
+) -> Option<&'a mut KeyState> {
+    let lim = limits.get_mut(&kr.limit)?;
+    let window = lim.params.window_index(now);
+    let ks = lim.keys.get_mut(kr.key.as_str())?;
+    if ks.roll(window) {
+        dirty.mark(Dirty::Key(kr.limit.clone(), kr.key.clone()));
+    }
+    Some(ks)
+}
+
+/// Add a reported key's current entry (if not yet confirmed) and demand (if escalated).
+#[allow(clippy::too_many_arguments)]
+fn report_key(
+    region: &RegionId,
+    lim: &LimitState,
+    ks: &KeyState,
+    kr: &KeyRef,
+    ctx: &Ctx,
+    now: Timestamp,
+    up: &mut SyncUp,
+    carried: &mut Vec<Carried>,
+) {
+    let Some(hot) = ks.hot.as_ref() else { return };
+    let values = (ks.granted_units, ks.refunded_units);
+    let unconfirmed = values != (hot.acked_granted_units, hot.acked_refunded_units);
+    if unconfirmed {
+        up.entries.push(entry(region, kr, ks.window, values));
+    }
+    if hot.escalated {
+        let p = &lim.params;
+        up.demand.push(DemandReport {
+            counter: counter_ref(kr, ks.window),
+            demand_units_per_sec: admit::demand_units_per_sec(p, ks, now, ctx.sync_interval),
+            allowance_units: admit::allowance(p, ks, ks.window, ctx).units,
+        });
+    }
+    if unconfirmed || hot.escalated {
+        carried.push(Carried {
+            key: kr.clone(),
+            window: ks.window,
+            values: unconfirmed.then_some(values),
+        });
+    }
+}
+
+fn counter_ref(kr: &KeyRef, window: WindowIndex) -> CounterRef {
+    CounterRef {
+        limit: kr.limit.clone(),
+        key: kr.key.clone(),
+        window,
+    }
+}
+
+fn entry(region: &RegionId, kr: &KeyRef, window: WindowIndex, values: (u64, u64)) -> CounterEntry {
+    CounterEntry {
+        counter: counter_ref(kr, window),
+        region: region.clone(),
+        granted_units: values.0,
+        refunded_units: values.1,
+    }
+}

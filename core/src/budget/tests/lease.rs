@@ -1,0 +1,314 @@
+//! Leases: adaptive size, release, settle, expiry, renewal, bounds, retries.
+
+use std::time::Duration;
+
+use super::*;
+use crate::budget::{LeaseOutcome, Reason, ReleaseOutcome, SettleOutcome};
+use crate::error::Error;
+use crate::ids::LeaseId;
+
+#[test]
+fn a_lease_shrinks_near_the_limit_down_to_one_then_is_refused() {
+    // Default share 100.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 70, 10))
+            .expect("lease"),
+    );
+    assert_eq!((g.units, g.remaining_units), (70, 30));
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 70, 10))
+            .expect("lease"),
+    );
+    assert_eq!((g.units, g.remaining_units), (30, 0), "min(70, 100 - 70)");
+    match b.lease(at(0), lease_req("api", "k", 1, 10)).expect("lease") {
+        LeaseOutcome::Denied(d) => {
+            assert_eq!(d.reason, Reason::Allowance);
+            assert_eq!(d.retry_after, Some(Duration::from_secs(60)));
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    assert_eq!(net(&b, "api", "k"), 100, "leases are charged when granted");
+}
+
+#[test]
+fn releasing_refunds_the_unused_part() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 70, 10))
+            .expect("lease"),
+    );
+    let out = b.release(at(1_000), g.lease, 20, None).expect("release");
+    assert_eq!(out, ReleaseOutcome { refunded_units: 20 });
+    // granted 70, refunded 20: n = 50, so 50 more fit.
+    let c = b.counter(&lim("api"), &key("k")).expect("counter");
+    assert_eq!((c.granted_units, c.refunded_units), (70, 20));
+    let g = granted(
+        b.lease(at(1_000), lease_req("api", "k", 80, 10))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 50);
+    assert!(
+        matches!(
+            b.release(at(1_000), LeaseId(1), 0, None),
+            Err(Error::UnknownLease(_))
+        ),
+        "a released lease is gone"
+    );
+}
+
+#[test]
+fn giving_back_more_than_was_leased_is_refused() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 10, 10))
+            .expect("lease"),
+    );
+    assert!(matches!(
+        b.release(at(0), g.lease, 11, None),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert_eq!(b.lease_count(), 1, "the lease is still there");
+}
+
+#[test]
+fn settling_refunds_an_overestimate() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 50, 10))
+            .expect("lease"),
+    );
+    let out = b.settle(at(500), g.lease, 35, None).expect("settle");
+    assert_eq!(
+        out,
+        SettleOutcome {
+            refunded_units: 15,
+            overage_units: 0
+        }
+    );
+    assert_eq!(net(&b, "api", "k"), 35);
+}
+
+#[test]
+fn settling_above_the_reservation_charges_it_even_past_the_allowance() {
+    // Default share 100: reserve all 100, then the request turns out to cost 130.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 100, 10))
+            .expect("lease"),
+    );
+    let out = b.settle(at(500), g.lease, 130, None).expect("settle");
+    assert_eq!(
+        out,
+        SettleOutcome {
+            refunded_units: 0,
+            overage_units: 30
+        }
+    );
+    assert_eq!(net(&b, "api", "k"), 130);
+    let w = b
+        .stats(&lim("api"))
+        .and_then(|s| s.window(minute_window(0)))
+        .cloned()
+        .expect("stats");
+    assert_eq!(w.settle_overage_units, 30, "recorded for the bound");
+    assert!(!acquire(&mut b, at(600), "api", "k", 1).allowed);
+}
+
+#[test]
+fn an_expired_lease_counts_as_spent() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(b.lease(at(0), lease_req("api", "k", 40, 5)).expect("lease"));
+    assert_eq!(g.expires_at, at(5_000));
+    assert_eq!(b.poll_timeout().map(|t| t <= at(5_000)), Some(true));
+    b.handle_timeout(at(5_000));
+    assert_eq!(b.lease_count(), 0);
+    assert_eq!(net(&b, "api", "k"), 40, "no refund on expiry");
+    assert!(matches!(
+        b.release(at(5_001), g.lease, 40, None),
+        Err(Error::UnknownLease(_))
+    ));
+}
+
+#[test]
+fn a_lease_used_after_its_expiry_is_refused_even_before_the_timer_runs() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(b.lease(at(0), lease_req("api", "k", 40, 5)).expect("lease"));
+    assert!(matches!(
+        b.settle(at(5_000), g.lease, 10, None),
+        Err(Error::UnknownLease(_))
+    ));
+    assert_eq!(net(&b, "api", "k"), 40);
+}
+
+#[test]
+fn leases_never_outlive_their_window_and_ttls_are_capped() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // 59 s into the window, 30 s wanted: cut at the window's end, 1 s later.
+    let g = granted(
+        b.lease(at(59_000), lease_req("api", "k", 1, 30))
+            .expect("lease"),
+    );
+    assert_eq!(g.expires_at, at(60_000));
+    assert_eq!(g.window, minute_window(0));
+    // 1 hour wanted at 0 s: capped by lease_ttl_max (30 s).
+    let g = granted(
+        b.lease(at(0), lease_req("api", "j", 1, 3_600))
+            .expect("lease"),
+    );
+    assert_eq!(g.expires_at, at(30_000));
+}
+
+#[test]
+fn renewing_extends_a_live_lease_up_to_the_window_end() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let g = granted(b.lease(at(0), lease_req("api", "k", 5, 10)).expect("lease"));
+    let r = b
+        .renew(at(8_000), g.lease, Duration::from_secs(10), None)
+        .expect("renew");
+    assert_eq!(r.expires_at, at(18_000));
+    let r = b.renew(at(55_000), g.lease, Duration::from_secs(10), None);
+    assert!(
+        matches!(r, Err(Error::UnknownLease(_))),
+        "it expired at 18 s"
+    );
+    let g = granted(
+        b.lease(at(50_000), lease_req("api", "k", 5, 5))
+            .expect("lease"),
+    );
+    let r = b
+        .renew(at(54_000), g.lease, Duration::from_secs(30), None)
+        .expect("renew");
+    assert_eq!(r.expires_at, at(60_000), "not past the window's end");
+    let r = b
+        .renew(at(54_500), g.lease, Duration::from_secs(1), None)
+        .expect("renew");
+    assert_eq!(r.expires_at, at(60_000), "a renewal never shortens a lease");
+}
+
+#[test]
+fn a_key_holds_at_most_max_leases_per_key() {
+    let mut c = cfg();
+    c.max_leases_per_key = 2;
+    let mut b = RegionBudget::new(c, vec![per_minute("api", 400)]).expect("valid");
+    let first = granted(b.lease(at(0), lease_req("api", "k", 1, 10)).expect("lease"));
+    granted(b.lease(at(0), lease_req("api", "k", 1, 10)).expect("lease"));
+    match b.lease(at(0), lease_req("api", "k", 1, 10)).expect("lease") {
+        LeaseOutcome::Denied(d) => assert_eq!(d.reason, Reason::TooManyLeases),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    b.release(at(0), first.lease, 1, None).expect("release");
+    granted(b.lease(at(0), lease_req("api", "k", 1, 10)).expect("lease"));
+}
+
+#[test]
+fn retried_lease_calls_charge_and_refund_exactly_once() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut req = lease_req("api", "k", 30, 10);
+    req.request_id = Some(RequestId(1));
+    let first = b.lease(at(0), req.clone()).expect("lease");
+    let again = b.lease(at(5), req).expect("lease");
+    assert_eq!(first, again, "same lease id and units");
+    assert_eq!(net(&b, "api", "k"), 30);
+    let g = granted(first);
+    let r1 = b
+        .release(at(10), g.lease, 10, Some(RequestId(2)))
+        .expect("release");
+    let r2 = b
+        .release(at(11), g.lease, 10, Some(RequestId(2)))
+        .expect("retried release");
+    assert_eq!(r1, r2);
+    assert_eq!(net(&b, "api", "k"), 20, "refunded once");
+    // The same release without an id is simply a second call on a lease that is gone.
+    assert!(matches!(
+        b.release(at(12), g.lease, 10, None),
+        Err(Error::UnknownLease(_))
+    ));
+}
+
+#[test]
+fn disabled_limits_hand_out_unmetered_leases() {
+    let mut spec = per_minute("api", 400);
+    spec.enabled = false;
+    let mut b = budget(vec![spec]);
+    assert_eq!(
+        b.lease(at(0), lease_req("api", "k", 1_000, 10))
+            .expect("lease"),
+        LeaseOutcome::Unmetered {
+            units: 1_000,
+            reason: Reason::Disabled
+        }
+    );
+    assert_eq!(b.lease_count(), 0);
+}
+
+#[test]
+fn empty_leases_are_invalid() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert!(matches!(
+        b.lease(at(0), lease_req("api", "k", 0, 10)),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        b.lease(at(0), lease_req("api", "k", 1, 0)),
+        Err(Error::InvalidRequest(_))
+    ));
+}
+
+#[test]
+fn a_rate_capped_lease_is_cut_to_what_the_cap_allows_and_charges_it() {
+    use crate::limit::RateCap;
+    // 10/s, burst 5: at most 5 units at once.
+    let mut spec = per_minute("api", 3_000);
+    spec.rate_cap = Some(RateCap {
+        units: 10,
+        per: Duration::from_secs(1),
+        burst: 5,
+    });
+    let mut b = budget(vec![spec]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 50, 10))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 5);
+    match b
+        .lease(at(0), lease_req("api", "k", 50, 10))
+        .expect("lease")
+    {
+        LeaseOutcome::Denied(d) => {
+            assert_eq!(d.reason, Reason::RateCap);
+            assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    // Giving 3 back refunds the cap too: 3 more pass at once.
+    b.release(at(0), g.lease, 3, None).expect("release");
+    assert_eq!(
+        granted(
+            b.lease(at(0), lease_req("api", "k", 50, 10))
+                .expect("lease")
+        )
+        .units,
+        3
+    );
+}
+
+#[test]
+fn shadow_mode_grants_the_whole_lease_it_would_have_refused() {
+    let mut spec = per_minute("api", 400);
+    spec.shadow_mode = true;
+    let mut b = budget(vec![spec]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 100, 10))
+            .expect("lease"),
+    );
+    assert!(!g.shadow_denied);
+    // Default share 100 is used up: shadow mode hands out the 30 wanted and counts them.
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 30, 10))
+            .expect("lease"),
+    );
+    assert!(g.shadow_denied);
+    assert_eq!(g.units, 30);
+    assert_eq!(net(&b, "api", "k"), 130);
+}

@@ -1,0 +1,96 @@
+//! Concurrency slots through the budget machine.
+
+use std::time::Duration;
+
+use super::*;
+use crate::budget::SlotOutcome;
+use crate::limit::ConcurrencyCap;
+
+fn capped(max_slots: u32, shadow: bool) -> RegionBudget {
+    let mut spec = per_minute("api", 400);
+    spec.concurrency = Some(ConcurrencyCap {
+        max_slots,
+        slot_ttl: Duration::from_secs(10),
+    });
+    spec.shadow_mode = shadow;
+    budget(vec![spec])
+}
+
+fn slot(out: SlotOutcome) -> crate::algo::concurrency::SlotId {
+    match out {
+        SlotOutcome::Acquired { slot, .. } => slot,
+        other => panic!("expected a slot, got {other:?}"),
+    }
+}
+
+#[test]
+fn slots_are_capped_and_come_back_on_release() {
+    let mut b = capped(2, false);
+    let (l, k) = (lim("api"), key("k"));
+    let a = slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+    slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+    assert_eq!(
+        b.acquire_slot(at(1_000), &l, &k, None).expect("slot"),
+        SlotOutcome::Denied {
+            retry_after: Some(Duration::from_secs(9)),
+            in_use: 2,
+            max_slots: 2
+        }
+    );
+    assert!(b.release_slot(at(1_000), a).expect("release"));
+    assert!(!b.release_slot(at(1_000), a).expect("release"), "only once");
+    slot(b.acquire_slot(at(1_000), &l, &k, None).expect("slot"));
+}
+
+#[test]
+fn a_crashed_holders_slot_returns_after_its_ttl() {
+    let mut b = capped(1, false);
+    let (l, k) = (lim("api"), key("k"));
+    let a = slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+    assert_eq!(b.poll_timeout().map(|t| t <= at(10_000)), Some(true));
+    b.handle_timeout(at(10_000));
+    assert!(!b.release_slot(at(10_000), a).expect("release"), "expired");
+    slot(b.acquire_slot(at(10_000), &l, &k, None).expect("slot"));
+}
+
+#[test]
+fn a_retried_slot_acquire_takes_one_slot() {
+    let mut b = capped(2, false);
+    let (l, k) = (lim("api"), key("k"));
+    let id = Some(RequestId(5));
+    let first = b.acquire_slot(at(0), &l, &k, id).expect("slot");
+    assert_eq!(b.acquire_slot(at(1), &l, &k, id).expect("slot"), first);
+    slot(b.acquire_slot(at(2), &l, &k, None).expect("slot"));
+    assert!(matches!(
+        b.acquire_slot(at(3), &l, &k, None).expect("slot"),
+        SlotOutcome::Denied { in_use: 2, .. }
+    ));
+}
+
+#[test]
+fn shadow_mode_lets_a_full_key_through_without_holding_a_slot() {
+    let mut b = capped(1, true);
+    let (l, k) = (lim("api"), key("k"));
+    slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+    match b.acquire_slot(at(0), &l, &k, None).expect("slot") {
+        SlotOutcome::Acquired {
+            slot,
+            shadow_denied,
+            ..
+        } => {
+            assert!(shadow_denied);
+            assert!(!b.release_slot(at(0), slot).expect("release"), "never held");
+        }
+        other => panic!("expected a shadow slot, got {other:?}"),
+    }
+}
+
+#[test]
+fn limits_without_a_concurrency_cap_are_unmetered() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert_eq!(
+        b.acquire_slot(at(0), &lim("api"), &key("k"), None)
+            .expect("slot"),
+        SlotOutcome::Unmetered
+    );
+}

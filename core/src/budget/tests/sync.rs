@@ -1,0 +1,437 @@
+//! The coordinator contract: escalation, SyncUp contents and resending, grants, release
+//! requests, clock samples, time anchoring, eventual mode's view.
+
+use super::*;
+use crate::budget::Reason;
+use crate::limit::Consistency;
+use crate::sync::{CounterEntry, MAX_ITEMS_PER_MESSAGE};
+
+#[test]
+fn syncs_go_out_every_interval_starting_at_once() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert_eq!(
+        b.poll_timeout(),
+        Some(Timestamp::ZERO),
+        "the first sync is due now"
+    );
+    let first = b.poll_transmit(at(0)).expect("first sync");
+    assert_eq!((first.seq, first.sent_at), (0, at(0)));
+    assert_eq!(b.poll_transmit(at(249)), None);
+    let second = b.poll_transmit(at(250)).expect("250 ms later");
+    assert_eq!(second.seq, 1);
+}
+
+#[test]
+fn quiet_keys_cost_the_coordinator_nothing() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // 20 units in the first 30 s: the projection 20 + 20/30 s * 30 s = 40 stays under 100.
+    acquire(&mut b, at(30_000), "api", "k", 20);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    assert!(up.entries.is_empty() && up.demand.is_empty(), "{up:?}");
+}
+
+#[test]
+fn a_key_escalates_when_its_projection_exceeds_the_allowance() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // 60 units in the first 30 s: 60 + (60 / 30 s) * 30 s left = 120 > 100.
+    acquire(&mut b, at(30_000), "api", "k", 60);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    let w = minute_window(0);
+    assert_eq!(
+        up.entries,
+        vec![CounterEntry {
+            counter: counter("api", "k", w),
+            region: RegionId::from("eu"),
+            granted_units: 60,
+            refunded_units: 0,
+        }]
+    );
+    assert_eq!(up.demand.len(), 1);
+    assert_eq!(up.demand[0].demand_units_per_sec, 2, "60 units / 30 s");
+    assert_eq!(up.demand[0].allowance_units, 100);
+}
+
+#[test]
+fn a_refusal_escalates_and_refused_units_count_as_demand() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(30_000), "api", "k", 30);
+    assert!(!acquire(&mut b, at(30_000), "api", "k", 90).allowed);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    // Requested 30 + 90 = 120 units in 30 s: 4 units/s.
+    assert_eq!(up.demand.len(), 1);
+    assert_eq!(up.demand[0].demand_units_per_sec, 4);
+    assert_eq!(up.entries[0].granted_units, 30);
+}
+
+#[test]
+fn the_demand_estimate_never_divides_by_less_than_a_tenth_of_the_window() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // 101 units refused 1 s into a 60 s window: divided by 6 s, not 1 s: floor(101 / 6) = 16.
+    acquire(&mut b, at(1_000), "api", "k", 101);
+    let up = b.poll_transmit(at(1_000)).expect("sync");
+    assert_eq!(up.demand[0].demand_units_per_sec, 16);
+}
+
+#[test]
+fn entries_are_resent_until_an_answer_confirms_them() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "k", 101); // refused: escalated, nothing used
+    acquire(&mut b, at(0), "api", "k", 50);
+    let up0 = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!(up0.entries.len(), 1);
+    // No answer yet: the next sync carries the entry again.
+    let up1 = b.poll_transmit(at(250)).expect("sync");
+    assert_eq!(up1.entries, up0.entries);
+    // The answer to the first confirms granted = 50; nothing changed since, so nothing to send.
+    b.handle_sync_down(at(300), answer(&up0, at(300)));
+    let up2 = b.poll_transmit(at(500)).expect("sync");
+    assert!(up2.entries.is_empty());
+    assert_eq!(up2.demand.len(), 1, "demand keeps flowing while escalated");
+    // A change is sent again, with the new absolute values.
+    acquire(&mut b, at(600), "api", "k", 10);
+    let up3 = b.poll_transmit(at(750)).expect("sync");
+    assert_eq!(up3.entries[0].granted_units, 60);
+}
+
+#[test]
+fn entries_in_successive_syncs_never_decrease() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "k", 101);
+    let mut last = 0;
+    for i in 0..20u64 {
+        let now = at(i * 250);
+        if i % 3 == 0 {
+            let g = granted(b.lease(now, lease_req("api", "k", 5, 1)).expect("lease"));
+            b.release(now, g.lease, 2, None).expect("release");
+        }
+        let up = b.poll_transmit(now).expect("sync");
+        for e in up.entries {
+            assert!(e.granted_units >= last);
+            last = e.granted_units;
+        }
+    }
+}
+
+#[test]
+fn a_long_list_of_reported_keys_is_spread_over_syncs_without_starving_any() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let n = MAX_ITEMS_PER_MESSAGE + 904;
+    for i in 0..n {
+        let k = format!("k{i:05}");
+        acquire(&mut b, at(0), "api", &k, 100);
+        acquire(&mut b, at(0), "api", &k, 1); // refused: escalates
+    }
+    let up0 = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!(up0.entries.len(), MAX_ITEMS_PER_MESSAGE);
+    let up1 = b.poll_transmit(at(250)).expect("sync");
+    let mut seen: std::collections::BTreeSet<String> = up0
+        .entries
+        .iter()
+        .chain(&up1.entries)
+        .map(|e| e.counter.key.to_string())
+        .collect();
+    assert_eq!(seen.len(), n, "every key made it within two syncs");
+    // The second sync started where the first stopped.
+    assert_eq!(
+        up1.entries[0].counter.key.as_str(),
+        format!("k{:05}", MAX_ITEMS_PER_MESSAGE)
+    );
+    seen.clear();
+}
+
+#[test]
+fn grants_apply_in_epoch_order_only() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.grants = vec![
+        grant("api", "k", w, 250, 2),
+        grant("api", "k", w, 999, 2), // same epoch: stale
+        grant("api", "k", w, 998, 1), // older epoch, arrived later: stale
+    ];
+    b.handle_sync_down(at(10), down);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 250);
+    assert!(acquire(&mut b, at(10), "api", "k", 250).allowed);
+    assert!(!acquire(&mut b, at(10), "api", "k", 1).allowed);
+    let mut other = grant("api", "j", w, 999, 5);
+    other.region = RegionId::from("us");
+    let up = b.poll_transmit(at(250)).expect("sync");
+    let mut down = answer(&up, at(250));
+    down.grants = vec![other];
+    b.handle_sync_down(at(260), down);
+    assert_eq!(
+        allowance(&b, at(260), "api", "j"),
+        100,
+        "another region's grant"
+    );
+}
+
+#[test]
+fn a_grant_for_the_next_window_waits_for_it() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(50_000)).expect("sync");
+    let mut down = answer(&up, at(50_000));
+    down.grants = vec![grant("api", "k", minute_window(60_000), 40, 1)];
+    b.handle_sync_down(at(50_000), down);
+    assert_eq!(
+        allowance(&b, at(50_000), "api", "k"),
+        100,
+        "still the default now"
+    );
+    assert_eq!(allowance(&b, at(60_000), "api", "k"), 40);
+    assert!(acquire(&mut b, at(60_000), "api", "k", 40).allowed);
+    assert!(!acquire(&mut b, at(60_000), "api", "k", 1).allowed);
+}
+
+#[test]
+fn a_release_lowers_the_allowance_never_below_net_use_and_is_acked_until_confirmed() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.grants = vec![grant("api", "k", w, 250, 1)];
+    b.handle_sync_down(at(0), down);
+    acquire(&mut b, at(100), "api", "k", 200);
+    // Asked for 100 back with 250 - 200 = 50 unused: releases 50, keeps 200.
+    let up = b.poll_transmit(at(250)).expect("sync");
+    let mut down = answer(&up, at(250));
+    down.release_requests = vec![release_req(77, "api", "k", w, 100, 2)];
+    b.handle_sync_down(at(260), down.clone());
+    assert_eq!(allowance(&b, at(260), "api", "k"), 200);
+    assert!(!acquire(&mut b, at(260), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(500)).expect("sync");
+    assert_eq!(up.release_acks.len(), 1);
+    let ack = up.release_acks[0].clone();
+    assert_eq!(
+        (ack.id, ack.released_units, ack.allowance_after_units),
+        (77, 50, 200)
+    );
+    // The same request again: same ack, nothing more released.
+    b.handle_sync_down(at(510), down);
+    assert_eq!(allowance(&b, at(510), "api", "k"), 200);
+    let up2 = b.poll_transmit(at(750)).expect("sync");
+    assert_eq!(up2.release_acks, vec![ack]);
+    // Once an answer to a SyncUp that carried the ack arrives, it stops being sent.
+    b.handle_sync_down(at(800), answer(&up2, at(800)));
+    let up3 = b.poll_transmit(at(1_000)).expect("sync");
+    assert!(up3.release_acks.is_empty());
+}
+
+#[test]
+fn a_release_with_a_stale_epoch_releases_nothing_but_is_answered() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.grants = vec![grant("api", "k", w, 250, 5)];
+    down.release_requests = vec![release_req(1, "api", "k", w, 100, 4)];
+    b.handle_sync_down(at(0), down);
+    assert_eq!(allowance(&b, at(0), "api", "k"), 250);
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert_eq!(up.release_acks[0].released_units, 0);
+    assert_eq!(up.release_acks[0].allowance_after_units, 250);
+}
+
+#[test]
+fn a_release_of_the_default_share_makes_it_explicit() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "k", 30);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.release_requests = vec![release_req(1, "api", "k", minute_window(0), 50, 1)];
+    b.handle_sync_down(at(0), down);
+    // 100 - min(50, 100 - 30) = 50; and it holds even when contact is lost.
+    assert_eq!(allowance(&b, at(0), "api", "k"), 50);
+    assert_eq!(allowance(&b, at(30_000), "api", "k"), 50);
+}
+
+#[test]
+fn an_answer_takes_a_clock_sample_and_the_next_sync_carries_it() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!(up.clock, None);
+    // Coordinator 100 ms ahead, 20 ms each way: t1 = 120, t2 = 130 on its clock, t3 = 50.
+    let mut down = answer(&up, at(0));
+    down.received_at = at(120);
+    down.sent_at = at(130);
+    b.handle_sync_down(at(50), down);
+    let s = b.clock_sample().expect("sample");
+    assert_eq!(
+        (s.offset_nanos, s.round_trip_nanos),
+        (100_000_000, 40_000_000)
+    );
+    assert_eq!(b.poll_transmit(at(250)).expect("sync").clock, Some(s));
+}
+
+#[test]
+fn answers_are_aged_from_the_send_time_of_what_they_answer() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    // The answer takes 1.5 s to arrive; contact dates from 0, not from 1.5 s.
+    b.handle_sync_down(at(1_500), answer(&up, at(1_000)));
+    assert_eq!(b.last_contact(), Some(at(0)));
+    assert!(!b.is_view_expired(at(2_000)));
+    assert!(
+        b.is_view_expired(at(2_001)),
+        "view_ttl is 2 s from the send time"
+    );
+}
+
+#[test]
+fn an_answer_to_an_unknown_sync_merges_counters_but_refreshes_nothing() {
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    let mut b = budget(vec![spec]);
+    acquire(&mut b, at(0), "api", "k", 10);
+    let mut down = answer(&b.poll_transmit(at(0)).expect("sync"), at(0));
+    down.reply_to_seq = 99;
+    down.entries = vec![CounterEntry {
+        counter: counter("api", "k", minute_window(0)),
+        region: RegionId::from("eu"),
+        granted_units: 40,
+        refunded_units: 5,
+    }];
+    b.handle_sync_down(at(10), down);
+    assert_eq!(b.last_contact(), None);
+    assert!(b.is_view_expired(at(10)));
+    let c = b.counter(&lim("api"), &key("k")).expect("counter");
+    assert_eq!(
+        (c.granted_units, c.refunded_units),
+        (40, 5),
+        "own entries merge by max"
+    );
+}
+
+#[test]
+fn eventual_mode_admits_past_the_default_share_against_the_global_view() {
+    // L = 400, default share 100.
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    let mut b = budget(vec![spec]);
+    let w = minute_window(0);
+    assert!(acquire(&mut b, at(0), "api", "k", 100).allowed);
+    // Past the default share, and the coordinator has not answered for this counter yet.
+    let d = acquire(&mut b, at(0), "api", "k", 1);
+    assert!(!d.allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!(up.entries.len(), 1, "past its default share: escalated");
+    // The answer brings the others: us 50, ap 30 - 10 = 20; sum of others 70.
+    let mut down = answer(&up, at(0));
+    let remote = |r: &str, g, f| CounterEntry {
+        counter: counter("api", "k", w),
+        region: RegionId::from(r),
+        granted_units: g,
+        refunded_units: f,
+    };
+    down.entries = vec![
+        remote("us", 50, 0),
+        remote("ap", 30, 10),
+        remote("ap", 25, 0),
+    ];
+    b.handle_sync_down(at(10), down);
+    // 100 + 230 + 70 = 400 = L.
+    let d = acquire(&mut b, at(10), "api", "k", 230);
+    assert!(d.allowed);
+    assert_eq!(d.reason, Reason::GlobalView);
+    assert!(!acquire(&mut b, at(10), "api", "k", 1).allowed);
+    // Once the view expires only the default share counts: still nothing more.
+    assert_eq!(allowance(&b, at(5_000), "api", "k"), 100);
+}
+
+#[test]
+fn strict_limits_keep_no_view_of_keys_they_do_not_have() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = vec![CounterEntry {
+        counter: counter("api", "x", minute_window(0)),
+        region: RegionId::from("us"),
+        granted_units: 10,
+        refunded_units: 0,
+    }];
+    b.handle_sync_down(at(0), down);
+    assert_eq!(b.key_count(&lim("api")), 0);
+}
+
+#[test]
+fn the_final_values_of_a_reported_window_go_out_after_it_ends() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(59_000), "api", "k", 101); // escalates
+    acquire(&mut b, at(59_000), "api", "k", 70);
+    // The window ends before any sync carried the 70.
+    acquire(&mut b, at(60_000), "api", "k", 5);
+    let up = b.poll_transmit(at(60_000)).expect("sync");
+    let old: Vec<_> = up
+        .entries
+        .iter()
+        .filter(|e| e.counter.window == minute_window(0))
+        .map(|e| e.granted_units)
+        .collect();
+    assert_eq!(old, vec![70]);
+    b.handle_sync_down(at(60_000), answer(&up, at(60_000)));
+    let up = b.poll_transmit(at(60_250)).expect("sync");
+    assert!(
+        up.entries.is_empty(),
+        "confirmed, and the new window's key is quiet"
+    );
+}
+
+#[test]
+fn epochs_start_above_zero_for_every_counter() {
+    // Regression: a release (or pre-issued grant) with epoch 0 on a counter the region held
+    // no state for used to apply, while the same on a known counter did not.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.release_requests = vec![release_req(1, "api", "fresh", minute_window(0), 30, 0)];
+    down.grants = vec![grant("api", "next", minute_window(60_000), 5, 0)];
+    b.handle_sync_down(at(0), down);
+    assert_eq!(allowance(&b, at(0), "api", "fresh"), 100);
+    assert_eq!(allowance(&b, at(60_000), "api", "next"), 100);
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert_eq!(up.release_acks[0].released_units, 0);
+}
+
+#[test]
+fn a_counter_the_coordinator_names_is_reported_from_then_on() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // A quiet key: 5 units in 30 s never escalates (5 + 5 = 10 <= 100).
+    acquire(&mut b, at(30_000), "api", "k", 5);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    assert!(up.entries.is_empty());
+    // The coordinator grants it an allowance: others are interested in it now.
+    let mut down = answer(&up, at(30_000));
+    down.grants = vec![grant("api", "k", minute_window(0), 120, 1)];
+    b.handle_sync_down(at(30_000), down);
+    let up = b.poll_transmit(at(30_250)).expect("sync");
+    assert_eq!(up.entries.len(), 1);
+    assert_eq!(up.entries[0].granted_units, 5);
+    assert!(up.demand.is_empty(), "named, not escalated: entries only");
+}
+
+#[test]
+fn release_requests_beyond_the_pending_ack_bound_wait_for_a_resend() {
+    use crate::budget::config::MAX_PENDING_ACKS;
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    let total = MAX_PENDING_ACKS as u64 + 1;
+    let mut id = 0;
+    while id < total {
+        let up = b.poll_transmit(at(id)).expect("sync");
+        let mut down = answer(&up, at(id));
+        // Answer with an empty SyncUp's seq only, so no ack is confirmed meanwhile.
+        down.reply_to_seq = u64::MAX;
+        let batch = (total - id).min(MAX_ITEMS_PER_MESSAGE as u64);
+        down.release_requests = (id..id + batch)
+            .map(|i| release_req(i + 1, "api", &format!("k{i}"), w, 10, 1))
+            .collect();
+        b.handle_sync_down(at(id), down);
+        id += batch;
+    }
+    assert_eq!(b.region_stats().release_requests_deferred, 1);
+    // The deferred one released nothing.
+    let last = format!("k{}", total - 1);
+    assert_eq!(allowance(&b, at(0), "api", &last), 100);
+    assert_eq!(allowance(&b, at(0), "api", "k0"), 90);
+}

@@ -1,0 +1,169 @@
+//! The region's view: its contact with the coordinator, and the clock sample of the last
+//! round trip.
+//!
+//! Contact is the agent-clock send time of the latest SyncUp that got an answer. Anything in
+//! an answer is aged from that send time, never from the coordinator's clock, so a slow or
+//! delayed answer can only make the region more conservative.
+
+use std::time::Duration;
+
+use crate::sync::ClockSample;
+use crate::time::Timestamp;
+
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    ttl: Duration,
+    /// Send time (agent clock) of the latest answered SyncUp; `None` before the first answer.
+    contact_at: Option<Timestamp>,
+    clock: Option<ClockSample>,
+    /// Time up to which expired periods have been handed out as "time open".
+    open_accounted_until: Option<Timestamp>,
+}
+
+impl View {
+    pub fn new(ttl: Duration) -> Self {
+        View {
+            ttl,
+            contact_at: None,
+            clock: None,
+            open_accounted_until: None,
+        }
+    }
+
+    /// Expired: no contact yet, or the last contact is older than the TTL.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.contact_at
+            .is_none_or(|c| now.saturating_duration_since(c) > self.ttl)
+    }
+
+    /// The first instant at which the view is expired (while it is fresh).
+    pub fn expires_at(&self) -> Option<Timestamp> {
+        self.contact_at
+            .map(|c| c + self.ttl + Duration::from_nanos(1))
+    }
+
+    pub fn contact_at(&self) -> Option<Timestamp> {
+        self.contact_at
+    }
+
+    pub fn clock(&self) -> Option<ClockSample> {
+        self.clock
+    }
+
+    /// An answer arrived: contact dates from the send time of the SyncUp it answers.
+    pub fn on_answer(&mut self, rt: RoundTrip) {
+        let t0 = rt.sent_at;
+        self.contact_at = Some(self.contact_at.map_or(t0, |c| c.max(t0)));
+        self.clock = Some(rt.clock_sample());
+    }
+
+    /// The expired stretch of time between the last call and `now`, if any: the span during
+    /// which an open partition policy was in force.
+    pub fn take_expired_span(&mut self, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let from = self.open_accounted_until.unwrap_or(now);
+        self.open_accounted_until = Some(from.max(now));
+        let expired_from = match self.contact_at {
+            None => from,
+            Some(c) => from.max(c + self.ttl),
+        };
+        (expired_from < now).then_some((expired_from, now))
+    }
+}
+
+/// The four timestamps of one SyncUp/SyncDown round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RoundTrip {
+    /// t0: the SyncUp left (agent clock).
+    pub sent_at: Timestamp,
+    /// t1: the coordinator received it (its clock).
+    pub received_at: Timestamp,
+    /// t2: the coordinator sent the answer (its clock).
+    pub answered_at: Timestamp,
+    /// t3: the answer arrived (agent clock).
+    pub returned_at: Timestamp,
+}
+
+impl RoundTrip {
+    /// NTP's estimate: `offset = ((t1 - t0) + (t2 - t3)) / 2` (positive when the coordinator's
+    /// clock is ahead) and `round trip = (t3 - t0) - (t2 - t1)`, never negative.
+    pub fn clock_sample(&self) -> ClockSample {
+        let ns = |t: Timestamp| i128::from(t.as_unix_nanos());
+        let (t0, t1) = (ns(self.sent_at), ns(self.received_at));
+        let (t2, t3) = (ns(self.answered_at), ns(self.returned_at));
+        let offset = ((t1 - t0) + (t2 - t3)) / 2;
+        let round_trip = (t3 - t0) - (t2 - t1);
+        let saturated = if offset < 0 { i64::MIN } else { i64::MAX };
+        ClockSample {
+            offset_nanos: i64::try_from(offset).unwrap_or(saturated),
+            round_trip_nanos: u64::try_from(round_trip.max(0)).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Timestamp {
+        Timestamp::from_unix_millis(v)
+    }
+
+    fn rt(t0: u64, t1: u64, t2: u64, t3: u64) -> RoundTrip {
+        RoundTrip {
+            sent_at: ms(t0),
+            received_at: ms(t1),
+            answered_at: ms(t2),
+            returned_at: ms(t3),
+        }
+    }
+
+    #[test]
+    fn clock_sample_worked_example() {
+        // Sent at 1000 (agent), received at 1120 and answered at 1130 (coordinator, which runs
+        // 100 ms ahead), back at 1050 (agent). One-way delay 20 ms each way, 10 ms inside.
+        // offset = ((1120 - 1000) + (1130 - 1050)) / 2 = (120 + 80) / 2 = 100 ms
+        // round trip = (1050 - 1000) - (1130 - 1120) = 40 ms
+        let s = rt(1000, 1120, 1130, 1050).clock_sample();
+        assert_eq!(s.offset_nanos, 100_000_000);
+        assert_eq!(s.round_trip_nanos, 40_000_000);
+    }
+
+    #[test]
+    fn a_coordinator_clock_behind_gives_a_negative_offset() {
+        // Coordinator 300 ms behind, instant links: t1 = t2 = t0 - 300.
+        let s = rt(1000, 700, 700, 1000).clock_sample();
+        assert_eq!(s.offset_nanos, -300_000_000);
+        assert_eq!(s.round_trip_nanos, 0);
+    }
+
+    #[test]
+    fn the_view_expires_strictly_after_its_ttl() {
+        let mut v = View::new(Duration::from_secs(2));
+        assert!(v.is_expired(ms(0)), "no contact yet");
+        v.on_answer(rt(10_000, 10_010, 10_011, 10_030));
+        assert!(
+            !v.is_expired(ms(12_000)),
+            "exactly the TTL old is still fresh"
+        );
+        assert!(v.is_expired(ms(12_001)));
+        assert_eq!(v.expires_at(), Some(ms(12_000) + Duration::from_nanos(1)));
+    }
+
+    #[test]
+    fn a_late_answer_to_an_older_sync_never_moves_contact_back() {
+        let mut v = View::new(Duration::from_secs(2));
+        v.on_answer(rt(5_000, 5_000, 5_000, 5_100));
+        v.on_answer(rt(4_000, 4_000, 4_000, 5_200));
+        assert_eq!(v.contact_at(), Some(ms(5_000)));
+    }
+
+    #[test]
+    fn expired_spans_are_handed_out_once() {
+        let mut v = View::new(Duration::from_secs(2));
+        v.on_answer(rt(1_000, 1_000, 1_000, 1_000));
+        assert_eq!(v.take_expired_span(ms(2_000)), None, "fresh");
+        // Expired from 3,000 (contact + TTL); at 5,000 the span is 3,000..5,000.
+        assert_eq!(v.take_expired_span(ms(5_000)), Some((ms(3_000), ms(5_000))));
+        assert_eq!(v.take_expired_span(ms(6_000)), Some((ms(5_000), ms(6_000))));
+    }
+}
