@@ -85,11 +85,13 @@ pub(crate) fn allowance(
     } else if !ctx.view_expired {
         let hot = ks.hot.as_deref().filter(|_| ks.window == window);
         return match hot.filter(|h| h.known_to_coordinator) {
+            // In view mode the default share is no longer a floor: the others count this
+            // region at its reported use, so it may only take what the view leaves.
             Some(h) => {
-                let global = quota.saturating_sub(h.remote_net_units(ctx.region));
+                let units = quota.saturating_sub(h.assumed_remote_units(&p.others));
                 Allowance {
-                    units: global.max(p.default_units),
-                    reason: if global > p.default_units {
+                    units,
+                    reason: if units > p.default_units {
                         Reason::GlobalView
                     } else {
                         Reason::Allowance

@@ -6,6 +6,8 @@
 //! remote view, escalation and rate-cap state live in [`HotState`], allocated only for keys
 //! that need one and dropped again once they go quiet.
 
+use std::collections::BTreeSet;
+
 use crdts::VClock;
 
 use super::config::MAX_FUTURE_WINDOWS;
@@ -32,6 +34,16 @@ pub(crate) struct WindowAllowance {
     pub window: WindowIndex,
     pub allowance_units: u64,
     pub epoch: Epoch,
+}
+
+/// The other regions of an eventual limit, as admission must assume them (see
+/// [`HotState::assumed_remote_units`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OtherRegions {
+    /// Each other region's default share `floor(w_j * L)`.
+    pub default_units: Vec<(RegionId, u64)>,
+    /// `L` minus every region's default share (own included): held by nobody by default.
+    pub unassigned_units: u64,
 }
 
 /// Final counter values of a window that ended before the coordinator acknowledged them.
@@ -75,6 +87,9 @@ pub(crate) struct HotState {
     /// Other regions' G-counter entries, merged by max.
     pub remote_granted: VClock<RegionId>,
     pub remote_refunded: VClock<RegionId>,
+    /// Regions whose entry the view holds, zero entries included (a `VClock` does not keep
+    /// zeros, and "reported zero" must not read as "never reported").
+    pub remote_seen: BTreeSet<RegionId>,
     /// Own entries as far as the coordinator has confirmed receiving them.
     pub acked_granted_units: u64,
     pub acked_refunded_units: u64,
@@ -178,6 +193,7 @@ impl HotState {
         self.known_to_coordinator = false;
         self.remote_granted = VClock::new();
         self.remote_refunded = VClock::new();
+        self.remote_seen.clear();
         self.acked_granted_units = 0;
         self.acked_refunded_units = 0;
     }
@@ -226,13 +242,27 @@ impl HotState {
             .unwrap_or_default()
     }
 
-    /// Other regions' net use, as last heard.
-    pub fn remote_net_units(&self, own: &RegionId) -> u64 {
-        self.remote_granted
-            .iter()
-            .filter(|d| d.actor != own)
-            .map(|d| d.counter.saturating_sub(self.remote_refunded.get(d.actor)))
-            .fold(0u64, u64::saturating_add)
+    /// Eventual mode: the use this region must assume of the others. A region whose entry the
+    /// view holds counts at its last heard net use; one not heard of may still be admitting
+    /// on its default share without a view, so it counts at that share, and while any is
+    /// unheard the unassigned remainder counts as taken too (an unheard region might hold it).
+    pub fn assumed_remote_units(&self, others: &OtherRegions) -> u64 {
+        let mut total = 0u64;
+        let mut all_heard = true;
+        for (region, default_units) in &others.default_units {
+            let units = if self.remote_seen.contains(region) {
+                let granted = self.remote_granted.get(region);
+                granted.saturating_sub(self.remote_refunded.get(region))
+            } else {
+                all_heard = false;
+                *default_units
+            };
+            total = total.saturating_add(units);
+        }
+        if !all_heard {
+            total = total.saturating_add(others.unassigned_units);
+        }
+        total
     }
 }
 

@@ -9,12 +9,12 @@ use std::ops::Bound;
 use std::time::Duration;
 
 use super::config::{BudgetConfig, EVICTION_SCAN_KEYS};
-use super::key::KeyState;
+use super::key::{KeyState, OtherRegions};
 use super::stats::LimitStats;
 use crate::algo::concurrency::Concurrency;
 use crate::algo::gcra::Gcra;
 use crate::error::{Error, Result};
-use crate::ids::{KeyId, LimitId};
+use crate::ids::{KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::time::{Timestamp, Window, WindowIndex};
 
@@ -26,6 +26,8 @@ pub(crate) struct LimitParams {
     pub quota: Option<(u64, Window)>,
     /// `floor(w_r * L)`, or `L` for a single region.
     pub default_units: u64,
+    /// Eventual limits: the other regions' default shares.
+    pub others: OtherRegions,
     pub rate: Option<Gcra>,
     pub open_rate: Option<Gcra>,
     pub concurrency: Option<Concurrency>,
@@ -44,6 +46,11 @@ impl LimitParams {
         } else {
             quota_units
         };
+        let others = if cfg.coordinated {
+            other_regions(&spec, cfg, quota_units)
+        } else {
+            OtherRegions::default()
+        };
         let open_rate = match spec.partition_policy {
             PartitionPolicy::Open { rate } => Some(Gcra::new(rate)),
             _ => None,
@@ -54,6 +61,7 @@ impl LimitParams {
             concurrency: spec.concurrency.map(Concurrency::new),
             quota,
             default_units,
+            others,
             spec,
         }
     }
@@ -244,4 +252,23 @@ fn scan_from(
         }
     }
     last
+}
+
+/// The other regions' default shares, and what no region holds by default.
+fn other_regions(spec: &LimitSpec, cfg: &BudgetConfig, quota_units: u64) -> OtherRegions {
+    let share = |r: &RegionId| spec.weights.default_allowance(r, &cfg.regions, quota_units);
+    let assigned = cfg
+        .regions
+        .iter()
+        .map(share)
+        .fold(0u64, u64::saturating_add);
+    OtherRegions {
+        default_units: cfg
+            .regions
+            .iter()
+            .filter(|r| **r != cfg.region)
+            .map(|r| (r.clone(), share(r)))
+            .collect(),
+        unassigned_units: quota_units.saturating_sub(assigned),
+    }
 }

@@ -379,6 +379,7 @@ impl RegionBudget {
                     .apply(Dot::new(e.region.clone(), e.granted_units));
                 hot.remote_refunded
                     .apply(Dot::new(e.region.clone(), e.refunded_units));
+                hot.remote_seen.insert(e.region.clone());
             }
             hot.mentioned = true;
             hot.known_to_coordinator = true;

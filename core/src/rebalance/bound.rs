@@ -174,8 +174,8 @@ impl Ctx<'_> {
         term("coordination", 0, detail)
     }
 
-    /// Per region: `max(min(L, cap * lag + burst), d_j)` with `lag = 2 * view_ttl + rtt_j`
-    /// (partitioned or not: see docs/bound.md).
+    /// Per region: `min(L, cap * lag + burst)` with `lag = 2 * view_ttl + rtt_j`: what a region
+    /// can admit that another region's view has not yet seen (docs/bound.md).
     fn eventual(&self) -> BoundTerm {
         if !self.eventual_mode() {
             return term("eventual", 0, "strict mode".to_string());
@@ -190,7 +190,6 @@ impl Ctx<'_> {
                 .get(r)
                 .map_or(ttl, |n| Duration::from_nanos(*n));
             let lag = ttl * 2 + rtt;
-            let d = self.default_units(r);
             let cap_units = self.spec.rate_cap.map_or(self.quota_units, |c| {
                 capped_units(&c, lag).min(self.quota_units)
             });
@@ -198,16 +197,15 @@ impl Ctx<'_> {
             let peak_units = peak.map_or(cap_units, |p| {
                 units_over(p, Duration::from_secs(1), lag).min(cap_units)
             });
-            total = total.saturating_add(cap_units.max(d));
-            measured = measured.saturating_add(peak_units.max(d));
+            total = total.saturating_add(cap_units);
+            measured = measured.saturating_add(peak_units);
             let cap_text = self.spec.rate_cap.map_or("no cap: L".to_string(), |c| {
                 format!("{}/{:?}*{:?}+{}", c.units, c.per, lag, c.burst)
             });
             let _ = write!(
                 detail,
-                "{r}: max(min({}, {cap_text}), d={d}) = {}; ",
-                self.quota_units,
-                cap_units.max(d)
+                "{r}: min({}, {cap_text}) = {cap_units}; ",
+                self.quota_units
             );
         }
         BoundTerm {

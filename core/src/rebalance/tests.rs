@@ -583,6 +583,31 @@ fn eventual_limits_get_no_rows_but_their_entries_are_relayed() {
     assert_eq!(to_b.entries[0].granted_units, 30);
 }
 
+#[test]
+fn a_region_that_reported_zero_is_relayed_as_heard() {
+    // b escalates with no use at all (a zero entry). Eventual regions tell "reported zero"
+    // from "never reported" (the latter may still be spending its default share), so a must
+    // receive b's zero entry rather than nothing.
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..spec()
+    };
+    let mut w = world(&eventual);
+    let now = at_ms(5_000);
+    w.b.set_demand(&counter(100), 10);
+    w.sync("b", now);
+    let to_a = w.sync("a", now);
+    assert_eq!(to_a.entries.len(), 1);
+    assert_eq!(to_a.entries[0].region, RegionId::from("b"));
+    assert_eq!(
+        (
+            to_a.entries[0].granted_units,
+            to_a.entries[0].refunded_units
+        ),
+        (0, 0)
+    );
+}
+
 // ---- the bound ----------------------------------------------------------------------------
 
 fn term<'a>(b: &'a Bound, name: &str) -> &'a BoundTerm {
@@ -631,12 +656,12 @@ fn strict_bound_is_skew_plus_measured_terms() {
 }
 
 #[test]
-fn eventual_bound_counts_view_lag_defaults_and_partitioned_floors() {
+fn eventual_bound_counts_view_lag_and_partitioned_floors() {
     // L = 100, defaults 50/50, cap 10/s burst 5, view_ttl 2 s. Clock samples: offset 0,
     // rtt 1 s for both (skew = 2 * min(L, 10 * 0.5 + 5) = 2 * 10 = 20).
-    // Each region: lag = 2 * 2 s + 1 s = 5 s -> 10 * 5 + 5 = 55; max(55, d = 50) = 55.
+    // Each region: lag = 2 * 2 s + 1 s = 5 s -> 10 * 5 + 5 = 55.
     // b is partitioned (last seen n_b = 20): partition_floor adds (50 - 20)+ = 30.
-    // Measured peak of a: 4/s -> 4 * 5 = 20, max(20, 50) = 50; b: no peak -> its cap, 55.
+    // Measured peak of a: 4/s -> 4 * 5 = 20; b: no peak -> its cap, 55.
     let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
     for r in regions() {
         inputs.clock_offset_nanos.insert(r.clone(), 0);
@@ -652,7 +677,7 @@ fn eventual_bound_counts_view_lag_defaults_and_partitioned_floors() {
     });
     let b = bound(&eventual, WindowIndex(100), &inputs);
     assert_eq!(term(&b, "eventual").units, 55 + 55);
-    assert_eq!(term(&b, "eventual").measured_units, Some(50 + 55));
+    assert_eq!(term(&b, "eventual").measured_units, Some(20 + 55));
     assert_eq!(term(&b, "partition_floor").units, 30);
     assert_eq!(term(&b, "skew").units, 20);
     assert_eq!(b.total_units, 110 + 30 + 20);

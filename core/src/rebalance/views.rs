@@ -2,7 +2,7 @@
 //! is never replicated. Counter entries are G-counters (`crdts::VClock<RegionId>`, merged by
 //! max), so duplicated, reordered or replayed SyncUps never double-count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crdts::{CmRDT, Dot, VClock};
@@ -61,6 +61,9 @@ pub(crate) struct DemandView {
 pub(crate) struct CounterView {
     pub granted: VClock<RegionId>,
     pub refunded: VClock<RegionId>,
+    /// Regions that reported this counter, zero entries included: a `VClock` keeps no
+    /// zeros, and eventual-mode regions must tell "reported zero" from "never reported".
+    pub reporters: BTreeSet<RegionId>,
     pub demand: BTreeMap<RegionId, DemandView>,
 }
 
@@ -70,6 +73,7 @@ impl CounterView {
             .apply(Dot::new(e.region.clone(), e.granted_units));
         self.refunded
             .apply(Dot::new(e.region.clone(), e.refunded_units));
+        self.reporters.insert(e.region.clone());
     }
 
     /// Net use `n_r`; a refund can never exceed what was granted, but a region that reports
@@ -84,9 +88,9 @@ impl CounterView {
         (self.granted.get(region), self.refunded.get(region))
     }
 
-    /// Regions with any entry, in order.
+    /// Regions that reported an entry (zero or not), in order.
     pub fn reporting_regions(&self) -> impl Iterator<Item = &RegionId> {
-        self.granted.iter().map(|d| d.actor)
+        self.reporters.iter()
     }
 }
 

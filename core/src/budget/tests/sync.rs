@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::budget::Reason;
-use crate::limit::Consistency;
+use crate::limit::{Consistency, RegionWeights};
 use crate::sync::{CounterEntry, MAX_ITEMS_PER_MESSAGE};
 
 #[test]
@@ -303,40 +303,88 @@ fn an_answer_to_an_unknown_sync_merges_counters_but_refreshes_nothing() {
     );
 }
 
-#[test]
-fn eventual_mode_admits_past_the_default_share_against_the_global_view() {
-    // L = 400, default share 100.
+/// Escalates counter `k` of an eventual limit of L = 400 (four regions, default share 100
+/// each) by using the whole default share, then answers with `entries` from other regions.
+fn eventual_region_with_view(entries: &[(&str, u64, u64)]) -> RegionBudget {
     let mut spec = per_minute("api", 400);
     spec.consistency = Consistency::Eventual;
     let mut b = budget(vec![spec]);
-    let w = minute_window(0);
     assert!(acquire(&mut b, at(0), "api", "k", 100).allowed);
     // Past the default share, and the coordinator has not answered for this counter yet.
-    let d = acquire(&mut b, at(0), "api", "k", 1);
-    assert!(!d.allowed);
+    assert!(!acquire(&mut b, at(0), "api", "k", 1).allowed);
     let up = b.poll_transmit(at(0)).expect("sync");
     assert_eq!(up.entries.len(), 1, "past its default share: escalated");
-    // The answer brings the others: us 50, ap 30 - 10 = 20; sum of others 70.
     let mut down = answer(&up, at(0));
-    let remote = |r: &str, g, f| CounterEntry {
-        counter: counter("api", "k", w),
-        region: RegionId::from(r),
-        granted_units: g,
-        refunded_units: f,
-    };
-    down.entries = vec![
-        remote("us", 50, 0),
-        remote("ap", 30, 10),
-        remote("ap", 25, 0),
-    ];
+    down.entries = entries
+        .iter()
+        .map(|(r, g, f)| CounterEntry {
+            counter: counter("api", "k", minute_window(0)),
+            region: RegionId::from(*r),
+            granted_units: *g,
+            refunded_units: *f,
+        })
+        .collect();
     b.handle_sync_down(at(10), down);
-    // 100 + 230 + 70 = 400 = L.
+    b
+}
+
+#[test]
+fn eventual_mode_admits_past_the_default_share_once_every_region_is_heard() {
+    // us 50, ap max(30, 25) - 10 = 20, sa reported zero: others 70, so 400 - 70 = 330.
+    let mut b =
+        eventual_region_with_view(&[("us", 50, 0), ("ap", 30, 10), ("ap", 25, 0), ("sa", 0, 0)]);
+    // 100 + 230 = 330.
     let d = acquire(&mut b, at(10), "api", "k", 230);
     assert!(d.allowed);
     assert_eq!(d.reason, Reason::GlobalView);
     assert!(!acquire(&mut b, at(10), "api", "k", 1).allowed);
     // Once the view expires only the default share counts: still nothing more.
     assert_eq!(allowance(&b, at(5_000), "api", "k"), 100);
+}
+
+#[test]
+fn eventual_mode_counts_an_unheard_region_at_its_default_share() {
+    // sa has not reported: it may be admitting on its default share (100) without a view.
+    // Others: 50 + 20 + 100 = 170, so 400 - 170 = 230 in all for this region.
+    let mut b = eventual_region_with_view(&[("us", 50, 0), ("ap", 30, 10)]);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 230);
+    assert!(acquire(&mut b, at(10), "api", "k", 130).allowed);
+    assert!(!acquire(&mut b, at(10), "api", "k", 1).allowed);
+}
+
+#[test]
+fn eventual_mode_counts_the_unassigned_remainder_while_a_region_is_unheard() {
+    // Weights 0.2 each: defaults 80, and 400 - 4 * 80 = 80 held by nobody. With sa unheard it
+    // counts at 80 and so does the remainder: 400 - (50 + 20 + 80 + 80) = 170.
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    let ppm = regions().into_iter().map(|r| (r, 200_000)).collect();
+    spec.weights = RegionWeights::new(ppm).expect("weights sum to 0.8");
+    let mut b = budget(vec![spec]);
+    assert!(acquire(&mut b, at(0), "api", "k", 80).allowed);
+    assert!(!acquire(&mut b, at(0), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = [("us", 50), ("ap", 20)]
+        .into_iter()
+        .map(|(r, g)| CounterEntry {
+            counter: counter("api", "k", minute_window(0)),
+            region: RegionId::from(r),
+            granted_units: g,
+            refunded_units: 0,
+        })
+        .collect();
+    b.handle_sync_down(at(10), down);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 170);
+}
+
+#[test]
+fn in_eventual_view_mode_the_default_share_is_no_floor() {
+    // The others took 50 + 150 + 150 = 350 while this region held 100: it may not go on to
+    // spend its default share, because they counted it at its reported use.
+    let mut b = eventual_region_with_view(&[("us", 50, 0), ("ap", 150, 0), ("sa", 150, 0)]);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 50);
+    assert!(!acquire(&mut b, at(10), "api", "k", 1).allowed);
 }
 
 #[test]
