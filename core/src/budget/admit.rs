@@ -13,14 +13,12 @@ use super::key::KeyState;
 use super::limits::LimitParams;
 use super::stats::{LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
-use crate::ids::RegionId;
 use crate::limit::PartitionPolicy;
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
 
 /// The region-wide inputs of an admission.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Ctx<'a> {
-    pub region: &'a RegionId,
+pub(crate) struct Ctx {
     pub coordinated: bool,
     /// Contact with the coordinator is older than `view_ttl` (or never happened).
     pub view_expired: bool,

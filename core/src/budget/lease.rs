@@ -349,8 +349,8 @@ impl RegionBudget {
 }
 
 /// What a lease grant needs besides the key: the call's context and the new lease's terms.
-struct LeaseTerms<'a> {
-    ctx: Ctx<'a>,
+struct LeaseTerms {
+    ctx: Ctx,
     now: Timestamp,
     id: LeaseId,
     ttl: Duration,

@@ -332,9 +332,8 @@ impl RegionBudget {
     }
 }
 
-fn ctx_of<'a>(cfg: &'a BudgetConfig, view: &View, now: Timestamp) -> Ctx<'a> {
+fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
     Ctx {
-        region: &cfg.region,
         coordinated: cfg.coordinated,
         view_expired: cfg.coordinated && view.is_expired(now),
         sync_interval: cfg.sync_interval,
