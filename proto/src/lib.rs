@@ -1,8 +1,21 @@
 //! allot-proto: the wire types, and the only crate that knows prost.
 //!
-//! It will hold the `allot.lease.v1` lease API and the `allot.sync.v1` agent <-> coordinator
-//! stream, compiled from `proto/*.proto` with protox (pure Rust, no protoc), plus the Envoy RLS
-//! and RLQS types re-exported from envoy-types. Conversions between these types and the
-//! `allot-core` types live in the daemons, one module per crate.
+//! - [`lease::v1`]: the lease API gateways call (`allot.lease.v1.LeaseService`).
+//! - [`envoy`]: Envoy's rate limit service v3 (RLS) types, re-exported from envoy-types.
 //!
-//! Not yet written: the lease API and the sync stream arrive with the agent and coordinator.
+//! The `.proto` sources live in `proto/allot/`, compiled at build time with protox (pure Rust,
+//! no protoc). Conversions between these types and `allot-core` types live in the daemons, one
+//! module per crate. Still to come: the `allot.sync.v1` agent <-> coordinator stream.
+
+pub mod lease {
+    pub mod v1 {
+        tonic::include_proto!("allot.lease.v1");
+    }
+}
+
+/// Envoy's global rate limit service v3.
+pub mod envoy {
+    pub use envoy_types::pb::envoy::config::core::v3 as core;
+    pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3 as common;
+    pub use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+}
