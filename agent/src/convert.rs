@@ -234,7 +234,8 @@ fn current_limit(rule: &RuleInfo) -> rls::rate_limit_response::RateLimit {
 
 /// One descriptor's status, as envoyproxy/ratelimit answers it: no rule -> OK with no limit;
 /// unlimited (or disabled) -> OK with `u32::MAX` remaining; shadow mode -> OK with 0
-/// remaining; otherwise the decision with the rule's limit and time to reset.
+/// remaining; over the limit -> 0 remaining; otherwise the decision with the rule's limit,
+/// what is left and the time to reset.
 pub fn descriptor_status(c: &Checked) -> rls::rate_limit_response::DescriptorStatus {
     use rls::rate_limit_response::{Code, DescriptorStatus};
     let code = |allowed: bool| {
@@ -261,7 +262,8 @@ pub fn descriptor_status(c: &Checked) -> rls::rate_limit_response::DescriptorSta
         Checked::Decided { rule, decision: d } => DescriptorStatus {
             code: code(d.allowed),
             current_limit: Some(current_limit(rule)),
-            limit_remaining: if d.shadow_denied {
+            // envoyproxy/ratelimit reports nothing left on a refusal (and in shadow mode).
+            limit_remaining: if d.shadow_denied || !d.allowed {
                 0
             } else {
                 saturating_u32(d.remaining_units)
