@@ -848,3 +848,48 @@ fn a_coordinator_address_is_checked_and_the_single_region_mode_announced() {
     assert_eq!(code, Some(0));
     assert!(log.contains("not implemented yet"), "{log}");
 }
+
+const TWO_RULES: &str = "\
+domain: shop
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 10}
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 10}
+    allot: {failure_mode: closed}
+";
+
+#[tokio::test]
+async fn past_the_key_cap_the_rules_failure_mode_decides() {
+    let dir = scratch("key_cap");
+    write_config(&dir, TWO_RULES);
+    let agent = Agent::start(&dir, &["--max-keys-per-limit", "1"]);
+    let mut c = agent.lease_api().await;
+    // One key per rule: a second key with use this window cannot evict the first (it is not
+    // idle), so the agent cannot decide and the rule's failure mode answers.
+    assert!(
+        acquire(&mut c, "shop", &[("tenant", "a")], 1, "")
+            .await
+            .allowed
+    );
+    let open = acquire(&mut c, "shop", &[("tenant", "b")], 1, "").await;
+    assert_eq!((open.allowed, open.reason.as_str()), (true, "degraded"));
+    assert!(
+        acquire(&mut c, "shop", &[("user", "a")], 1, "")
+            .await
+            .allowed
+    );
+    let closed = acquire(&mut c, "shop", &[("user", "b")], 1, "").await;
+    assert_eq!(
+        (closed.allowed, closed.reason.as_str()),
+        (false, "degraded")
+    );
+    assert_eq!(
+        agent.metric("allot_keys_refused_total{rule=\"shop/tenant\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        agent.metric("allot_degraded_decisions_total{rule=\"shop/user\",mode=\"closed\"}"),
+        Some(1.0)
+    );
+}
