@@ -289,6 +289,12 @@ impl Agent {
             }
             asks.push((i, rule, pair, d.hits));
         }
+        if asks.is_empty() {
+            return Ok(answers
+                .into_iter()
+                .map(|a| a.unwrap_or(Checked::NoRule))
+                .collect());
+        }
         let results = self
             .with_budget(|b| {
                 asks.iter()
@@ -775,4 +781,73 @@ fn lease_at_least(
 
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use allot_core::ids::RegionId;
+
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn agent(seed: u64) -> Agent {
+        let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+        s.jitter_seed = Some(seed);
+        Agent::open(s, Arc::new(MemoryStore::new())).expect("agent")
+    }
+
+    #[test]
+    fn retry_after_is_rounded_up_then_stretched_by_at_most_a_tenth() {
+        let a = agent(7);
+        // 41.2 s rounds up to 42; a tenth of 42 rounds up to 5: 42 ..= 47.
+        let draws: Vec<u64> = (0..200)
+            .map(|_| a.retry_after_secs(Duration::from_millis(41_200)))
+            .collect();
+        assert!(draws.iter().all(|s| (42..=47).contains(s)), "{draws:?}");
+        assert!(
+            draws.iter().any(|s| *s != draws[0]),
+            "jitter spreads clients out"
+        );
+        // Under a second still waits a second, and may wait one more.
+        let short = a.retry_after_secs(Duration::from_millis(10));
+        assert!((1..=2).contains(&short));
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_jitter() {
+        let (a, b) = (agent(3), agent(3));
+        let wait = Duration::from_secs(100);
+        let da: Vec<u64> = (0..20).map(|_| a.retry_after_secs(wait)).collect();
+        let db: Vec<u64> = (0..20).map(|_| b.retry_after_secs(wait)).collect();
+        assert_eq!(da, db);
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_given_only_once_its_records_are_in_the_store() {
+        let store = MemoryStore::new();
+        let a = Agent::open(
+            Settings::new(RegionId::from("r"), PathBuf::from("unused")),
+            Arc::new(store.clone()),
+        )
+        .expect("agent");
+        let target = Target {
+            domain: "default".into(),
+            entries: vec![("generic_key".into(), "k".into())],
+        };
+        let checked = a.acquire(&target, 5, None).await.expect("acquire");
+        assert!(checked.allowed());
+        // The embedded default allows 6000 per minute for generic_key: 5 are on record.
+        let granted: u64 = store
+            .load()
+            .expect("load")
+            .iter()
+            .filter_map(|r| match r {
+                PersistRecord::Key(k) if k.key.as_str() == "generic_key=k" => Some(k.granted_units),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(granted, 5);
+    }
 }
