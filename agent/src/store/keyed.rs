@@ -28,8 +28,8 @@ pub(crate) trait Scan {
 
 /// An ordered key-value map a batch of records can be applied to.
 pub(crate) trait Kv: Scan {
-    fn put(&mut self, key: Vec<u8>, value: Vec<u8>);
-    fn delete(&mut self, key: &[u8]);
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<()>;
+    fn delete(&mut self, key: &[u8]) -> Result<()>;
 }
 
 /// Applies `batch` to `kv` in order.
@@ -45,23 +45,23 @@ fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
         PersistRecord::Reset => {
             for (key, _) in kv.scan(&[])? {
                 if key != META {
-                    kv.delete(&key);
+                    kv.delete(&key)?;
                 }
             }
         }
         PersistRecord::LimitRemoved { limit } => remove_limit(kv, limit)?,
-        PersistRecord::Meta(_) => kv.put(META.to_vec(), encode(record)?),
-        PersistRecord::Key(r) => kv.put(key_key(&r.limit, &r.key), encode(record)?),
-        PersistRecord::KeyEvicted { limit, key } => kv.delete(&key_key(limit, key)),
-        PersistRecord::Lease(r) => kv.put(id_key(LEASE, r.lease.0), encode(record)?),
-        PersistRecord::LeaseEnded { lease } => kv.delete(&id_key(LEASE, lease.0)),
-        PersistRecord::Slot(r) => kv.put(id_key(SLOT, r.slot.0), encode(record)?),
-        PersistRecord::SlotEnded { slot } => kv.delete(&id_key(SLOT, slot.0)),
-        PersistRecord::ReleaseAck(a) => kv.put(id_key(ACK, a.ack.id), encode(record)?),
-        PersistRecord::ReleaseForgotten { id } => kv.delete(&id_key(ACK, *id)),
-        PersistRecord::Idempotency(i) => kv.put(idempotency_key(i.request.0), encode(record)?),
+        PersistRecord::Meta(_) => kv.put(META.to_vec(), encode(record)?)?,
+        PersistRecord::Key(r) => kv.put(key_key(&r.limit, &r.key), encode(record)?)?,
+        PersistRecord::KeyEvicted { limit, key } => kv.delete(&key_key(limit, key))?,
+        PersistRecord::Lease(r) => kv.put(id_key(LEASE, r.lease.0), encode(record)?)?,
+        PersistRecord::LeaseEnded { lease } => kv.delete(&id_key(LEASE, lease.0))?,
+        PersistRecord::Slot(r) => kv.put(id_key(SLOT, r.slot.0), encode(record)?)?,
+        PersistRecord::SlotEnded { slot } => kv.delete(&id_key(SLOT, slot.0))?,
+        PersistRecord::ReleaseAck(a) => kv.put(id_key(ACK, a.ack.id), encode(record)?)?,
+        PersistRecord::ReleaseForgotten { id } => kv.delete(&id_key(ACK, *id))?,
+        PersistRecord::Idempotency(i) => kv.put(idempotency_key(i.request.0), encode(record)?)?,
         PersistRecord::IdempotencyExpired { request } => {
-            kv.delete(&idempotency_key(request.0));
+            kv.delete(&idempotency_key(request.0))?;
         }
     }
     Ok(())
@@ -70,7 +70,7 @@ fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
 /// A removed limit takes its keys, leases and slots with it.
 fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
     for (key, _) in kv.scan(&limit_prefix(limit))? {
-        kv.delete(&key);
+        kv.delete(&key)?;
     }
     for prefix in [LEASE, SLOT] {
         for (key, value) in kv.scan(&[prefix])? {
@@ -80,7 +80,7 @@ fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
                 _ => false,
             };
             if of_limit {
-                kv.delete(&key);
+                kv.delete(&key)?;
             }
         }
     }
@@ -142,12 +142,14 @@ fn idempotency_key(id: u128) -> Vec<u8> {
 
 /// The plain ordered map: the in-memory store, and the overlay a sled batch is built in.
 impl Kv for std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
-    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<()> {
         self.insert(key, value);
+        Ok(())
     }
 
-    fn delete(&mut self, key: &[u8]) {
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
         self.remove(key);
+        Ok(())
     }
 }
 

@@ -1,7 +1,6 @@
 //! The sled-backed store: records in a sled tree, behind a write-ahead log ([`super::wal`])
 //! because sled 0.34 buffers writes in user space until it flushes.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -70,60 +69,26 @@ impl Store for SledStore {
     }
 }
 
-/// Applies a batch to the tree atomically: built in an overlay over the tree, then written as
-/// one sled batch (a Reset followed by a snapshot must never be half there).
+/// Applies a batch to the tree, record by record. No sled batch is needed for atomicity: until
+/// the next checkpoint the log holds the whole batch, and a replay after a crash applies it
+/// again over whatever part of it sled had kept.
 fn apply(db: &sled::Db, batch: &[PersistRecord]) -> Result<()> {
-    let mut overlay = Overlay {
-        tree: db,
-        ops: BTreeMap::new(),
-    };
-    keyed::apply(&mut overlay, batch)?;
-    let mut b = sled::Batch::default();
-    for (key, value) in overlay.ops {
-        match value {
-            Some(v) => b.insert(key, v),
-            None => b.remove(key),
-        }
-    }
-    db.apply_batch(b)?;
-    Ok(())
+    keyed::apply(&mut Tree(db), batch)
 }
 
-/// The tree as it will be once the pending operations are applied.
-struct Overlay<'a> {
-    tree: &'a sled::Db,
-    ops: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-}
-
-impl keyed::Kv for Overlay<'_> {
-    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.ops.insert(key, Some(value));
+impl keyed::Kv for Tree<'_> {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<()> {
+        self.0.insert(key, value)?;
+        Ok(())
     }
 
-    fn delete(&mut self, key: &[u8]) {
-        self.ops.insert(key.to_vec(), None);
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.0.remove(key)?;
+        Ok(())
     }
 }
 
-impl Scan for Overlay<'_> {
-    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> =
-            Tree(self.tree).scan(prefix)?.into_iter().collect();
-        let pending = self
-            .ops
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix));
-        for (key, value) in pending {
-            match value {
-                Some(v) => merged.insert(key.clone(), v.clone()),
-                None => merged.remove(key),
-            };
-        }
-        Ok(merged.into_iter().collect())
-    }
-}
-
-/// The tree itself, read-only.
+/// The tree, as the keyed layer reads and writes it.
 struct Tree<'a>(&'a sled::Db);
 
 impl Scan for Tree<'_> {
