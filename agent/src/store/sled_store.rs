@@ -1,5 +1,9 @@
 //! The sled-backed store: records in a sled tree, behind a write-ahead log ([`super::wal`])
 //! because sled 0.34 buffers writes in user space until it flushes.
+//!
+//! `write` appends to the log; the tree is brought up to date at each checkpoint (and before
+//! a `load`). Applying a record twice is harmless (each is the whole state of one item), so a
+//! crash at any point is repaired by replaying the log files left over.
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -11,12 +15,26 @@ use super::wal::Wal;
 use super::{Durability, Store};
 use crate::error::{Error, Result};
 
+/// Records written to the log but not yet to the tree, kept to apply at the next checkpoint.
+/// Past this many they are applied at once instead, so a checkpoint that keeps failing
+/// cannot make them pile up.
+pub const MAX_UNCHECKPOINTED_RECORDS: usize = 1 << 20;
+
+/// The request path pays for the log append only: records reach the sled tree at the next
+/// checkpoint, which applies them in order, flushes the tree, and only then deletes the log
+/// files that held them.
 pub struct SledStore {
     db: sled::Db,
-    /// Held across the log append and the tree update, so that a checkpoint (which rotates
-    /// the log under it, then flushes the tree) never deletes a log file whose last batch is
-    /// not yet in the tree it flushed.
-    wal: Mutex<Wal>,
+    inner: Mutex<Inner>,
+    /// Held while records are applied to the tree, taken while `inner` is held: batches
+    /// reach the tree in log order even when a checkpoint is still applying older ones.
+    applying: Mutex<()>,
+}
+
+struct Inner {
+    wal: Wal,
+    /// In log order; rotated out with the log file that holds them.
+    unapplied: Vec<PersistRecord>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -41,30 +59,59 @@ impl SledStore {
         replayed.remove()?;
         Ok(SledStore {
             db,
-            wal: Mutex::new(wal),
+            inner: Mutex::new(Inner {
+                wal,
+                unapplied: Vec::new(),
+            }),
+            applying: Mutex::new(()),
         })
     }
 
-    fn wal(&self) -> MutexGuard<'_, Wal> {
-        // The log is only appended to under the lock; a panic elsewhere leaves it whole.
-        self.wal.lock().unwrap_or_else(|p| p.into_inner())
+    fn applying(&self) -> MutexGuard<'_, ()> {
+        // Guards no data of its own: only the order of applications.
+        self.applying.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // Appends and takes happen whole under the lock; a panic elsewhere leaves it whole.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Store for SledStore {
     fn write(&self, batch: &[PersistRecord]) -> Result<()> {
-        let mut wal = self.wal();
-        wal.append(batch)?;
-        apply(&self.db, batch)
+        let mut inner = self.inner();
+        inner.wal.append(batch)?;
+        if inner.unapplied.len() + batch.len() > MAX_UNCHECKPOINTED_RECORDS {
+            let _applying = self.applying();
+            let earlier = std::mem::take(&mut inner.unapplied);
+            apply(&self.db, &earlier)?;
+            return apply(&self.db, batch);
+        }
+        inner.unapplied.extend_from_slice(batch);
+        Ok(())
     }
 
     fn checkpoint(&self) -> Result<()> {
-        let rotated = self.wal().rotate()?;
+        let (rotated, unapplied, applying) = {
+            let mut inner = self.inner();
+            let rotated = inner.wal.rotate()?;
+            let applying = self.applying();
+            (rotated, std::mem::take(&mut inner.unapplied), applying)
+        };
+        // On failure the rotated files stay: the next start replays them.
+        apply(&self.db, &unapplied)?;
+        drop(applying);
         self.db.flush()?;
         rotated.remove()
     }
 
+    /// What the tree holds and what still waits for a checkpoint, in order.
     fn load(&self) -> Result<Vec<PersistRecord>> {
+        let mut inner = self.inner();
+        let _applying = self.applying();
+        let unapplied = std::mem::take(&mut inner.unapplied);
+        apply(&self.db, &unapplied)?;
         keyed::load(&Tree(&self.db))
     }
 }
