@@ -1,5 +1,6 @@
 //! `allot`: one binary, one subcommand per role.
 
+mod agent_cmd;
 mod check_config;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,16 @@ enum Command {
         #[arg(long)]
         merge_domains: bool,
     },
+    /// Run the regional agent: the lease API and Envoy's rate limit service on gRPC, admin
+    /// HTTP, state in a local store. Every flag has an ALLOT_* environment variable.
+    Agent(agent_cmd::AgentArgs),
+    /// Call a running agent's Acquire once and print the decision as JSON.
+    ///
+    /// Exits 0 whether allowed or denied; 2 on a connection or input error.
+    Acquire(agent_cmd::AcquireArgs),
+    /// Call a running agent's ShouldRateLimit (Envoy RLS) once and print the response as
+    /// JSON.
+    Rls(agent_cmd::RlsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,5 +46,8 @@ fn main() -> std::process::ExitCode {
             files,
             merge_domains,
         } => check_config::run(&files, merge_domains),
+        Command::Agent(args) => agent_cmd::agent(args),
+        Command::Acquire(args) => agent_cmd::acquire(args),
+        Command::Rls(args) => agent_cmd::rls(args),
     }
 }

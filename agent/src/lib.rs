@@ -1,8 +1,37 @@
 //! allot-agent: the regional daemon beside the gateways.
 //!
-//! It will be a thin tokio driver over `allot_core::budget::RegionBudget`: tonic services for
-//! the lease API and Envoy's RLS v3 and RLQS, an admin HTTP surface (`/metrics`, `/healthz`,
-//! `/readyz`), sled persistence behind a storage trait, and the sync stream to the coordinator.
-//! Only this crate knows sled.
+//! A thin tokio driver over `allot_core::budget::RegionBudget` (mini-redis shape: the binary
+//! parses flags, binds sockets and calls [`run`]). Only this crate knows sled.
 //!
-//! Not yet written: see the agent issue.
+//! Map, one concern per file:
+//! - [`run`]: wiring and graceful shutdown; [`settings`]: flags and bounds.
+//! - [`state`]: the shared machine behind its mutex, and every call's path through it.
+//! - [`commit`]: group commit, persistence before answers; [`store`]: the `Store` trait, sled
+//!   behind a write-ahead log, the in-memory store, their conformance suite.
+//! - [`service`]: the gRPC services (lease API, Envoy RLS) and rate limit headers;
+//!   [`convert`]: protobuf <-> core, with input bounds.
+//! - [`admin`]: HTTP metrics, health, readiness, key view; [`metrics`]: names and handles.
+//! - [`driver`]: timers, checkpoints, config reloads; [`sync_link`]: the coordinator seam.
+//! - [`limits`]: the configuration in force; [`negative`]: the over-limit cache.
+//! - [`clock`]: the one clock read; [`logging`]: tracing setup; [`error`]: the error type.
+
+pub mod admin;
+pub mod clock;
+pub mod commit;
+pub mod convert;
+pub mod driver;
+pub mod error;
+pub mod limits;
+pub mod logging;
+pub mod metrics;
+pub mod negative;
+pub mod run;
+pub mod service;
+pub mod settings;
+pub mod state;
+pub mod store;
+pub mod sync_link;
+
+pub use error::{Error, Result};
+pub use run::{Listeners, run};
+pub use settings::Settings;

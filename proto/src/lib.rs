@@ -18,4 +18,6 @@ pub mod envoy {
     pub use envoy_types::pb::envoy::config::core::v3 as core;
     pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3 as common;
     pub use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+    /// Protobuf well-known types as envoy-types compiles them (`Duration`, `UInt64Value`).
+    pub use envoy_types::pb::google::protobuf as wkt;
 }

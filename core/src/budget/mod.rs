@@ -18,6 +18,7 @@
 //! - `sync`: producing SyncUps, applying SyncDowns; `timeout`: timers, expiry, sweeps.
 //! - [`persist`]: records for the agent's store, snapshot and restore.
 //! - [`stats`]: per-limit, per-window measurements for the bound.
+//! - [`inspect`]: read-only views of a key, for operators.
 //!
 //! The rules themselves are written up in `docs/budget.md`.
 
@@ -25,6 +26,7 @@ mod admit;
 pub mod api;
 pub mod config;
 mod idempotency;
+pub mod inspect;
 mod key;
 mod lease;
 mod limits;

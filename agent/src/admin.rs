@@ -1,0 +1,168 @@
+//! The admin HTTP surface (axum): `/metrics` (Prometheus text), `/healthz` (the process
+//! answers), `/readyz` (state restored, configuration loaded, listeners up, not shutting
+//! down) and `/v1/keys?domain=D&descriptor=k=v,k2=v2`, one key's state as JSON.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::convert;
+use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
+use crate::state::{Agent, Target};
+
+#[derive(Clone)]
+struct Admin {
+    agent: Arc<Agent>,
+    metrics: PrometheusHandle,
+}
+
+pub fn router(agent: Arc<Agent>, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/v1/keys", get(key))
+        .with_state(Admin { agent, metrics })
+}
+
+async fn render_metrics(State(a): State<Admin>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        a.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn ready(State(a): State<Admin>) -> Response {
+    if a.agent.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let target = match parse_target(&q) {
+        Ok(t) => t,
+        Err(msg) => {
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response();
+        }
+    };
+    let state = match a.agent.key_state(&target) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            let body = json!({ "domain": target.domain, "rule": null, "reason": "no_rule" });
+            return (StatusCode::NOT_FOUND, Json(body)).into_response();
+        }
+        Err(e) => {
+            let body = json!({ "error": e.to_string() });
+            return (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response();
+        }
+    };
+    let v = &state.view;
+    let leases: Vec<_> = v
+        .leases
+        .iter()
+        .map(|l| {
+            json!({
+                "lease_id": l.lease.0,
+                "units": l.units,
+                "expires_at_unix_ms": l.expires_at.as_unix_millis(),
+            })
+        })
+        .collect();
+    let body = json!({
+        "domain": target.domain,
+        "rule": state.rule.id.as_str(),
+        "key": state.key.as_str(),
+        "quota_units": state.rule.quota_units,
+        "window_ms": state.rule.window.map(|w| w.as_millis() as u64),
+        "shadow_mode": state.rule.shadow_mode,
+        "window": v.window.0,
+        "window_start_unix_ms": v.window_start.as_unix_millis(),
+        "window_end_unix_ms": v.window_end.as_unix_millis(),
+        "granted_units": v.granted_units,
+        "refunded_units": v.refunded_units,
+        "net_units": v.granted_units.saturating_sub(v.refunded_units),
+        "allowance_units": v.allowance_units,
+        "explicit_allowance": v.explicit_allowance,
+        "remaining_units": v.remaining_units,
+        "reason": convert::reason_name(v.reason),
+        "leases": leases,
+        "slots_in_use": v.slots_in_use,
+        "reported": v.reported,
+        "tracked": v.tracked,
+        "negative_cache_until_unix_ms": state.negative_cache_until.map(|t| t.as_unix_millis()),
+    });
+    Json(body).into_response()
+}
+
+/// `domain=D` and `descriptor=k=v,k2=v2` (values cannot hold commas here).
+fn parse_target(q: &HashMap<String, String>) -> Result<Target, String> {
+    let domain = q.get("domain").cloned().unwrap_or_default();
+    if domain.is_empty() || domain.len() > MAX_DOMAIN_BYTES {
+        return Err(format!("domain: 1 to {MAX_DOMAIN_BYTES} bytes expected"));
+    }
+    let descriptor = q.get("descriptor").map(String::as_str).unwrap_or_default();
+    let entries = parse_descriptor(descriptor)?;
+    Ok(Target { domain, entries })
+}
+
+/// `k=v,k2=v2` into ordered entries; a bare `k` has an empty value.
+pub fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
+    if text.is_empty() {
+        return Err("descriptor: at least one k=v entry expected".to_owned());
+    }
+    let entries: Vec<(String, String)> = text
+        .split(',')
+        .map(|part| match part.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None => (part.to_owned(), String::new()),
+        })
+        .collect();
+    if entries.len() > MAX_ENTRIES_PER_DESCRIPTOR {
+        return Err(format!(
+            "descriptor: at most {MAX_ENTRIES_PER_DESCRIPTOR} entries"
+        ));
+    }
+    for (k, v) in &entries {
+        if k.is_empty() || k.len() > MAX_ENTRY_BYTES || v.len() > MAX_ENTRY_BYTES {
+            return Err(format!(
+                "descriptor: entry '{k}={v}' needs a key and at most {MAX_ENTRY_BYTES} bytes each"
+            ));
+        }
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_parse_in_order() {
+        assert_eq!(
+            parse_descriptor("api_key=abc,route=orders_post,flag").expect("ok"),
+            vec![
+                ("api_key".to_owned(), "abc".to_owned()),
+                ("route".to_owned(), "orders_post".to_owned()),
+                ("flag".to_owned(), String::new()),
+            ]
+        );
+        // Only the first '=' splits: values may hold more.
+        assert_eq!(
+            parse_descriptor("q=a=b").expect("ok"),
+            vec![("q".to_owned(), "a=b".to_owned())]
+        );
+        assert!(parse_descriptor("").is_err());
+        assert!(parse_descriptor("=v").is_err());
+    }
+}

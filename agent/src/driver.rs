@@ -1,0 +1,119 @@
+//! The background tasks around the machine: timers (`poll_timeout` / `handle_timeout`, and
+//! the SyncUps they produce, sent through the [`SyncLink`] seam), store checkpoints, and
+//! configuration reloads on SIGHUP and on file change. Each stops when `stop` turns true.
+
+use std::sync::Arc;
+
+use tokio::signal::unix::Signal;
+use tokio::sync::watch;
+
+use crate::clock;
+use crate::commit::Ticket;
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::metrics;
+use crate::settings::MAX_TIMER_SLEEP;
+use crate::state::Agent;
+use crate::sync_link::SyncLink;
+
+pub async fn timers<L: SyncLink>(agent: Arc<Agent>, mut link: L, mut stop: watch::Receiver<bool>) {
+    loop {
+        let next = match agent.on_timer().await {
+            Ok((next, up)) => {
+                if let Some(up) = up
+                    && let Err(e) = link.send(up).await
+                {
+                    tracing::warn!(error = %e, "SyncUp not sent");
+                }
+                next
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "timer work not persisted");
+                None
+            }
+        };
+        let (state, lag) = agent.sync_status();
+        metrics::sync_state(state, lag);
+        let now = clock::now();
+        let sleep = next.map_or(MAX_TIMER_SLEEP, |t| {
+            t.saturating_duration_since(now).min(MAX_TIMER_SLEEP)
+        });
+        agent.timer().set(now + sleep);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = agent.timer().notify.notified() => {}
+            down = link.recv() => {
+                if let Some(down) = down
+                    && let Err(e) = agent.on_sync_down(down).await
+                {
+                    tracing::error!(error = %e, "SyncDown not persisted");
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Every `flush_interval`, if anything was written since the last one: make the store's
+/// contents survive a machine crash and drop its log.
+pub async fn checkpoints(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(agent.settings().flush_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Ticket> = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let durable = agent.committer().durable();
+        if last == Some(durable) {
+            continue;
+        }
+        match checkpoint(&agent).await {
+            Ok(()) => last = Some(durable),
+            Err(e) => {
+                metrics::store_error();
+                tracing::error!(error = %e, "store checkpoint failed");
+            }
+        }
+    }
+}
+
+/// One checkpoint, off the runtime's workers (it waits for the device).
+pub async fn checkpoint(agent: &Agent) -> Result<()> {
+    let store = agent.committer().store().clone();
+    tokio::task::spawn_blocking(move || store.checkpoint())
+        .await
+        .map_err(|e| Error::NotPersisted(format!("checkpoint task: {e}")))?
+}
+
+/// Reloads the limits on SIGHUP, and when a file's size or modification time changes.
+pub async fn config_reloads(
+    agent: Arc<Agent>,
+    mut hangup: Signal,
+    mut stop: watch::Receiver<bool>,
+) {
+    let files = agent.settings().config_files.clone();
+    let mut seen = limits::stamps(&files);
+    let mut tick = tokio::time::interval(agent.settings().config_poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => {
+                seen = limits::stamps(&files);
+                agent.reload("SIGHUP").await;
+            }
+            _ = tick.tick() => {
+                if files.is_empty() {
+                    continue;
+                }
+                let now = limits::stamps(&files);
+                if now != seen {
+                    seen = now;
+                    agent.reload("file changed").await;
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}

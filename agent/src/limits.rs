@@ -1,0 +1,167 @@
+//! The limits configuration in force: files read and loaded into a `LimitsConfig`, with what
+//! the request path needs per rule (its metrics handles, its quota) ready.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use allot_core::config::{
+    EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, LimitsConfig, LoadOptions, SourceFile,
+};
+use allot_core::ids::LimitId;
+use allot_core::limit::{FailureMode, LimitSpec, Quota};
+
+use crate::metrics::RuleMetrics;
+
+/// Largest limits file read: real ones are kilobytes; this stops a wrong path (a log, a
+/// device) from being read whole.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// One loaded configuration.
+#[derive(Debug)]
+pub struct Limits {
+    pub config: LimitsConfig,
+    /// Successful loads so far, this one included.
+    pub version: u64,
+    rules: HashMap<LimitId, Arc<RuleInfo>>,
+}
+
+/// What the request path reads about a rule besides its `LimitSpec`.
+#[derive(Debug)]
+pub struct RuleInfo {
+    pub id: LimitId,
+    /// The rule's `name`, when it has one.
+    pub name: Option<String>,
+    /// `L`, or 0 for an unlimited rule.
+    pub quota_units: u64,
+    /// `W`; `None` for an unlimited rule.
+    pub window: Option<Duration>,
+    pub shadow_mode: bool,
+    pub failure_mode: FailureMode,
+    /// An allowed decision leaving at most this many units is near the limit.
+    pub near_limit_remaining_units: u64,
+    pub metrics: RuleMetrics,
+}
+
+impl Limits {
+    pub fn rule(&self, id: &LimitId) -> Option<&Arc<RuleInfo>> {
+        self.rules.get(id)
+    }
+
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<RuleInfo>> {
+        self.rules.values()
+    }
+
+    pub fn specs(&self) -> Vec<LimitSpec> {
+        self.config.rules().map(|r| r.spec.clone()).collect()
+    }
+}
+
+/// Reads and loads `files` (the embedded default when empty), or returns every problem.
+pub fn load(
+    files: &[PathBuf],
+    merge_domains: bool,
+    version: u64,
+    near_limit_ratio: f64,
+) -> Result<Limits, Vec<String>> {
+    let texts = if files.is_empty() {
+        vec![(
+            EMBEDDED_DEFAULT_NAME.to_owned(),
+            EMBEDDED_DEFAULT.to_owned(),
+        )]
+    } else {
+        read_all(files)?
+    };
+    let sources: Vec<SourceFile<'_>> = texts
+        .iter()
+        .map(|(name, text)| SourceFile::new(name, text))
+        .collect();
+    let config = LimitsConfig::load(&sources, &LoadOptions { merge_domains })
+        .map_err(|errors| errors.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let rules = config
+        .rules()
+        .map(|r| {
+            let info = rule_info(&r.spec, near_limit_ratio);
+            (r.spec.id.clone(), Arc::new(info))
+        })
+        .collect();
+    Ok(Limits {
+        config,
+        version,
+        rules,
+    })
+}
+
+pub(crate) fn rule_info(spec: &LimitSpec, near_limit_ratio: f64) -> RuleInfo {
+    let (quota_units, window) = match spec.quota {
+        Quota::Unlimited => (0, None),
+        Quota::Units { units, window } => (units, Some(window.len())),
+    };
+    let unmetered = if !spec.enabled {
+        "disabled"
+    } else if window.is_none() {
+        "unlimited"
+    } else {
+        "allowed"
+    };
+    let near_used = (quota_units as f64 * near_limit_ratio).floor() as u64;
+    RuleInfo {
+        id: spec.id.clone(),
+        name: spec.name.clone(),
+        quota_units,
+        window,
+        shadow_mode: spec.shadow_mode,
+        failure_mode: spec.failure_mode,
+        near_limit_remaining_units: quota_units.saturating_sub(near_used),
+        metrics: RuleMetrics::new(spec.id.as_str(), unmetered),
+    }
+}
+
+fn read_all(files: &[PathBuf]) -> Result<Vec<(String, String)>, Vec<String>> {
+    let mut texts = Vec::new();
+    let mut problems = Vec::new();
+    for path in files {
+        let name = path.display().to_string();
+        match read_limited(path) {
+            Ok(text) => texts.push((name, text)),
+            Err(p) => problems.push(format!("{name}: {p}")),
+        }
+    }
+    if problems.is_empty() {
+        Ok(texts)
+    } else {
+        Err(problems)
+    }
+}
+
+fn read_limited(path: &Path) -> Result<String, String> {
+    let file = File::open(path).map_err(|e| format!("cannot read file: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read file: {e}"))?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(format!(
+            "file is larger than {} MiB",
+            MAX_CONFIG_FILE_BYTES >> 20
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| "file is not UTF-8 text".to_owned())
+}
+
+/// What a file looked like when last read: a change in either means it is read again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp(Option<(u64, SystemTime)>);
+
+pub fn stamps(files: &[PathBuf]) -> Vec<Stamp> {
+    files
+        .iter()
+        .map(|p| {
+            let meta = std::fs::metadata(p).ok();
+            Stamp(meta.and_then(|m| Some((m.len(), m.modified().ok()?))))
+        })
+        .collect()
+}

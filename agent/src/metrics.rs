@@ -1,0 +1,203 @@
+//! Prometheus metrics: names, help texts, and per-rule handles registered once per
+//! configuration load, so the request path increments counters without building labels.
+//!
+//! Decisions are counted per rule and result; rule labels are the rule ids of the loaded
+//! configuration, so their number is bounded by the configuration.
+
+use std::sync::OnceLock;
+
+use metrics::{Counter, Gauge, counter, describe_counter, describe_gauge, gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::error::{Error, Result};
+
+pub const DECISIONS: &str = "allot_decisions_total";
+pub const NEAR_LIMIT: &str = "allot_near_limit_total";
+pub const OVER_LIMIT: &str = "allot_over_limit_total";
+pub const SHADOW_WOULD_DENY: &str = "allot_shadow_would_deny_total";
+pub const DEGRADED: &str = "allot_degraded_decisions_total";
+pub const LEASE_GRANTS: &str = "allot_lease_grants_total";
+pub const LEASE_GRANTED_UNITS: &str = "allot_lease_granted_units_total";
+pub const LEASE_RETURNS: &str = "allot_lease_returns_total";
+pub const LEASE_RETURNED_UNITS: &str = "allot_lease_returned_units_total";
+pub const KEYS_REFUSED: &str = "allot_keys_refused_total";
+pub const KEYS_EVICTED: &str = "allot_keys_evicted_total";
+pub const KEYS: &str = "allot_keys";
+pub const NEGATIVE_CACHE_HITS: &str = "allot_negative_cache_hits_total";
+pub const CONFIG_RELOADS: &str = "allot_config_reloads_total";
+pub const CONFIG_VERSION: &str = "allot_config_version";
+pub const INVALID_REQUESTS: &str = "allot_invalid_requests_total";
+pub const STORE_BATCHES: &str = "allot_store_batches_total";
+pub const STORE_RECORDS: &str = "allot_store_records_total";
+pub const STORE_ERRORS: &str = "allot_store_errors_total";
+pub const SYNC_LAG: &str = "allot_sync_lag_seconds";
+pub const PARTITION_STATE: &str = "allot_partition_policy_state";
+
+/// Installs the process-wide Prometheus recorder (once; later calls get the same handle).
+pub fn install() -> Result<PrometheusHandle> {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Error::Settings(format!("metrics recorder: {e}")))?;
+    describe();
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+fn describe() {
+    describe_counter!(
+        DECISIONS,
+        "Decisions by rule and result (allowed, denied, shadow_denied, unlimited, disabled, no_rule, degraded_open, degraded_closed)."
+    );
+    describe_counter!(
+        NEAR_LIMIT,
+        "Allowed decisions that left the key at or past the near-limit ratio of its quota."
+    );
+    describe_counter!(OVER_LIMIT, "Denied decisions (not counting shadow mode).");
+    describe_counter!(
+        SHADOW_WOULD_DENY,
+        "Shadow mode: decisions the rule would have denied (answered allowed)."
+    );
+    describe_counter!(
+        DEGRADED,
+        "Decisions taken by the rule's failure mode because the agent could not decide (mode: open or closed)."
+    );
+    describe_counter!(LEASE_GRANTS, "Leases granted.");
+    describe_counter!(LEASE_GRANTED_UNITS, "Units granted in leases.");
+    describe_counter!(
+        LEASE_RETURNS,
+        "Leases ended by the gateway (kind: release or settle)."
+    );
+    describe_counter!(
+        LEASE_RETURNED_UNITS,
+        "Units refunded by releases and settles."
+    );
+    describe_counter!(
+        KEYS_REFUSED,
+        "New keys refused because the rule tracks max_keys_per_limit keys and none was idle."
+    );
+    describe_counter!(
+        KEYS_EVICTED,
+        "Idle keys evicted (to make room, or by the sweep)."
+    );
+    describe_gauge!(KEYS, "Keys tracked per rule.");
+    describe_counter!(
+        NEGATIVE_CACHE_HITS,
+        "Denials answered from the negative cache, before the budget lock."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        "Limits configuration loads by result (ok or error)."
+    );
+    describe_gauge!(
+        CONFIG_VERSION,
+        "Version of the limits configuration in force (counts successful loads)."
+    );
+    describe_counter!(
+        INVALID_REQUESTS,
+        "Requests refused as malformed or oversized, by service."
+    );
+    describe_counter!(
+        STORE_BATCHES,
+        "Batches written to the store (one per group commit)."
+    );
+    describe_counter!(STORE_RECORDS, "Records written to the store.");
+    describe_counter!(STORE_ERRORS, "Store writes that failed (answers withheld).");
+    describe_gauge!(
+        SYNC_LAG,
+        "Seconds since the coordinator last answered (0 in single-region mode)."
+    );
+    describe_gauge!(
+        PARTITION_STATE,
+        "1 for the partition-policy state in force: single_region, connected or expired."
+    );
+}
+
+/// Counter handles of one rule.
+#[derive(Clone, Debug)]
+pub struct RuleMetrics {
+    pub allowed: Counter,
+    pub denied: Counter,
+    pub shadow_denied: Counter,
+    pub unmetered: Counter,
+    pub degraded_open: Counter,
+    pub degraded_closed: Counter,
+    pub near_limit: Counter,
+    pub over_limit: Counter,
+    pub shadow_would_deny: Counter,
+    pub lease_grants: Counter,
+    pub lease_granted_units: Counter,
+    pub keys_refused: Counter,
+    pub keys: Gauge,
+}
+
+impl RuleMetrics {
+    pub fn new(rule: &str, unmetered_result: &'static str) -> Self {
+        let rule = rule.to_owned();
+        let decisions =
+            |result: &'static str| counter!(DECISIONS, "rule" => rule.clone(), "result" => result);
+        RuleMetrics {
+            allowed: decisions("allowed"),
+            denied: decisions("denied"),
+            shadow_denied: decisions("shadow_denied"),
+            unmetered: decisions(unmetered_result),
+            degraded_open: counter!(DEGRADED, "rule" => rule.clone(), "mode" => "open"),
+            degraded_closed: counter!(DEGRADED, "rule" => rule.clone(), "mode" => "closed"),
+            near_limit: counter!(NEAR_LIMIT, "rule" => rule.clone()),
+            over_limit: counter!(OVER_LIMIT, "rule" => rule.clone()),
+            shadow_would_deny: counter!(SHADOW_WOULD_DENY, "rule" => rule.clone()),
+            lease_grants: counter!(LEASE_GRANTS, "rule" => rule.clone()),
+            lease_granted_units: counter!(LEASE_GRANTED_UNITS, "rule" => rule.clone()),
+            keys_refused: counter!(KEYS_REFUSED, "rule" => rule.clone()),
+            keys: gauge!(KEYS, "rule" => rule),
+        }
+    }
+}
+
+pub fn no_rule() {
+    counter!(DECISIONS, "rule" => "", "result" => "no_rule").increment(1);
+}
+
+/// A lease ended by the gateway (`kind`: release or settle), refunding `units`.
+pub fn lease_returned(kind: &'static str, units: u64) {
+    counter!(LEASE_RETURNS, "kind" => kind).increment(1);
+    counter!(LEASE_RETURNED_UNITS).increment(units);
+}
+
+pub fn negative_cache_hit() {
+    counter!(NEGATIVE_CACHE_HITS).increment(1);
+}
+
+pub fn config_reload(ok: bool, version: u64) {
+    counter!(CONFIG_RELOADS, "result" => if ok { "ok" } else { "error" }).increment(1);
+    if ok {
+        gauge!(CONFIG_VERSION).set(version as f64);
+    }
+}
+
+pub fn invalid_request(service: &'static str) {
+    counter!(INVALID_REQUESTS, "service" => service).increment(1);
+}
+
+pub fn store_batch(records: usize) {
+    counter!(STORE_BATCHES).increment(1);
+    counter!(STORE_RECORDS).increment(records as u64);
+}
+
+pub fn store_error() {
+    counter!(STORE_ERRORS).increment(1);
+}
+
+pub fn keys_evicted(n: u64) {
+    counter!(KEYS_EVICTED).increment(n);
+}
+
+/// The partition-policy state and the age of the coordinator's last answer.
+pub fn sync_state(state: &'static str, lag_seconds: f64) {
+    for s in ["single_region", "connected", "expired"] {
+        gauge!(PARTITION_STATE, "state" => s).set(if s == state { 1.0 } else { 0.0 });
+    }
+    gauge!(SYNC_LAG).set(lag_seconds);
+}

@@ -1,0 +1,128 @@
+//! Wiring: open the store, restore the machine, start the background tasks and both servers,
+//! then on shutdown stop accepting, let in-flight calls finish, flush, and return.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use allot_proto::envoy::rls::rate_limit_service_server::RateLimitServiceServer;
+use allot_proto::lease::v1::lease_service_server::LeaseServiceServer;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::admin;
+use crate::driver;
+use crate::error::{Error, Result};
+use crate::metrics;
+use crate::service::lease::LeaseApi;
+use crate::service::rls::Rls;
+use crate::settings::{MAX_MESSAGE_BYTES, Settings};
+use crate::state::Agent;
+use crate::store::{SledStore, Store};
+use crate::sync_link::NoCoordinator;
+
+/// The two sockets the agent serves, bound by the caller.
+pub struct Listeners {
+    /// gRPC: the lease API and Envoy's rate limit service.
+    pub grpc: TcpListener,
+    /// HTTP: metrics, health, readiness, the key view.
+    pub http: TcpListener,
+}
+
+/// Runs the agent until `shutdown` completes, then shuts down gracefully. When ready it
+/// prints one line on stdout: `ready grpc=ADDR http=ADDR`.
+pub async fn run(
+    listeners: Listeners,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let handle = metrics::install()?;
+    if !settings.coordinators.is_empty() {
+        tracing::warn!(
+            coordinators = ?settings.coordinators,
+            "coordinator addresses accepted, but the sync stream to the coordinator is not \
+             implemented yet: running single-region, this agent owns every quota"
+        );
+    }
+    tracing::info!(
+        region = %settings.region,
+        data = %settings.data_dir.display(),
+        durability = %settings.durability,
+        "opening the store"
+    );
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(&settings.data_dir, settings.durability)?);
+    let agent = Arc::new(Agent::open(settings, store)?);
+    // Registered before anyone can learn the agent is up: SIGHUP's default action kills.
+    let hangup = signal(SignalKind::hangup()).map_err(|e| Error::io("SIGHUP handler", e))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let tasks = [
+        tokio::spawn(driver::timers(
+            agent.clone(),
+            NoCoordinator,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(driver::checkpoints(agent.clone(), stop_rx.clone())),
+        tokio::spawn(driver::config_reloads(
+            agent.clone(),
+            hangup,
+            stop_rx.clone(),
+        )),
+    ];
+    let grpc_addr = listeners
+        .grpc
+        .local_addr()
+        .map_err(|e| Error::io("gRPC listener", e))?;
+    let http_addr = listeners
+        .http
+        .local_addr()
+        .map_err(|e| Error::io("HTTP listener", e))?;
+    let incoming = TcpListenerStream::new(listeners.grpc).map(|conn| {
+        // Answers are one small frame each: without this, Nagle holds them back.
+        conn.and_then(|s| s.set_nodelay(true).map(|()| s))
+    });
+    let grpc = tonic::transport::Server::builder()
+        .add_service(
+            LeaseServiceServer::new(LeaseApi::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimitServiceServer::new(Rls::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+    let http = axum::serve(listeners.http, admin::router(agent.clone(), handle))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc = tokio::spawn(grpc);
+    let http = tokio::spawn(async move { http.await });
+    agent.set_ready(true);
+    tracing::info!(%grpc_addr, %http_addr, "agent ready");
+    println!("ready grpc={grpc_addr} http={http_addr}");
+
+    shutdown.await;
+    tracing::info!("shutting down: refusing new calls, finishing those in flight");
+    agent.set_ready(false);
+    let _ = stop_tx.send(true);
+    let grace = agent.settings().shutdown_grace;
+    let servers = async {
+        if let Ok(Err(e)) = grpc.await {
+            tracing::error!(error = %e, "gRPC server");
+        }
+        let _ = http.await;
+    };
+    if tokio::time::timeout(grace, servers).await.is_err() {
+        tracing::warn!(?grace, "calls still in flight after the grace period");
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    agent.committer().flush().await?;
+    driver::checkpoint(&agent).await?;
+    tracing::info!("state flushed");
+    Ok(())
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,277 @@
+//! `allot.lease.v1.LeaseService`: every RPC of the lease API.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::algo::concurrency::SlotId;
+use allot_core::budget::SlotOutcome;
+use allot_core::ids::LeaseId;
+use allot_core::time::{Timestamp, Window};
+use allot_proto::lease::v1 as pb;
+use allot_proto::lease::v1::lease_service_server::LeaseService;
+use tonic::{Request, Response, Status};
+
+use super::status;
+use crate::clock;
+use crate::convert::{self, ceil_ms};
+use crate::state::{Agent, Leased, Slotted};
+
+const SERVICE: &str = "lease";
+
+#[derive(Clone)]
+pub struct LeaseApi {
+    agent: Arc<Agent>,
+}
+
+impl LeaseApi {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        LeaseApi { agent }
+    }
+}
+
+fn err(e: crate::Error) -> Status {
+    status(SERVICE, e)
+}
+
+fn until(at: Timestamp) -> u64 {
+    ceil_ms(at.saturating_duration_since(clock::now()))
+}
+
+#[tonic::async_trait]
+impl LeaseService for LeaseApi {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let req = request.into_inner();
+        let target = convert::target(req.target).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let checked = self
+            .agent
+            .acquire(&target, convert::cost(req.cost_units), id)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::AcquireResponse {
+            decision: Some(convert::checked_decision(&checked)),
+        }))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let req = request.into_inner();
+        let target = convert::target(req.target).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let ttl = convert::lease_ttl(req.ttl_ms);
+        let leased = self
+            .agent
+            .lease(
+                &target,
+                req.units_wanted,
+                convert::cost(req.min_units),
+                ttl,
+                id,
+            )
+            .await
+            .map_err(err)?;
+        Ok(Response::new(lease_response(leased, ttl)))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let req = request.into_inner();
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let out = self
+            .agent
+            .renew(LeaseId(req.lease_id), convert::lease_ttl(req.ttl_ms), id)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::RenewResponse {
+            expires_at_unix_ms: out.expires_at.as_unix_millis(),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let req = request.into_inner();
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let out = self
+            .agent
+            .release(LeaseId(req.lease_id), req.unused_units, id)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::ReleaseResponse {
+            refunded_units: out.refunded_units,
+        }))
+    }
+
+    async fn settle(
+        &self,
+        request: Request<pb::SettleRequest>,
+    ) -> Result<Response<pb::SettleResponse>, Status> {
+        let req = request.into_inner();
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let out = self
+            .agent
+            .settle(LeaseId(req.lease_id), req.actual_units, id)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::SettleResponse {
+            refunded_units: out.refunded_units,
+            overage_units: out.overage_units,
+        }))
+    }
+
+    async fn acquire_slot(
+        &self,
+        request: Request<pb::AcquireSlotRequest>,
+    ) -> Result<Response<pb::AcquireSlotResponse>, Status> {
+        let req = request.into_inner();
+        let target = convert::target(req.target).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let slotted = self.agent.acquire_slot(&target, id).await.map_err(err)?;
+        Ok(Response::new(slot_response(slotted)))
+    }
+
+    async fn release_slot(
+        &self,
+        request: Request<pb::ReleaseSlotRequest>,
+    ) -> Result<Response<pb::ReleaseSlotResponse>, Status> {
+        let released = self
+            .agent
+            .release_slot(SlotId(request.into_inner().slot_id))
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::ReleaseSlotResponse { released }))
+    }
+}
+
+fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
+    match leased {
+        Leased::NoRule => unmetered_lease(convert::no_rule_decision(), 0, ttl),
+        Leased::Unmetered {
+            rule,
+            units,
+            reason,
+        } => {
+            let decision = pb::Decision {
+                allowed: true,
+                rule: rule.id.to_string(),
+                reason: convert::reason_name(reason).to_owned(),
+                ..pb::Decision::default()
+            };
+            unmetered_lease(decision, units, ttl)
+        }
+        Leased::Granted { rule, grant } => {
+            let now = clock::now();
+            let reset = rule.window.map_or(Duration::ZERO, |w| {
+                Window::new(w)
+                    .end(grant.window)
+                    .saturating_duration_since(now)
+            });
+            pb::LeaseResponse {
+                lease: Some(pb::Lease {
+                    lease_id: grant.lease.0,
+                    units: grant.units,
+                    expires_at_unix_ms: grant.expires_at.as_unix_millis(),
+                    ttl_ms: until(grant.expires_at),
+                }),
+                decision: Some(pb::Decision {
+                    allowed: true,
+                    remaining_units: grant.remaining_units,
+                    limit_units: rule.quota_units,
+                    retry_after_ms: None,
+                    reset_after_ms: ceil_ms(reset),
+                    rule: rule.id.to_string(),
+                    shadow_denied: grant.shadow_denied,
+                    reason: convert::reason_name(grant.reason).to_owned(),
+                }),
+            }
+        }
+        Leased::Denied { rule, decision } => pb::LeaseResponse {
+            lease: None,
+            decision: Some(convert::decision(&decision, &rule)),
+        },
+        Leased::Degraded { rule, allowed } => {
+            let decision = convert::degraded_decision(&rule, allowed);
+            if allowed {
+                unmetered_lease(decision, 1, ttl)
+            } else {
+                pb::LeaseResponse {
+                    lease: None,
+                    decision: Some(decision),
+                }
+            }
+        }
+    }
+}
+
+/// Units to spend freely: lease id 0 (nothing to release or renew).
+fn unmetered_lease(decision: pb::Decision, units: u64, ttl: Duration) -> pb::LeaseResponse {
+    let expires = clock::now() + ttl;
+    pb::LeaseResponse {
+        lease: Some(pb::Lease {
+            lease_id: 0,
+            units,
+            expires_at_unix_ms: expires.as_unix_millis(),
+            ttl_ms: ceil_ms(ttl),
+        }),
+        decision: Some(decision),
+    }
+}
+
+fn slot_response(slotted: Slotted) -> pb::AcquireSlotResponse {
+    let rule = match &slotted {
+        Slotted::NoRule => String::new(),
+        Slotted::Decided { rule, .. } | Slotted::Degraded { rule, .. } => rule.id.to_string(),
+    };
+    let base = pb::AcquireSlotResponse {
+        rule,
+        ..pb::AcquireSlotResponse::default()
+    };
+    match slotted {
+        Slotted::NoRule
+        | Slotted::Decided {
+            outcome: SlotOutcome::Unmetered,
+            ..
+        } => pb::AcquireSlotResponse {
+            acquired: true,
+            ..base
+        },
+        Slotted::Degraded { allowed, .. } => pb::AcquireSlotResponse {
+            acquired: allowed,
+            ..base
+        },
+        Slotted::Decided {
+            outcome: SlotOutcome::Acquired {
+                slot, expires_at, ..
+            },
+            ..
+        } => pb::AcquireSlotResponse {
+            acquired: true,
+            slot_id: slot.0,
+            expires_at_unix_ms: expires_at.as_unix_millis(),
+            ..base
+        },
+        Slotted::Decided {
+            outcome:
+                SlotOutcome::Denied {
+                    retry_after,
+                    in_use,
+                    max_slots,
+                },
+            ..
+        } => pb::AcquireSlotResponse {
+            acquired: false,
+            retry_after_ms: retry_after.map(ceil_ms),
+            in_use,
+            max_slots,
+            ..base
+        },
+    }
+}

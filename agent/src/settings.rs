@@ -1,0 +1,158 @@
+//! The agent's settings (from flags and `ALLOT_*` variables) and its fixed bounds on input.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use allot_core::budget::BudgetConfig;
+use allot_core::ids::RegionId;
+
+use crate::error::{Error, Result};
+use crate::store::Durability;
+
+/// Largest gRPC message the agent decodes; a larger one is refused before it is read whole.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Descriptors in one ShouldRateLimit request.
+pub const MAX_DESCRIPTORS_PER_REQUEST: usize = 64;
+/// Entries in one descriptor (or lease API target).
+pub const MAX_ENTRIES_PER_DESCRIPTOR: usize = 32;
+/// Bytes in one entry key or value.
+pub const MAX_ENTRY_BYTES: usize = 1024;
+/// Bytes in a domain name.
+pub const MAX_DOMAIN_BYTES: usize = 256;
+/// Bytes in an idempotency key.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 512;
+/// Keys remembered as over their limit (the negative cache); past it, no new entry is added
+/// until expired ones are dropped.
+pub const NEGATIVE_CACHE_CAPACITY: usize = 65_536;
+/// Records waiting for the store (a failing store makes them pile up); past it they are
+/// dropped and the next write is a full snapshot instead.
+pub const MAX_PENDING_RECORDS: usize = 262_144;
+/// Longest the timer task sleeps, whatever the machine asks: a bound on how late a missed
+/// wake-up can make a sweep.
+pub const MAX_TIMER_SLEEP: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This region's name.
+    pub region: RegionId,
+    /// Coordinator addresses (`host:port`). Validated; the sync stream is not written yet, so
+    /// the agent runs single-region even when some are given.
+    pub coordinators: Vec<String>,
+    /// Limits files; none means the embedded default.
+    pub config_files: Vec<PathBuf>,
+    /// Merge limits files of one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+    pub merge_domains: bool,
+    /// The store's directory.
+    pub data_dir: PathBuf,
+    pub durability: Durability,
+    /// Time between two checkpoints of the store (sled flushed, log truncated): in `buffered`
+    /// mode, what a machine crash can lose.
+    pub flush_interval: Duration,
+    /// Time between two looks at the limits files' modification times.
+    pub config_poll_interval: Duration,
+    /// Share of a limit used from which an allowed decision counts as near the limit.
+    pub near_limit_ratio: f64,
+    /// Keys tracked per limit (idle ones are evicted to make room; beyond, a new key gets a
+    /// degraded decision).
+    pub max_keys_per_limit: usize,
+    /// Longest wait for in-flight calls at shutdown.
+    pub shutdown_grace: Duration,
+    /// Seed of the Retry-After jitter; `None` draws one from the clock at start.
+    pub jitter_seed: Option<u64>,
+}
+
+impl Settings {
+    /// Defaults for everything but the region and the data directory.
+    pub fn new(region: RegionId, data_dir: PathBuf) -> Self {
+        Settings {
+            region,
+            coordinators: Vec::new(),
+            config_files: Vec::new(),
+            merge_domains: false,
+            data_dir,
+            durability: Durability::default(),
+            flush_interval: Duration::from_millis(100),
+            config_poll_interval: Duration::from_secs(1),
+            near_limit_ratio: 0.8,
+            max_keys_per_limit: 1_000_000,
+            shutdown_grace: Duration::from_secs(10),
+            jitter_seed: None,
+        }
+    }
+
+    /// Every problem at once.
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.region.as_str().is_empty() {
+            problems.push("the region name is empty".to_owned());
+        }
+        for c in &self.coordinators {
+            if let Err(p) = check_address(c) {
+                problems.push(format!("coordinator '{c}': {p}"));
+            }
+        }
+        if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
+            problems.push(format!(
+                "near-limit ratio {} is not in (0, 1]",
+                self.near_limit_ratio
+            ));
+        }
+        if self.flush_interval.is_zero() || self.config_poll_interval.is_zero() {
+            problems.push("flush and config poll intervals must be positive".to_owned());
+        }
+        if self.max_keys_per_limit == 0 {
+            problems.push("max keys per limit must be at least 1".to_owned());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Settings(problems.join("; ")))
+        }
+    }
+
+    /// The budget machine's configuration: one region owning every quota (no coordinator
+    /// link yet).
+    pub fn budget_config(&self) -> BudgetConfig {
+        BudgetConfig {
+            max_keys_per_limit: self.max_keys_per_limit,
+            ..BudgetConfig::single_region(self.region.clone())
+        }
+    }
+}
+
+/// `host:port` with a non-empty host and a port number.
+pub fn check_address(addr: &str) -> std::result::Result<(), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| "expected host:port".to_owned())?;
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err("expected host:port".to_owned());
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("'{port}' is not a port number"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinator_addresses_need_a_host_and_a_port() {
+        assert!(check_address("coord-1.internal:7000").is_ok());
+        assert!(check_address("[::1]:7000").is_ok());
+        assert!(check_address("coord-1").is_err());
+        assert!(check_address(":7000").is_err());
+        assert!(check_address("coord:http").is_err());
+    }
+
+    #[test]
+    fn every_bad_setting_is_reported() {
+        let mut s = Settings::new(RegionId::from("eu"), PathBuf::from("d"));
+        s.coordinators = vec!["nope".into()];
+        s.near_limit_ratio = 1.5;
+        let msg = s.validate().expect_err("invalid").to_string();
+        assert!(msg.contains("coordinator 'nope'"), "{msg}");
+        assert!(msg.contains("near-limit ratio 1.5"), "{msg}");
+    }
+}

@@ -1,0 +1,853 @@
+//! The agent's shared state: one `RegionBudget` behind a mutex held only around the machine's
+//! call (sub-microsecond; cheaper on two cores than a hop to an owner task), the limits in
+//! force, the negative cache and the group commit. Every call follows the same path: match
+//! the descriptor outside the lock, ask the machine under it, queue what it changed, release
+//! the lock, wait until that is durable, then answer.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use allot_core::algo::concurrency::SlotId;
+use allot_core::budget::inspect::KeyView;
+use allot_core::budget::{
+    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, PersistRecord, Reason,
+    RegionBudget, ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+};
+use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
+use allot_core::limit::FailureMode;
+use allot_core::sync::{SyncDown, SyncUp};
+use allot_core::time::Timestamp;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::Notify;
+
+use crate::clock;
+use crate::commit::{Committer, Ticket};
+use crate::error::{Error, Result};
+use crate::limits::{self, Limits, RuleInfo};
+use crate::metrics;
+use crate::negative::NegativeCache;
+use crate::settings::Settings;
+use crate::store::{Durability, Store};
+
+/// Retry-After is stretched by up to this share of itself (at least one second), so that
+/// clients refused together do not come back together.
+pub const RETRY_AFTER_JITTER_PERCENT: u64 = 10;
+
+/// A request's target: a domain and the descriptor's entries, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    pub domain: String,
+    pub entries: Vec<(String, String)>,
+}
+
+/// The answer to a check (an acquire, or one descriptor of a ShouldRateLimit).
+#[derive(Clone, Debug)]
+pub enum Checked {
+    /// No rule matched: allowed, nothing counted.
+    NoRule,
+    /// The machine (or the negative cache) decided.
+    Decided {
+        rule: Arc<RuleInfo>,
+        decision: Decision,
+    },
+    /// The agent could not decide (the rule tracks as many keys as it may): the rule's
+    /// failure mode did.
+    Degraded { rule: Arc<RuleInfo>, allowed: bool },
+}
+
+impl Checked {
+    pub fn allowed(&self) -> bool {
+        match self {
+            Checked::NoRule => true,
+            Checked::Decided { decision, .. } => decision.allowed,
+            Checked::Degraded { allowed, .. } => *allowed,
+        }
+    }
+}
+
+/// The answer to a lease request.
+#[derive(Clone, Debug)]
+pub enum Leased {
+    NoRule,
+    Granted {
+        rule: Arc<RuleInfo>,
+        grant: LeaseGrant,
+    },
+    Denied {
+        rule: Arc<RuleInfo>,
+        decision: Decision,
+    },
+    /// The rule counts nothing: spend freely.
+    Unmetered {
+        rule: Arc<RuleInfo>,
+        units: u64,
+        reason: Reason,
+    },
+    Degraded {
+        rule: Arc<RuleInfo>,
+        allowed: bool,
+    },
+}
+
+/// The answer to a slot request.
+#[derive(Clone, Debug)]
+pub enum Slotted {
+    NoRule,
+    Decided {
+        rule: Arc<RuleInfo>,
+        outcome: SlotOutcome,
+    },
+    Degraded {
+        rule: Arc<RuleInfo>,
+        allowed: bool,
+    },
+}
+
+/// One descriptor of a ShouldRateLimit request: its entries and hits (0: check only).
+#[derive(Clone, Debug)]
+pub struct RlsDescriptor {
+    pub entries: Vec<(String, String)>,
+    pub hits: u64,
+}
+
+/// What the admin key view shows.
+#[derive(Clone, Debug)]
+pub struct KeyState {
+    pub rule: Arc<RuleInfo>,
+    pub key: KeyId,
+    pub view: KeyView,
+    pub negative_cache_until: Option<Timestamp>,
+}
+
+pub struct Agent {
+    settings: Settings,
+    budget: Mutex<RegionBudget>,
+    committer: Committer,
+    limits: RwLock<Arc<Limits>>,
+    negative: NegativeCache,
+    timer: TimerWake,
+    jitter: Mutex<ChaCha8Rng>,
+    ready: AtomicBool,
+}
+
+/// Wakes the timer task when a call makes the machine's next deadline earlier.
+#[derive(Debug, Default)]
+pub struct TimerWake {
+    armed_nanos: AtomicU64,
+    pub notify: Notify,
+}
+
+impl TimerWake {
+    pub fn arm(&self, at: Timestamp) {
+        let at = at.as_unix_nanos();
+        if at < self.armed_nanos.load(Ordering::Relaxed) {
+            self.armed_nanos.store(at, Ordering::Relaxed);
+            self.notify.notify_one();
+        }
+    }
+
+    /// The timer task set its next deadline.
+    pub fn set(&self, at: Timestamp) {
+        self.armed_nanos
+            .store(at.as_unix_nanos(), Ordering::Relaxed);
+    }
+}
+
+impl Agent {
+    /// Loads the limits and restores the machine from `store`.
+    pub fn open(settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
+        settings.validate()?;
+        let limits = limits::load(
+            &settings.config_files,
+            settings.merge_domains,
+            1,
+            settings.near_limit_ratio,
+        )
+        .map_err(|problems| Error::Config(problems.join("\n")))?;
+        metrics::config_reload(true, limits.version);
+        let records = store.load()?;
+        tracing::info!(records = records.len(), "restoring state from the store");
+        let mut budget = RegionBudget::restore(settings.budget_config(), limits.specs(), records)?;
+        budget.set_config_version(limits.version);
+        let seed = settings
+            .jitter_seed
+            .unwrap_or_else(|| clock::now().as_unix_nanos() ^ u64::from(std::process::id()));
+        let blocking = settings.durability == Durability::Sync;
+        Ok(Agent {
+            committer: Committer::new(store, blocking),
+            budget: Mutex::new(budget),
+            limits: RwLock::new(Arc::new(limits)),
+            negative: NegativeCache::default(),
+            timer: TimerWake {
+                armed_nanos: AtomicU64::new(u64::MAX),
+                notify: Notify::new(),
+            },
+            jitter: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+            ready: AtomicBool::new(false),
+            settings,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn limits(&self) -> Arc<Limits> {
+        // Readers only clone the Arc; a panic cannot leave it half-set.
+        self.limits
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn timer(&self) -> &TimerWake {
+        &self.timer
+    }
+
+    pub fn committer(&self) -> &Committer {
+        &self.committer
+    }
+
+    pub fn negative_cache(&self) -> &NegativeCache {
+        &self.negative
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Checks and charges one request of `cost_units`.
+    pub async fn acquire(
+        &self,
+        target: &Target,
+        cost_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<Checked> {
+        let limits = self.limits();
+        let Some(m) = limits
+            .config
+            .match_descriptor(&target.domain, &target.entries)
+        else {
+            metrics::no_rule();
+            return Ok(Checked::NoRule);
+        };
+        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+            return Ok(Checked::NoRule);
+        };
+        let now = clock::now();
+        let pair = (rule.id.clone(), m.key);
+        if request_id.is_none()
+            && let Some(decision) = self.cached_refusal(now, &pair)
+        {
+            return Ok(record(rule, decision));
+        }
+        let req = AcquireRequest {
+            limit: pair.0.clone(),
+            key: pair.1.clone(),
+            cost_units,
+            request_id,
+        };
+        let res = self.with_budget(|b| b.acquire(now, req)).await?;
+        Ok(self.checked(now, rule, pair, res))
+    }
+
+    /// Every descriptor of one ShouldRateLimit request, under one lock and one commit.
+    pub async fn should_rate_limit(
+        &self,
+        domain: &str,
+        descriptors: &[RlsDescriptor],
+    ) -> Result<Vec<Checked>> {
+        let limits = self.limits();
+        let entries: Vec<&[(String, String)]> =
+            descriptors.iter().map(|d| d.entries.as_slice()).collect();
+        let matches = limits.config.match_request(domain, &entries);
+        let now = clock::now();
+        let mut answers: Vec<Option<Checked>> = vec![None; descriptors.len()];
+        let mut asks = Vec::new();
+        for (i, (m, d)) in matches.into_iter().zip(descriptors).enumerate() {
+            let Some(m) = m else {
+                metrics::no_rule();
+                answers[i] = Some(Checked::NoRule);
+                continue;
+            };
+            let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+                answers[i] = Some(Checked::NoRule);
+                continue;
+            };
+            let pair = (rule.id.clone(), m.key);
+            if d.hits > 0
+                && let Some(decision) = self.cached_refusal(now, &pair)
+            {
+                answers[i] = Some(record(rule, decision));
+                continue;
+            }
+            asks.push((i, rule, pair, d.hits));
+        }
+        if asks.is_empty() {
+            return Ok(answers
+                .into_iter()
+                .map(|a| a.unwrap_or(Checked::NoRule))
+                .collect());
+        }
+        let results = self
+            .with_budget(|b| {
+                asks.iter()
+                    .map(|(_, rule, (limit, key), hits)| {
+                        if *hits == 0 {
+                            peek(b, now, limit, key, rule.quota_units)
+                        } else {
+                            b.acquire(
+                                now,
+                                AcquireRequest {
+                                    limit: limit.clone(),
+                                    key: key.clone(),
+                                    cost_units: *hits,
+                                    request_id: None,
+                                },
+                            )
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+        for ((i, rule, pair, _), res) in asks.into_iter().zip(results) {
+            answers[i] = Some(self.checked(now, rule, pair, res));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Checked::NoRule))
+            .collect())
+    }
+
+    /// A lease of up to `units_wanted` (at least `min_units`, or nothing).
+    pub async fn lease(
+        &self,
+        target: &Target,
+        units_wanted: u64,
+        min_units: u64,
+        ttl: Duration,
+        request_id: Option<RequestId>,
+    ) -> Result<Leased> {
+        let limits = self.limits();
+        let Some(m) = limits
+            .config
+            .match_descriptor(&target.domain, &target.entries)
+        else {
+            metrics::no_rule();
+            return Ok(Leased::NoRule);
+        };
+        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+            return Ok(Leased::NoRule);
+        };
+        let now = clock::now();
+        let (limit, key) = (rule.id.clone(), m.key);
+        let pair = (limit.clone(), key.clone());
+        if request_id.is_none()
+            && let Some(decision) = self.cached_refusal(now, &pair)
+        {
+            count(&rule, &decision);
+            return Ok(Leased::Denied { rule, decision });
+        }
+        let quota_units = rule.quota_units;
+        let req = LeaseRequest {
+            limit,
+            key,
+            units_wanted,
+            ttl,
+            request_id,
+        };
+        let res = self
+            .with_budget(|b| lease_at_least(b, now, req, min_units, quota_units))
+            .await?;
+        let outcome = match res {
+            Ok(o) => o,
+            Err(e) => {
+                return Ok(match self.failed(rule, e)? {
+                    Checked::Degraded { rule, allowed } => Leased::Degraded { rule, allowed },
+                    _ => Leased::NoRule,
+                });
+            }
+        };
+        Ok(match outcome {
+            LeaseOutcome::Granted(grant) => {
+                rule.metrics.lease_grants.increment(1);
+                rule.metrics.lease_granted_units.increment(grant.units);
+                Leased::Granted { rule, grant }
+            }
+            LeaseOutcome::Denied(decision) => {
+                self.negative.remember(now, pair, &decision);
+                count(&rule, &decision);
+                Leased::Denied { rule, decision }
+            }
+            LeaseOutcome::Unmetered { units, reason } => {
+                rule.metrics.unmetered.increment(1);
+                Leased::Unmetered {
+                    rule,
+                    units,
+                    reason,
+                }
+            }
+        })
+    }
+
+    pub async fn renew(
+        &self,
+        lease: LeaseId,
+        ttl: Duration,
+        request_id: Option<RequestId>,
+    ) -> Result<RenewOutcome> {
+        let now = clock::now();
+        Ok(self
+            .with_budget(|b| b.renew(now, lease, ttl, request_id))
+            .await??)
+    }
+
+    pub async fn release(
+        &self,
+        lease: LeaseId,
+        unused_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<ReleaseOutcome> {
+        let now = clock::now();
+        let out = self
+            .with_budget(|b| b.release(now, lease, unused_units, request_id))
+            .await??;
+        self.refunded("release", out.refunded_units);
+        Ok(out)
+    }
+
+    pub async fn settle(
+        &self,
+        lease: LeaseId,
+        actual_units: u64,
+        request_id: Option<RequestId>,
+    ) -> Result<SettleOutcome> {
+        let now = clock::now();
+        let out = self
+            .with_budget(|b| b.settle(now, lease, actual_units, request_id))
+            .await??;
+        self.refunded("settle", out.refunded_units);
+        Ok(out)
+    }
+
+    pub async fn acquire_slot(
+        &self,
+        target: &Target,
+        request_id: Option<RequestId>,
+    ) -> Result<Slotted> {
+        let limits = self.limits();
+        let Some(m) = limits
+            .config
+            .match_descriptor(&target.domain, &target.entries)
+        else {
+            metrics::no_rule();
+            return Ok(Slotted::NoRule);
+        };
+        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+            return Ok(Slotted::NoRule);
+        };
+        let now = clock::now();
+        let key = m.key;
+        let limit = rule.id.clone();
+        let res = self
+            .with_budget(|b| b.acquire_slot(now, &limit, &key, request_id))
+            .await?;
+        match res {
+            Ok(outcome) => {
+                match &outcome {
+                    SlotOutcome::Acquired {
+                        shadow_denied: true,
+                        ..
+                    } => rule.metrics.shadow_would_deny.increment(1),
+                    SlotOutcome::Acquired { .. } => rule.metrics.allowed.increment(1),
+                    SlotOutcome::Denied { .. } => rule.metrics.denied.increment(1),
+                    SlotOutcome::Unmetered => rule.metrics.unmetered.increment(1),
+                }
+                Ok(Slotted::Decided { rule, outcome })
+            }
+            Err(e) => match self.failed(rule, e)? {
+                Checked::Degraded { rule, allowed } => Ok(Slotted::Degraded { rule, allowed }),
+                _ => Ok(Slotted::NoRule),
+            },
+        }
+    }
+
+    pub async fn release_slot(&self, slot: SlotId) -> Result<bool> {
+        let now = clock::now();
+        Ok(self.with_budget(|b| b.release_slot(now, slot)).await??)
+    }
+
+    /// The operator's view of one key; `None` when no rule matches.
+    pub fn key_state(&self, target: &Target) -> Result<Option<KeyState>> {
+        let limits = self.limits();
+        let Some(m) = limits
+            .config
+            .match_descriptor(&target.domain, &target.entries)
+        else {
+            return Ok(None);
+        };
+        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+            return Ok(None);
+        };
+        let now = clock::now();
+        let view = self.lock().key_view(now, &rule.id, &m.key)?;
+        let pair = (rule.id.clone(), m.key);
+        Ok(Some(KeyState {
+            negative_cache_until: self.negative.until(&pair),
+            rule,
+            key: pair.1,
+            view,
+        }))
+    }
+
+    /// Reads the limits files again. A configuration that does not load changes nothing: its
+    /// every problem is logged and counted.
+    pub async fn reload(&self, why: &str) -> bool {
+        let current = self.limits();
+        let version = current.version + 1;
+        let s = &self.settings;
+        let loaded = limits::load(
+            &s.config_files,
+            s.merge_domains,
+            version,
+            s.near_limit_ratio,
+        );
+        let new = match loaded {
+            Ok(l) => Arc::new(l),
+            Err(problems) => {
+                for p in &problems {
+                    tracing::error!(problem = %p, "limits configuration not reloaded");
+                }
+                tracing::error!(
+                    errors = problems.len(),
+                    why,
+                    version = current.version,
+                    "keeping the limits configuration in force"
+                );
+                metrics::config_reload(false, current.version);
+                return false;
+            }
+        };
+        let now = clock::now();
+        let rules = new.config.rules().len();
+        let res = self
+            .with_budget(|b| {
+                b.set_limits(now, new.specs());
+                b.set_config_version(version);
+                *self.limits.write().unwrap_or_else(|p| p.into_inner()) = new;
+            })
+            .await;
+        self.negative.invalidate();
+        metrics::config_reload(true, version);
+        tracing::info!(why, version, rules, "limits configuration reloaded");
+        if let Err(e) = res {
+            tracing::error!(error = %e, "the reloaded state is not yet persisted");
+        }
+        true
+    }
+
+    /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent
+    /// (already durable, as the machine's contract asks).
+    pub async fn on_timer(&self) -> Result<(Option<Timestamp>, Option<SyncUp>)> {
+        let now = clock::now();
+        let limits = self.limits();
+        self.with_budget(|b| {
+            b.handle_timeout(now);
+            for rule in limits.rules() {
+                rule.metrics.keys.set(b.key_count(&rule.id) as f64);
+            }
+            let up = b.poll_transmit(now);
+            (b.poll_timeout(), up)
+        })
+        .await
+    }
+
+    /// A message from the coordinator: grants may have raised allowances, so the negative
+    /// cache is forgotten.
+    pub async fn on_sync_down(&self, down: SyncDown) -> Result<()> {
+        let now = clock::now();
+        self.with_budget(|b| b.handle_sync_down(now, down)).await?;
+        self.negative.invalidate();
+        Ok(())
+    }
+
+    /// The partition-policy state (`single_region`, `connected` or `expired`) and seconds
+    /// since the coordinator last answered.
+    pub fn sync_status(&self) -> (&'static str, f64) {
+        let now = clock::now();
+        let b = self.lock();
+        if !b.config().coordinated {
+            return ("single_region", 0.0);
+        }
+        let lag = b.last_contact().map_or(f64::INFINITY, |t| {
+            now.saturating_duration_since(t).as_secs_f64()
+        });
+        let state = if b.is_view_expired(now) {
+            "expired"
+        } else {
+            "connected"
+        };
+        (state, lag)
+    }
+
+    /// The Retry-After for a refusal: whole seconds, rounded up, plus jitter.
+    pub fn retry_after_secs(&self, retry_after: Duration) -> u64 {
+        let base = ceil_secs(retry_after).max(1);
+        let spread = (base * RETRY_AFTER_JITTER_PERCENT).div_ceil(100).max(1);
+        let jitter = self
+            .jitter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0..=spread);
+        base + jitter
+    }
+
+    fn cached_refusal(&self, now: Timestamp, pair: &(LimitId, KeyId)) -> Option<Decision> {
+        let d = self.negative.check(now, pair)?;
+        metrics::negative_cache_hit();
+        Some(d)
+    }
+
+    fn checked(
+        &self,
+        now: Timestamp,
+        rule: Arc<RuleInfo>,
+        pair: (LimitId, KeyId),
+        res: allot_core::Result<Decision>,
+    ) -> Checked {
+        match res {
+            Ok(decision) => {
+                self.negative.remember(now, pair, &decision);
+                record(rule, decision)
+            }
+            Err(e) => self.failed(rule, e).unwrap_or(Checked::NoRule),
+        }
+    }
+
+    /// A call the machine refused: too many keys is decided by the rule's failure mode; a rule
+    /// that a reload removed meanwhile matches nothing; anything else is an error.
+    fn failed(&self, rule: Arc<RuleInfo>, e: allot_core::Error) -> Result<Checked> {
+        match e {
+            allot_core::Error::TooManyKeys { .. } => {
+                rule.metrics.keys_refused.increment(1);
+                let allowed = rule.failure_mode == FailureMode::Open;
+                if allowed {
+                    rule.metrics.degraded_open.increment(1);
+                } else {
+                    rule.metrics.degraded_closed.increment(1);
+                }
+                Ok(Checked::Degraded { rule, allowed })
+            }
+            allot_core::Error::UnknownLimit(_) => Ok(Checked::NoRule),
+            other => Err(other.into()),
+        }
+    }
+
+    fn refunded(&self, kind: &'static str, units: u64) {
+        metrics::lease_returned(kind, units);
+        if units > 0 {
+            self.negative.invalidate();
+        }
+    }
+
+    /// Runs `f` on the machine, queues what it changed, and waits until that is durable.
+    pub(crate) async fn with_budget<T>(&self, f: impl FnOnce(&mut RegionBudget) -> T) -> Result<T> {
+        let (out, ticket) = {
+            let mut b = self.lock();
+            let out = f(&mut b);
+            let ticket = self.queue_changes(&mut b);
+            (out, ticket)
+        };
+        self.committer.wait(ticket).await?;
+        Ok(out)
+    }
+
+    fn queue_changes(&self, b: &mut RegionBudget) -> Ticket {
+        let records = b.drain_dirty();
+        let evicted = records
+            .iter()
+            .filter(|r| matches!(r, PersistRecord::KeyEvicted { .. }))
+            .count();
+        if evicted > 0 {
+            metrics::keys_evicted(evicted as u64);
+        }
+        let ticket = self.committer.append(records, || b.snapshot());
+        if let Some(next) = b.poll_timeout() {
+            self.timer.arm(next);
+        }
+        ticket
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RegionBudget> {
+        // The machine's calls do not unwind half-way through a change in normal operation;
+        // a panic is a bug that already took its request down.
+        self.budget.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Counts a decision in the rule's metrics and wraps it.
+fn record(rule: Arc<RuleInfo>, decision: Decision) -> Checked {
+    count(&rule, &decision);
+    Checked::Decided { rule, decision }
+}
+
+fn count(rule: &RuleInfo, decision: &Decision) {
+    let m = &rule.metrics;
+    match decision.reason {
+        Reason::Unlimited | Reason::Disabled => m.unmetered.increment(1),
+        _ if decision.shadow_denied => {
+            m.shadow_denied.increment(1);
+            m.shadow_would_deny.increment(1);
+        }
+        _ if decision.allowed => {
+            m.allowed.increment(1);
+            if decision.remaining_units <= rule.near_limit_remaining_units {
+                m.near_limit.increment(1);
+            }
+        }
+        _ => {
+            m.denied.increment(1);
+            m.over_limit.increment(1);
+        }
+    }
+}
+
+/// Hits 0 (check only, as envoyproxy/ratelimit reads a per-descriptor `hits_addend` of 0):
+/// answered from the key's state, nothing charged.
+fn peek(
+    b: &RegionBudget,
+    now: Timestamp,
+    limit: &LimitId,
+    key: &KeyId,
+    quota_units: u64,
+) -> allot_core::Result<Decision> {
+    let view = b.key_view(now, limit, key)?;
+    let unmetered = matches!(view.reason, Reason::Unlimited | Reason::Disabled);
+    Ok(Decision {
+        allowed: true,
+        remaining_units: view.remaining_units,
+        retry_after: None,
+        reset_after: if unmetered {
+            Duration::ZERO
+        } else {
+            view.window_end.saturating_duration_since(now)
+        },
+        limit_units: quota_units,
+        shadow_denied: false,
+        reason: view.reason,
+    })
+}
+
+/// A lease smaller than `min_units` is no use to the caller: it is given straight back and the
+/// call answered as a refusal. A retry with the same request id replays the grant, finds it
+/// already given back, and gets the same refusal.
+fn lease_at_least(
+    b: &mut RegionBudget,
+    now: Timestamp,
+    req: LeaseRequest,
+    min_units: u64,
+    quota_units: u64,
+) -> allot_core::Result<LeaseOutcome> {
+    let (limit, key) = (req.limit.clone(), req.key.clone());
+    let outcome = b.lease(now, req)?;
+    let LeaseOutcome::Granted(grant) = &outcome else {
+        return Ok(outcome);
+    };
+    if grant.units >= min_units {
+        return Ok(outcome);
+    }
+    match b.release(now, grant.lease, grant.units, None) {
+        Ok(_) | Err(allot_core::Error::UnknownLease(_)) => {}
+        Err(e) => return Err(e),
+    }
+    let view = b.key_view(now, &limit, &key)?;
+    let reset = view.window_end.saturating_duration_since(now);
+    Ok(LeaseOutcome::Denied(Decision {
+        allowed: false,
+        remaining_units: view.remaining_units,
+        retry_after: Some(reset),
+        reset_after: reset,
+        limit_units: quota_units,
+        shadow_denied: false,
+        reason: Reason::Allowance,
+    }))
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use allot_core::ids::RegionId;
+
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn agent(seed: u64) -> Agent {
+        let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+        s.jitter_seed = Some(seed);
+        Agent::open(s, Arc::new(MemoryStore::new())).expect("agent")
+    }
+
+    #[test]
+    fn retry_after_is_rounded_up_then_stretched_by_at_most_a_tenth() {
+        let a = agent(7);
+        // 41.2 s rounds up to 42; a tenth of 42 rounds up to 5: 42 ..= 47.
+        let draws: Vec<u64> = (0..200)
+            .map(|_| a.retry_after_secs(Duration::from_millis(41_200)))
+            .collect();
+        assert!(draws.iter().all(|s| (42..=47).contains(s)), "{draws:?}");
+        assert!(
+            draws.iter().any(|s| *s != draws[0]),
+            "jitter spreads clients out"
+        );
+        // Under a second still waits a second, and may wait one more.
+        let short = a.retry_after_secs(Duration::from_millis(10));
+        assert!((1..=2).contains(&short));
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_jitter() {
+        let (a, b) = (agent(3), agent(3));
+        let wait = Duration::from_secs(100);
+        let da: Vec<u64> = (0..20).map(|_| a.retry_after_secs(wait)).collect();
+        let db: Vec<u64> = (0..20).map(|_| b.retry_after_secs(wait)).collect();
+        assert_eq!(da, db);
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_given_only_once_its_records_are_in_the_store() {
+        let store = MemoryStore::new();
+        let a = Agent::open(
+            Settings::new(RegionId::from("r"), PathBuf::from("unused")),
+            Arc::new(store.clone()),
+        )
+        .expect("agent");
+        let target = Target {
+            domain: "default".into(),
+            entries: vec![("generic_key".into(), "k".into())],
+        };
+        let checked = a.acquire(&target, 5, None).await.expect("acquire");
+        assert!(checked.allowed());
+        // The embedded default allows 6000 per minute for generic_key: 5 are on record.
+        let granted: u64 = store
+            .load()
+            .expect("load")
+            .iter()
+            .filter_map(|r| match r {
+                PersistRecord::Key(k) if k.key.as_str() == "generic_key=k" => Some(k.granted_units),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(granted, 5);
+    }
+}

@@ -1,0 +1,177 @@
+//! Records as key-value operations: which store key each record names, how a batch is applied
+//! to any ordered key-value map, and how the map is read back as records.
+//!
+//! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
+//! prefix: `a` ack, `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
+//! key), `l` lease, `m` meta, `s` slot. Ids are big-endian so the map orders them. Values are
+//! the records themselves, in JSON.
+
+use allot_core::budget::PersistRecord;
+use allot_core::budget::persist::{LeaseRecord, SlotRecord};
+use allot_core::ids::{KeyId, LimitId};
+
+use crate::error::{Error, Result};
+
+const ACK: u8 = b'a';
+const IDEMPOTENCY: u8 = b'i';
+const KEY: u8 = b'k';
+const LEASE: u8 = b'l';
+const META: &[u8] = b"m";
+const SLOT: u8 = b's';
+
+/// An ordered key-value map, read.
+pub(crate) trait Scan {
+    /// Every entry whose key starts with `prefix` (all of them for an empty prefix), in key
+    /// order.
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+}
+
+/// An ordered key-value map a batch of records can be applied to.
+pub(crate) trait Kv: Scan {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<()>;
+    fn delete(&mut self, key: &[u8]) -> Result<()>;
+}
+
+/// Applies `batch` to `kv` in order.
+pub(crate) fn apply(kv: &mut dyn Kv, batch: &[PersistRecord]) -> Result<()> {
+    for record in batch {
+        apply_one(kv, record)?;
+    }
+    Ok(())
+}
+
+fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
+    match record {
+        PersistRecord::Reset => {
+            for (key, _) in kv.scan(&[])? {
+                if key != META {
+                    kv.delete(&key)?;
+                }
+            }
+        }
+        PersistRecord::LimitRemoved { limit } => remove_limit(kv, limit)?,
+        PersistRecord::Meta(_) => kv.put(META.to_vec(), encode(record)?)?,
+        PersistRecord::Key(r) => kv.put(key_key(&r.limit, &r.key), encode(record)?)?,
+        PersistRecord::KeyEvicted { limit, key } => kv.delete(&key_key(limit, key))?,
+        PersistRecord::Lease(r) => kv.put(id_key(LEASE, r.lease.0), encode(record)?)?,
+        PersistRecord::LeaseEnded { lease } => kv.delete(&id_key(LEASE, lease.0))?,
+        PersistRecord::Slot(r) => kv.put(id_key(SLOT, r.slot.0), encode(record)?)?,
+        PersistRecord::SlotEnded { slot } => kv.delete(&id_key(SLOT, slot.0))?,
+        PersistRecord::ReleaseAck(a) => kv.put(id_key(ACK, a.ack.id), encode(record)?)?,
+        PersistRecord::ReleaseForgotten { id } => kv.delete(&id_key(ACK, *id))?,
+        PersistRecord::Idempotency(i) => kv.put(idempotency_key(i.request.0), encode(record)?)?,
+        PersistRecord::IdempotencyExpired { request } => {
+            kv.delete(&idempotency_key(request.0))?;
+        }
+    }
+    Ok(())
+}
+
+/// A removed limit takes its keys, leases and slots with it.
+fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
+    for (key, _) in kv.scan(&limit_prefix(limit))? {
+        kv.delete(&key)?;
+    }
+    for prefix in [LEASE, SLOT] {
+        for (key, value) in kv.scan(&[prefix])? {
+            let of_limit = match decode(&value)? {
+                PersistRecord::Lease(LeaseRecord { limit: l, .. })
+                | PersistRecord::Slot(SlotRecord { limit: l, .. }) => l == *limit,
+                _ => false,
+            };
+            if of_limit {
+                kv.delete(&key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every record in `kv`, in an order `RegionBudget::restore` accepts: kinds grouped, and
+/// idempotency entries by expiry (the order its cache expects them in).
+pub(crate) fn load(kv: &dyn Scan) -> Result<Vec<PersistRecord>> {
+    let mut records = kv
+        .scan(&[])?
+        .into_iter()
+        .map(|(_, value)| decode(&value))
+        .collect::<Result<Vec<_>>>()?;
+    records.sort_by_key(|r| match r {
+        PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
+        _ => (false, Default::default(), allot_core::ids::RequestId(0)),
+    });
+    Ok(records)
+}
+
+pub(crate) fn encode(record: &PersistRecord) -> Result<Vec<u8>> {
+    serde_json::to_vec(record).map_err(|e| Error::Corrupt(format!("cannot encode record: {e}")))
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<PersistRecord> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("undecodable record: {e}")))
+}
+
+fn limit_prefix(limit: &LimitId) -> Vec<u8> {
+    let name = limit.as_str().as_bytes();
+    let mut out = Vec::with_capacity(5 + name.len());
+    out.push(KEY);
+    // Length-prefixed, so that no limit's prefix is another limit's prefix.
+    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    out.extend_from_slice(name);
+    out
+}
+
+fn key_key(limit: &LimitId, key: &KeyId) -> Vec<u8> {
+    let mut out = limit_prefix(limit);
+    out.extend_from_slice(key.as_str().as_bytes());
+    out
+}
+
+fn id_key(kind: u8, id: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9);
+    out.push(kind);
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+fn idempotency_key(id: u128) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17);
+    out.push(IDEMPOTENCY);
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+/// The plain ordered map: the in-memory store, and the overlay a sled batch is built in.
+impl Kv for std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<()> {
+        self.insert(key, value);
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.remove(key);
+        Ok(())
+    }
+}
+
+impl Scan for std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        Ok(self
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_limit_prefix_never_covers_another_limits_keys() {
+        // Without the length prefix, limit "a/x" would be a prefix of limit "a/xy"'s keys.
+        let short = limit_prefix(&LimitId::new("a/x"));
+        let long_key = key_key(&LimitId::new("a/xy"), &KeyId::new("x=1"));
+        assert!(!long_key.starts_with(&short));
+    }
+}

@@ -1,0 +1,86 @@
+//! Durable storage of the budget machine's records: the [`Store`] trait, its sled-backed
+//! implementation ([`SledStore`]) and an in-memory one for tests ([`MemoryStore`]).
+//!
+//! The budget machine hands the agent `PersistRecord`s (`drain_dirty`), each naming one store
+//! key: the current state of one item (a key's counters, a lease, a slot, an ack, an
+//! idempotency entry) or a tombstone. A store upserts and deletes them in order
+//! ([`keyed`] holds that logic, shared by both stores) and gives back everything it holds at
+//! start, in an order `RegionBudget::restore` accepts. Only this module knows sled.
+
+mod keyed;
+mod memory;
+mod sled_store;
+mod wal;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
+
+use allot_core::budget::PersistRecord;
+
+use crate::error::Result;
+
+/// Where the budget's records live between restarts.
+///
+/// `write` is called by one writer at a time (the agent's group commit); `checkpoint` may run
+/// beside it.
+pub trait Store: Send + Sync + 'static {
+    /// Applies `batch` in order. When it returns `Ok`, the records survive what the store's
+    /// [`Durability`] promises; on `Err` nothing can be assumed about them.
+    fn write(&self, batch: &[PersistRecord]) -> Result<()>;
+
+    /// Makes everything written so far survive a machine crash too, and lets the store drop
+    /// what it kept only until then (its write-ahead log).
+    fn checkpoint(&self) -> Result<()>;
+
+    /// Every record held, in an order `RegionBudget::restore` accepts.
+    fn load(&self) -> Result<Vec<PersistRecord>>;
+}
+
+/// What a written batch survives before the next checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Each batch is written to the log and flushed to the device (`fdatasync`) before the
+    /// answers that depend on it. Survives a process kill and a machine crash. Concurrent
+    /// requests share one flush (group commit).
+    Sync,
+    /// Each batch is written to the log (handed to the kernel) before the answers that depend
+    /// on it; the device is flushed at every checkpoint. Survives a process kill (SIGKILL, a
+    /// panic, the OOM killer); a machine crash loses at most the last checkpoint interval.
+    #[default]
+    Buffered,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "buffered" => Ok(Durability::Buffered),
+            other => Err(format!(
+                "unknown durability '{other}' (expected sync or buffered)"
+            )),
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! One conformance suite, run against every store: what the budget machine writes comes back
+//! exactly (the restored machine's snapshot equals the original's), tombstones delete, a reset
+//! clears, a removed limit takes its keys, leases and slots with it, and none of it depends on
+//! when the store was reopened. Then the sled store's own promises: its log is replayed after
+//! a crash, a torn last write is dropped, and a batch written in `buffered` mode survives
+//! SIGKILL (while sled alone, unflushed, does not).
+
+use std::time::Duration;
+
+use allot_core::budget::{
+    AcquireRequest, BudgetConfig, LeaseOutcome, LeaseRequest, PersistRecord, RegionBudget,
+    SlotOutcome,
+};
+use allot_core::ids::{KeyId, LimitId, RegionId, RequestId};
+use allot_core::limit::{ConcurrencyCap, LimitSpec};
+use allot_core::time::Timestamp;
+
+use super::{Durability, MemoryStore, SledStore, Store};
+
+/// Opens the store under test on the same durable state each time.
+trait Opener {
+    fn open(&mut self) -> Box<dyn Store>;
+}
+
+struct Memory(MemoryStore);
+
+impl Opener for Memory {
+    fn open(&mut self) -> Box<dyn Store> {
+        Box::new(self.0.reopen())
+    }
+}
+
+struct Sled(tempfile::TempDir, Durability);
+
+impl Opener for Sled {
+    fn open(&mut self) -> Box<dyn Store> {
+        Box::new(SledStore::open(self.0.path(), self.1).expect("sled store opens"))
+    }
+}
+
+fn cfg() -> BudgetConfig {
+    BudgetConfig::single_region(RegionId::from("r1"))
+}
+
+fn limits() -> Vec<LimitSpec> {
+    let mut slots = LimitSpec::simple("api/slots", 1_000, Duration::from_secs(60));
+    slots.concurrency = Some(ConcurrencyCap {
+        max_slots: 2,
+        slot_ttl: Duration::from_secs(10),
+    });
+    vec![
+        LimitSpec::simple("api/tenant", 100, Duration::from_secs(60)),
+        slots,
+    ]
+}
+
+const T0: Timestamp = Timestamp::from_unix_millis(1_700_000_000_000);
+
+fn at(ms: u64) -> Timestamp {
+    T0 + Duration::from_millis(ms)
+}
+
+fn acquire(key: &str, cost: u64, id: Option<u128>) -> AcquireRequest {
+    AcquireRequest {
+        limit: LimitId::new("api/tenant"),
+        key: KeyId::new(key),
+        cost_units: cost,
+        request_id: id.map(RequestId),
+    }
+}
+
+fn lease(key: &str, units: u64, ttl_ms: u64) -> LeaseRequest {
+    LeaseRequest {
+        limit: LimitId::new("api/tenant"),
+        key: KeyId::new(key),
+        units_wanted: units,
+        ttl: Duration::from_millis(ttl_ms),
+        request_id: None,
+    }
+}
+
+fn lease_id(outcome: LeaseOutcome) -> allot_core::ids::LeaseId {
+    match outcome {
+        LeaseOutcome::Granted(g) => g.lease,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Writes what the machine changed since the last call.
+fn persist(budget: &mut RegionBudget, store: &dyn Store) {
+    store.write(&budget.drain_dirty()).expect("write");
+}
+
+fn restored(store: &dyn Store) -> RegionBudget {
+    RegionBudget::restore(cfg(), limits(), store.load().expect("load")).expect("restore")
+}
+
+/// Drives a machine through every kind of change, persisting after each call and reopening
+/// the store now and then; the restored machine must equal the original.
+fn restores_what_the_budget_wrote(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let mut store = o.open();
+    b.acquire(at(0), acquire("t=a", 5, Some(1)))
+        .expect("acquire");
+    persist(&mut b, &*store);
+    b.acquire(at(1), acquire("t=a", 5, Some(1))).expect("retry");
+    b.acquire(at(2), acquire("t=b", 500, None)).expect("denied");
+    persist(&mut b, &*store);
+    let kept = lease_id(b.lease(at(3), lease("t=a", 10, 30_000)).expect("lease"));
+    let released = lease_id(b.lease(at(4), lease("t=b", 7, 30_000)).expect("lease"));
+    let expiring = lease_id(b.lease(at(5), lease("t=c", 3, 1_000)).expect("lease"));
+    persist(&mut b, &*store);
+    drop(store);
+    store = o.open();
+    b.renew(at(6), kept, Duration::from_secs(40), Some(RequestId(2)))
+        .expect("renew");
+    b.release(at(7), released, 4, None).expect("release");
+    persist(&mut b, &*store);
+    let settled = lease_id(b.lease(at(8), lease("t=a", 20, 30_000)).expect("lease"));
+    b.settle(at(9), settled, 25, Some(RequestId(3)))
+        .expect("settle");
+    let slots = LimitId::new("api/slots");
+    let slot = match b
+        .acquire_slot(at(10), &slots, &KeyId::new("u=1"), None)
+        .expect("slot")
+    {
+        SlotOutcome::Acquired { slot, .. } => slot,
+        other => panic!("expected a slot, got {other:?}"),
+    };
+    b.acquire_slot(at(11), &slots, &KeyId::new("u=1"), None)
+        .expect("slot");
+    b.release_slot(at(12), slot).expect("release slot");
+    persist(&mut b, &*store);
+    // The short lease expires (spent), in the timeout sweep.
+    b.handle_timeout(at(2_000));
+    persist(&mut b, &*store);
+    drop(store);
+    let store = o.open();
+    let back = restored(&*store);
+    assert_eq!(back.snapshot(), b.snapshot());
+    assert_eq!(back.lease_count(), 1, "only the renewed lease is left");
+    let _ = expiring;
+}
+
+fn tombstones_and_removed_limits_leave_nothing_behind(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let store = o.open();
+    lease_id(b.lease(at(0), lease("t=a", 10, 30_000)).expect("lease"));
+    let slots = LimitId::new("api/slots");
+    b.acquire_slot(at(1), &slots, &KeyId::new("u=1"), None)
+        .expect("slot");
+    persist(&mut b, &*store);
+    // The reload drops `api/tenant`: its key and lease go, the slot limit stays.
+    let only_slots: Vec<LimitSpec> = limits().into_iter().skip(1).collect();
+    b.set_limits(at(2), only_slots.clone());
+    persist(&mut b, &*store);
+    let records = store.load().expect("load");
+    let names_tenant = |r: &PersistRecord| match r {
+        PersistRecord::Key(k) => k.limit.as_str() == "api/tenant",
+        PersistRecord::Lease(l) => l.limit.as_str() == "api/tenant",
+        _ => false,
+    };
+    assert!(!records.iter().any(names_tenant), "{records:#?}");
+    assert!(
+        records
+            .iter()
+            .any(|r| matches!(r, PersistRecord::Slot(s) if s.limit == slots)),
+        "the other limit's slot stays: {records:#?}"
+    );
+    let back = RegionBudget::restore(cfg(), only_slots, records).expect("restore");
+    assert_eq!(back.snapshot(), b.snapshot());
+}
+
+fn a_reset_clears_all_but_meta(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let store = o.open();
+    b.acquire(at(0), acquire("t=a", 5, None)).expect("acquire");
+    b.acquire(at(1), acquire("t=b", 5, None)).expect("acquire");
+    persist(&mut b, &*store);
+    let snapshot = b.snapshot();
+    let meta = snapshot
+        .iter()
+        .find(|r| matches!(r, PersistRecord::Meta(_)))
+        .cloned()
+        .expect("meta");
+    let key_a = snapshot
+        .iter()
+        .find(|r| matches!(r, PersistRecord::Key(k) if k.key.as_str() == "t=a"))
+        .cloned()
+        .expect("key a");
+    store.write(std::slice::from_ref(&meta)).expect("write");
+    store
+        .write(&[PersistRecord::Reset, key_a.clone()])
+        .expect("write");
+    let mut records = store.load().expect("load");
+    records.sort_by_key(|r| format!("{r:?}"));
+    let mut expected = vec![meta, key_a];
+    expected.sort_by_key(|r| format!("{r:?}"));
+    assert_eq!(records, expected);
+}
+
+fn checkpoints_and_reopening_keep_everything(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let store = o.open();
+    b.acquire(at(0), acquire("t=a", 5, Some(9)))
+        .expect("acquire");
+    persist(&mut b, &*store);
+    store.checkpoint().expect("checkpoint");
+    b.acquire(at(1), acquire("t=a", 6, None)).expect("acquire");
+    persist(&mut b, &*store);
+    store.checkpoint().expect("checkpoint");
+    b.acquire(at(2), acquire("t=b", 7, None)).expect("acquire");
+    persist(&mut b, &*store);
+    drop(store);
+    let store = o.open();
+    assert_eq!(restored(&*store).snapshot(), b.snapshot());
+    // Reopening without writing anything changes nothing either.
+    drop(store);
+    let store = o.open();
+    assert_eq!(restored(&*store).snapshot(), b.snapshot());
+}
+
+fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
+    assert!(o.open().load().expect("load").is_empty());
+}
+
+macro_rules! conformance {
+    ($store:ident, $opener:expr) => {
+        mod $store {
+            use super::*;
+
+            #[test]
+            fn restores_what_the_budget_wrote() {
+                super::restores_what_the_budget_wrote(&mut $opener);
+            }
+
+            #[test]
+            fn tombstones_and_removed_limits_leave_nothing_behind() {
+                super::tombstones_and_removed_limits_leave_nothing_behind(&mut $opener);
+            }
+
+            #[test]
+            fn a_reset_clears_all_but_meta() {
+                super::a_reset_clears_all_but_meta(&mut $opener);
+            }
+
+            #[test]
+            fn checkpoints_and_reopening_keep_everything() {
+                super::checkpoints_and_reopening_keep_everything(&mut $opener);
+            }
+
+            #[test]
+            fn an_empty_store_loads_nothing() {
+                super::an_empty_store_loads_nothing(&mut $opener);
+            }
+        }
+    };
+}
+
+fn temp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+conformance!(memory, Memory(MemoryStore::new()));
+conformance!(sled_buffered, Sled(temp(), Durability::Buffered));
+conformance!(sled_sync, Sled(temp(), Durability::Sync));
+
+mod sled_log {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    use super::super::wal::Wal;
+    use super::*;
+
+    fn some_records() -> Vec<Vec<PersistRecord>> {
+        let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+        let mut batches = Vec::new();
+        for (i, key) in ["t=a", "t=b", "t=c"].into_iter().enumerate() {
+            b.acquire(at(i as u64), acquire(key, 3, None))
+                .expect("acquire");
+            batches.push(b.drain_dirty());
+        }
+        batches
+    }
+
+    fn log_file(dir: &std::path::Path) -> std::path::PathBuf {
+        let wal = dir.join("wal");
+        let mut files: Vec<_> = std::fs::read_dir(&wal)
+            .expect("wal dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        files.sort();
+        files.pop().expect("a log file")
+    }
+
+    /// A log written by a process that died before any checkpoint: every complete batch is
+    /// replayed, and the torn frame it was writing is dropped.
+    #[test]
+    fn the_log_is_replayed_and_a_torn_last_write_dropped() {
+        let dir = temp();
+        let batches = some_records();
+        {
+            let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
+            for batch in &batches[..2] {
+                wal.append(batch).expect("append");
+            }
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(log_file(dir.path()))
+            .expect("log");
+        // The first bytes of a third frame: a length and half a checksum.
+        file.write_all(&[40, 0, 0, 0, 1, 2]).expect("torn write");
+        drop(file);
+        let store = SledStore::open(dir.path(), Durability::Buffered).expect("open");
+        let keys: Vec<String> = store
+            .load()
+            .expect("load")
+            .into_iter()
+            .filter_map(|r| match r {
+                PersistRecord::Key(k) => Some(k.key.as_str().to_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys, ["t=a", "t=b"]);
+    }
+
+    #[test]
+    fn a_damaged_frame_before_the_end_of_the_log_is_an_error() {
+        let dir = temp();
+        let batches = some_records();
+        {
+            let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
+            wal.append(&batches[0]).expect("append");
+            wal.rotate().expect("rotate");
+            wal.append(&batches[1]).expect("append");
+        }
+        let older = dir.path().join("wal").join(format!("{:020}.log", 1));
+        let mut bytes = std::fs::read(&older).expect("read");
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0xff;
+        std::fs::write(&older, bytes).expect("damage");
+        let err = SledStore::open(dir.path(), Durability::Buffered).expect_err("damaged");
+        assert!(err.to_string().contains("damaged log frame"), "{err}");
+    }
+
+    const WRITTEN: &str = "child-wrote-its-records";
+
+    /// Runs this test binary again as a child that writes and then waits to be killed.
+    fn write_then_get_killed(role: &str, dir: &std::path::Path) {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = Command::new(exe)
+            .args([
+                "--exact",
+                "store::tests::sled_log::killed_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("ALLOT_TEST_KILLED_CHILD", role)
+            .env("ALLOT_TEST_KILLED_DIR", dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("child starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let ready = BufReader::new(stdout)
+            .lines()
+            .map_while(|l| l.ok())
+            .any(|l| l.ends_with(WRITTEN));
+        assert!(ready, "the child wrote its records");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaped");
+    }
+
+    /// The child side of [`write_then_get_killed`]; does nothing when run on its own.
+    #[test]
+    #[ignore = "run as a child process by the SIGKILL tests"]
+    fn killed_child() {
+        let (Ok(role), Ok(dir)) = (
+            std::env::var("ALLOT_TEST_KILLED_CHILD"),
+            std::env::var("ALLOT_TEST_KILLED_DIR"),
+        ) else {
+            return;
+        };
+        let dir = std::path::PathBuf::from(dir);
+        let batch = some_records().remove(0);
+        // Kept alive (not dropped: dropping would flush) until the parent kills the process.
+        let _keep: Box<dyn std::any::Any> = match role.as_str() {
+            "sled" => {
+                let db = sled::Config::new()
+                    .path(dir.join("raw"))
+                    .flush_every_ms(None)
+                    .open()
+                    .expect("sled");
+                db.insert(b"k", b"v".as_slice()).expect("insert");
+                Box::new(db)
+            }
+            _ => {
+                let store = SledStore::open(&dir, Durability::Buffered).expect("store");
+                store.write(&batch).expect("write");
+                Box::new(store)
+            }
+        };
+        // libtest has already printed "test <name> ... " on this line.
+        println!("{WRITTEN}");
+        std::io::stdout().flush().expect("flush stdout");
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    /// Why the store has a log: sled 0.34 keeps an unflushed insert in its own buffers, so a
+    /// SIGKILL loses it.
+    #[test]
+    fn sled_alone_loses_an_unflushed_insert_to_sigkill() {
+        let dir = temp();
+        write_then_get_killed("sled", dir.path());
+        let db = sled::Config::new()
+            .path(dir.path().join("raw"))
+            .open()
+            .expect("reopen");
+        assert_eq!(db.get(b"k").expect("get"), None);
+    }
+
+    #[test]
+    fn a_buffered_write_survives_sigkill() {
+        let dir = temp();
+        write_then_get_killed("store", dir.path());
+        let store = SledStore::open(dir.path(), Durability::Buffered).expect("reopen");
+        let expected = some_records().remove(0);
+        let loaded = store.load().expect("load");
+        for record in expected {
+            assert!(loaded.contains(&record), "{record:?} lost: {loaded:#?}");
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Read-only views of one key, for operators (the agent's key view): what the region holds
+//! for it now, computed without changing anything.
+
+use serde::Serialize;
+
+use super::admit;
+use super::key::KeyState;
+use super::{Reason, RegionBudget, ctx_of};
+use crate::error::{Error, Result};
+use crate::ids::{KeyId, LeaseId, LimitId};
+use crate::time::{Timestamp, WindowIndex};
+
+/// One key of one limit, as the region sees it at `now`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyView {
+    /// The window of `now` (always 0 for an unlimited limit).
+    pub window: WindowIndex,
+    pub window_start: Timestamp,
+    pub window_end: Timestamp,
+    /// Own counter entries for that window (zero when the key was last used earlier).
+    pub granted_units: u64,
+    pub refunded_units: u64,
+    /// The allowance `a_r` in force, and what decides it.
+    pub allowance_units: u64,
+    pub reason: Reason,
+    /// The allowance comes from the coordinator (a grant, or what a release left), not from
+    /// the default share.
+    pub explicit_allowance: bool,
+    /// `a_r - n_r`.
+    pub remaining_units: u64,
+    /// Outstanding leases of the window (their units are in `granted_units`).
+    pub leases: Vec<LeaseView>,
+    /// Concurrency slots held.
+    pub slots_in_use: u32,
+    /// The key is reported to the coordinator (demand beyond its allowance, or named by it).
+    pub reported: bool,
+    /// The region holds state for the key; `false` means it would start fresh.
+    pub tracked: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseView {
+    pub lease: LeaseId,
+    pub units: u64,
+    pub expires_at: Timestamp,
+}
+
+impl RegionBudget {
+    /// The key's state at `now`, as the next call would find it (a key of an earlier window
+    /// shows as rolled over).
+    pub fn key_view(&self, now: Timestamp, limit: &LimitId, key: &KeyId) -> Result<KeyView> {
+        let lim = self
+            .limits
+            .get(limit)
+            .ok_or_else(|| Error::UnknownLimit(limit.clone()))?;
+        let p = &lim.params;
+        let tracked = lim.keys.get(key.as_str());
+        let now_window = p.window_index(now);
+        let mut ks = tracked
+            .cloned()
+            .unwrap_or_else(|| KeyState::new(now_window));
+        ks.roll(now_window);
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let allowance = admit::allowance(p, &ks, ks.window, &ctx);
+        let hot = ks.hot.as_deref();
+        let leases = hot
+            .map(|h| {
+                h.leases
+                    .iter()
+                    .filter_map(|id| {
+                        self.leases.get(*id).map(|l| LeaseView {
+                            lease: *id,
+                            units: l.units,
+                            expires_at: l.expires_at,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reason = if !p.spec.enabled {
+            Reason::Disabled
+        } else if p.quota.is_none() {
+            Reason::Unlimited
+        } else {
+            allowance.reason
+        };
+        Ok(KeyView {
+            window: ks.window,
+            window_start: p.window_start(ks.window),
+            window_end: p.window_end(ks.window),
+            granted_units: ks.granted_units,
+            refunded_units: ks.refunded_units,
+            allowance_units: allowance.units,
+            reason,
+            explicit_allowance: ks.explicit_allowance(ks.window).is_some(),
+            remaining_units: allowance.units.saturating_sub(ks.net_units()),
+            leases,
+            slots_in_use: hot.map_or(0, |h| h.slots.in_use()),
+            reported: ks.is_reported(),
+            tracked: tracked.is_some(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::budget::{AcquireRequest, BudgetConfig, LeaseOutcome, LeaseRequest};
+    use crate::ids::RegionId;
+    use crate::limit::LimitSpec;
+
+    #[test]
+    fn the_view_shows_counters_leases_and_what_is_left() {
+        let spec = LimitSpec::simple("d/k", 100, Duration::from_secs(60));
+        let cfg = BudgetConfig::single_region(RegionId::from("r"));
+        let mut b = RegionBudget::new(cfg, [spec]).expect("budget");
+        let (limit, key) = (LimitId::new("d/k"), KeyId::new("k=1"));
+        // 30 s into a 60 s window.
+        let now = Timestamp::from_unix_millis(1_800_000_030_000);
+        let acquire = AcquireRequest {
+            limit: limit.clone(),
+            key: key.clone(),
+            cost_units: 10,
+            request_id: None,
+        };
+        b.acquire(now, acquire).expect("acquire");
+        let lease = LeaseRequest {
+            limit: limit.clone(),
+            key: key.clone(),
+            units_wanted: 25,
+            ttl: Duration::from_secs(5),
+            request_id: None,
+        };
+        let LeaseOutcome::Granted(grant) = b.lease(now, lease).expect("lease") else {
+            panic!("granted")
+        };
+        let view = b.key_view(now, &limit, &key).expect("view");
+        // 10 acquired + 25 leased = 35 of 100: 65 left; the window is [.. 00 s, .. 60 s).
+        assert_eq!(view.granted_units, 35);
+        assert_eq!(view.remaining_units, 65);
+        assert_eq!(view.allowance_units, 100);
+        assert_eq!(view.reason, Reason::Allowance);
+        assert_eq!(
+            view.window_start,
+            Timestamp::from_unix_millis(1_800_000_000_000)
+        );
+        assert_eq!(
+            view.leases,
+            vec![LeaseView {
+                lease: grant.lease,
+                units: 25,
+                expires_at: now + Duration::from_secs(5),
+            }]
+        );
+        assert!(view.tracked);
+        // A minute later the key reads as rolled over, and nothing was changed by looking.
+        let later = b
+            .key_view(now + Duration::from_secs(60), &limit, &key)
+            .expect("view");
+        assert_eq!((later.granted_units, later.remaining_units), (0, 100));
+        assert!(
+            !b.key_view(now, &limit, &KeyId::new("k=2"))
+                .expect("view")
+                .tracked
+        );
+        assert_eq!(
+            b.drain_dirty().len(),
+            3,
+            "meta, key and lease: from the calls only"
+        );
+    }
+}
