@@ -41,6 +41,9 @@ pub const MAX_WARMUP: Duration = Duration::from_secs(60);
 pub const MAX_LEASE_UNITS: u64 = 1_000_000;
 /// Lease size of the lease path unless told otherwise (the figure).
 pub const DEFAULT_LEASE_UNITS: u64 = 100;
+/// Lease length the lease path asks for: long enough that no lease expires before its units
+/// are spent (they are spent at once), and explicit, so no server default is relied on.
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
 /// A call not answered within this counts as a `timeout` error; it also bounds how long a run
 /// can outlast its end.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -243,7 +246,7 @@ impl Client {
                     target: Some(target(key)),
                     units_wanted: config.lease_units,
                     min_units: 1,
-                    ttl_ms: 0,
+                    ttl_ms: LEASE_TTL.as_millis() as u64,
                     idempotency_key: String::new(),
                 };
                 let resp = client.lease(req).await.map_err(grpc_error)?.into_inner();
