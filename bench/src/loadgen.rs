@@ -29,8 +29,9 @@ use crate::histogram::{LatencyHistogram, LatencySummary};
 use crate::redis::{GcraParams, GcraScript};
 use crate::workload::{BENCH_DESCRIPTOR_KEY, BENCH_DOMAIN, KeySet, KeyWalk, Workload};
 
-/// Most concurrent callers in one run.
-pub const MAX_CALLERS: u32 = 4_096;
+/// Most concurrent callers in one run. Each caller keeps its own latency histogram (about
+/// 220 KiB), so this also bounds the harness's memory.
+pub const MAX_CALLERS: u32 = 1_024;
 /// Most connections (HTTP/2 or Redis) in one run; callers share them round-robin.
 pub const MAX_CONNECTIONS: u32 = 1_024;
 /// Longest measured interval of one run.
@@ -198,16 +199,26 @@ enum Outcome {
     Denied,
 }
 
-/// A connection, as the workload uses it. Clones share the connection.
+/// A connection, as the workload uses it, with the call's fixed parameters. Clones share the
+/// connection.
 #[derive(Clone)]
 enum Client {
-    Lease(LeaseServiceClient<Channel>),
+    Acquire(LeaseServiceClient<Channel>),
+    Lease {
+        client: LeaseServiceClient<Channel>,
+        units: u64,
+    },
     Rls(RateLimitServiceClient<Channel>),
     Redis {
         con: MultiplexedConnection,
         script: GcraScript,
+        params: GcraParams,
     },
 }
+
+/// A failed call, by kind: `grpc_<code>`, `redis_<kind>` or `timeout`. Kinds come from closed
+/// sets (status codes, the redis crate's error kinds), so a tally of them stays small.
+type ErrorKind = String;
 
 impl Client {
     async fn connect(config: &LoadConfig) -> Result<Self> {
@@ -215,7 +226,12 @@ impl Client {
             let mut con = crate::redis::connect(config.addr).await?;
             let script = GcraScript::new();
             script.load(&mut con).await?;
-            return Ok(Client::Redis { con, script });
+            let params = config.gcra;
+            return Ok(Client::Redis {
+                con,
+                script,
+                params,
+            });
         }
         let channel = Endpoint::from_shared(format!("http://{}", config.addr))?
             .tcp_nodelay(true)
@@ -224,81 +240,108 @@ impl Client {
             .await?;
         Ok(match config.workload {
             Workload::Rls => Client::Rls(RateLimitServiceClient::new(channel)),
-            _ => Client::Lease(LeaseServiceClient::new(channel)),
+            Workload::Lease => Client::Lease {
+                client: LeaseServiceClient::new(channel),
+                units: config.lease_units,
+            },
+            _ => Client::Acquire(LeaseServiceClient::new(channel)),
         })
     }
 
-    async fn call(&mut self, config: &LoadConfig, key: &str) -> Result<Outcome, String> {
-        match (self, config.workload) {
-            (Client::Lease(client), Workload::Acquire) => {
-                let req = pb::AcquireRequest {
-                    target: Some(target(key)),
-                    cost_units: 1,
-                    idempotency_key: String::new(),
-                };
-                let resp = client.acquire(req).await.map_err(grpc_error)?.into_inner();
-                Ok(match resp.decision.is_some_and(|d| d.allowed) {
-                    true => Outcome::Allowed { admitted: 1 },
-                    false => Outcome::Denied,
-                })
-            }
-            (Client::Lease(client), Workload::Lease) => {
-                let req = pb::LeaseRequest {
-                    target: Some(target(key)),
-                    units_wanted: config.lease_units,
-                    min_units: 1,
-                    ttl_ms: LEASE_TTL.as_millis() as u64,
-                    idempotency_key: String::new(),
-                };
-                let resp = client.lease(req).await.map_err(grpc_error)?.into_inner();
-                // The caller spends the lease locally, one request per unit: a decrement on
-                // its own counter, no call. Every unit granted is a request admitted.
-                Ok(match resp.lease {
-                    Some(lease) if lease.units > 0 => Outcome::Allowed {
-                        admitted: lease.units,
-                    },
-                    _ => Outcome::Denied,
-                })
-            }
-            (Client::Rls(client), _) => {
-                let req = RateLimitRequest {
-                    domain: BENCH_DOMAIN.to_owned(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![RlsEntry {
-                            key: BENCH_DESCRIPTOR_KEY.to_owned(),
-                            value: key.to_owned(),
-                        }],
-                        ..RateLimitDescriptor::default()
-                    }],
-                    hits_addend: 0,
-                };
-                let resp = client
-                    .should_rate_limit(req)
-                    .await
-                    .map_err(grpc_error)?
-                    .into_inner();
-                Ok(match resp.overall_code == i32::from(RlsCode::Ok) {
-                    true => Outcome::Allowed { admitted: 1 },
-                    false => Outcome::Denied,
-                })
-            }
-            (Client::Redis { con, script }, _) => {
-                let reply =
-                    script
-                        .check(con, key, config.gcra, 1, None)
-                        .await
-                        .map_err(|e| match e {
-                            Error::Redis(e) => format!("redis_{:?}", e.kind()),
-                            other => format!("redis_{other}"),
-                        })?;
-                Ok(match reply.allowed {
-                    true => Outcome::Allowed { admitted: 1 },
-                    false => Outcome::Denied,
-                })
-            }
-            (Client::Lease(_), workload) => Err(format!("no lease-API call for {workload:?}")),
+    async fn call(&mut self, key: &str) -> Result<Outcome, ErrorKind> {
+        match self {
+            Client::Acquire(client) => acquire(client, key).await,
+            Client::Lease { client, units } => lease(client, key, *units).await,
+            Client::Rls(client) => should_rate_limit(client, key).await,
+            Client::Redis {
+                con,
+                script,
+                params,
+            } => redis_gcra(con, script, *params, key).await,
         }
     }
+}
+
+fn allowed_one(allowed: bool) -> Outcome {
+    match allowed {
+        true => Outcome::Allowed { admitted: 1 },
+        false => Outcome::Denied,
+    }
+}
+
+async fn acquire(
+    client: &mut LeaseServiceClient<Channel>,
+    key: &str,
+) -> Result<Outcome, ErrorKind> {
+    let req = pb::AcquireRequest {
+        target: Some(target(key)),
+        cost_units: 1,
+        idempotency_key: String::new(),
+    };
+    let resp = client.acquire(req).await.map_err(grpc_error)?.into_inner();
+    Ok(allowed_one(resp.decision.is_some_and(|d| d.allowed)))
+}
+
+async fn lease(
+    client: &mut LeaseServiceClient<Channel>,
+    key: &str,
+    units: u64,
+) -> Result<Outcome, ErrorKind> {
+    let req = pb::LeaseRequest {
+        target: Some(target(key)),
+        units_wanted: units,
+        min_units: 1,
+        ttl_ms: u64::try_from(LEASE_TTL.as_millis()).unwrap_or(u64::MAX),
+        idempotency_key: String::new(),
+    };
+    let resp = client.lease(req).await.map_err(grpc_error)?.into_inner();
+    // The caller spends the lease locally, one request per unit: a decrement of its own
+    // counter, no call. Every unit granted is a request admitted.
+    Ok(match resp.lease {
+        Some(lease) if lease.units > 0 => Outcome::Allowed {
+            admitted: lease.units,
+        },
+        _ => Outcome::Denied,
+    })
+}
+
+async fn should_rate_limit(
+    client: &mut RateLimitServiceClient<Channel>,
+    key: &str,
+) -> Result<Outcome, ErrorKind> {
+    let req = RateLimitRequest {
+        domain: BENCH_DOMAIN.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![RlsEntry {
+                key: BENCH_DESCRIPTOR_KEY.to_owned(),
+                value: key.to_owned(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let resp = client
+        .should_rate_limit(req)
+        .await
+        .map_err(grpc_error)?
+        .into_inner();
+    Ok(allowed_one(resp.overall_code == i32::from(RlsCode::Ok)))
+}
+
+async fn redis_gcra(
+    con: &mut MultiplexedConnection,
+    script: &GcraScript,
+    params: GcraParams,
+    key: &str,
+) -> Result<Outcome, ErrorKind> {
+    let reply = script
+        .check(con, key, params, 1, None)
+        .await
+        .map_err(|e| match e {
+            Error::Redis(e) => format!("redis_{:?}", e.kind()),
+            _ => "redis_other".to_owned(),
+        })?;
+    Ok(allowed_one(reply.allowed))
 }
 
 fn target(key: &str) -> pb::Target {
@@ -311,7 +354,7 @@ fn target(key: &str) -> pb::Target {
     }
 }
 
-fn grpc_error(status: tonic::Status) -> String {
+fn grpc_error(status: tonic::Status) -> ErrorKind {
     format!("grpc_{:?}", status.code())
 }
 
@@ -342,8 +385,7 @@ pub async fn run_load(config: &LoadConfig) -> Result<LoadReport> {
     for c in 0..config.callers {
         let client = clients[c as usize % clients.len()].clone();
         let walk = keys.walk(c, config.callers);
-        let config = config.clone();
-        callers.spawn(async move { caller(client, walk, config, interval).await });
+        callers.spawn(caller(client, walk, interval));
     }
     let mut total = Tally::default();
     while let Some(tally) = callers.join_next().await {
@@ -360,12 +402,7 @@ pub async fn run_load(config: &LoadConfig) -> Result<LoadReport> {
     Ok(report(config, total, cpu))
 }
 
-async fn caller(
-    mut client: Client,
-    mut walk: KeyWalk,
-    config: LoadConfig,
-    interval: Interval,
-) -> Tally {
+async fn caller(mut client: Client, mut walk: KeyWalk, interval: Interval) -> Tally {
     let mut tally = Tally::default();
     loop {
         let began = Instant::now();
@@ -373,7 +410,7 @@ async fn caller(
             break;
         }
         let key = walk.next_key();
-        let result = match tokio::time::timeout(CALL_TIMEOUT, client.call(&config, key)).await {
+        let result = match tokio::time::timeout(CALL_TIMEOUT, client.call(key)).await {
             Ok(r) => r,
             Err(_) => Err("timeout".to_owned()),
         };

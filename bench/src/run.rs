@@ -191,6 +191,14 @@ struct Running {
     pid: u32,
 }
 
+/// The servers of a run; dropping it stops them all.
+struct Servers {
+    running: Vec<Running>,
+    _noop: ChildProcess,
+    _agent: Option<AgentProcess>,
+    _redis: Option<RedisServer>,
+}
+
 /// Starts the servers, measures every scenario on each, prints the table and writes the JSON.
 pub async fn run(config: &RunConfig) -> Result<RunOutput> {
     if !(1..=MAX_ROUNDS).contains(&config.rounds) {
@@ -198,58 +206,11 @@ pub async fn run(config: &RunConfig) -> Result<RunOutput> {
     }
     let work = tempfile::tempdir().map_err(|e| Error::io("creating a work directory", e))?;
     let mut notes = Vec::new();
-
-    let noop = start_noop(&config.noop_binary, work.path()).await?;
-    let mut servers = vec![Running {
-        kind: ServerKind::Noop,
-        addr: noop.1,
-        pid: noop.0.pid(),
-    }];
-    let agent = match &config.agent {
-        Some(command) => {
-            let dir = subdir(work.path(), "agent")?;
-            let agent =
-                AgentProcess::start(command, &bench_limits_yaml(), BENCH_DOMAIN, &dir).await?;
-            servers.push(Running {
-                kind: ServerKind::Agent,
-                addr: agent.grpc_addr(),
-                pid: agent.pid(),
-            });
-            Some(agent)
-        }
-        None => {
-            notes.push("agent: not measured (no --agent-bin)".to_owned());
-            None
-        }
-    };
-    let redis = start_redis(config.redis, work.path(), &mut notes).await?;
-    if let Some(r) = &redis {
-        servers.push(Running {
-            kind: ServerKind::Redis,
-            addr: r.addr(),
-            pid: r.pid(),
-        });
-    }
-
+    let servers = start_servers(config, work.path(), &mut notes).await?;
     let scenarios = scenarios(config.callers, config.many_keys);
-    let mut measurements = Vec::new();
-    for round in 1..=config.rounds {
-        for scenario in &scenarios {
-            for server in servers.iter().filter(|s| scenario.runs_on(s.kind)) {
-                let report = run_load(&load_config(config, scenario, server)).await?;
-                eprintln!("{}", progress_line(round, scenario, server.kind, &report));
-                measurements.push(Measurement {
-                    round,
-                    scenario: scenario.name.clone(),
-                    server: server.kind,
-                    report,
-                });
-            }
-        }
-    }
-    drop(agent);
-    drop(redis);
-    drop(noop);
+    let measurements = measure(config, &scenarios, &servers.running).await?;
+    let kinds = servers.running.iter().map(|s| s.kind).collect();
+    drop(servers);
 
     let summary = summarize(&scenarios, &measurements);
     let lease_gains = lease_gains(&measurements);
@@ -262,7 +223,7 @@ pub async fn run(config: &RunConfig) -> Result<RunOutput> {
         callers: config.callers,
         connections: config.connections,
         lease_units: config.lease_units,
-        servers: servers.iter().map(|s| s.kind).collect(),
+        servers: kinds,
         scenarios,
         measurements,
         summary,
@@ -272,6 +233,75 @@ pub async fn run(config: &RunConfig) -> Result<RunOutput> {
     };
     write_json(&config.json_path, &output)?;
     Ok(output)
+}
+
+async fn start_servers(
+    config: &RunConfig,
+    work: &Path,
+    notes: &mut Vec<String>,
+) -> Result<Servers> {
+    let (noop, noop_addr) = start_noop(&config.noop_binary, work).await?;
+    let mut running = vec![Running {
+        kind: ServerKind::Noop,
+        addr: noop_addr,
+        pid: noop.pid(),
+    }];
+    let agent = match &config.agent {
+        Some(command) => {
+            let dir = subdir(work, "agent")?;
+            let yaml = bench_limits_yaml();
+            Some(AgentProcess::start(command, &yaml, BENCH_DOMAIN, &dir).await?)
+        }
+        None => {
+            notes.push("agent: not measured (no --agent-bin)".to_owned());
+            None
+        }
+    };
+    if let Some(a) = &agent {
+        running.push(Running {
+            kind: ServerKind::Agent,
+            addr: a.grpc_addr(),
+            pid: a.pid(),
+        });
+    }
+    let redis = start_redis(config.redis, work, notes).await?;
+    if let Some(r) = &redis {
+        running.push(Running {
+            kind: ServerKind::Redis,
+            addr: r.addr(),
+            pid: r.pid(),
+        });
+    }
+    Ok(Servers {
+        running,
+        _noop: noop,
+        _agent: agent,
+        _redis: redis,
+    })
+}
+
+/// Every round, every scenario, every server that serves it, in that nesting.
+async fn measure(
+    config: &RunConfig,
+    scenarios: &[Scenario],
+    servers: &[Running],
+) -> Result<Vec<Measurement>> {
+    let mut measurements = Vec::new();
+    for round in 1..=config.rounds {
+        for scenario in scenarios {
+            for server in servers.iter().filter(|s| scenario.runs_on(s.kind)) {
+                let report = run_load(&load_config(config, scenario, server)).await?;
+                eprintln!("{}", progress_line(round, scenario, server.kind, &report));
+                measurements.push(Measurement {
+                    round,
+                    scenario: scenario.name.clone(),
+                    server: server.kind,
+                    report,
+                });
+            }
+        }
+    }
+    Ok(measurements)
 }
 
 fn subdir(parent: &Path, name: &str) -> Result<PathBuf> {
