@@ -1,6 +1,30 @@
-//! allot-bench: the benchmark harness for the daemons (gRPC load generator, Redis baseline).
+//! allot-bench: the end-to-end benchmark harness for the daemons, and the pieces of the real
+//! Envoy test.
 //!
-//! Micro-benchmarks of the core live in `core/benches` (criterion). This crate will hold the
-//! end-to-end harness that measures the agent against a no-op tonic server and Redis.
+//! A gRPC load generator ([`loadgen`]) drives N concurrent callers over loopback for a bounded
+//! time against any server address: the lease API's `Acquire` or `Lease`, Envoy's RLS
+//! `ShouldRateLimit`, or a GCRA Lua script in Redis through `EVALSHA`. It reports throughput,
+//! latency quantiles, errors and the server's CPU time per decision, read from
+//! `/proc/<pid>/stat` before and after the measured interval ([`cpu`]).
 //!
-//! Not yet written: see the agent issue.
+//! The servers it compares, started by [`run`] in one invocation: a no-op tonic server of the
+//! same RPCs ([`noop`], the transport's ceiling), the agent as a subprocess started from a
+//! binary path ([`agent`]; this crate never links it), and `redis-server` ([`redis`]).
+//! [`envoy`] templates an Envoy bootstrap and runs the real proxy for the gateway test.
+//!
+//! This is a harness, not a daemon: it does IO, reads clocks and starts processes. Micro-benchmarks
+//! of the core live in `core/benches` (criterion).
+
+pub mod agent;
+pub mod cpu;
+pub mod envoy;
+pub mod error;
+pub mod histogram;
+pub mod loadgen;
+pub mod noop;
+pub mod process;
+pub mod redis;
+pub mod run;
+pub mod workload;
+
+pub use error::{Error, Result};
