@@ -106,9 +106,11 @@ pub(crate) fn allowance(
     }
     match p.spec.partition_policy {
         PartitionPolicy::Floor => default,
+        // Nothing more than is used; settle overage can take use past the default share,
+        // and the allowance must still stay within the share the table holds for it.
         PartitionPolicy::Closed => Allowance {
             units: if ks.window == window {
-                ks.net_units()
+                ks.net_units().min(p.default_units)
             } else {
                 0
             },

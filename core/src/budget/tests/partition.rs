@@ -53,6 +53,27 @@ fn closed_denies_once_contact_expires_until_it_resumes() {
 }
 
 #[test]
+fn a_closed_region_never_enforces_more_than_its_share_after_settle_overage() {
+    // Default share 100 (L = 400 over four regions). A lease of 100 settled at 130 takes use
+    // to 130 (30 of it recorded overage). Once closed, the region admits nothing more, and the
+    // allowance it enforces (and reports) stays at its share: the coordinator's table holds
+    // 100 for it, not 130.
+    let mut b = with_policy(PartitionPolicy::Closed);
+    round_trip(&mut b, at(0));
+    let g = granted(
+        b.lease(at(1_000), lease_req("api", "k", 100, 30))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 100);
+    let s = b.settle(at(1_000), g.lease, 130, None).expect("settle");
+    assert_eq!(s.overage_units, 30);
+    assert_eq!(net(&b, "api", "k"), 130);
+    assert!(b.is_view_expired(at(2_001)));
+    assert_eq!(allowance(&b, at(2_001), "api", "k"), 100);
+    assert!(!acquire(&mut b, at(2_001), "api", "k", 1).allowed);
+}
+
+#[test]
 fn open_admits_beyond_the_allowance_at_its_rate_and_records_it() {
     // Open at 10 per second, burst 10.
     let mut b = with_policy(PartitionPolicy::Open {
