@@ -74,6 +74,36 @@ fn a_closed_region_never_enforces_more_than_its_share_after_settle_overage() {
 }
 
 #[test]
+fn a_closed_eventual_region_past_its_share_keeps_its_use_as_allowance() {
+    // Eventual, L = 400, default share 100. Every other region reported zero, so the view
+    // admits 150 here. Once the view expires, closed means nothing more: the allowance is the
+    // use, 150, not the share (no ceiling in view mode, and no excess was admitted).
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    spec.partition_policy = PartitionPolicy::Closed;
+    let mut b = budget(vec![spec]);
+    assert!(
+        !acquire(&mut b, at(0), "api", "k", 101).allowed,
+        "escalates"
+    );
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = ["us", "ap", "sa"]
+        .into_iter()
+        .map(|r| crate::sync::CounterEntry {
+            counter: counter("api", "k", minute_window(0)),
+            region: RegionId::from(r),
+            granted_units: 0,
+            refunded_units: 0,
+        })
+        .collect();
+    b.handle_sync_down(at(0), down);
+    assert!(acquire(&mut b, at(1_000), "api", "k", 150).allowed);
+    assert_eq!(allowance(&b, at(2_001), "api", "k"), 150);
+    assert!(!acquire(&mut b, at(2_001), "api", "k", 1).allowed);
+}
+
+#[test]
 fn open_admits_beyond_the_allowance_at_its_rate_and_records_it() {
     // Open at 10 per second, burst 10.
     let mut b = with_policy(PartitionPolicy::Open {
