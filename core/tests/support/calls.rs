@@ -88,7 +88,7 @@ impl World {
                 if let (Some(id), Ok(out)) = (request_id, &result) {
                     self.model.remember(r, id, out.clone());
                 }
-                if let Some((l, k, a)) = allowance_before {
+                if let (Some((l, k, a)), true) = (allowance_before, admitted(&result)) {
                     self.check_admission(r, (l, k), a)?;
                 }
             }
@@ -362,5 +362,14 @@ impl World {
         if let Some(l) = self.model.leases[r].get_mut(&lease) {
             l.ended = true;
         }
+    }
+}
+
+/// The call charged units to its key (an allowed acquire, a granted lease).
+fn admitted(result: &Result<Outcome, Error>) -> bool {
+    match result {
+        Ok(Outcome::Acquire(d)) => d.allowed,
+        Ok(Outcome::Lease(LeaseOutcome::Granted(_))) => true,
+        _ => false,
     }
 }

@@ -91,16 +91,23 @@ impl Model {
         self.first_outcomes[region].insert(id, outcome);
     }
 
-    /// The `pick`-th lease of `region` (any state), if it has any.
-    pub fn pick_lease(&self, region: usize, pick: usize) -> Option<(LeaseId, &ModelLease)> {
+    /// A lease of `region` for a lease call: mostly a live one, and now and then any lease
+    /// ever granted (so that calls on ended or expired leases are tried too).
+    pub fn pick_lease(
+        &self,
+        region: usize,
+        now: Timestamp,
+        pick: usize,
+    ) -> Option<(LeaseId, &ModelLease)> {
         let leases = &self.leases[region];
-        if leases.is_empty() {
-            return None;
-        }
-        leases
-            .iter()
-            .nth(pick % leases.len())
-            .map(|(id, l)| (*id, l))
+        let live: Vec<(&LeaseId, &ModelLease)> =
+            leases.iter().filter(|(_, l)| l.is_live(now)).collect();
+        let chosen = if live.is_empty() || pick.is_multiple_of(5) {
+            leases.iter().nth(pick.checked_rem(leases.len())?)
+        } else {
+            live.get(pick % live.len()).copied()
+        };
+        chosen.map(|(id, l)| (*id, l))
     }
 }
 

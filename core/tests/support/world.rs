@@ -485,7 +485,7 @@ impl World {
                 with_id,
             } => {
                 let r = region % n_regions;
-                let (lease, _) = self.model.pick_lease(r, pick)?;
+                let (lease, _) = self.model.pick_lease(r, self.now, pick)?;
                 let ttl = Duration::from_millis(ttl_ms);
                 Some((r, Call::Renew { lease, ttl }, with_id))
             }
@@ -496,7 +496,7 @@ impl World {
                 with_id,
             } => {
                 let r = region % n_regions;
-                let (lease, l) = self.model.pick_lease(r, pick)?;
+                let (lease, l) = self.model.pick_lease(r, self.now, pick)?;
                 let unused_units = l.units * unused_pct.min(100) / 100;
                 Some((
                     r,
@@ -514,7 +514,7 @@ impl World {
                 with_id,
             } => {
                 let r = region % n_regions;
-                let (lease, l) = self.model.pick_lease(r, pick)?;
+                let (lease, l) = self.model.pick_lease(r, self.now, pick)?;
                 let actual_units = l.units * actual_pct / 100;
                 Some((
                     r,
