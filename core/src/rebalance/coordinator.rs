@@ -79,7 +79,11 @@ impl Default for CoordinatorConfig {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum ProposalKey {
     Counter(CounterRef),
-    Reclaim(LimitId, RegionId),
+    /// Starting and ending a reclaim are separate keys: a reclaim proposed while its region
+    /// was silent can still commit after the region is heard again, so its end is proposed
+    /// behind it without waiting for it.
+    StartReclaim(LimitId, RegionId),
+    EndReclaim(LimitId, RegionId),
     Gc(LimitId),
 }
 
@@ -90,9 +94,11 @@ fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
         | TableCommand::CompleteRelease { counter, .. } => {
             Some(ProposalKey::Counter(counter.clone()))
         }
-        TableCommand::Reclaim { limit, region, .. }
-        | TableCommand::EndReclaim { limit, region } => {
-            Some(ProposalKey::Reclaim(limit.clone(), region.clone()))
+        TableCommand::Reclaim { limit, region, .. } => {
+            Some(ProposalKey::StartReclaim(limit.clone(), region.clone()))
+        }
+        TableCommand::EndReclaim { limit, region } => {
+            Some(ProposalKey::EndReclaim(limit.clone(), region.clone()))
         }
         TableCommand::CollectGarbage { limit, .. } => Some(ProposalKey::Gc(limit.clone())),
         TableCommand::SetConfig { .. } => None,
@@ -376,19 +382,23 @@ impl Coordinator {
                 continue;
             };
             for region in self.table.regions() {
-                let key = ProposalKey::Reclaim(spec.id.clone(), region.clone());
-                if self.is_in_flight(&key) {
-                    continue;
-                }
+                let (limit, r) = (&spec.id, region);
+                let starting =
+                    self.is_in_flight(&ProposalKey::StartReclaim(limit.clone(), r.clone()));
+                let ending = self.is_in_flight(&ProposalKey::EndReclaim(limit.clone(), r.clone()));
                 let deadline = self.reclaim_deadline(region, window);
                 let active = self.table.reclaim(&spec.id, region).is_some();
-                if !active && now >= deadline {
+                // A start still in flight commits before an end proposed now (log order): if
+                // the region is back, end it too, so that both commit before its answer (the
+                // driver commits everything polled before answering). Should the start be
+                // abandoned instead, the table refuses the end and nothing changes.
+                if !active && !starting && now >= deadline {
                     out.push(TableCommand::Reclaim {
                         limit: spec.id.clone(),
                         region: region.clone(),
                         from_window: first_window_starting_at_or_after(window, deadline),
                     });
-                } else if active && self.has_returned(region, now) {
+                } else if (active || starting) && !ending && self.has_returned(region, now) {
                     out.push(TableCommand::EndReclaim {
                         limit: spec.id.clone(),
                         region: region.clone(),
