@@ -154,7 +154,8 @@ impl Coordinator {
         &self.table
     }
 
-    /// True while a polled command has been neither committed nor abandoned.
+    /// True while a polled command has been neither committed nor forgotten (after
+    /// `proposal_timeout`; a reclaim's start is never forgotten, see `poll_proposals`).
     pub fn has_uncommitted_proposals(&self) -> bool {
         !self.in_flight.is_empty()
     }
@@ -280,6 +281,12 @@ impl Coordinator {
         if let Some(key) = proposal_key(cmd) {
             self.in_flight.remove(&key);
         }
+        if let TableCommand::EndReclaim { limit, region } = cmd {
+            // Whatever was proposed before this end has committed by now or never will (log
+            // order): a start of the reclaim can no longer take effect behind the region's back.
+            self.in_flight
+                .remove(&ProposalKey::StartReclaim(limit.clone(), region.clone()));
+        }
         let ack = match cmd {
             TableCommand::CompleteRelease {
                 counter, region, ..
@@ -317,8 +324,12 @@ impl Coordinator {
     /// What the rebalancer wants committed now.
     pub fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
         let timeout = self.cfg.proposal_timeout;
-        self.in_flight
-            .retain(|_, at| now.saturating_duration_since(*at) < timeout);
+        // A reclaim's start is not forgotten: it may still commit after its region is heard
+        // again, and must then have an end proposed behind it (`propose_reclaims`).
+        self.in_flight.retain(|key, at| {
+            matches!(key, ProposalKey::StartReclaim(..))
+                || now.saturating_duration_since(*at) < timeout
+        });
         self.forget_ended(now);
         self.pre_issue(now);
         let mut out = Vec::new();
