@@ -51,7 +51,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => region.prop_map(|region| Step::Restart { region }),
         1 => Just(Step::Propose),
         1 => Just(Step::Commit),
-        1 => Just(Step::NewLeader),
+        1 => any::<bool>().prop_map(|commit_waiting| Step::NewLeader { commit_waiting }),
     ]
 }
 

@@ -83,8 +83,10 @@ pub enum Step {
     Propose,
     /// The oldest waiting proposal commits.
     Commit,
-    /// Leadership is lost: waiting proposals are abandoned, a new leader takes over.
-    NewLeader,
+    /// Leadership is lost and a new leader takes over from the committed table. The old
+    /// leader's waiting proposals are either lost with its term, or committed by the new
+    /// leader before it starts (raft commits a previous term's entries with its first own).
+    NewLeader { commit_waiting: bool },
 }
 
 pub struct Agent {
@@ -227,8 +229,16 @@ impl World {
                     self.commit(cmd)?;
                 }
             }
-            Step::NewLeader => {
-                self.waiting.clear();
+            Step::NewLeader { commit_waiting } => {
+                for cmd in std::mem::take(&mut self.waiting) {
+                    if commit_waiting {
+                        let outcome = self.replica.apply(cmd.clone());
+                        self.note(format!(
+                            "committed late {} -> {outcome:?}",
+                            trace::command(&cmd)
+                        ));
+                    }
+                }
                 self.leader =
                     Coordinator::new(coordinator_config(), self.replica.clone(), self.now);
                 self.seen.new_leader();
