@@ -17,30 +17,33 @@ use proptest::prelude::*;
 
 use support::network::LinkFaults;
 use support::setup::{eventual_limit, strict_limits};
-use support::world::{Step, World};
+use support::world::{Op, Step, World};
 
 /// A key, mostly the hot one, so that counters reach their limits.
 fn key() -> impl Strategy<Value = usize> {
     prop_oneof![6 => Just(0usize), 2 => Just(1usize), 1 => Just(2usize)]
 }
 
+/// A gateway operation: acquires and leases mostly, on any limit.
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<usize>(), key(), 1..8u64).prop_map(
+            |(limit, key, cost_units)| Op::Acquire { limit, key, cost_units }
+        ),
+        6 => (any::<usize>(), key(), 1..12u64, 100..6_000u64).prop_map(
+            |(limit, key, units_wanted, ttl_ms)| Op::Lease { limit, key, units_wanted, ttl_ms }
+        ),
+        1 => (any::<usize>(), 100..6_000u64).prop_map(|(pick, ttl_ms)| Op::Renew { pick, ttl_ms }),
+        3 => (any::<usize>(), 0..=100u64).prop_map(|(pick, unused_pct)| Op::Release { pick, unused_pct }),
+        3 => (any::<usize>(), 0..=200u64).prop_map(|(pick, actual_pct)| Op::Settle { pick, actual_pct }),
+    ]
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let region = 0..3usize;
     prop_oneof![
-        6 => (region.clone(), any::<usize>(), key(), 1..8u64, any::<bool>()).prop_map(
-            |(region, limit, key, cost_units, with_id)| Step::Acquire { region, limit, key, cost_units, with_id }
-        ),
-        6 => (region.clone(), any::<usize>(), key(), 1..12u64, 100..6_000u64, any::<bool>()).prop_map(
-            |(region, limit, key, units_wanted, ttl_ms, with_id)| Step::Lease { region, limit, key, units_wanted, ttl_ms, with_id }
-        ),
-        1 => (region.clone(), any::<usize>(), 100..6_000u64, any::<bool>()).prop_map(
-            |(region, pick, ttl_ms, with_id)| Step::Renew { region, pick, ttl_ms, with_id }
-        ),
-        3 => (region.clone(), any::<usize>(), 0..=100u64, any::<bool>()).prop_map(
-            |(region, pick, unused_pct, with_id)| Step::Release { region, pick, unused_pct, with_id }
-        ),
-        3 => (region.clone(), any::<usize>(), 0..=200u64, any::<bool>()).prop_map(
-            |(region, pick, actual_pct, with_id)| Step::Settle { region, pick, actual_pct, with_id }
+        19 => (region.clone(), op(), any::<bool>()).prop_map(
+            |(region, op, with_id)| Step::Gateway { region, op, with_id }
         ),
         2 => any::<usize>().prop_map(|pick| Step::Retry { pick }),
         5 => (0..300u64).prop_map(|ms| Step::Advance { ms }),
@@ -95,7 +98,7 @@ const EVENTUAL_RATE_CAP: RateCap = RateCap {
 };
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn strict_limits_hold_over_any_network(

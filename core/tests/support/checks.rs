@@ -64,6 +64,11 @@ impl World {
         for r in 0..REGIONS.len() {
             self.observe_region(r)?;
             self.check_strict_allowances(r)?;
+            // Every retry must find its first answer (the model expects it), and every grant,
+            // release request and entry names a known limit with room for its key.
+            let stats = self.agents[r].budget.region_stats();
+            prop_assert_eq!(stats.idempotency_evicted_early, 0);
+            prop_assert_eq!(stats.sync_items_skipped, 0);
         }
         self.check_table()?;
         self.record_bounds();

@@ -33,37 +33,10 @@ pub type TestResult = Result<(), TestCaseError>;
 /// One step of a run. Indices are taken modulo what exists (regions, limits, leases, calls).
 #[derive(Clone, Debug)]
 pub enum Step {
-    Acquire {
+    /// A gateway call into a region, with a fresh request id or none.
+    Gateway {
         region: usize,
-        limit: usize,
-        key: usize,
-        cost_units: u64,
-        with_id: bool,
-    },
-    Lease {
-        region: usize,
-        limit: usize,
-        key: usize,
-        units_wanted: u64,
-        ttl_ms: u64,
-        with_id: bool,
-    },
-    Renew {
-        region: usize,
-        pick: usize,
-        ttl_ms: u64,
-        with_id: bool,
-    },
-    Release {
-        region: usize,
-        pick: usize,
-        unused_pct: u64,
-        with_id: bool,
-    },
-    Settle {
-        region: usize,
-        pick: usize,
-        actual_pct: u64,
+        op: Op,
         with_id: bool,
     },
     /// Send an earlier call with a request id again, unchanged.
@@ -87,6 +60,36 @@ pub enum Step {
     /// leader's waiting proposals are either lost with its term, or committed by the new
     /// leader before it starts (raft commits a previous term's entries with its first own).
     NewLeader { commit_waiting: bool },
+}
+
+/// A gateway call as a step draws it: lease calls pick a lease of the region, their units
+/// are a share of what the lease holds.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Acquire {
+        limit: usize,
+        key: usize,
+        cost_units: u64,
+    },
+    Lease {
+        limit: usize,
+        key: usize,
+        units_wanted: u64,
+        ttl_ms: u64,
+    },
+    Renew {
+        pick: usize,
+        ttl_ms: u64,
+    },
+    Release {
+        pick: usize,
+        unused_pct: u64,
+    },
+    /// Up to twice the reservation: settle overage.
+    Settle {
+        pick: usize,
+        actual_pct: u64,
+    },
 }
 
 pub struct Agent {
@@ -243,10 +246,15 @@ impl World {
                     Coordinator::new(coordinator_config(), self.replica.clone(), self.now);
                 self.seen.new_leader();
             }
-            gateway => {
-                if let Some((region, call, with_id)) = self.gateway_call(gateway) {
+            Step::Gateway {
+                region,
+                op,
+                with_id,
+            } => {
+                let r = region % REGIONS.len();
+                if let Some(call) = self.call_for(r, op) {
                     let id = with_id.then(|| self.fresh_request_id());
-                    self.call(region, call, id)?;
+                    self.call(r, call, id)?;
                 }
             }
         }
@@ -451,91 +459,52 @@ impl World {
         out
     }
 
-    /// The gateway call a step stands for, with its region, if it can be made.
-    fn gateway_call(&self, step: Step) -> Option<(usize, Call, bool)> {
-        let n_regions = REGIONS.len();
+    /// The call an operation stands for in region `r`, if it can be made (a lease call needs
+    /// a lease).
+    fn call_for(&self, r: usize, op: Op) -> Option<Call> {
         let n_limits = self.limits.len();
-        match step {
-            Step::Acquire {
-                region,
+        let ms = Duration::from_millis;
+        Some(match op {
+            Op::Acquire {
                 limit,
                 key,
                 cost_units,
-                with_id,
-            } => Some((
-                region % n_regions,
-                Call::Acquire {
-                    limit: limit % n_limits,
-                    key: key % KEYS.len(),
-                    cost_units,
-                },
-                with_id,
-            )),
-            Step::Lease {
-                region,
+            } => Call::Acquire {
+                limit: limit % n_limits,
+                key: key % KEYS.len(),
+                cost_units,
+            },
+            Op::Lease {
                 limit,
                 key,
                 units_wanted,
                 ttl_ms,
-                with_id,
-            } => Some((
-                region % n_regions,
-                Call::Lease {
-                    limit: limit % n_limits,
-                    key: key % KEYS.len(),
-                    units_wanted,
-                    ttl: Duration::from_millis(ttl_ms),
-                },
-                with_id,
-            )),
-            Step::Renew {
-                region,
-                pick,
-                ttl_ms,
-                with_id,
-            } => {
-                let r = region % n_regions;
-                let (lease, _) = self.model.pick_lease(r, self.now, pick)?;
-                let ttl = Duration::from_millis(ttl_ms);
-                Some((r, Call::Renew { lease, ttl }, with_id))
-            }
-            Step::Release {
-                region,
-                pick,
-                unused_pct,
-                with_id,
-            } => {
-                let r = region % n_regions;
+            } => Call::Lease {
+                limit: limit % n_limits,
+                key: key % KEYS.len(),
+                units_wanted,
+                ttl: ms(ttl_ms),
+            },
+            Op::Renew { pick, ttl_ms } => Call::Renew {
+                lease: self.model.pick_lease(r, self.now, pick)?.0,
+                ttl: ms(ttl_ms),
+            },
+            Op::Release { pick, unused_pct } => {
                 let (lease, l) = self.model.pick_lease(r, self.now, pick)?;
                 let unused_units = l.units * unused_pct.min(100) / 100;
-                Some((
-                    r,
-                    Call::Release {
-                        lease,
-                        unused_units,
-                    },
-                    with_id,
-                ))
+                Call::Release {
+                    lease,
+                    unused_units,
+                }
             }
-            Step::Settle {
-                region,
-                pick,
-                actual_pct,
-                with_id,
-            } => {
-                let r = region % n_regions;
+            Op::Settle { pick, actual_pct } => {
                 let (lease, l) = self.model.pick_lease(r, self.now, pick)?;
                 let actual_units = l.units * actual_pct / 100;
-                Some((
-                    r,
-                    Call::Settle {
-                        lease,
-                        actual_units,
-                    },
-                    with_id,
-                ))
+                Call::Settle {
+                    lease,
+                    actual_units,
+                }
             }
-            _ => None,
-        }
+        })
     }
 }
