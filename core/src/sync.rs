@@ -42,7 +42,9 @@ pub struct DemandReport {
     pub counter: CounterRef,
     /// Requested units per second over the recent past (including denied requests).
     pub demand_units_per_sec: u64,
-    /// The region's allowance for this counter as it enforces it now.
+    /// The region's allowance for this counter as it enforces it with contact (its grants,
+    /// releases or default share; not the closed partition policy's stop while its view is
+    /// expired, which ends with the next answer).
     pub allowance_units: u64,
 }
 

@@ -108,7 +108,7 @@ pub(crate) fn allowance(
         PartitionPolicy::Floor => default,
         PartitionPolicy::Closed => Allowance {
             units: if ks.window == window {
-                ks.net_units()
+                closed_units(p, ks)
             } else {
                 0
             },
@@ -119,6 +119,17 @@ pub(crate) fn allowance(
             open: true,
             ..default
         },
+    }
+}
+
+/// Closed policy, view expired: nothing more than is used. A strict region also stays within
+/// the default share its table allowance is (settle overage can take use past it); an
+/// eventual region's use may rightly be past its share, which is no ceiling in view mode.
+fn closed_units(p: &LimitParams, ks: &KeyState) -> u64 {
+    if p.is_eventual() {
+        ks.net_units()
+    } else {
+        ks.net_units().min(p.default_units)
     }
 }
 

@@ -575,10 +575,17 @@ fn report_key(
     }
     if hot.escalated {
         let p = &lim.params;
+        // The allowance held with contact: the coordinator takes a report at or below its row
+        // as proof the region holds no more, and an expired view's closed-policy allowance
+        // ends with the next answer, when the region falls back to what it holds.
+        let held = Ctx {
+            view_expired: false,
+            ..*ctx
+        };
         up.demand.push(DemandReport {
             counter: counter_ref(kr, ks.window),
             demand_units_per_sec: admit::demand_units_per_sec(p, ks, now, ctx.sync_interval),
-            allowance_units: admit::allowance(p, ks, ks.window, ctx).units,
+            allowance_units: admit::allowance(p, ks, ks.window, &held).units,
         });
     }
     if unconfirmed || hot.escalated {

@@ -79,7 +79,11 @@ impl Default for CoordinatorConfig {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum ProposalKey {
     Counter(CounterRef),
-    Reclaim(LimitId, RegionId),
+    /// Starting and ending a reclaim are separate keys: a reclaim proposed while its region
+    /// was silent can still commit after the region is heard again, so its end is proposed
+    /// behind it without waiting for it.
+    StartReclaim(LimitId, RegionId),
+    EndReclaim(LimitId, RegionId),
     Gc(LimitId),
 }
 
@@ -90,9 +94,11 @@ fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
         | TableCommand::CompleteRelease { counter, .. } => {
             Some(ProposalKey::Counter(counter.clone()))
         }
-        TableCommand::Reclaim { limit, region, .. }
-        | TableCommand::EndReclaim { limit, region } => {
-            Some(ProposalKey::Reclaim(limit.clone(), region.clone()))
+        TableCommand::Reclaim { limit, region, .. } => {
+            Some(ProposalKey::StartReclaim(limit.clone(), region.clone()))
+        }
+        TableCommand::EndReclaim { limit, region } => {
+            Some(ProposalKey::EndReclaim(limit.clone(), region.clone()))
         }
         TableCommand::CollectGarbage { limit, .. } => Some(ProposalKey::Gc(limit.clone())),
         TableCommand::SetConfig { .. } => None,
@@ -148,7 +154,8 @@ impl Coordinator {
         &self.table
     }
 
-    /// True while a polled command has been neither committed nor abandoned.
+    /// True while a polled command has been neither committed nor forgotten (after
+    /// `proposal_timeout`; a reclaim's start is never forgotten, see `poll_proposals`).
     pub fn has_uncommitted_proposals(&self) -> bool {
         !self.in_flight.is_empty()
     }
@@ -274,6 +281,12 @@ impl Coordinator {
         if let Some(key) = proposal_key(cmd) {
             self.in_flight.remove(&key);
         }
+        if let TableCommand::EndReclaim { limit, region } = cmd {
+            // Whatever was proposed before this end has committed by now or never will (log
+            // order): a start of the reclaim can no longer take effect behind the region's back.
+            self.in_flight
+                .remove(&ProposalKey::StartReclaim(limit.clone(), region.clone()));
+        }
         let ack = match cmd {
             TableCommand::CompleteRelease {
                 counter, region, ..
@@ -311,8 +324,12 @@ impl Coordinator {
     /// What the rebalancer wants committed now.
     pub fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
         let timeout = self.cfg.proposal_timeout;
-        self.in_flight
-            .retain(|_, at| now.saturating_duration_since(*at) < timeout);
+        // A reclaim's start is not forgotten: it may still commit after its region is heard
+        // again, and must then have an end proposed behind it (`propose_reclaims`).
+        self.in_flight.retain(|key, at| {
+            matches!(key, ProposalKey::StartReclaim(..))
+                || now.saturating_duration_since(*at) < timeout
+        });
         self.forget_ended(now);
         self.pre_issue(now);
         let mut out = Vec::new();
@@ -376,19 +393,23 @@ impl Coordinator {
                 continue;
             };
             for region in self.table.regions() {
-                let key = ProposalKey::Reclaim(spec.id.clone(), region.clone());
-                if self.is_in_flight(&key) {
-                    continue;
-                }
+                let (limit, r) = (&spec.id, region);
+                let starting =
+                    self.is_in_flight(&ProposalKey::StartReclaim(limit.clone(), r.clone()));
+                let ending = self.is_in_flight(&ProposalKey::EndReclaim(limit.clone(), r.clone()));
                 let deadline = self.reclaim_deadline(region, window);
                 let active = self.table.reclaim(&spec.id, region).is_some();
-                if !active && now >= deadline {
+                // A start still in flight commits before an end proposed now (log order): if
+                // the region is back, end it too, so that both commit before its answer (the
+                // driver commits everything polled before answering). Should the start be
+                // abandoned instead, the table refuses the end and nothing changes.
+                if !active && !starting && now >= deadline {
                     out.push(TableCommand::Reclaim {
                         limit: spec.id.clone(),
                         region: region.clone(),
                         from_window: first_window_starting_at_or_after(window, deadline),
                     });
-                } else if active && self.has_returned(region, now) {
+                } else if (active || starting) && !ending && self.has_returned(region, now) {
                     out.push(TableCommand::EndReclaim {
                         limit: spec.id.clone(),
                         region: region.clone(),

@@ -446,6 +446,79 @@ fn a_returning_region_hears_its_reclaimed_zeroes_before_anything_else() {
     );
 }
 
+#[test]
+fn a_reclaim_committed_after_its_region_returned_is_ended_before_the_answer() {
+    // b falls silent after 1 s. At its deadline (3.5 s) the leader proposes to reclaim its
+    // floor from window 101, and the proposal is slow to commit. b is heard again at 4 s: the
+    // poll that follows must propose the reclaim's end behind it, so that once everything
+    // polled has committed (the driver's contract, before answering b) b holds its floor in
+    // the table again, as it will once its answer makes its view fresh.
+    let mut w = silent_b(PartitionPolicy::Closed);
+    let slow = w.coord.poll_proposals(at_ms(3_500));
+    assert_eq!(reclaims(&slow).len(), 1, "{slow:?}");
+    let back = at_ms(4_000);
+    let seq = w.up("b", back);
+    let polled = w.coord.poll_proposals(back);
+    assert_eq!(
+        polled,
+        vec![TableCommand::EndReclaim {
+            limit: LimitId::from("l"),
+            region: RegionId::from("b"),
+        }]
+    );
+    for c in slow.iter().chain(&polled) {
+        assert!(w.coord.handle_committed(back, c).is_applied(), "{c:?}");
+    }
+    assert!(!w.coord.has_uncommitted_proposals());
+    let b = RegionId::from("b");
+    assert!(w.coord.table().reclaim(&LimitId::from("l"), &b).is_none());
+    assert_eq!(w.coord.table().allowance(&counter(101), &b), 50);
+    w.down("b", back, seq);
+}
+
+#[test]
+fn a_reclaim_committed_long_after_its_proposal_is_still_ended_behind_a_returned_region() {
+    // As above, but b is heard again at 9 s, after the proposal timeout (5 s) has passed since
+    // the reclaim was proposed at 3.5 s. A late commit is still possible, so the start is not
+    // forgotten and its end is proposed behind it.
+    let mut w = silent_b(PartitionPolicy::Closed);
+    let slow = w.coord.poll_proposals(at_ms(3_500));
+    assert_eq!(reclaims(&slow).len(), 1);
+    let back = at_ms(9_000);
+    w.up("b", back);
+    let polled = w.coord.poll_proposals(back);
+    assert!(
+        polled.contains(&TableCommand::EndReclaim {
+            limit: LimitId::from("l"),
+            region: RegionId::from("b"),
+        }),
+        "{polled:?}"
+    );
+    for c in slow.iter().chain(&polled) {
+        w.coord.handle_committed(back, c);
+    }
+    let b = RegionId::from("b");
+    assert!(w.coord.table().reclaim(&LimitId::from("l"), &b).is_none());
+    assert_eq!(w.coord.table().allowance(&counter(101), &b), 50);
+    assert!(!w.coord.has_uncommitted_proposals());
+}
+
+#[test]
+fn an_abandoned_reclaim_makes_its_end_a_refused_no_op() {
+    // Same as above, but the slow reclaim never commits (lost with its leader's term): the
+    // end proposed behind it is refused by the table and changes nothing.
+    let mut w = silent_b(PartitionPolicy::Closed);
+    let slow = w.coord.poll_proposals(at_ms(3_500));
+    assert_eq!(reclaims(&slow).len(), 1);
+    let back = at_ms(4_000);
+    w.up("b", back);
+    let polled = w.coord.poll_proposals(back);
+    assert_eq!(polled.len(), 1);
+    let before = w.coord.table().clone();
+    assert!(!w.coord.handle_committed(back, &polled[0]).is_applied());
+    assert_eq!(w.coord.table(), &before);
+}
+
 // ---- garbage collection -------------------------------------------------------------------
 
 #[test]

@@ -53,6 +53,57 @@ fn closed_denies_once_contact_expires_until_it_resumes() {
 }
 
 #[test]
+fn a_closed_region_never_enforces_more_than_its_share_after_settle_overage() {
+    // Default share 100 (L = 400 over four regions). A lease of 100 settled at 130 takes use
+    // to 130 (30 of it recorded overage). Once closed, the region admits nothing more, and the
+    // allowance it enforces (and reports) stays at its share: the coordinator's table holds
+    // 100 for it, not 130.
+    let mut b = with_policy(PartitionPolicy::Closed);
+    round_trip(&mut b, at(0));
+    let g = granted(
+        b.lease(at(1_000), lease_req("api", "k", 100, 30))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 100);
+    let s = b.settle(at(1_000), g.lease, 130, None).expect("settle");
+    assert_eq!(s.overage_units, 30);
+    assert_eq!(net(&b, "api", "k"), 130);
+    assert!(b.is_view_expired(at(2_001)));
+    assert_eq!(allowance(&b, at(2_001), "api", "k"), 100);
+    assert!(!acquire(&mut b, at(2_001), "api", "k", 1).allowed);
+}
+
+#[test]
+fn a_closed_eventual_region_past_its_share_keeps_its_use_as_allowance() {
+    // Eventual, L = 400, default share 100. Every other region reported zero, so the view
+    // admits 150 here. Once the view expires, closed means nothing more: the allowance is the
+    // use, 150, not the share (no ceiling in view mode, and no excess was admitted).
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    spec.partition_policy = PartitionPolicy::Closed;
+    let mut b = budget(vec![spec]);
+    assert!(
+        !acquire(&mut b, at(0), "api", "k", 101).allowed,
+        "escalates"
+    );
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = ["us", "ap", "sa"]
+        .into_iter()
+        .map(|r| crate::sync::CounterEntry {
+            counter: counter("api", "k", minute_window(0)),
+            region: RegionId::from(r),
+            granted_units: 0,
+            refunded_units: 0,
+        })
+        .collect();
+    b.handle_sync_down(at(0), down);
+    assert!(acquire(&mut b, at(1_000), "api", "k", 150).allowed);
+    assert_eq!(allowance(&b, at(2_001), "api", "k"), 150);
+    assert!(!acquire(&mut b, at(2_001), "api", "k", 1).allowed);
+}
+
+#[test]
 fn open_admits_beyond_the_allowance_at_its_rate_and_records_it() {
     // Open at 10 per second, burst 10.
     let mut b = with_policy(PartitionPolicy::Open {

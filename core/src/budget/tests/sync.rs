@@ -64,6 +64,28 @@ fn a_refusal_escalates_and_refused_units_count_as_demand() {
 }
 
 #[test]
+fn a_closed_region_reports_the_allowance_it_holds_with_contact_not_its_partition_zero() {
+    // Default share 100 (L = 400 over four regions). A refused request of 101 escalates the
+    // key with nothing used. Once the view expires the closed policy admits nothing (a_r = 0),
+    // but the next answer ends that and the region is back on its default share, so its demand
+    // report says 100: a report of 0 would tell the coordinator the region holds at most a
+    // zero row it may never have received.
+    let mut spec = per_minute("api", 400);
+    spec.partition_policy = crate::limit::PartitionPolicy::Closed;
+    let mut b = budget(vec![spec]);
+    round_trip(&mut b, at(0));
+    assert!(!acquire(&mut b, at(1_000), "api", "k", 101).allowed);
+    assert_eq!(
+        allowance(&b, at(2_001), "api", "k"),
+        0,
+        "closed while expired"
+    );
+    let up = b.poll_transmit(at(2_001)).expect("sync");
+    assert_eq!(up.demand.len(), 1);
+    assert_eq!(up.demand[0].allowance_units, 100);
+}
+
+#[test]
 fn the_demand_estimate_never_divides_by_less_than_a_tenth_of_the_window() {
     let mut b = budget(vec![per_minute("api", 400)]);
     // 101 units refused 1 s into a 60 s window: divided by 6 s, not 1 s: floor(101 / 6) = 16.
