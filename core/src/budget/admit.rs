@@ -34,11 +34,12 @@ pub(crate) struct Allowance {
     pub open: bool,
 }
 
-/// How much a request wants: an acquire is all or nothing, a lease takes what there is.
+/// How much a request wants: an acquire is all or nothing, a lease takes what there is but
+/// no less than `min_units`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
     Exact(u64),
-    UpTo(u64),
+    UpTo { units: u64, min_units: u64 },
 }
 
 /// The result of one admission.
@@ -136,7 +137,10 @@ pub(crate) fn admit(
     let head = a.units.saturating_sub(ks.net_units());
     let (plan, wanted) = match want {
         Want::Exact(cost) => (plan_exact(p, ks, &a, head, now, cost), cost),
-        Want::UpTo(units) => (plan_up_to(p, ks, &a, head, now, units), units),
+        Want::UpTo { units, min_units } => {
+            let range = LeaseRange { units, min_units };
+            (plan_up_to(p, ks, &a, head, now, range), units)
+        }
     };
     let window_stats = stats.window_mut(ks.window);
     let mut out = Admission {
@@ -271,32 +275,42 @@ fn plan_exact(
     plan
 }
 
+/// What a lease asks for: up to `units`, and nothing at all if fewer than `min_units` fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaseRange {
+    units: u64,
+    min_units: u64,
+}
+
 fn plan_up_to(
     p: &LimitParams,
     ks: &KeyState,
     a: &Allowance,
     head: u64,
     now: Timestamp,
-    wanted: u64,
+    want: LeaseRange,
 ) -> Plan {
-    let mut cap = wanted;
+    let min = want.min_units.max(1);
+    let mut cap = want.units;
     if let Some(g) = p.rate {
         cap = cap.min(g.remaining(&rate_state(ks), now));
-        if cap == 0 {
-            return Plan::refused(Reason::RateCap, peek_retry(&g, rate_state(ks), now));
+        if cap < min {
+            return Plan::refused(Reason::RateCap, gcra_retry(&g, rate_state(ks), now, min));
         }
     }
     let within = cap.min(head);
     let mut beyond = 0;
     if let (true, Some(g)) = (a.open, p.open_rate) {
         beyond = (cap - within).min(g.remaining(&open_state(ks), now));
-        if within + beyond == 0 {
-            return Plan::refused(Reason::PartitionOpen, peek_retry(&g, open_state(ks), now));
+        if within + beyond < min {
+            // The open cap is what falls short: it must pass what the allowance cannot.
+            let retry = gcra_retry(&g, open_state(ks), now, min - within);
+            return Plan::refused(Reason::PartitionOpen, retry);
         }
     }
     let units = within + beyond;
-    if units == 0 {
-        return Plan::refused(a.reason, allowance_retry_after(p, ks, now, 1));
+    if units < min {
+        return Plan::refused(a.reason, allowance_retry_after(p, ks, now, min));
     }
     // Both checks pass by construction (units <= remaining); they move the states.
     let charge = |g: Option<Gcra>, mut s: GcraState, c: u64| {
@@ -331,9 +345,10 @@ fn open_state(ks: &KeyState) -> GcraState {
         .unwrap_or_default()
 }
 
-/// When a request of cost 1 would pass the GCRA, without charging it.
-fn peek_retry(g: &Gcra, mut s: GcraState, now: Timestamp) -> Option<Duration> {
-    match g.check(&mut s, now, 1) {
+/// When `units` would pass the GCRA, without charging them; `None` when they never can
+/// (more than the burst).
+fn gcra_retry(g: &Gcra, mut s: GcraState, now: Timestamp, units: u64) -> Option<Duration> {
+    match g.check(&mut s, now, units) {
         GcraDecision::Denied { retry_after, .. } => retry_after,
         GcraDecision::Allowed { .. } => Some(Duration::ZERO),
     }

@@ -63,6 +63,9 @@ pub struct LeaseRequest {
     pub limit: LimitId,
     pub key: KeyId,
     pub units_wanted: u64,
+    /// Fewer units than this are of no use to the caller (the request waiting for the lease
+    /// costs this much): grant at least this many or nothing. 0 and 1 both mean "any".
+    pub min_units: u64,
     pub ttl: Duration,
     pub request_id: Option<RequestId>,
 }

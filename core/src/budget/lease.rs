@@ -153,8 +153,8 @@ impl LeaseTable {
 }
 
 impl RegionBudget {
-    /// Grant `min(units_wanted, available)` units (at least 1) for `min(ttl, lease_ttl_max)`,
-    /// never past the end of the window.
+    /// Grant `min(units_wanted, available)` units for `min(ttl, lease_ttl_max)`, never past
+    /// the end of the window; if that is fewer than `min_units` (at least 1), grant nothing.
     pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
         self.once(now, req.request_id, |b| b.lease_once(now, req))
     }
@@ -164,6 +164,12 @@ impl RegionBudget {
             return Err(Error::InvalidRequest(
                 "a lease needs at least one unit and a positive TTL".into(),
             ));
+        }
+        if req.min_units > req.units_wanted {
+            return Err(Error::InvalidRequest(format!(
+                "a lease of at most {} units cannot grant at least {}",
+                req.units_wanted, req.min_units
+            )));
         }
         let id = self.leases.peek_id();
         let terms = LeaseTerms {
@@ -387,7 +393,11 @@ fn lease_in_key(
         };
         return (LeaseOutcome::Denied(d), None, false);
     }
-    let adm = admit::admit(p, ks, stats, &t.ctx, now, Want::UpTo(req.units_wanted));
+    let want = Want::UpTo {
+        units: req.units_wanted,
+        min_units: req.min_units,
+    };
+    let adm = admit::admit(p, ks, stats, &t.ctx, now, want);
     if !adm.allowed {
         let d = decision_of(p, ks, &adm, now);
         return (LeaseOutcome::Denied(d), None, adm.escalated);

@@ -96,6 +96,7 @@ pub(super) fn lease_req(limit: &str, k: &str, units: u64, ttl_secs: u64) -> Leas
         limit: lim(limit),
         key: key(k),
         units_wanted: units,
+        min_units: 1,
         ttl: Duration::from_secs(ttl_secs),
         request_id: None,
     }
