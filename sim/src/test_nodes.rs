@@ -198,6 +198,7 @@ impl RegionNode for TestRegion {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: None,
+            stats: Vec::new(),
         })
     }
 

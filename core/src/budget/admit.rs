@@ -11,7 +11,7 @@ use super::api::Reason;
 use super::config::DEMAND_WARMUP_DIVISOR;
 use super::key::KeyState;
 use super::limits::LimitParams;
-use super::stats::{LimitStats, WindowStats};
+use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::limit::PartitionPolicy;
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
@@ -142,7 +142,7 @@ pub(crate) fn admit(
             (plan_up_to(p, ks, &a, head, now, range), units)
         }
     };
-    let window_stats = stats.window_mut(ks.window);
+    let mut window_stats = stats.window_mut(ks.window);
     let mut out = Admission {
         allowed: true,
         units: plan.units,
@@ -152,8 +152,14 @@ pub(crate) fn admit(
         allowance: a,
         escalated: false,
     };
+    let rate_bucket = GRANT_RATE_BUCKET.min(p.window_len());
     match plan.refusal {
-        None => charge(ks, &a, &plan, window_stats),
+        None => {
+            if let Some(s) = window_stats.as_deref_mut() {
+                s.record_grant(now, rate_bucket, plan.units);
+            }
+            charge(ks, &a, &plan, window_stats)
+        }
         Some((reason, retry_after)) if p.spec.shadow_mode => {
             // Let it through and count it, so the counters stay true; record the excess.
             let excess = wanted.saturating_sub(head);
@@ -162,6 +168,7 @@ pub(crate) fn admit(
             if let Some(s) = window_stats {
                 s.shadow_denials += 1;
                 s.shadow_excess_units += excess;
+                s.record_grant(now, rate_bucket, wanted);
             }
             out = Admission {
                 units: wanted,
@@ -198,7 +205,7 @@ fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut Wind
     if plan.fail_open_units > 0 {
         ks.hot_mut().excess_units += plan.fail_open_units;
         if let Some(s) = stats {
-            s.fail_open_units += plan.fail_open_units;
+            s.add_fail_open(plan.fail_open_units);
         }
     }
     if let Some(s) = plan.rate_state {

@@ -110,6 +110,16 @@ pub struct ReleaseOutcome {
     pub refunded_units: u64,
 }
 
+/// How a reservation paid from a lease differs from what was reserved, settled after the
+/// gateway stopped holding that lease ([`super::RegionBudget::settle_reservation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReservationDelta {
+    /// Fewer units were used than reserved: give these back.
+    Refund { units: u64 },
+    /// More were used than reserved: charge these.
+    Overage { units: u64 },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SettleOutcome {
     /// `reserved - actual` when the lease was not all used.

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 pub use api::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason,
-    ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+    ReleaseOutcome, RenewOutcome, ReservationDelta, SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
@@ -188,7 +188,9 @@ impl RegionBudget {
                 (decision_of(p, ks, &adm, now), adm.escalated)
             },
         );
+        let unsaved = lim.stats.take_unsaved();
         self.mark_touched(&req.limit, touched);
+        self.mark_stats(&req.limit, unsaved);
         let (decision, escalated) = res?;
         self.key_changed(&req.limit, &req.key, escalated);
         Ok(decision)
@@ -305,6 +307,13 @@ impl RegionBudget {
         for name in touched {
             self.dirty
                 .mark(Dirty::Key(limit.clone(), KeyId::new(name.as_ref())));
+        }
+    }
+
+    /// Persist the summed bound figures of these windows of a limit.
+    fn mark_stats(&mut self, limit: &LimitId, windows: Vec<WindowIndex>) {
+        for w in windows {
+            self.dirty.mark(Dirty::Stats(limit.clone(), w));
         }
     }
 

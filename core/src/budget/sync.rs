@@ -23,8 +23,8 @@ use super::view::RoundTrip;
 use super::{RegionBudget, ctx_of};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::sync::{
-    AllowanceGrant, CounterEntry, CounterRef, DemandReport, MAX_ITEMS_PER_MESSAGE, ReleaseAck,
-    ReleaseRequest, SyncDown, SyncUp,
+    AllowanceGrant, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
+    MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, WindowIndex};
 
@@ -49,6 +49,7 @@ struct Inflight {
     sent_at: Timestamp,
     carried: Vec<Carried>,
     acks: Vec<u64>,
+    stats: Vec<LimitWindowStats>,
 }
 
 /// A release ack, and whether the coordinator has yet to confirm receiving it.
@@ -173,6 +174,8 @@ pub(crate) struct SyncState {
     reported: BTreeSet<KeyRef>,
     /// The last key a SyncUp got to, so the next one starts after it.
     cursor: Option<KeyRef>,
+    /// The last limit whose stats a SyncUp carried, so the next one starts after it.
+    stats_cursor: Option<LimitId>,
     pub acks: AckBook,
 }
 
@@ -213,6 +216,8 @@ impl RegionBudget {
         if !self.cfg.coordinated || self.sync.next_sync_at.is_some_and(|at| now < at) {
             return None;
         }
+        // Time open up to this instant goes into this SyncUp's stats.
+        self.account_open_time(now);
         self.sync.next_sync_at = Some(now + self.cfg.sync_interval);
         let seq = self.sync.next_seq;
         self.sync.next_seq += 1;
@@ -226,6 +231,7 @@ impl RegionBudget {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: self.view.clock(),
+            stats: self.collect_stats(),
         };
         let carried = self.collect_reported(now, &mut up);
         up.release_acks = self
@@ -246,8 +252,49 @@ impl RegionBudget {
             sent_at: now,
             carried,
             acks: up.release_acks.iter().map(|a| a.id).collect(),
+            stats: up.stats.clone(),
         });
         Some(up)
+    }
+
+    /// Bound figures not yet confirmed, limit by limit from the stats cursor (wrapping), at
+    /// most `MAX_ITEMS_PER_MESSAGE`.
+    fn collect_stats(&mut self) -> Vec<LimitWindowStats> {
+        let order: Vec<&LimitId> = match &self.sync.stats_cursor {
+            Some(c) => self
+                .limits
+                .range::<LimitId, _>((Bound::Excluded(c), Bound::Unbounded))
+                .chain(self.limits.range::<LimitId, _>(..=c))
+                .map(|(id, _)| id)
+                .collect(),
+            None => self.limits.keys().collect(),
+        };
+        let mut out = Vec::new();
+        let mut last = None;
+        for id in order {
+            let stats = &self.limits[id].stats;
+            let pending: Vec<LimitWindowStats> = stats
+                .windows()
+                .filter_map(|(window, w)| {
+                    w.unconfirmed_figures().map(|figures| LimitWindowStats {
+                        limit: id.clone(),
+                        window,
+                        figures,
+                    })
+                })
+                .collect();
+            if out.len() + pending.len() > MAX_ITEMS_PER_MESSAGE {
+                break;
+            }
+            if !pending.is_empty() {
+                last = Some(id.clone());
+            }
+            out.extend(pending);
+        }
+        if last.is_some() {
+            self.sync.stats_cursor = last;
+        }
+        out
     }
 
     /// Walk reported keys from the cursor, filling `up.entries` and `up.demand`.
@@ -345,6 +392,15 @@ impl RegionBudget {
         }
         for id in self.sync.acks.confirm(&f.acks) {
             self.dirty.mark(Dirty::Ack(id));
+        }
+        for st in &f.stats {
+            let w = self
+                .limits
+                .get_mut(&st.limit)
+                .and_then(|l| l.stats.window_mut_if_kept(st.window));
+            if let Some(w) = w {
+                w.acked = w.acked.max(st.figures);
+            }
         }
     }
 

@@ -7,6 +7,7 @@ mod partition;
 mod persist;
 mod proptests;
 mod slots;
+mod stats;
 mod sync;
 
 use std::time::Duration;
