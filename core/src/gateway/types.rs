@@ -170,9 +170,17 @@ pub struct LeaseWanted {
     /// The cost of the request waiting for this lease (1 for a prefetch): a smaller grant
     /// cannot serve it, so the agent should grant at least this many units or deny.
     pub min_units: u64,
+    /// Units of requests this gateway denied by itself for the key since its last request
+    /// (while the agent's last denial held): demand the agent would not see otherwise.
+    pub denied_units: u64,
+    /// The key's request rate at this gateway, denied requests included (`None` before one
+    /// could be measured): the agent grants no more than that rate spends before the lease
+    /// must end with its window.
+    pub rate_units_per_sec: Option<u64>,
 }
 
-/// Give back the `units` of a lease that were never spent; the lease ends.
+/// Give back the `units` of a lease that were never spent; the lease ends. Zero units: the
+/// lease was spent to its last unit, and the agent may forget it now rather than at expiry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRelease {
     pub lease: LeaseId,
