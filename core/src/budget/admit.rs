@@ -421,16 +421,32 @@ fn demand_elapsed_nanos(
         .max(1)
 }
 
+/// The window has run long enough (one sync interval and `window / DEMAND_WARMUP_DIVISOR`)
+/// for its demand estimate to stand on its own, without the warm-up floor.
+pub(crate) fn demand_warmed_up(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    sync_interval: Duration,
+) -> bool {
+    let elapsed = duration_nanos(now.saturating_duration_since(p.window_start(ks.window)));
+    elapsed >= demand_elapsed_nanos(p, ks, now, sync_interval)
+}
+
 /// Demand: units requested this window (refused ones included) per second of the window so
-/// far (see [`demand_elapsed_nanos`]).
+/// far (see [`demand_elapsed_nanos`]). `unspent_units` of outstanding leases are probably not
+/// spent yet: gateways lease ahead of their use, and early in a short window what they hold
+/// would otherwise read as a rate several times the real one.
 pub(crate) fn demand_units_per_sec(
     p: &LimitParams,
     ks: &KeyState,
     now: Timestamp,
     sync_interval: Duration,
+    unspent_units: u64,
 ) -> u64 {
     let elapsed = demand_elapsed_nanos(p, ks, now, sync_interval);
-    let rate = u128::from(requested_units(ks)) * 1_000_000_000 / u128::from(elapsed);
+    let requested = requested_units(ks).saturating_sub(unspent_units);
+    let rate = u128::from(requested) * 1_000_000_000 / u128::from(elapsed);
     u64::try_from(rate).unwrap_or(u64::MAX)
 }
 

@@ -35,6 +35,31 @@ pub(crate) struct Lease {
     /// Units charged at grant time (less what late settles refunded while it was live).
     pub units: u64,
     pub expires_at: Timestamp,
+    /// When it was granted and the rate its holder said it spends the key at: how much of it
+    /// is probably still unspent, for the demand estimate. Not persisted (a restored lease
+    /// counts as spent).
+    pub spend: Option<LeaseSpend>,
+}
+
+/// What a lease's holder told the agent about its pace when it asked for the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseSpend {
+    pub granted_at: Timestamp,
+    pub rate_units_per_sec: u64,
+}
+
+impl Lease {
+    /// Units of the lease probably not spent yet at `now`: its units less what its holder's
+    /// rate spends from the grant on (all of it spent when no rate was given).
+    pub fn unspent_units(&self, now: Timestamp) -> u64 {
+        let Some(s) = self.spend else {
+            return 0;
+        };
+        let age = now.saturating_duration_since(s.granted_at);
+        let spent = u128::from(s.rate_units_per_sec) * age.as_nanos() / 1_000_000_000;
+        self.units
+            .saturating_sub(u64::try_from(spent).unwrap_or(u64::MAX))
+    }
 }
 
 impl Lease {
@@ -588,8 +613,14 @@ fn lease_in_key(
         };
         return (LeaseOutcome::Denied(d), None, false);
     }
+    if req.denied_units > 0 {
+        ks.hot_mut().denied_units += req.denied_units;
+        if let Some(s) = stats.window_mut(ks.window) {
+            s.denied_units += req.denied_units;
+        }
+    }
     let want = Want::UpTo {
-        units: req.units_wanted,
+        units: spendable_units(p, ks.window, now, req),
         min_units: req.min_units,
     };
     let adm = admit::admit(p, ks, stats, &t.ctx, now, want);
@@ -616,8 +647,29 @@ fn lease_in_key(
         window: ks.window,
         units: adm.units,
         expires_at,
+        spend: req.rate_units_per_sec.map(|rate_units_per_sec| LeaseSpend {
+            granted_at: now,
+            rate_units_per_sec,
+        }),
     };
     (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
+}
+
+/// The units a lease may usefully hold: what was wanted, cut to what the caller's rate spends
+/// before the window (and so the lease) ends, rounded up, but never below `min_units`.
+fn spendable_units(
+    p: &LimitParams,
+    window: WindowIndex,
+    now: Timestamp,
+    req: &LeaseRequest,
+) -> u64 {
+    let Some(rate) = req.rate_units_per_sec else {
+        return req.units_wanted;
+    };
+    let left = p.window_end(window).saturating_duration_since(now);
+    let by_rate = (u128::from(rate) * left.as_nanos()).div_ceil(1_000_000_000);
+    let by_rate = u64::try_from(by_rate).unwrap_or(u64::MAX);
+    req.units_wanted.min(by_rate).max(req.min_units.max(1))
 }
 
 /// How a lease ends.

@@ -389,6 +389,7 @@ impl RegionBudget {
                     window: l.window,
                     units: l.units,
                     expires_at: l.expires_at,
+                    spend: None,
                 };
                 self.leases.insert(l.lease, lease);
             }

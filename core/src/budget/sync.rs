@@ -325,7 +325,19 @@ impl RegionBudget {
             if ks.is_reported() {
                 let lim = &self.limits[&kr.limit];
                 let ks = &lim.keys[kr.key.as_str()];
-                report_key(&self.cfg.region, lim, ks, &kr, &ctx, now, up, &mut carried);
+                let unspent = ks.hot.as_ref().map_or(0, |h| {
+                    h.leases
+                        .iter()
+                        .filter_map(|id| self.leases.get(*id))
+                        .map(|l| l.unspent_units(now))
+                        .fold(0u64, u64::saturating_add)
+                });
+                let report = Report {
+                    ctx: &ctx,
+                    now,
+                    unspent_units: unspent,
+                };
+                report_key(&self.cfg.region, lim, ks, &kr, &report, up, &mut carried);
             } else if closing.is_none() {
                 stale.push(kr.clone());
             }
@@ -611,33 +623,51 @@ fn rolled_key<'a>(
     Some(ks)
 }
 
-/// Add a reported key's current entry (if not yet confirmed) and demand (if escalated).
-#[allow(clippy::too_many_arguments)]
+/// What reporting a key needs besides the key: the region's context, the time, and the
+/// units of its outstanding leases probably not spent yet.
+struct Report<'a> {
+    ctx: &'a Ctx,
+    now: Timestamp,
+    unspent_units: u64,
+}
+
+/// Add a reported key's current entry (if not yet confirmed) and demand (if due).
 fn report_key(
     region: &RegionId,
     lim: &LimitState,
     ks: &KeyState,
     kr: &KeyRef,
-    ctx: &Ctx,
-    now: Timestamp,
+    r: &Report<'_>,
     up: &mut SyncUp,
     carried: &mut Vec<Carried>,
 ) {
+    let (ctx, now) = (r.ctx, r.now);
     let Some(hot) = ks.hot.as_ref() else { return };
     let values = (ks.granted_units, ks.refunded_units);
     let unconfirmed = values != (hot.acked_granted_units, hot.acked_refunded_units);
     if unconfirmed {
         up.entries.push(entry(region, kr, ks.window, values));
     }
-    if hot.escalated {
-        let p = &lim.params;
+    // An escalated counter reports its demand at once; any other counter the coordinator
+    // follows reports it once the window's estimate has warmed up, so that the coordinator
+    // sees demand fall as well as rise (and drops the forecast it carried over).
+    let p = &lim.params;
+    let demand_due = hot.escalated
+        || (hot.is_reported() && admit::demand_warmed_up(p, ks, now, ctx.sync_interval));
+    if demand_due {
         up.demand.push(DemandReport {
             counter: counter_ref(kr, ks.window),
-            demand_units_per_sec: admit::demand_units_per_sec(p, ks, now, ctx.sync_interval),
+            demand_units_per_sec: admit::demand_units_per_sec(
+                p,
+                ks,
+                now,
+                ctx.sync_interval,
+                r.unspent_units,
+            ),
             allowance_units: admit::allowance(p, ks, ks.window, ctx).units,
         });
     }
-    if unconfirmed || hot.escalated {
+    if unconfirmed || demand_due {
         carried.push(Carried {
             key: kr.clone(),
             window: ks.window,

@@ -388,3 +388,26 @@ fn a_minimum_above_what_is_wanted_is_invalid() {
         Err(Error::InvalidRequest(_))
     ));
 }
+
+#[test]
+fn a_lease_is_cut_to_what_its_holder_spends_before_the_window_ends() {
+    // Default share 200. 55 s into the minute, at 10 units/s the holder spends 50 before the
+    // window (and the lease) ends: 100 wanted, 50 granted. A request of 60 waiting for a
+    // lease still gets 60.
+    let mut b = budget(vec![per_minute("api", 800)]);
+    let paced = |units, min_units| LeaseRequest {
+        rate_units_per_sec: Some(10),
+        min_units,
+        ..lease_req("api", "k", units, 10)
+    };
+    let g = granted(b.lease(at(55_000), paced(100, 1)).expect("lease"));
+    assert_eq!(g.units, 50);
+    let g = granted(b.lease(at(55_000), paced(100, 60)).expect("lease"));
+    assert_eq!(g.units, 60, "never below the minimum");
+    // Without a rate, what is wanted (up to the 90 left) stands.
+    let g = granted(
+        b.lease(at(55_000), lease_req("api", "k", 100, 10))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 90);
+}

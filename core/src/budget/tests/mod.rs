@@ -98,6 +98,8 @@ pub(super) fn lease_req(limit: &str, k: &str, units: u64, ttl_secs: u64) -> Leas
         key: key(k),
         units_wanted: units,
         min_units: 1,
+        denied_units: 0,
+        rate_units_per_sec: None,
         ttl: Duration::from_secs(ttl_secs),
         request_id: None,
     }
