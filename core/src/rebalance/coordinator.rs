@@ -112,7 +112,10 @@ pub struct Coordinator {
     sent: BTreeMap<(CounterRef, RegionId), (Epoch, Timestamp)>,
     /// Rows whose region reported an allowance other than the table's: grant to resend.
     resend: BTreeSet<(CounterRef, RegionId)>,
-    in_flight: BTreeMap<ProposalKey, Timestamp>,
+    /// Per key, when its proposals were made and how many of them are still uncommitted: a
+    /// round's plan for a counter goes out as one batch, and the counter is planned again
+    /// only once the whole batch is in.
+    in_flight: BTreeMap<ProposalKey, (Timestamp, usize)>,
     /// Rows whose region has shown (demand report or release ack) that it enforces at most the
     /// row. A row below the region's configured default that is not confirmed may be unknown to
     /// the region, which would then enforce its default: such a row is neither grown nor
@@ -238,6 +241,7 @@ impl Coordinator {
                     DemandView {
                         units_per_sec: d.demand_units_per_sec,
                         allowance_units: d.allowance_units,
+                        carried: false,
                     },
                 );
             }
@@ -299,8 +303,13 @@ impl Coordinator {
 
     /// Apply a committed command to the leader's table.
     pub fn handle_committed(&mut self, _now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
-        if let Some(key) = proposal_key(cmd) {
-            self.in_flight.remove(&key);
+        if let Some(key) = proposal_key(cmd)
+            && let Some((_, left)) = self.in_flight.get_mut(&key)
+        {
+            *left -= 1;
+            if *left == 0 {
+                self.in_flight.remove(&key);
+            }
         }
         let ack = match cmd {
             TableCommand::CompleteRelease {
@@ -340,7 +349,7 @@ impl Coordinator {
     pub fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
         let timeout = self.cfg.proposal_timeout;
         self.in_flight
-            .retain(|_, at| now.saturating_duration_since(*at) < timeout);
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < timeout);
         self.forget_ended(now);
         self.pre_issue(now);
         let mut out = Vec::new();
@@ -351,7 +360,7 @@ impl Coordinator {
         out.truncate(MAX_PROPOSALS_PER_POLL);
         for cmd in &out {
             if let Some(key) = proposal_key(cmd) {
-                self.in_flight.insert(key, now);
+                self.in_flight.entry(key).or_insert((now, 0)).1 += 1;
             }
         }
         out
@@ -517,17 +526,16 @@ impl Coordinator {
         actions: Vec<PlanAction>,
         out: &mut Vec<TableCommand>,
     ) {
-        // One command per counter per round: the next round plans from the committed result,
-        // so two proposals never both count on the same free quota.
-        let Some(action) = actions.into_iter().next() else {
-            return;
-        };
+        // The whole plan of one round at once: its grows share the free quota between them
+        // (one at a time, the first region in order would take every round's share), and the
+        // counter is planned again only from the committed result of the whole batch, so no
+        // two rounds count on the same free quota.
         let epoch_of = |region: &RegionId| {
             self.table
                 .row(counter, region)
                 .map_or(Epoch(0), |row| row.epoch)
         };
-        out.push(match action {
+        out.extend(actions.into_iter().map(|action| match action {
             PlanAction::Grow {
                 region,
                 allowance_units,
@@ -543,7 +551,7 @@ impl Coordinator {
                 region,
                 units,
             },
-        });
+        }));
     }
 
     /// Rows of windows that ended (on our clock) more than `drift_margin` ago are collected:
@@ -615,11 +623,18 @@ impl Coordinator {
                 continue;
             }
             if let Some(v) = self.counters.get_mut(&next) {
+                // The latest demand of this window is the forecast for the next, until the
+                // region reports on the next window itself.
                 for (region, d) in demand {
-                    v.demand.entry(region).or_insert(DemandView {
+                    let forecast = DemandView {
                         units_per_sec: d.units_per_sec,
                         allowance_units: 0,
-                    });
+                        carried: true,
+                    };
+                    let slot = v.demand.entry(region).or_insert(forecast);
+                    if slot.carried {
+                        *slot = forecast;
+                    }
                 }
             }
         }

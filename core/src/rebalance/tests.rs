@@ -166,6 +166,67 @@ fn a_grant_is_sent_only_after_its_grow_is_committed() {
     assert!(w.down("a", now, seq).grants.is_empty(), "sent once");
 }
 
+#[test]
+fn one_round_grows_every_region_it_plans_for_at_once() {
+    // Weights 25% / 25%: defaults 25 and 25, free 50. Both want 10/s with 5 s left: need 50
+    // each, R = 100, targets 50 and 50, deficits 25 and 25, shared out of the free 50. Both
+    // grows go in the same round; one at a time, a would take each round's share first and
+    // b's would wait for a's commit.
+    let mut w = world(&weighted(spec(), 250_000, 250_000));
+    let now = at_ms(5_000);
+    for name in ["a", "b"] {
+        w.region(name).set_demand(&counter(100), 10);
+        w.up(name, now);
+    }
+    let grow = |region: &str| TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from(region),
+        expected_epoch: Epoch(0),
+        allowance_units: 50,
+    };
+    let round = w.coord.poll_proposals(now);
+    assert_eq!(round, vec![grow("a"), grow("b")]);
+    assert!(w.coord.handle_committed(now, &round[0]).is_applied());
+    assert!(
+        w.coord.poll_proposals(now).is_empty(),
+        "not planned again while part of the batch is uncommitted"
+    );
+    assert!(w.coord.handle_committed(now, &round[1]).is_applied());
+    assert!(!w.coord.has_uncommitted_proposals());
+    assert_eq!(w.coord.table().free_units(&counter(100)), 0);
+}
+
+#[test]
+fn the_next_window_is_planned_from_the_latest_demand_until_the_region_reports_on_it() {
+    // Weights 30% / 30% (free 40), 10 s windows, pre-issue in the last second. b is heard
+    // (live, no demand). a's demand in window 100 is the forecast for window 101, where the
+    // whole window is left: 5/s needs 50, then 7/s needs 70.
+    let mut w = world(&weighted(spec(), 300_000, 300_000));
+    let a = RegionId::from("a");
+    w.up("b", at_ms(8_900));
+    w.a.set_demand(&counter(100), 5);
+    w.up("a", at_ms(9_000));
+    w.commit_all(at_ms(9_000));
+    assert_eq!(w.coord.table().allowance(&counter(101), &a), 50);
+    w.a.set_demand(&counter(100), 7);
+    w.up("a", at_ms(9_500));
+    w.commit_all(at_ms(9_500));
+    assert_eq!(
+        w.coord.table().allowance(&counter(101), &a),
+        70,
+        "the forecast follows the latest report"
+    );
+    // a's clock is ahead: it reports on window 101 itself (1/s). A later report of window
+    // 100 no longer overrides it, so nothing grows towards 9/s * 10 s = 90.
+    w.a.set_demand(&counter(101), 1);
+    w.up("a", at_ms(9_600));
+    w.commit_all(at_ms(9_600));
+    w.a.set_demand(&counter(100), 9);
+    w.up("a", at_ms(9_700));
+    w.commit_all(at_ms(9_700));
+    assert_eq!(w.coord.table().allowance(&counter(101), &a), 70);
+}
+
 // ---- shrink handoff -----------------------------------------------------------------------
 
 /// a (n = 40, 10/s, 5 s left: need 50) against an idle b, equal weights (defaults 50/50).
