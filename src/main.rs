@@ -26,6 +26,12 @@ enum Command {
         #[arg(long)]
         merge_domains: bool,
     },
+    /// Simulate a deployment from a scenario file and check every published guarantee.
+    ///
+    /// Runs each seed under the product's policy and the static-split baseline, prints a
+    /// summary, and exits 1 if any invariant broke (printing each failing seed's replay
+    /// command). See docs/sim.md.
+    Sim(allot_sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,5 +41,6 @@ fn main() -> std::process::ExitCode {
             files,
             merge_domains,
         } => check_config::run(&files, merge_domains),
+        Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),
     }
 }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use allot_core::ids::{KeyId, LimitId};
-use allot_core::time::{Timestamp, duration_nanos};
+use allot_core::time::{Timestamp, WindowIndex, duration_nanos};
 use serde::Serialize;
 
 use crate::node::Bound;
@@ -88,7 +88,8 @@ pub struct Measure {
     true_windows: Vec<WindowTable>,
     /// Admissions by window index on the admitting region's own clock.
     local_windows: Vec<WindowTable>,
-    /// Per limit and true window: the largest bound reported during the window.
+    /// Per limit and true window: the bound stated for the window, each term at the largest
+    /// it was reported.
     bounds: Vec<Vec<Option<Bound>>>,
     bucket_nanos: u64,
     buckets: usize,
@@ -255,19 +256,21 @@ impl Measure {
         }
     }
 
-    /// The bound the coordinator reported for a limit at true time `t`.
-    pub fn bound_sample(&mut self, limit: &LimitId, t: Timestamp, bound: &Bound) {
+    /// A statement of the bound of `limit` for the window of index `window` (true clock):
+    /// merged term by term into what was stated before ([`Bound::merge`]).
+    pub fn bound_sample(&mut self, limit: &LimitId, window: WindowIndex, bound: &Bound) {
         let Some(i) = self.limits.iter().position(|l| &l.id == limit) else {
             return;
         };
         let w = duration_nanos(self.limits[i].window.len());
-        let row = ((t.as_unix_nanos() / w).saturating_sub(self.start_nanos / w)) as usize;
-        if let Some(slot) = self.bounds[i].get_mut(row)
-            && slot
-                .as_ref()
-                .is_none_or(|b| b.total_units < bound.total_units)
-        {
-            *slot = Some(bound.clone());
+        let Some(row) = window.0.checked_sub(self.start_nanos / w) else {
+            return;
+        };
+        if let Some(slot) = self.bounds[i].get_mut(row as usize) {
+            match slot {
+                Some(stated) => stated.merge(bound),
+                None => *slot = Some(bound.clone()),
+            }
         }
     }
 
@@ -499,6 +502,11 @@ traffic:
         s.start + Duration::from_millis(millis)
     }
 
+    /// The index of the one-second window holding `millis` into the run.
+    fn window_of(s: &Scenario, millis: u64) -> WindowIndex {
+        WindowIndex(at(s, millis).as_unix_nanos() / 1_000_000_000)
+    }
+
     #[test]
     fn overshoot_and_utilization_per_window() {
         let (s, mut m) = measure();
@@ -573,7 +581,7 @@ traffic:
             }],
             total_units: 30,
         };
-        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
         assert!(m.local_window_excess().is_empty());
     }
 
@@ -589,8 +597,56 @@ traffic:
             }],
             total_units: 30,
         };
-        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
         assert_eq!(m.local_window_excess().len(), 1);
+    }
+
+    #[test]
+    fn each_term_of_a_window_s_bound_is_the_largest_stated_for_it() {
+        let (s, mut m) = measure();
+        let bound = |terms: &[(&str, u64)]| Bound {
+            terms: terms
+                .iter()
+                .map(|(name, units)| crate::node::BoundTerm {
+                    name: name.to_string(),
+                    units: *units,
+                })
+                .collect(),
+            total_units: terms.iter().map(|(_, u)| u).sum(),
+        };
+        // In window 2: a partition term of 40 while eu-west is cut, later none; the settle
+        // overage grows from 5 to 12, the last figure arriving after the window ended. The
+        // window's bound: 40 + 12 = 52 (no single statement said 52).
+        let w = window_of(&s, 2_000);
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("partition_floor", 40), ("settle_overage", 5)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("partition_floor", 0), ("settle_overage", 9)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("settle_overage", 12)]),
+        );
+        // A window before the run is ignored, one after its end too.
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 0).0.checked_sub(1).map(WindowIndex).unwrap(),
+            &bound(&[("x", 1)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 60_000),
+            &bound(&[("x", 1)]),
+        );
+        let windows = m.windows();
+        assert_eq!(windows[2].bound_units, Some(52));
+        assert_eq!(windows[1].bound_units, None);
     }
 
     #[test]
