@@ -32,6 +32,10 @@ use crate::ids::{KeyId, LeaseId, LimitId};
 use crate::time::Timestamp;
 use sizing::{RateEstimate, SizeInputs, lease_size};
 
+/// The expiry margin is at most `ttl / EXPIRY_MARGIN_TTL_DIVISOR`: a 5% drift between the
+/// gateway's and the agent's clock rates, far beyond what NTP-disciplined clocks show.
+pub const EXPIRY_MARGIN_TTL_DIVISOR: u32 = 20;
+
 /// One lease as the gateway holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct HeldLease {
@@ -332,7 +336,10 @@ impl Gateway {
         if grant.units == 0 {
             return;
         }
-        let expires_at = (sent_at + grant.ttl).saturating_sub(config.expiry_margin);
+        let margin = config
+            .expiry_margin
+            .min(grant.ttl / EXPIRY_MARGIN_TTL_DIVISOR);
+        let expires_at = (sent_at + grant.ttl).saturating_sub(margin);
         let mut released = Vec::new();
         if expires_at > now {
             // Leftovers too small for the request that waited would only expire unused.

@@ -156,6 +156,18 @@ fn an_expired_lease_is_never_spent() {
 }
 
 #[test]
+fn a_short_lease_keeps_most_of_its_life() {
+    // A lease that ends with its window 40 ms after the request: the margin is a twentieth of
+    // that, 2 ms, not the configured 50 ms (which would make it useless on arrival).
+    let (mut g, h) = gateway();
+    assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);
+    let w = next_wanted(&mut g, T0).unwrap();
+    g.handle_lease_granted(T0, w.ticket, grant(1, 10, ms(40), 100));
+    assert!(matches!(g.try_spend(T0 + ms(37), h, 1), Spend::Spent(_)));
+    assert_eq!(g.try_spend(T0 + ms(38), h, 1), Spend::Wait);
+}
+
+#[test]
 fn a_lease_already_expired_on_arrival_is_given_back() {
     let (mut g, h) = gateway();
     assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);

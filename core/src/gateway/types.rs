@@ -36,7 +36,10 @@ pub struct GatewayConfig {
     /// A key with no request for this long gives its unused units back to the agent.
     pub idle_release_after: Duration,
     /// A lease is treated as expired this long before its TTL runs out, so that a gateway whose
-    /// clock runs slightly behind the agent's never spends a unit the agent counts as expired.
+    /// clock runs slightly behind the agent's never spends a unit the agent counts as expired;
+    /// at most a twentieth of the TTL, since the two clocks drift apart in proportion to the
+    /// time measured (a short lease, such as one that ends with its window, keeps most of its
+    /// life).
     pub expiry_margin: Duration,
     /// A lease request with no answer after this long is abandoned and may be asked again;
     /// a late grant for it is released at once.
