@@ -550,6 +550,7 @@ fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {
             .map(|t| BoundTerm {
                 name: t.name.clone(),
                 units: t.units,
+                measured_units: t.measured_units,
             })
             .collect(),
         total_units: b.total_units,

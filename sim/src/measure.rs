@@ -33,7 +33,7 @@ struct WindowCell {
     demand_units: u64,
     requests: u64,
     denials: u64,
-    false_denials: u64,
+    denied_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct BucketCell {
     pub demand_units: u64,
     /// Units of every attempt, retries included.
     pub attempted_units: u64,
-    pub false_denied_units: u64,
+    pub denied_units: u64,
 }
 
 /// Per key: one row of cells per window, one cell per region, plus the all-region total.
@@ -238,22 +238,47 @@ impl Measure {
         self.bucket(key, region, t).admitted_units -= less;
     }
 
-    /// A denial. It is false when the global remainder of the window, after this request,
-    /// would still have been above the threshold (a share of the quota).
+    /// A denial. Whether it was false is known once its window is over
+    /// ([`Measure::false_denied_units`]).
     #[inline]
     pub fn denied(&mut self, key: usize, region: usize, t: Timestamp, units: u64) {
         let t = t.as_unix_nanos();
-        let quota = self.limits[self.keys[key].limit_index].quota_units;
-        let table = &self.true_windows[key];
-        let remainder = quota.saturating_sub(table.admitted_total[table.row(t)]);
-        let threshold = quota * self.threshold_percent / 100;
-        let is_false = remainder.saturating_sub(units) > threshold;
         let cell = self.cell(key, region, t);
         cell.denials += 1;
-        if is_false {
-            cell.false_denials += 1;
-            self.bucket(key, region, t).false_denied_units += units;
+        cell.denied_units += units;
+        self.bucket(key, region, t).denied_units += units;
+    }
+
+    /// Of a window's denied units, how many were false: the window (true clock) ended with
+    /// more than the threshold of its quota unused, and up to that much more could have been
+    /// admitted. Returns `(false units, denied units)` of the window; only complete windows
+    /// are judged.
+    fn false_share(&self, k: usize, row: usize) -> (u64, u64) {
+        let table = &self.true_windows[k];
+        let quota = self.limits[self.keys[k].limit_index].quota_units;
+        let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
+        let denied: u64 = cells.iter().map(|c| c.denied_units).sum();
+        let start = (table.first_index + row as u64) * table.window_nanos;
+        let complete = start >= self.start_nanos && start + table.window_nanos <= self.end_nanos;
+        if !complete {
+            return (0, denied);
         }
+        let threshold = quota * self.threshold_percent / 100;
+        let unused = quota.saturating_sub(table.admitted_total[row]);
+        (unused.saturating_sub(threshold).min(denied), denied)
+    }
+
+    /// False denied units of one key, bucket and region: its denied units, times the share of
+    /// its window's denials that were false.
+    pub fn false_denied_units(&self, key: usize, bucket: usize, region: usize) -> u64 {
+        let denied = self.bucket_cell(key, bucket, region).denied_units;
+        if denied == 0 {
+            return 0;
+        }
+        let at = self.start_nanos + bucket as u64 * self.bucket_nanos;
+        let table = &self.true_windows[key];
+        let (false_units, window_denied) = self.false_share(key, table.row(at));
+        scale(denied, false_units, window_denied)
     }
 
     /// A statement of the bound of `limit` for the window of index `window` (true clock):
@@ -330,7 +355,11 @@ impl Measure {
             utilization: (complete && wanted > 0).then(|| admitted as f64 / wanted as f64),
             requests: cells.iter().map(|c| c.requests).sum(),
             denials: cells.iter().map(|c| c.denials).sum(),
-            false_denials: cells.iter().map(|c| c.false_denials).sum(),
+            false_denials: {
+                let (false_units, denied_units) = self.false_share(k, row);
+                let denials: u64 = cells.iter().map(|c| c.denials).sum();
+                scale_up(denials, false_units, denied_units)
+            },
         }
     }
 
@@ -368,6 +397,22 @@ impl Measure {
         }
         out
     }
+}
+
+/// `value * part / whole`, rounded down (0 for an empty whole).
+fn scale(value: u64, part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    (u128::from(value) * u128::from(part) / u128::from(whole)) as u64
+}
+
+/// `value * part / whole`, rounded up: a share of denials that is not zero counts one at least.
+fn scale_up(value: u64, part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    (u128::from(value) * u128::from(part)).div_ceil(u128::from(whole)) as u64
 }
 
 /// One key's window, judged on the true clock.
@@ -436,9 +481,8 @@ pub fn convergence_after(
         let mut false_denied = 0;
         for k in 0..m.keys.len() {
             for r in 0..m.regions {
-                let c = m.bucket_cell(k, b, r);
-                attempted += c.attempted_units;
-                false_denied += c.false_denied_units;
+                attempted += m.bucket_cell(k, b, r).attempted_units;
+                false_denied += m.false_denied_units(k, b, r);
             }
         }
         false_denied * 100 <= attempted * tolerance_percent
@@ -529,17 +573,31 @@ traffic:
     }
 
     #[test]
-    fn a_denial_is_false_only_while_the_remainder_is_above_the_threshold() {
+    fn a_denial_is_false_only_as_far_as_its_window_ended_with_quota_unused() {
         let (s, mut m) = measure();
-        // Threshold 1% of 100 = 1 unit. 50 admitted: a 1-unit denial leaves 49 > 1: false.
+        // Threshold 1% of 100 = 1 unit.
+        // Window 0: 50 admitted, three denials of 10 units at 150 ms, 45 admitted later: it
+        // ends with 5 unused, 4 above the threshold: 4 of the 30 denied units were false, so
+        // one denial of the three counts as false.
         m.admitted(0, 0, at(&s, 100), at(&s, 100), 50);
-        m.denied(0, 1, at(&s, 150), 1);
-        // 98 admitted: remainder 2, minus the request's 1 unit = 1, not above 1: not false.
-        m.admitted(0, 0, at(&s, 200), at(&s, 200), 48);
-        m.denied(0, 1, at(&s, 250), 1);
-        let w = &m.windows()[0];
-        assert_eq!(w.denials, 2);
-        assert_eq!(w.false_denials, 1);
+        for _ in 0..3 {
+            m.denied(0, 1, at(&s, 150), 10);
+        }
+        m.admitted(0, 0, at(&s, 900), at(&s, 900), 45);
+        // Window 1: the whole quota admitted; its denials were all needed.
+        m.admitted(0, 0, at(&s, 1_100), at(&s, 1_100), 100);
+        m.denied(0, 1, at(&s, 1_200), 1);
+        // Window 2: 20 admitted, 80 left unused: every denial was false.
+        m.admitted(0, 0, at(&s, 2_100), at(&s, 2_100), 20);
+        m.denied(0, 1, at(&s, 2_200), 5);
+        m.denied(0, 1, at(&s, 2_300), 5);
+        let w = m.windows();
+        assert_eq!((w[0].denials, w[0].false_denials), (3, 1));
+        assert_eq!((w[1].denials, w[1].false_denials), (1, 0));
+        assert_eq!((w[2].denials, w[2].false_denials), (2, 2));
+        // Per bucket (100 ms): the 30 units denied at 150 ms, 4 of them false.
+        assert_eq!(m.false_denied_units(0, 1, 1), 4);
+        assert_eq!(m.false_denied_units(0, 22, 1), 5);
     }
 
     #[test]
@@ -578,6 +636,7 @@ traffic:
             terms: vec![crate::node::BoundTerm {
                 name: "eventual".into(),
                 units: 30,
+                measured_units: None,
             }],
             total_units: 30,
         };
@@ -594,6 +653,7 @@ traffic:
             terms: vec![crate::node::BoundTerm {
                 name: crate::node::SKEW_TERM.into(),
                 units: 30,
+                measured_units: None,
             }],
             total_units: 30,
         };
@@ -610,6 +670,7 @@ traffic:
                 .map(|(name, units)| crate::node::BoundTerm {
                     name: name.to_string(),
                     units: *units,
+                    measured_units: None,
                 })
                 .collect(),
             total_units: terms.iter().map(|(_, u)| u).sum(),
@@ -652,8 +713,9 @@ traffic:
     #[test]
     fn convergence_is_the_first_calm_stretch_after_the_mark() {
         let (s, mut m) = measure();
-        // From the mark at 2 s: buckets 2.0 s..2.3 s have false denials above 1% of what was
-        // attempted, then all is calm. Converged after 300 ms.
+        // From the mark at 2 s: buckets 2.0 s..2.3 s have denials above 1% of what was
+        // attempted, all false (the windows end with 90 of 100 unused), then all is calm.
+        // Converged after 300 ms.
         for b in 20..60u64 {
             let t = at(&s, b * 100);
             m.request(0, 0, t, 100, true);

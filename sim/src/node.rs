@@ -194,7 +194,10 @@ impl Bound {
     pub fn merge(&mut self, other: &Bound) {
         for t in &other.terms {
             match self.terms.iter_mut().find(|m| m.name == t.name) {
-                Some(m) => m.units = m.units.max(t.units),
+                Some(m) => {
+                    m.units = m.units.max(t.units);
+                    m.measured_units = m.measured_units.max(t.measured_units);
+                }
                 None => self.terms.push(t.clone()),
             }
         }
@@ -222,4 +225,8 @@ impl Bound {
 pub struct BoundTerm {
     pub name: String,
     pub units: u64,
+    /// The same term with measured rates in place of configured caps, where the coordinator
+    /// states one: how tight the guarantee is (never part of the total).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_units: Option<u64>,
 }

@@ -309,6 +309,7 @@ impl CoordinatorNode for TestCoordinator {
                         terms: vec![BoundTerm {
                             name: "test".to_string(),
                             units,
+                            measured_units: None,
                         }],
                         total_units: units,
                     };
