@@ -37,6 +37,12 @@ enum Command {
     /// Call a running agent's ShouldRateLimit (Envoy RLS) once and print the response as
     /// JSON.
     Rls(agent_cmd::RlsArgs),
+    /// Simulate a deployment from a scenario file and check every published guarantee.
+    ///
+    /// Runs each seed under the product's policy and the static-split baseline, prints a
+    /// summary, and exits 1 if any invariant broke (printing each failing seed's replay
+    /// command). See docs/sim.md.
+    Sim(allot_sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,5 +55,6 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent_cmd::agent(args),
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
+        Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),
     }
 }

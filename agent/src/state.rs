@@ -359,6 +359,9 @@ impl Agent {
             limit,
             key,
             units_wanted,
+            min_units,
+            denied_units: 0,
+            rate_units_per_sec: None,
             ttl,
             request_id,
         };

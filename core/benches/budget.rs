@@ -97,6 +97,9 @@ fn bench_lease(c: &mut Criterion, name: &str, with_request_id: bool, idempotency
                             limit: limit.clone(),
                             key: key.clone(),
                             units_wanted: 100,
+                            min_units: 1,
+                            denied_units: 0,
+                            rate_units_per_sec: None,
                             ttl: Duration::from_secs(10),
                             // Real ids are hashes of clients' idempotency keys: scattered.
                             request_id: with_request_id

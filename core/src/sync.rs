@@ -8,7 +8,10 @@
 //! - counter entries are absolute values of monotone G-counters, merged by max;
 //! - grants carry an epoch and an absolute allowance, applied only if newer;
 //! - release requests carry an id, and the ack names it, so a repeated request is answered
-//!   with the same ack and never released twice.
+//!   with the same ack and never released twice;
+//! - a region's measurements for the bound only grow within a window, and are merged by max.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +88,49 @@ pub struct ClockSample {
     pub round_trip_nanos: u64,
 }
 
+/// What a region measured for one limit in one window (on its own clock) that the bound needs
+/// and the coordinator cannot see for itself (docs/bound.md). Every figure only grows within
+/// a window (across restarts too: the summed ones are persisted), so the coordinator merges
+/// them by max and a resent or duplicated report changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitWindowStats {
+    pub limit: LimitId,
+    pub window: WindowIndex,
+    pub figures: BoundFigures,
+}
+
+/// The bound's region-side measurements of one limit and window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundFigures {
+    /// Time the open partition policy was in force (the `fail_open` term).
+    pub time_open: Duration,
+    /// Units admitted beyond the allowance by the open partition policy.
+    pub fail_open_units: u64,
+    /// Units settled above their reservation (the `settle_overage` term).
+    pub settle_overage_units: u64,
+    /// Most units granted (acquires and leases, all keys) in one second of the window: the
+    /// measured rate that shows how tight the eventual term is.
+    pub peak_grant_units_per_sec: u64,
+}
+
+impl BoundFigures {
+    /// Element-wise max: how reports of the same window merge.
+    pub fn max(self, other: BoundFigures) -> BoundFigures {
+        BoundFigures {
+            time_open: self.time_open.max(other.time_open),
+            fail_open_units: self.fail_open_units.max(other.fail_open_units),
+            settle_overage_units: self.settle_overage_units.max(other.settle_overage_units),
+            peak_grant_units_per_sec: self
+                .peak_grant_units_per_sec
+                .max(other.peak_grant_units_per_sec),
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == BoundFigures::default()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncUp {
     pub region: RegionId,
@@ -98,6 +144,8 @@ pub struct SyncUp {
     pub demand: Vec<DemandReport>,
     pub release_acks: Vec<ReleaseAck>,
     pub clock: Option<ClockSample>,
+    /// Measurements for the bound that changed since the coordinator last confirmed them.
+    pub stats: Vec<LimitWindowStats>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

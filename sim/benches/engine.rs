@@ -11,7 +11,7 @@ use std::time::Duration;
 use allot_core::gateway::{LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted};
 use allot_core::ids::{LeaseId, LimitId, RegionId};
 use allot_core::limit::FailureMode;
-use allot_core::sync::{SyncDown, SyncUp};
+use allot_core::sync::{CounterRef, SyncDown, SyncUp};
 use allot_core::time::Timestamp;
 use allot_sim::engine::{RunSpec, run};
 use allot_sim::node::{
@@ -90,6 +90,9 @@ impl CoordinatorNode for NullCoordinator {
     }
     fn handle_timeout(&mut self, _: Timestamp) {}
     fn observe(&self, _: Timestamp, _: &mut CoordinatorObservation) {}
+    fn table_allowance(&self, _: &CounterRef, _: &RegionId) -> Option<u64> {
+        None
+    }
 }
 
 fn hot_key(c: &mut Criterion) {

@@ -2,7 +2,8 @@
 //! invariants of the design, at every sample of every run.
 //!
 //! - 1: per counter, a region's net use never exceeds its allowance (plus policy terms);
-//! - 2: strict mode: the table's allowances for a counter sum to at most the quota;
+//! - 2: strict mode: the table's allowances for a counter sum to at most the quota, and a
+//!   region never enforces more than its table allowance;
 //! - 3: counter entries never decrease;
 //! - 4: overshoot never exceeds the reported bound (judged per window, see `measure`);
 //! - 6: a restarted agent sees every current counter at least as large as before its crash.
@@ -102,6 +103,40 @@ impl Checker {
         }
     }
 
+    /// Invariant 2, second half: a strict region never enforces more than the coordinator's
+    /// table gives it. `table` answers for a counter (its row or default), `is_current` says
+    /// whether the counter's window is the one the region is in (an older window may have
+    /// left the table already).
+    pub fn region_against_table(
+        &mut self,
+        at_ms: u64,
+        region: &str,
+        obs: &RegionObservation,
+        table: impl Fn(&CounterRef) -> Option<u64>,
+        is_current: impl Fn(&CounterRef) -> bool,
+    ) {
+        for a in &obs.allowances {
+            let Some(own) = a.strict_allowance_units else {
+                continue;
+            };
+            if !is_current(&a.counter) {
+                continue;
+            }
+            if let Some(row) = table(&a.counter)
+                && own > row
+            {
+                self.record(
+                    "region_allowance_above_table",
+                    at_ms,
+                    format!(
+                        "region {region} counter {:?}: enforces {own}, the table gives it {row}",
+                        a.counter
+                    ),
+                );
+            }
+        }
+    }
+
     /// The region is about to crash; remember what it had.
     pub fn crashed(&mut self, region: usize, obs: &RegionObservation) {
         self.at_crash.insert(region, obs.entries.clone());
@@ -193,6 +228,7 @@ mod tests {
             counter: counter(),
             net_units: 101,
             limit_units: 100,
+            strict_allowance_units: None,
         });
         c.region(0, 0, &o);
         assert_eq!(c.count(), 1);
@@ -214,6 +250,25 @@ mod tests {
             },
         );
         assert_eq!(c.count(), 1);
+    }
+
+    #[test]
+    fn a_region_enforcing_more_than_its_table_row_is_a_violation() {
+        let mut c = Checker::default();
+        let mut o = obs(Vec::new());
+        o.allowances.push(AllowanceView {
+            counter: counter(),
+            net_units: 10,
+            limit_units: 60,
+            strict_allowance_units: Some(60),
+        });
+        c.region_against_table(0, "eu", &o, |_| Some(60), |_| true);
+        assert_eq!(c.count(), 0, "equal to the row");
+        c.region_against_table(0, "eu", &o, |_| Some(59), |_| false);
+        assert_eq!(c.count(), 0, "an ended window may have left the table");
+        c.region_against_table(0, "eu", &o, |_| Some(59), |_| true);
+        assert_eq!(c.count(), 1);
+        assert_eq!(c.into_details()[0].kind, "region_allowance_above_table");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! Map:
 //! - [`scenario`]: scenario YAML to [`Scenario`], every bad input located.
 //! - [`engine`]: one run: the event loop, gateways, links, faults, the request path.
-//! - [`node`]: the traits the regional budget machine and the coordinator plug in through.
+//! - [`node`]: the traits the regional budget machine and the coordinator plug in through;
+//!   [`machines`]: the real ones behind them ([`CoreFactory`]).
 //! - [`clock`], [`link`], [`traffic`], [`queue`]: per-region clocks, lossy links, arrivals,
 //!   costs and retries, the ordered event queue.
 //! - [`measure`], [`check`], [`sizes`]: tallies per key, window and region; the invariant
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod engine;
 pub mod error;
 pub mod link;
+pub mod machines;
 pub mod measure;
 pub mod node;
 pub mod plot;
@@ -40,6 +42,7 @@ mod test_nodes;
 
 pub use cli::{SimArgs, cli_main, run_cli};
 pub use error::{Result, ScenarioError, SimError};
+pub use machines::CoreFactory;
 pub use report::Report;
 pub use runner::{RunOptions, run_scenario};
 pub use scenario::Scenario;

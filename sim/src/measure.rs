@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use allot_core::ids::{KeyId, LimitId};
-use allot_core::time::{Timestamp, duration_nanos};
+use allot_core::time::{Timestamp, WindowIndex, duration_nanos};
 use serde::Serialize;
 
 use crate::node::Bound;
@@ -33,7 +33,7 @@ struct WindowCell {
     demand_units: u64,
     requests: u64,
     denials: u64,
-    false_denials: u64,
+    denied_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct BucketCell {
     pub demand_units: u64,
     /// Units of every attempt, retries included.
     pub attempted_units: u64,
-    pub false_denied_units: u64,
+    pub denied_units: u64,
 }
 
 /// Per key: one row of cells per window, one cell per region, plus the all-region total.
@@ -88,7 +88,8 @@ pub struct Measure {
     true_windows: Vec<WindowTable>,
     /// Admissions by window index on the admitting region's own clock.
     local_windows: Vec<WindowTable>,
-    /// Per limit and true window: the largest bound reported during the window.
+    /// Per limit and true window: the bound stated for the window, each term at the largest
+    /// it was reported.
     bounds: Vec<Vec<Option<Bound>>>,
     bucket_nanos: u64,
     buckets: usize,
@@ -237,37 +238,64 @@ impl Measure {
         self.bucket(key, region, t).admitted_units -= less;
     }
 
-    /// A denial. It is false when the global remainder of the window, after this request,
-    /// would still have been above the threshold (a share of the quota).
+    /// A denial. Whether it was false is known once its window is over
+    /// ([`Measure::false_denied_units`]).
     #[inline]
     pub fn denied(&mut self, key: usize, region: usize, t: Timestamp, units: u64) {
         let t = t.as_unix_nanos();
-        let quota = self.limits[self.keys[key].limit_index].quota_units;
-        let table = &self.true_windows[key];
-        let remainder = quota.saturating_sub(table.admitted_total[table.row(t)]);
-        let threshold = quota * self.threshold_percent / 100;
-        let is_false = remainder.saturating_sub(units) > threshold;
         let cell = self.cell(key, region, t);
         cell.denials += 1;
-        if is_false {
-            cell.false_denials += 1;
-            self.bucket(key, region, t).false_denied_units += units;
-        }
+        cell.denied_units += units;
+        self.bucket(key, region, t).denied_units += units;
     }
 
-    /// The bound the coordinator reported for a limit at true time `t`.
-    pub fn bound_sample(&mut self, limit: &LimitId, t: Timestamp, bound: &Bound) {
+    /// Of a window's denied units, how many were false: the window (true clock) ended with
+    /// more than the threshold of its quota unused, and up to that much more could have been
+    /// admitted. Returns `(false units, denied units)` of the window; only complete windows
+    /// are judged.
+    fn false_share(&self, k: usize, row: usize) -> (u64, u64) {
+        let table = &self.true_windows[k];
+        let quota = self.limits[self.keys[k].limit_index].quota_units;
+        let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
+        let denied: u64 = cells.iter().map(|c| c.denied_units).sum();
+        let start = (table.first_index + row as u64) * table.window_nanos;
+        let complete = start >= self.start_nanos && start + table.window_nanos <= self.end_nanos;
+        if !complete {
+            return (0, denied);
+        }
+        let threshold = quota * self.threshold_percent / 100;
+        let unused = quota.saturating_sub(table.admitted_total[row]);
+        (unused.saturating_sub(threshold).min(denied), denied)
+    }
+
+    /// False denied units of one key, bucket and region: its denied units, times the share of
+    /// its window's denials that were false.
+    pub fn false_denied_units(&self, key: usize, bucket: usize, region: usize) -> u64 {
+        let denied = self.bucket_cell(key, bucket, region).denied_units;
+        if denied == 0 {
+            return 0;
+        }
+        let at = self.start_nanos + bucket as u64 * self.bucket_nanos;
+        let table = &self.true_windows[key];
+        let (false_units, window_denied) = self.false_share(key, table.row(at));
+        scale(denied, false_units, window_denied)
+    }
+
+    /// A statement of the bound of `limit` for the window of index `window` (true clock):
+    /// merged term by term into what was stated before ([`Bound::merge`]).
+    pub fn bound_sample(&mut self, limit: &LimitId, window: WindowIndex, bound: &Bound) {
         let Some(i) = self.limits.iter().position(|l| &l.id == limit) else {
             return;
         };
         let w = duration_nanos(self.limits[i].window.len());
-        let row = ((t.as_unix_nanos() / w).saturating_sub(self.start_nanos / w)) as usize;
-        if let Some(slot) = self.bounds[i].get_mut(row)
-            && slot
-                .as_ref()
-                .is_none_or(|b| b.total_units < bound.total_units)
-        {
-            *slot = Some(bound.clone());
+        let Some(row) = window.0.checked_sub(self.start_nanos / w) else {
+            return;
+        };
+        if let Some(slot) = self.bounds[i].get_mut(row as usize) {
+            match slot {
+                Some(stated) => stated.merge(bound),
+                None => *slot = Some(bound.clone()),
+            }
         }
     }
 
@@ -327,7 +355,11 @@ impl Measure {
             utilization: (complete && wanted > 0).then(|| admitted as f64 / wanted as f64),
             requests: cells.iter().map(|c| c.requests).sum(),
             denials: cells.iter().map(|c| c.denials).sum(),
-            false_denials: cells.iter().map(|c| c.false_denials).sum(),
+            false_denials: {
+                let (false_units, denied_units) = self.false_share(k, row);
+                let denials: u64 = cells.iter().map(|c| c.denials).sum();
+                scale_up(denials, false_units, denied_units)
+            },
         }
     }
 
@@ -365,6 +397,22 @@ impl Measure {
         }
         out
     }
+}
+
+/// `value * part / whole`, rounded down (0 for an empty whole).
+fn scale(value: u64, part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    (u128::from(value) * u128::from(part) / u128::from(whole)) as u64
+}
+
+/// `value * part / whole`, rounded up: a share of denials that is not zero counts one at least.
+fn scale_up(value: u64, part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    (u128::from(value) * u128::from(part)).div_ceil(u128::from(whole)) as u64
 }
 
 /// One key's window, judged on the true clock.
@@ -433,9 +481,8 @@ pub fn convergence_after(
         let mut false_denied = 0;
         for k in 0..m.keys.len() {
             for r in 0..m.regions {
-                let c = m.bucket_cell(k, b, r);
-                attempted += c.attempted_units;
-                false_denied += c.false_denied_units;
+                attempted += m.bucket_cell(k, b, r).attempted_units;
+                false_denied += m.false_denied_units(k, b, r);
             }
         }
         false_denied * 100 <= attempted * tolerance_percent
@@ -499,6 +546,11 @@ traffic:
         s.start + Duration::from_millis(millis)
     }
 
+    /// The index of the one-second window holding `millis` into the run.
+    fn window_of(s: &Scenario, millis: u64) -> WindowIndex {
+        WindowIndex(at(s, millis).as_unix_nanos() / 1_000_000_000)
+    }
+
     #[test]
     fn overshoot_and_utilization_per_window() {
         let (s, mut m) = measure();
@@ -521,17 +573,31 @@ traffic:
     }
 
     #[test]
-    fn a_denial_is_false_only_while_the_remainder_is_above_the_threshold() {
+    fn a_denial_is_false_only_as_far_as_its_window_ended_with_quota_unused() {
         let (s, mut m) = measure();
-        // Threshold 1% of 100 = 1 unit. 50 admitted: a 1-unit denial leaves 49 > 1: false.
+        // Threshold 1% of 100 = 1 unit.
+        // Window 0: 50 admitted, three denials of 10 units at 150 ms, 45 admitted later: it
+        // ends with 5 unused, 4 above the threshold: 4 of the 30 denied units were false, so
+        // one denial of the three counts as false.
         m.admitted(0, 0, at(&s, 100), at(&s, 100), 50);
-        m.denied(0, 1, at(&s, 150), 1);
-        // 98 admitted: remainder 2, minus the request's 1 unit = 1, not above 1: not false.
-        m.admitted(0, 0, at(&s, 200), at(&s, 200), 48);
-        m.denied(0, 1, at(&s, 250), 1);
-        let w = &m.windows()[0];
-        assert_eq!(w.denials, 2);
-        assert_eq!(w.false_denials, 1);
+        for _ in 0..3 {
+            m.denied(0, 1, at(&s, 150), 10);
+        }
+        m.admitted(0, 0, at(&s, 900), at(&s, 900), 45);
+        // Window 1: the whole quota admitted; its denials were all needed.
+        m.admitted(0, 0, at(&s, 1_100), at(&s, 1_100), 100);
+        m.denied(0, 1, at(&s, 1_200), 1);
+        // Window 2: 20 admitted, 80 left unused: every denial was false.
+        m.admitted(0, 0, at(&s, 2_100), at(&s, 2_100), 20);
+        m.denied(0, 1, at(&s, 2_200), 5);
+        m.denied(0, 1, at(&s, 2_300), 5);
+        let w = m.windows();
+        assert_eq!((w[0].denials, w[0].false_denials), (3, 1));
+        assert_eq!((w[1].denials, w[1].false_denials), (1, 0));
+        assert_eq!((w[2].denials, w[2].false_denials), (2, 2));
+        // Per bucket (100 ms): the 30 units denied at 150 ms, 4 of them false.
+        assert_eq!(m.false_denied_units(0, 1, 1), 4);
+        assert_eq!(m.false_denied_units(0, 22, 1), 5);
     }
 
     #[test]
@@ -570,10 +636,11 @@ traffic:
             terms: vec![crate::node::BoundTerm {
                 name: "eventual".into(),
                 units: 30,
+                measured_units: None,
             }],
             total_units: 30,
         };
-        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
         assert!(m.local_window_excess().is_empty());
     }
 
@@ -586,18 +653,69 @@ traffic:
             terms: vec![crate::node::BoundTerm {
                 name: crate::node::SKEW_TERM.into(),
                 units: 30,
+                measured_units: None,
             }],
             total_units: 30,
         };
-        m.bound_sample(&LimitId::from("api/t"), at(&s, 1_200), &bound);
+        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
         assert_eq!(m.local_window_excess().len(), 1);
+    }
+
+    #[test]
+    fn each_term_of_a_window_s_bound_is_the_largest_stated_for_it() {
+        let (s, mut m) = measure();
+        let bound = |terms: &[(&str, u64)]| Bound {
+            terms: terms
+                .iter()
+                .map(|(name, units)| crate::node::BoundTerm {
+                    name: name.to_string(),
+                    units: *units,
+                    measured_units: None,
+                })
+                .collect(),
+            total_units: terms.iter().map(|(_, u)| u).sum(),
+        };
+        // In window 2: a partition term of 40 while eu-west is cut, later none; the settle
+        // overage grows from 5 to 12, the last figure arriving after the window ended. The
+        // window's bound: 40 + 12 = 52 (no single statement said 52).
+        let w = window_of(&s, 2_000);
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("partition_floor", 40), ("settle_overage", 5)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("partition_floor", 0), ("settle_overage", 9)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            w,
+            &bound(&[("settle_overage", 12)]),
+        );
+        // A window before the run is ignored, one after its end too.
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 0).0.checked_sub(1).map(WindowIndex).unwrap(),
+            &bound(&[("x", 1)]),
+        );
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 60_000),
+            &bound(&[("x", 1)]),
+        );
+        let windows = m.windows();
+        assert_eq!(windows[2].bound_units, Some(52));
+        assert_eq!(windows[1].bound_units, None);
     }
 
     #[test]
     fn convergence_is_the_first_calm_stretch_after_the_mark() {
         let (s, mut m) = measure();
-        // From the mark at 2 s: buckets 2.0 s..2.3 s have false denials above 1% of what was
-        // attempted, then all is calm. Converged after 300 ms.
+        // From the mark at 2 s: buckets 2.0 s..2.3 s have denials above 1% of what was
+        // attempted, all false (the windows end with 90 of 100 unused), then all is calm.
+        // Converged after 300 ms.
         for b in 20..60u64 {
             let t = at(&s, b * 100);
             m.request(0, 0, t, 100, true);

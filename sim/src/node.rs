@@ -14,7 +14,7 @@ use allot_core::gateway::{LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, Le
 use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{CounterEntry, CounterRef, SyncDown, SyncUp};
-use allot_core::time::Timestamp;
+use allot_core::time::{Timestamp, WindowIndex};
 use serde::Serialize;
 
 use crate::scenario::Scenario;
@@ -111,7 +111,10 @@ pub trait RegionNode: Send {
 /// simulation's true clock.
 ///
 /// Over `Coordinator`: the methods map one to one, with `Command` its
-/// `TableCommand` (committed through the simulated replicated log, not openraft).
+/// `TableCommand` (committed through the simulated replicated log, not openraft). The engine
+/// keeps the coordinator's driver contract: after `handle_sync_up` it polls proposals and
+/// answers with `poll_sync_down` only once everything polled so far is committed (or lost
+/// with its leader).
 pub trait CoordinatorNode: Send {
     /// One change to the replicated table.
     type Command: Clone + Send;
@@ -128,6 +131,11 @@ pub trait CoordinatorNode: Send {
 
     /// The table and the bound as the coordinator states them now.
     fn observe(&self, now: Timestamp, out: &mut CoordinatorObservation);
+
+    /// The allowance the replicated table gives `region` for a strict counter (its row, or
+    /// its default), or `None` where the table has no say (eventual or unknown limits). A
+    /// region's own allowance must never exceed it (invariant 2).
+    fn table_allowance(&self, counter: &CounterRef, region: &RegionId) -> Option<u64>;
 }
 
 /// A region's state as the checker sees it.
@@ -147,6 +155,9 @@ pub struct AllowanceView {
     /// The region's allowance `a_r` plus the policy terms it may add (e.g. open-policy
     /// admissions while partitioned).
     pub limit_units: u64,
+    /// A strict, coordinated region's own `a_r` for the counter, held against the
+    /// coordinator's table (`None` where the table has no say).
+    pub strict_allowance_units: Option<u64>,
 }
 
 /// The coordinator's state as the checker sees it.
@@ -154,8 +165,9 @@ pub struct AllowanceView {
 pub struct CoordinatorObservation {
     /// Strict-mode rows of the table (invariant 2: `sum <= quota`).
     pub strict_rows: Vec<TableRow>,
-    /// The bound per limit, as reported live.
-    pub bounds: Vec<(LimitId, Bound)>,
+    /// The bound per limit and window (true clock) as stated now: the window in progress,
+    /// and measured terms of recent windows that only arrive after they end.
+    pub bounds: Vec<(LimitId, WindowIndex, Bound)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,6 +188,26 @@ pub struct Bound {
 pub const SKEW_TERM: &str = "skew";
 
 impl Bound {
+    /// Merges another statement of the bound for the same window: each term at the largest
+    /// it was stated (each term bounds its own cause over the whole window, so the largest
+    /// value of each holds, even when they peaked at different times), and their sum.
+    pub fn merge(&mut self, other: &Bound) {
+        for t in &other.terms {
+            match self.terms.iter_mut().find(|m| m.name == t.name) {
+                Some(m) => {
+                    m.units = m.units.max(t.units);
+                    m.measured_units = m.measured_units.max(t.measured_units);
+                }
+                None => self.terms.push(t.clone()),
+            }
+        }
+        self.total_units = self
+            .terms
+            .iter()
+            .map(|t| t.units)
+            .fold(0, u64::saturating_add);
+    }
+
     /// The bound for windows counted per window index on each region's own clock, where the
     /// skew term does not apply.
     pub fn without_skew_units(&self) -> u64 {
@@ -193,4 +225,8 @@ impl Bound {
 pub struct BoundTerm {
     pub name: String,
     pub units: u64,
+    /// The same term with measured rates in place of configured caps, where the coordinator
+    /// states one: how tight the guarantee is (never part of the total).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_units: Option<u64>,
 }

@@ -86,6 +86,7 @@ mod tests {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: None,
+            stats: Vec::new(),
         }
     }
 

@@ -56,8 +56,10 @@ pub struct TestCoordinator {
     received: u64,
     /// Commands committed, replayed ones included.
     pub committed: u64,
+    /// Proposals polled and not yet committed: the driver must not answer while any is.
+    uncommitted: u64,
     bound_units: Option<u64>,
-    limits: Vec<LimitId>,
+    limits: Vec<LimitInfo>,
 }
 
 impl NodeFactory for TestFactory {
@@ -99,14 +101,9 @@ impl NodeFactory for TestFactory {
             entries: BTreeMap::new(),
             received: 0,
             committed: 0,
+            uncommitted: 0,
             bound_units: self.bound_units,
-            limits: setup
-                .scenario
-                .limits
-                .limits
-                .iter()
-                .map(|l| l.id.clone())
-                .collect(),
+            limits: setup.scenario.limits.limits.clone(),
         }
     }
 
@@ -198,6 +195,7 @@ impl RegionNode for TestRegion {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: None,
+            stats: Vec::new(),
         })
     }
 
@@ -226,6 +224,7 @@ impl RegionNode for TestRegion {
                     } else {
                         limit.quota_units * self.share_ppm / 1_000_000
                     },
+                    strict_allowance_units: None,
                 })
             })
             .collect();
@@ -258,6 +257,10 @@ impl CoordinatorNode for TestCoordinator {
     }
 
     fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {
+        assert_eq!(
+            self.uncommitted, 0,
+            "the driver answered while proposals were uncommitted"
+        );
         SyncDown {
             reply_to_seq,
             received_at: now,
@@ -278,6 +281,7 @@ impl CoordinatorNode for TestCoordinator {
         // One command per ten messages received, to exercise the replicated log.
         if self.received > 0 && self.received.is_multiple_of(10) {
             self.received += 1;
+            self.uncommitted += 1;
             return vec![self.received];
         }
         Vec::new()
@@ -285,6 +289,8 @@ impl CoordinatorNode for TestCoordinator {
 
     fn handle_committed(&mut self, _now: Timestamp, _cmd: &u64) {
         self.committed += 1;
+        // Replayed commands after a leader loss were never proposed by this leader.
+        self.uncommitted = self.uncommitted.saturating_sub(1);
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
@@ -293,7 +299,7 @@ impl CoordinatorNode for TestCoordinator {
 
     fn handle_timeout(&mut self, _now: Timestamp) {}
 
-    fn observe(&self, _now: Timestamp, out: &mut CoordinatorObservation) {
+    fn observe(&self, now: Timestamp, out: &mut CoordinatorObservation) {
         if let Some(units) = self.bound_units {
             out.bounds = self
                 .limits
@@ -303,13 +309,18 @@ impl CoordinatorNode for TestCoordinator {
                         terms: vec![BoundTerm {
                             name: "test".to_string(),
                             units,
+                            measured_units: None,
                         }],
                         total_units: units,
                     };
-                    (l.clone(), bound)
+                    (l.id.clone(), l.window.index(now), bound)
                 })
                 .collect();
         }
+    }
+
+    fn table_allowance(&self, _counter: &CounterRef, _region: &RegionId) -> Option<u64> {
+        None
     }
 }
 

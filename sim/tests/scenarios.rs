@@ -234,3 +234,23 @@ fn a_missing_file_is_named() {
     assert!(matches!(err, SimError::Read { .. }));
     assert!(err.to_string().contains("no-such.yaml"));
 }
+
+#[test]
+fn a_window_may_be_set_in_the_allot_block_instead_of_the_unit() {
+    let text = GOOD.replace(
+        "        unit: second\n        requests_per_unit: 100\n",
+        "        requests_per_unit: 100\n      allot:\n        window: 1m30s\n",
+    );
+    let s = scenario::parse("good.yaml", &text).unwrap();
+    assert_eq!(s.limits.limits[0].window.len().as_secs(), 90);
+    let both = GOOD.replace(
+        "        requests_per_unit: 100\n",
+        "        requests_per_unit: 100\n      allot:\n        window: 10s\n",
+    );
+    assert_error(
+        &both,
+        14,
+        "descriptors[0].rate_limit.unit",
+        "both set the window",
+    );
+}

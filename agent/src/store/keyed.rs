@@ -3,12 +3,13 @@
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
 //! prefix: `a` ack, `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
-//! key), `l` lease, `m` meta, `s` slot. Ids are big-endian so the map orders them. Values are
+//! key), `l` lease, `m` meta, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
 //! the records themselves, in JSON.
 
 use allot_core::budget::PersistRecord;
 use allot_core::budget::persist::{LeaseRecord, SlotRecord};
 use allot_core::ids::{KeyId, LimitId};
+use allot_core::time::WindowIndex;
 
 use crate::error::{Error, Result};
 
@@ -18,6 +19,7 @@ const KEY: u8 = b'k';
 const LEASE: u8 = b'l';
 const META: &[u8] = b"m";
 const SLOT: u8 = b's';
+const STATS: u8 = b't';
 
 /// An ordered key-value map, read.
 pub(crate) trait Scan {
@@ -63,14 +65,18 @@ fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
         PersistRecord::IdempotencyExpired { request } => {
             kv.delete(&idempotency_key(request.0))?;
         }
+        PersistRecord::Stats(s) => kv.put(stats_key(&s.limit, s.window), encode(record)?)?,
+        PersistRecord::StatsForgotten { limit, window } => kv.delete(&stats_key(limit, *window))?,
     }
     Ok(())
 }
 
-/// A removed limit takes its keys, leases and slots with it.
+/// A removed limit takes its keys, leases, slots and bound figures with it.
 fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
-    for (key, _) in kv.scan(&limit_prefix(limit))? {
-        kv.delete(&key)?;
+    for prefix in [limit_prefix(limit), stats_prefix(limit)] {
+        for (key, _) in kv.scan(&prefix)? {
+            kv.delete(&key)?;
+        }
     }
     for prefix in [LEASE, SLOT] {
         for (key, value) in kv.scan(&[prefix])? {
@@ -111,9 +117,23 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<PersistRecord> {
 }
 
 fn limit_prefix(limit: &LimitId) -> Vec<u8> {
+    kind_limit_prefix(KEY, limit)
+}
+
+fn stats_prefix(limit: &LimitId) -> Vec<u8> {
+    kind_limit_prefix(STATS, limit)
+}
+
+fn stats_key(limit: &LimitId, window: WindowIndex) -> Vec<u8> {
+    let mut out = stats_prefix(limit);
+    out.extend_from_slice(&window.0.to_be_bytes());
+    out
+}
+
+fn kind_limit_prefix(kind: u8, limit: &LimitId) -> Vec<u8> {
     let name = limit.as_str().as_bytes();
     let mut out = Vec::with_capacity(5 + name.len());
-    out.push(KEY);
+    out.push(kind);
     // Length-prefixed, so that no limit's prefix is another limit's prefix.
     out.extend_from_slice(&(name.len() as u32).to_be_bytes());
     out.extend_from_slice(name);

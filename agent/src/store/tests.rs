@@ -74,6 +74,9 @@ fn lease(key: &str, units: u64, ttl_ms: u64) -> LeaseRequest {
         limit: LimitId::new("api/tenant"),
         key: KeyId::new(key),
         units_wanted: units,
+        min_units: 1,
+        denied_units: 0,
+        rate_units_per_sec: None,
         ttl: Duration::from_millis(ttl_ms),
         request_id: None,
     }

@@ -11,7 +11,7 @@ use super::api::Reason;
 use super::config::DEMAND_WARMUP_DIVISOR;
 use super::key::KeyState;
 use super::limits::LimitParams;
-use super::stats::{LimitStats, WindowStats};
+use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::limit::PartitionPolicy;
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
@@ -34,11 +34,12 @@ pub(crate) struct Allowance {
     pub open: bool,
 }
 
-/// How much a request wants: an acquire is all or nothing, a lease takes what there is.
+/// How much a request wants: an acquire is all or nothing, a lease takes what there is but
+/// no less than `min_units`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
     Exact(u64),
-    UpTo(u64),
+    UpTo { units: u64, min_units: u64 },
 }
 
 /// The result of one admission.
@@ -147,9 +148,12 @@ pub(crate) fn admit(
     let head = a.units.saturating_sub(ks.net_units());
     let (plan, wanted) = match want {
         Want::Exact(cost) => (plan_exact(p, ks, &a, head, now, cost), cost),
-        Want::UpTo(units) => (plan_up_to(p, ks, &a, head, now, units), units),
+        Want::UpTo { units, min_units } => {
+            let range = LeaseRange { units, min_units };
+            (plan_up_to(p, ks, &a, head, now, range), units)
+        }
     };
-    let window_stats = stats.window_mut(ks.window);
+    let mut window_stats = stats.window_mut(ks.window);
     let mut out = Admission {
         allowed: true,
         units: plan.units,
@@ -159,8 +163,14 @@ pub(crate) fn admit(
         allowance: a,
         escalated: false,
     };
+    let rate_bucket = GRANT_RATE_BUCKET.min(p.window_len());
     match plan.refusal {
-        None => charge(ks, &a, &plan, window_stats),
+        None => {
+            if let Some(s) = window_stats.as_deref_mut() {
+                s.record_grant(now, rate_bucket, plan.units);
+            }
+            charge(ks, &a, &plan, window_stats)
+        }
         Some((reason, retry_after)) if p.spec.shadow_mode => {
             // Let it through and count it, so the counters stay true; record the excess.
             let excess = wanted.saturating_sub(head);
@@ -169,6 +179,7 @@ pub(crate) fn admit(
             if let Some(s) = window_stats {
                 s.shadow_denials += 1;
                 s.shadow_excess_units += excess;
+                s.record_grant(now, rate_bucket, wanted);
             }
             out = Admission {
                 units: wanted,
@@ -205,7 +216,7 @@ fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut Wind
     if plan.fail_open_units > 0 {
         ks.hot_mut().excess_units += plan.fail_open_units;
         if let Some(s) = stats {
-            s.fail_open_units += plan.fail_open_units;
+            s.add_fail_open(plan.fail_open_units);
         }
     }
     if let Some(s) = plan.rate_state {
@@ -282,32 +293,42 @@ fn plan_exact(
     plan
 }
 
+/// What a lease asks for: up to `units`, and nothing at all if fewer than `min_units` fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaseRange {
+    units: u64,
+    min_units: u64,
+}
+
 fn plan_up_to(
     p: &LimitParams,
     ks: &KeyState,
     a: &Allowance,
     head: u64,
     now: Timestamp,
-    wanted: u64,
+    want: LeaseRange,
 ) -> Plan {
-    let mut cap = wanted;
+    let min = want.min_units.max(1);
+    let mut cap = want.units;
     if let Some(g) = p.rate {
         cap = cap.min(g.remaining(&rate_state(ks), now));
-        if cap == 0 {
-            return Plan::refused(Reason::RateCap, peek_retry(&g, rate_state(ks), now));
+        if cap < min {
+            return Plan::refused(Reason::RateCap, gcra_retry(&g, rate_state(ks), now, min));
         }
     }
     let within = cap.min(head);
     let mut beyond = 0;
     if let (true, Some(g)) = (a.open, p.open_rate) {
         beyond = (cap - within).min(g.remaining(&open_state(ks), now));
-        if within + beyond == 0 {
-            return Plan::refused(Reason::PartitionOpen, peek_retry(&g, open_state(ks), now));
+        if within + beyond < min {
+            // The open cap is what falls short: it must pass what the allowance cannot.
+            let retry = gcra_retry(&g, open_state(ks), now, min - within);
+            return Plan::refused(Reason::PartitionOpen, retry);
         }
     }
     let units = within + beyond;
-    if units == 0 {
-        return Plan::refused(a.reason, allowance_retry_after(p, ks, now, 1));
+    if units < min {
+        return Plan::refused(a.reason, allowance_retry_after(p, ks, now, min));
     }
     // Both checks pass by construction (units <= remaining); they move the states.
     let charge = |g: Option<Gcra>, mut s: GcraState, c: u64| {
@@ -342,9 +363,10 @@ fn open_state(ks: &KeyState) -> GcraState {
         .unwrap_or_default()
 }
 
-/// When a request of cost 1 would pass the GCRA, without charging it.
-fn peek_retry(g: &Gcra, mut s: GcraState, now: Timestamp) -> Option<Duration> {
-    match g.check(&mut s, now, 1) {
+/// When `units` would pass the GCRA, without charging them; `None` when they never can
+/// (more than the burst).
+fn gcra_retry(g: &Gcra, mut s: GcraState, now: Timestamp, units: u64) -> Option<Duration> {
+    match g.check(&mut s, now, units) {
         GcraDecision::Denied { retry_after, .. } => retry_after,
         GcraDecision::Allowed { .. } => Some(Duration::ZERO),
     }
@@ -410,16 +432,32 @@ fn demand_elapsed_nanos(
         .max(1)
 }
 
+/// The window has run long enough (one sync interval and `window / DEMAND_WARMUP_DIVISOR`)
+/// for its demand estimate to stand on its own, without the warm-up floor.
+pub(crate) fn demand_warmed_up(
+    p: &LimitParams,
+    ks: &KeyState,
+    now: Timestamp,
+    sync_interval: Duration,
+) -> bool {
+    let elapsed = duration_nanos(now.saturating_duration_since(p.window_start(ks.window)));
+    elapsed >= demand_elapsed_nanos(p, ks, now, sync_interval)
+}
+
 /// Demand: units requested this window (refused ones included) per second of the window so
-/// far (see [`demand_elapsed_nanos`]).
+/// far (see [`demand_elapsed_nanos`]). `unspent_units` of outstanding leases are probably not
+/// spent yet: gateways lease ahead of their use, and early in a short window what they hold
+/// would otherwise read as a rate several times the real one.
 pub(crate) fn demand_units_per_sec(
     p: &LimitParams,
     ks: &KeyState,
     now: Timestamp,
     sync_interval: Duration,
+    unspent_units: u64,
 ) -> u64 {
     let elapsed = demand_elapsed_nanos(p, ks, now, sync_interval);
-    let rate = u128::from(requested_units(ks)) * 1_000_000_000 / u128::from(elapsed);
+    let requested = requested_units(ks).saturating_sub(unspent_units);
+    let rate = u128::from(requested) * 1_000_000_000 / u128::from(elapsed);
     u64::try_from(rate).unwrap_or(u64::MAX)
 }
 

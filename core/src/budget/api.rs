@@ -63,6 +63,16 @@ pub struct LeaseRequest {
     pub limit: LimitId,
     pub key: KeyId,
     pub units_wanted: u64,
+    /// Fewer units than this are of no use to the caller (the request waiting for the lease
+    /// costs this much): grant at least this many or nothing. 0 and 1 both mean "any".
+    pub min_units: u64,
+    /// Units the caller denied by itself for the key since its last request (a gateway's
+    /// negative cache after a denial): counted as refused demand, as if they had come here.
+    pub denied_units: u64,
+    /// The caller's rate of use of the key, if it knows it: the lease is cut to what that
+    /// rate spends before the window ends (a lease's units expire with its window, so more
+    /// would be stranded), never below `min_units`.
+    pub rate_units_per_sec: Option<u64>,
     pub ttl: Duration,
     pub request_id: Option<RequestId>,
 }
@@ -105,6 +115,16 @@ pub struct RenewOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseOutcome {
     pub refunded_units: u64,
+}
+
+/// How a reservation paid from a lease differs from what was reserved, settled after the
+/// gateway stopped holding that lease ([`super::RegionBudget::settle_reservation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReservationDelta {
+    /// Fewer units were used than reserved: give these back.
+    Refund { units: u64 },
+    /// More were used than reserved: charge these.
+    Overage { units: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

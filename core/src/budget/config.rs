@@ -21,6 +21,10 @@ pub const MAX_PENDING_ACKS: usize = 4 * MAX_ITEMS_PER_MESSAGE;
 /// Acknowledged release acks remembered, so that a replayed request id gets the same answer.
 pub const RECENT_RELEASES_KEPT: usize = 4096;
 
+/// Ended leases remembered, so that a reservation paid from one can still be settled
+/// (`settle_reservation`); the oldest are forgotten first.
+pub const ENDED_LEASES_KEPT: usize = 65_536;
+
 /// Keys examined for an idle one to evict when a limit is full and a new key arrives.
 pub const EVICTION_SCAN_KEYS: usize = 64;
 

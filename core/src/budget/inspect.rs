@@ -130,6 +130,9 @@ mod tests {
             limit: limit.clone(),
             key: key.clone(),
             units_wanted: 25,
+            min_units: 1,
+            denied_units: 0,
+            rate_units_per_sec: None,
             ttl: Duration::from_secs(5),
             request_id: None,
         };

@@ -13,13 +13,15 @@ use std::time::Duration;
 use super::admit::{self, Ctx, Want};
 use super::api::{
     Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Reason, ReleaseOutcome, RenewOutcome,
-    SettleOutcome,
+    ReservationDelta, SettleOutcome,
 };
+use super::config::ENDED_LEASES_KEPT;
 use super::key::KeyState;
 use super::limits::LimitParams;
 use super::persist::Dirty;
-use super::stats::LimitStats;
+use super::stats::{LimitStats, WindowStats};
 use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
+use crate::algo::gcra::Gcra;
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId, RequestId};
 use crate::time::{Timestamp, WindowIndex};
@@ -30,9 +32,60 @@ pub(crate) struct Lease {
     pub limit: LimitId,
     pub key: KeyId,
     pub window: WindowIndex,
-    /// Units charged at grant time.
+    /// Units charged at grant time (less what late settles refunded while it was live).
     pub units: u64,
     pub expires_at: Timestamp,
+    /// When it was granted and the rate its holder said it spends the key at: how much of it
+    /// is probably still unspent, for the demand estimate. Not persisted (a restored lease
+    /// counts as spent).
+    pub spend: Option<LeaseSpend>,
+}
+
+/// What a lease's holder told the agent about its pace when it asked for the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseSpend {
+    pub granted_at: Timestamp,
+    pub rate_units_per_sec: u64,
+}
+
+impl Lease {
+    /// Units of the lease probably not spent yet at `now`: its units less what its holder's
+    /// rate spends from the grant on (all of it spent when no rate was given).
+    pub fn unspent_units(&self, now: Timestamp) -> u64 {
+        let Some(s) = self.spend else {
+            return 0;
+        };
+        let age = now.saturating_duration_since(s.granted_at);
+        let spent = u128::from(s.rate_units_per_sec) * age.as_nanos() / 1_000_000_000;
+        self.units
+            .saturating_sub(u64::try_from(spent).unwrap_or(u64::MAX))
+    }
+}
+
+impl Lease {
+    fn target(&self) -> LeaseTarget {
+        LeaseTarget {
+            limit: self.limit.clone(),
+            key: self.key.clone(),
+            window: self.window,
+        }
+    }
+}
+
+/// The counter a lease charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseTarget {
+    pub limit: LimitId,
+    pub key: KeyId,
+    pub window: WindowIndex,
+}
+
+/// A lease that ended, remembered so that reservations paid from it can still be settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EndedLease {
+    pub target: LeaseTarget,
+    /// Units still charged for it: no late refund may give back more.
+    pub refundable_units: u64,
 }
 
 /// Every outstanding lease of the region, with an expiry index.
@@ -45,6 +98,8 @@ pub(crate) struct Lease {
 pub(crate) struct LeaseTable {
     by_id: BTreeMap<LeaseId, Lease>,
     expiry: BinaryHeap<Reverse<(Timestamp, LeaseId)>>,
+    /// Recently ended leases, at most [`ENDED_LEASES_KEPT`]; the oldest ids go first.
+    ended: BTreeMap<LeaseId, EndedLease>,
     /// Next id to hand out; ids are never reused for the life of the region's state.
     pub next_id: u64,
 }
@@ -78,6 +133,24 @@ impl LeaseTable {
 
     pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
         self.by_id.remove(&id)
+    }
+
+    /// Give back `units` of a live lease (a late refund while the agent still holds it).
+    pub fn shrink(&mut self, id: LeaseId, units: u64) {
+        if let Some(l) = self.by_id.get_mut(&id) {
+            l.units = l.units.saturating_sub(units);
+        }
+    }
+
+    pub fn remember_ended(&mut self, id: LeaseId, ended: EndedLease) {
+        self.ended.insert(id, ended);
+        while self.ended.len() > ENDED_LEASES_KEPT {
+            self.ended.pop_first();
+        }
+    }
+
+    pub fn ended_mut(&mut self, id: LeaseId) -> Option<&mut EndedLease> {
+        self.ended.get_mut(&id)
     }
 
     pub fn set_expiry(&mut self, id: LeaseId, at: Timestamp) {
@@ -130,12 +203,14 @@ impl LeaseTable {
         for id in &ids {
             self.remove(*id);
         }
+        self.ended.retain(|_, e| &e.target.limit != limit);
         ids
     }
 
     pub fn clear(&mut self) {
         self.by_id.clear();
         self.expiry.clear();
+        self.ended.clear();
     }
 
     fn is_current(&self, at: Timestamp, id: LeaseId) -> bool {
@@ -153,8 +228,8 @@ impl LeaseTable {
 }
 
 impl RegionBudget {
-    /// Grant `min(units_wanted, available)` units (at least 1) for `min(ttl, lease_ttl_max)`,
-    /// never past the end of the window.
+    /// Grant `min(units_wanted, available)` units for `min(ttl, lease_ttl_max)`, never past
+    /// the end of the window; if that is fewer than `min_units` (at least 1), grant nothing.
     pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
         self.once(now, req.request_id, |b| b.lease_once(now, req))
     }
@@ -164,6 +239,12 @@ impl RegionBudget {
             return Err(Error::InvalidRequest(
                 "a lease needs at least one unit and a positive TTL".into(),
             ));
+        }
+        if req.min_units > req.units_wanted {
+            return Err(Error::InvalidRequest(format!(
+                "a lease of at most {} units cannot grant at least {}",
+                req.units_wanted, req.min_units
+            )));
         }
         let id = self.leases.peek_id();
         let terms = LeaseTerms {
@@ -188,7 +269,9 @@ impl RegionBudget {
         let res = lim.with_key(now, &req.key, max_keys, &mut touched, |p, ks, stats| {
             lease_in_key(p, ks, stats, &terms, &req)
         });
+        let unsaved = lim.stats.take_unsaved();
         self.mark_touched(&req.limit, touched);
+        self.mark_stats(&req.limit, unsaved);
         let (outcome, lease, escalated) = res?;
         if let Some(lease) = lease {
             self.leases.insert(id, lease);
@@ -305,46 +388,189 @@ impl RegionBudget {
         }
     }
 
+    /// A reservation paid from `lease` settled at a size other than reserved, after the
+    /// gateway stopped holding the lease (it released it, or let it expire). A refund gives
+    /// the units back and an overage charges them (even past the allowance, recorded as settle
+    /// overage), on the lease's counter while its window lasts. Once the window is over a
+    /// refund changes nothing (the units stay spent in it) and an overage is still recorded in
+    /// that window's statistics for the bound (the units were used in it), but charges no
+    /// counter. Ended leases are remembered for a while (`ENDED_LEASES_KEPT`, not across a
+    /// restart); a settle for one forgotten is `UnknownLease`.
+    pub fn settle_reservation(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        delta: ReservationDelta,
+        request_id: Option<RequestId>,
+    ) -> Result<SettleOutcome> {
+        self.once(now, request_id, |b| {
+            b.settle_reservation_once(now, lease, delta)
+        })
+    }
+
+    fn settle_reservation_once(
+        &mut self,
+        now: Timestamp,
+        id: LeaseId,
+        delta: ReservationDelta,
+    ) -> Result<SettleOutcome> {
+        // A lease past its time is ended here, so it is found among the ended ones below.
+        if let Ok(live) = self.live_lease(now, id) {
+            return self.settle_live(now, id, &live, delta);
+        }
+        let ended = self.leases.ended_mut(id).ok_or(Error::UnknownLease(id))?;
+        let target = ended.target.clone();
+        let how = match delta {
+            ReservationDelta::Refund { units } if units > ended.refundable_units => {
+                return Err(Error::InvalidRequest(format!(
+                    "lease {id:?} has {} units left to refund, not {units}",
+                    ended.refundable_units
+                )));
+            }
+            ReservationDelta::Refund { units } => {
+                ended.refundable_units -= units;
+                Settlement::Refund(units)
+            }
+            ReservationDelta::Overage { units } => Settlement::Overage(units),
+        };
+        let on_counter = self.settle_on_key(now, &target, how, None);
+        Ok(settle_outcome(delta, on_counter))
+    }
+
+    /// A late settle for a lease the agent still holds (the gateway let it go a little early):
+    /// a refund shrinks the lease, so that nothing is refunded twice.
+    fn settle_live(
+        &mut self,
+        now: Timestamp,
+        id: LeaseId,
+        live: &Lease,
+        delta: ReservationDelta,
+    ) -> Result<SettleOutcome> {
+        let how = match delta {
+            ReservationDelta::Refund { units } if units > live.units => {
+                return Err(Error::InvalidRequest(format!(
+                    "lease {id:?} holds {} units, cannot give back {units}",
+                    live.units
+                )));
+            }
+            ReservationDelta::Refund { units } => {
+                self.leases.shrink(id, units);
+                self.dirty.mark(Dirty::Lease(id));
+                Settlement::Refund(units)
+            }
+            ReservationDelta::Overage { units } => Settlement::Overage(units),
+        };
+        let on_counter = self.settle_on_key(now, &live.target(), how, None);
+        Ok(settle_outcome(delta, on_counter))
+    }
+
     /// Remove a lease and apply its settlement to its key.
     pub(crate) fn end_lease(&mut self, now: Timestamp, id: LeaseId, how: Settlement) {
         let Some(lease) = self.leases.remove(id) else {
             return;
         };
         self.dirty.mark(Dirty::Lease(id));
-        let Some(lim) = self.limits.get_mut(&lease.limit) else {
-            return;
+        let refundable_units = match how {
+            Settlement::Expired => lease.units,
+            Settlement::Refund(units) => lease.units.saturating_sub(units),
+            Settlement::Overage(_) => 0,
         };
-        let window_stats = lim.stats.window_mut(lease.window);
-        let Some(ks) = lim.keys.get_mut(lease.key.as_str()) else {
-            return;
+        let target = lease.target();
+        self.leases.remember_ended(
+            id,
+            EndedLease {
+                target: target.clone(),
+                refundable_units,
+            },
+        );
+        self.settle_on_key(now, &target, how, Some(id));
+    }
+
+    /// Apply a settlement to the counter a lease charged, if the key is still in the lease's
+    /// window (and drop `ending` from the key's leases). An overage is recorded in the
+    /// window's statistics even when the window is over. Returns whether the counter moved.
+    fn settle_on_key(
+        &mut self,
+        now: Timestamp,
+        target: &LeaseTarget,
+        how: Settlement,
+        ending: Option<LeaseId>,
+    ) -> bool {
+        let Some(lim) = self.limits.get_mut(&target.limit) else {
+            return false;
         };
-        if ks.window != lease.window {
-            // The key moved on: the lease's window is over and its units stay spent.
-            return;
-        }
-        if let Some(hot) = ks.hot.as_mut() {
-            hot.leases.retain(|l| *l != id);
-        }
-        match how {
-            Settlement::Expired => {}
-            Settlement::Refund(units) => {
-                debug_assert!(units <= lease.units);
-                ks.refunded_units = ks.refunded_units.saturating_add(units);
-                let state = ks.hot.as_mut().and_then(|h| h.rate.as_mut());
-                if let (Some(g), Some(s)) = (lim.params.rate, state) {
-                    g.refund(s, now, units);
+        let mut window_stats = lim.stats.window_mut(target.window);
+        let ks = lim
+            .keys
+            .get_mut(target.key.as_str())
+            .filter(|ks| ks.window == target.window);
+        let applied = match ks {
+            // The key moved on: the window is over and the lease's units stay spent.
+            None => {
+                if let (Settlement::Overage(units), Some(s)) = (how, window_stats.as_deref_mut()) {
+                    s.add_settle_overage(units);
                 }
+                false
             }
-            Settlement::Overage(units) => {
-                ks.granted_units = ks.granted_units.saturating_add(units);
-                ks.hot_mut().excess_units += units;
-                if let Some(s) = window_stats {
-                    s.settle_overage_units += units;
+            Some(ks) => {
+                if let (Some(hot), Some(id)) = (ks.hot.as_mut(), ending) {
+                    hot.leases.retain(|l| *l != id);
                 }
+                apply_settlement(ks, lim.params.rate, window_stats, now, how);
+                true
+            }
+        };
+        for w in lim.stats.take_unsaved() {
+            self.dirty.mark(Dirty::Stats(target.limit.clone(), w));
+        }
+        if applied {
+            let key = target.key.clone();
+            self.dirty.mark(Dirty::Key(target.limit.clone(), key));
+        }
+        applied
+    }
+}
+
+/// A refund or an overage on a key in the lease's window.
+fn apply_settlement(
+    ks: &mut KeyState,
+    rate: Option<Gcra>,
+    stats: Option<&mut WindowStats>,
+    now: Timestamp,
+    how: Settlement,
+) {
+    match how {
+        Settlement::Expired => {}
+        Settlement::Refund(units) => {
+            debug_assert!(units <= ks.net_units());
+            ks.refunded_units = ks.refunded_units.saturating_add(units);
+            let state = ks.hot.as_mut().and_then(|h| h.rate.as_mut());
+            if let (Some(g), Some(s)) = (rate, state) {
+                g.refund(s, now, units);
             }
         }
-        debug_assert!(ks.refunded_units <= ks.granted_units);
-        self.dirty.mark(Dirty::Key(lease.limit, lease.key));
+        Settlement::Overage(units) => {
+            ks.granted_units = ks.granted_units.saturating_add(units);
+            ks.hot_mut().excess_units += units;
+            if let Some(s) = stats {
+                s.add_settle_overage(units);
+            }
+        }
+    }
+    debug_assert!(ks.refunded_units <= ks.granted_units);
+}
+
+/// What a late settle did: the refund or overage, if it reached the counter.
+fn settle_outcome(delta: ReservationDelta, on_counter: bool) -> SettleOutcome {
+    match delta {
+        ReservationDelta::Refund { units } => SettleOutcome {
+            refunded_units: if on_counter { units } else { 0 },
+            overage_units: 0,
+        },
+        ReservationDelta::Overage { units } => SettleOutcome {
+            refunded_units: 0,
+            overage_units: units,
+        },
     }
 }
 
@@ -387,7 +613,17 @@ fn lease_in_key(
         };
         return (LeaseOutcome::Denied(d), None, false);
     }
-    let adm = admit::admit(p, ks, stats, &t.ctx, now, Want::UpTo(req.units_wanted));
+    if req.denied_units > 0 {
+        ks.hot_mut().denied_units += req.denied_units;
+        if let Some(s) = stats.window_mut(ks.window) {
+            s.denied_units += req.denied_units;
+        }
+    }
+    let want = Want::UpTo {
+        units: spendable_units(p, ks.window, now, req),
+        min_units: req.min_units,
+    };
+    let adm = admit::admit(p, ks, stats, &t.ctx, now, want);
     if !adm.allowed {
         let d = decision_of(p, ks, &adm, now);
         return (LeaseOutcome::Denied(d), None, adm.escalated);
@@ -411,8 +647,29 @@ fn lease_in_key(
         window: ks.window,
         units: adm.units,
         expires_at,
+        spend: req.rate_units_per_sec.map(|rate_units_per_sec| LeaseSpend {
+            granted_at: now,
+            rate_units_per_sec,
+        }),
     };
     (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
+}
+
+/// The units a lease may usefully hold: what was wanted, cut to what the caller's rate spends
+/// before the window (and so the lease) ends, rounded up, but never below `min_units`.
+fn spendable_units(
+    p: &LimitParams,
+    window: WindowIndex,
+    now: Timestamp,
+    req: &LeaseRequest,
+) -> u64 {
+    let Some(rate) = req.rate_units_per_sec else {
+        return req.units_wanted;
+    };
+    let left = p.window_end(window).saturating_duration_since(now);
+    let by_rate = (u128::from(rate) * left.as_nanos()).div_ceil(1_000_000_000);
+    let by_rate = u64::try_from(by_rate).unwrap_or(u64::MAX);
+    req.units_wanted.min(by_rate).max(req.min_units.max(1))
 }
 
 /// How a lease ends.

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 pub use api::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason,
-    ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+    ReleaseOutcome, RenewOutcome, ReservationDelta, SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
@@ -65,7 +65,7 @@ use view::View;
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LimitId, RegionId, RequestId};
 use crate::limit::LimitSpec;
-use crate::sync::ClockSample;
+use crate::sync::{ClockSample, CounterRef};
 use crate::time::{Timestamp, WindowIndex};
 
 /// One region's budget: allowances, counters, leases and slots for every limit it enforces.
@@ -100,6 +100,21 @@ impl CounterState {
     pub fn net_units(&self) -> u64 {
         self.granted_units.saturating_sub(self.refunded_units)
     }
+}
+
+/// One key as [`RegionBudget::key_views`] shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyView {
+    /// The key's counter, for the window it was last used in.
+    pub counter: CounterRef,
+    pub granted_units: u64,
+    pub refunded_units: u64,
+    /// `a_r` for that window as the region enforces it now (for an eventual limit in view
+    /// mode it falls as the others' use grows, so it may end below what was admitted).
+    pub allowance_units: u64,
+    /// Units policy let in beyond the allowance in that window (settle overage, fail-open,
+    /// shadow).
+    pub excess_units: u64,
 }
 
 impl RegionBudget {
@@ -190,7 +205,9 @@ impl RegionBudget {
                 (decision_of(p, ks, &adm, now), adm.escalated)
             },
         );
+        let unsaved = lim.stats.take_unsaved();
         self.mark_touched(&req.limit, touched);
+        self.mark_stats(&req.limit, unsaved);
         let (decision, escalated) = res?;
         self.key_changed(&req.limit, &req.key, escalated);
         Ok(decision)
@@ -202,6 +219,11 @@ impl RegionBudget {
 
     pub fn region(&self) -> &RegionId {
         &self.cfg.region
+    }
+
+    /// The limit as configured here (after the last `set_limits`).
+    pub fn limit_spec(&self, limit: &LimitId) -> Option<&LimitSpec> {
+        self.limits.get(limit).map(|l| &l.params.spec)
     }
 
     /// Per-window measurements of one limit (settle overage, fail-open, time open, denials).
@@ -224,6 +246,34 @@ impl RegionBudget {
             granted_units: ks.granted_units,
             refunded_units: ks.refunded_units,
         })
+    }
+
+    /// Every key's own counter with the allowance it is judged against and the excess policy
+    /// let in (invariant 1: `net <= allowance + excess` at admission), in limit then key
+    /// order: for observers such as the simulator's checker, not for the request path.
+    pub fn key_views(&self, now: Timestamp) -> Vec<KeyView> {
+        let ctx = ctx_of(&self.cfg, &self.view, now);
+        let mut out = Vec::new();
+        for (id, lim) in &self.limits {
+            if lim.params.is_unmetered() {
+                continue;
+            }
+            for (name, ks) in &lim.keys {
+                let allowance = admit::allowance(&lim.params, ks, ks.window, &ctx);
+                out.push(KeyView {
+                    counter: CounterRef {
+                        limit: id.clone(),
+                        key: KeyId::new(name.as_ref()),
+                        window: ks.window,
+                    },
+                    granted_units: ks.granted_units,
+                    refunded_units: ks.refunded_units,
+                    allowance_units: allowance.units,
+                    excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
+                });
+            }
+        }
+        out
     }
 
     /// The allowance `a_r` the region enforces for the key at `now`.
@@ -307,6 +357,13 @@ impl RegionBudget {
         for name in touched {
             self.dirty
                 .mark(Dirty::Key(limit.clone(), KeyId::new(name.as_ref())));
+        }
+    }
+
+    /// Persist the summed bound figures of these windows of a limit.
+    fn mark_stats(&mut self, limit: &LimitId, windows: Vec<WindowIndex>) {
+        for w in windows {
+            self.dirty.mark(Dirty::Stats(limit.clone(), w));
         }
     }
 

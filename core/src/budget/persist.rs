@@ -9,10 +9,12 @@
 //!
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
-//! request id; `Idempotency`/`IdempotencyExpired` by request id. `Reset` clears everything but
-//! `Meta`; `LimitRemoved` clears a limit's keys, leases and slots.
+//! request id; `Idempotency`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
+//! (limit, window). `Reset` clears everything but `Meta`; `LimitRemoved` clears a limit's keys,
+//! leases, slots and stats.
 
 use std::mem;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +24,7 @@ use super::key::{KeyState, WindowAllowance};
 use super::lease::Lease;
 use super::limits::LimitState;
 use super::slots::SlotHome;
+use super::stats::{LimitStats, WindowStats};
 use super::sync::{AckEntry, KeyRef};
 use super::{BudgetConfig, Outcome, RegionBudget};
 use crate::algo::concurrency::{HeldSlot, SlotId};
@@ -29,7 +32,7 @@ use crate::algo::gcra::GcraState;
 use crate::error::Result;
 use crate::ids::{Epoch, KeyId, LeaseId, LimitId, RequestId};
 use crate::limit::LimitSpec;
-use crate::sync::ReleaseAck;
+use crate::sync::{BoundFigures, ReleaseAck};
 use crate::time::{Timestamp, WindowIndex};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +64,22 @@ pub enum PersistRecord {
     IdempotencyExpired {
         request: RequestId,
     },
+    /// The summed bound figures of one limit and window (the peak rate is not summed and
+    /// restarts; the coordinator keeps its max).
+    Stats(StatsRecord),
+    StatsForgotten {
+        limit: LimitId,
+        window: WindowIndex,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsRecord {
+    pub limit: LimitId,
+    pub window: WindowIndex,
+    pub time_open: Duration,
+    pub fail_open_units: u64,
+    pub settle_overage_units: u64,
 }
 
 /// Counters of the region's own state that must never go back after a restart.
@@ -135,6 +154,7 @@ pub(crate) enum Dirty {
     Slot(SlotId),
     Ack(u64),
     Idempotency(RequestId),
+    Stats(LimitId, WindowIndex),
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -148,6 +168,7 @@ pub(crate) struct DirtySet {
     slots: Vec<SlotId>,
     acks: Vec<u64>,
     idempotency: Vec<RequestId>,
+    stats: Vec<(LimitId, WindowIndex)>,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -167,6 +188,7 @@ impl DirtySet {
             Dirty::Slot(id) => self.slots.push(id),
             Dirty::Ack(id) => self.acks.push(id),
             Dirty::Idempotency(id) => self.idempotency.push(id),
+            Dirty::Stats(l, w) => self.stats.push((l, w)),
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -207,6 +229,7 @@ impl DirtySet {
         out.extend(sorted(&mut taken.slots).map(Dirty::Slot));
         out.extend(sorted(&mut taken.acks).map(Dirty::Ack));
         out.extend(sorted(&mut taken.idempotency).map(Dirty::Idempotency));
+        out.extend(sorted(&mut taken.stats).map(|(l, w)| Dirty::Stats(l, w)));
         out
     }
 }
@@ -246,6 +269,11 @@ impl RegionBudget {
         }
         for e in self.sync.acks.iter() {
             out.push(PersistRecord::ReleaseAck(ack_record(e)));
+        }
+        for lim in self.limits.values() {
+            for (window, w) in lim.stats.windows().filter(|(_, w)| w.saved) {
+                out.push(PersistRecord::Stats(stats_record(lim.id(), window, w)));
+            }
         }
         for (id, e) in self.idempotency.iter() {
             out.push(PersistRecord::Idempotency(idempotency_record(id, e)));
@@ -311,6 +339,16 @@ impl RegionBudget {
                 Some(e) => PersistRecord::Idempotency(idempotency_record(id, e)),
                 None => PersistRecord::IdempotencyExpired { request: id },
             },
+            Dirty::Stats(limit, window) => {
+                let kept = self
+                    .limits
+                    .get(&limit)
+                    .and_then(|l| l.stats.window(window).map(|w| (l, w)));
+                match kept {
+                    Some((lim, w)) => PersistRecord::Stats(stats_record(lim.id(), window, w)),
+                    None => PersistRecord::StatsForgotten { limit, window },
+                }
+            }
         }
     }
 
@@ -333,6 +371,7 @@ impl RegionBudget {
             PersistRecord::LimitRemoved { limit } => {
                 if let Some(lim) = self.limits.get_mut(&limit) {
                     lim.keys.clear();
+                    lim.stats = LimitStats::default();
                 }
                 self.leases.remove_limit(&limit);
                 self.slots.remove_limit(&limit);
@@ -350,6 +389,7 @@ impl RegionBudget {
                     window: l.window,
                     units: l.units,
                     expires_at: l.expires_at,
+                    spend: None,
                 };
                 self.leases.insert(l.lease, lease);
             }
@@ -382,6 +422,22 @@ impl RegionBudget {
                 self.idempotency.restore(i.request, entry);
             }
             PersistRecord::IdempotencyExpired { request } => self.idempotency.remove(request),
+            PersistRecord::Stats(r) => {
+                if let Some(lim) = self.limits.get_mut(&r.limit) {
+                    let figures = BoundFigures {
+                        time_open: r.time_open,
+                        fail_open_units: r.fail_open_units,
+                        settle_overage_units: r.settle_overage_units,
+                        peak_grant_units_per_sec: 0,
+                    };
+                    lim.stats.restore(r.window, figures);
+                }
+            }
+            PersistRecord::StatsForgotten { limit, window } => {
+                if let Some(lim) = self.limits.get_mut(&limit) {
+                    lim.stats.forget(window);
+                }
+            }
         }
     }
 
@@ -517,6 +573,16 @@ fn key_record(lim: &LimitState, name: &str, ks: &KeyState) -> KeyRecord {
         allowances: current.into_iter().chain(future).collect(),
         rate_tat: hot.and_then(|h| h.rate).map(|s| s.tat()),
         open_rate_tat: hot.and_then(|h| h.open_rate).map(|s| s.tat()),
+    }
+}
+
+fn stats_record(limit: &LimitId, window: WindowIndex, w: &WindowStats) -> StatsRecord {
+    StatsRecord {
+        limit: limit.clone(),
+        window,
+        time_open: w.time_open,
+        fail_open_units: w.fail_open_units,
+        settle_overage_units: w.settle_overage_units,
     }
 }
 

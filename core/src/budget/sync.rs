@@ -23,8 +23,8 @@ use super::view::RoundTrip;
 use super::{RegionBudget, ctx_of};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::sync::{
-    AllowanceGrant, CounterEntry, CounterRef, DemandReport, MAX_ITEMS_PER_MESSAGE, ReleaseAck,
-    ReleaseRequest, SyncDown, SyncUp,
+    AllowanceGrant, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
+    MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, WindowIndex};
 
@@ -49,6 +49,7 @@ struct Inflight {
     sent_at: Timestamp,
     carried: Vec<Carried>,
     acks: Vec<u64>,
+    stats: Vec<LimitWindowStats>,
 }
 
 /// A release ack, and whether the coordinator has yet to confirm receiving it.
@@ -173,6 +174,8 @@ pub(crate) struct SyncState {
     reported: BTreeSet<KeyRef>,
     /// The last key a SyncUp got to, so the next one starts after it.
     cursor: Option<KeyRef>,
+    /// The last limit whose stats a SyncUp carried, so the next one starts after it.
+    stats_cursor: Option<LimitId>,
     pub acks: AckBook,
 }
 
@@ -213,6 +216,8 @@ impl RegionBudget {
         if !self.cfg.coordinated || self.sync.next_sync_at.is_some_and(|at| now < at) {
             return None;
         }
+        // Time open up to this instant goes into this SyncUp's stats.
+        self.account_open_time(now);
         self.sync.next_sync_at = Some(now + self.cfg.sync_interval);
         let seq = self.sync.next_seq;
         self.sync.next_seq += 1;
@@ -226,6 +231,7 @@ impl RegionBudget {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: self.view.clock(),
+            stats: self.collect_stats(),
         };
         let carried = self.collect_reported(now, &mut up);
         up.release_acks = self
@@ -246,8 +252,49 @@ impl RegionBudget {
             sent_at: now,
             carried,
             acks: up.release_acks.iter().map(|a| a.id).collect(),
+            stats: up.stats.clone(),
         });
         Some(up)
+    }
+
+    /// Bound figures not yet confirmed, limit by limit from the stats cursor (wrapping), at
+    /// most `MAX_ITEMS_PER_MESSAGE`.
+    fn collect_stats(&mut self) -> Vec<LimitWindowStats> {
+        let order: Vec<&LimitId> = match &self.sync.stats_cursor {
+            Some(c) => self
+                .limits
+                .range::<LimitId, _>((Bound::Excluded(c), Bound::Unbounded))
+                .chain(self.limits.range::<LimitId, _>(..=c))
+                .map(|(id, _)| id)
+                .collect(),
+            None => self.limits.keys().collect(),
+        };
+        let mut out = Vec::new();
+        let mut last = None;
+        for id in order {
+            let stats = &self.limits[id].stats;
+            let pending: Vec<LimitWindowStats> = stats
+                .windows()
+                .filter_map(|(window, w)| {
+                    w.unconfirmed_figures().map(|figures| LimitWindowStats {
+                        limit: id.clone(),
+                        window,
+                        figures,
+                    })
+                })
+                .collect();
+            if out.len() + pending.len() > MAX_ITEMS_PER_MESSAGE {
+                break;
+            }
+            if !pending.is_empty() {
+                last = Some(id.clone());
+            }
+            out.extend(pending);
+        }
+        if last.is_some() {
+            self.sync.stats_cursor = last;
+        }
+        out
     }
 
     /// Walk reported keys from the cursor, filling `up.entries` and `up.demand`.
@@ -278,7 +325,19 @@ impl RegionBudget {
             if ks.is_reported() {
                 let lim = &self.limits[&kr.limit];
                 let ks = &lim.keys[kr.key.as_str()];
-                report_key(&self.cfg.region, lim, ks, &kr, &ctx, now, up, &mut carried);
+                let unspent = ks.hot.as_ref().map_or(0, |h| {
+                    h.leases
+                        .iter()
+                        .filter_map(|id| self.leases.get(*id))
+                        .map(|l| l.unspent_units(now))
+                        .fold(0u64, u64::saturating_add)
+                });
+                let report = Report {
+                    ctx: &ctx,
+                    now,
+                    unspent_units: unspent,
+                };
+                report_key(&self.cfg.region, lim, ks, &kr, &report, up, &mut carried);
             } else if closing.is_none() {
                 stale.push(kr.clone());
             }
@@ -345,6 +404,15 @@ impl RegionBudget {
         }
         for id in self.sync.acks.confirm(&f.acks) {
             self.dirty.mark(Dirty::Ack(id));
+        }
+        for st in &f.stats {
+            let w = self
+                .limits
+                .get_mut(&st.limit)
+                .and_then(|l| l.stats.window_mut_if_kept(st.window));
+            if let Some(w) = w {
+                w.acked = w.acked.max(st.figures);
+            }
         }
     }
 
@@ -555,26 +623,38 @@ fn rolled_key<'a>(
     Some(ks)
 }
 
-/// Add a reported key's current entry (if not yet confirmed) and demand (if escalated).
-#[allow(clippy::too_many_arguments)]
+/// What reporting a key needs besides the key: the region's context, the time, and the
+/// units of its outstanding leases probably not spent yet.
+struct Report<'a> {
+    ctx: &'a Ctx,
+    now: Timestamp,
+    unspent_units: u64,
+}
+
+/// Add a reported key's current entry (if not yet confirmed) and demand (if due).
 fn report_key(
     region: &RegionId,
     lim: &LimitState,
     ks: &KeyState,
     kr: &KeyRef,
-    ctx: &Ctx,
-    now: Timestamp,
+    r: &Report<'_>,
     up: &mut SyncUp,
     carried: &mut Vec<Carried>,
 ) {
+    let (ctx, now) = (r.ctx, r.now);
     let Some(hot) = ks.hot.as_ref() else { return };
     let values = (ks.granted_units, ks.refunded_units);
     let unconfirmed = values != (hot.acked_granted_units, hot.acked_refunded_units);
     if unconfirmed {
         up.entries.push(entry(region, kr, ks.window, values));
     }
-    if hot.escalated {
-        let p = &lim.params;
+    // An escalated counter reports its demand at once; any other counter the coordinator
+    // follows reports it once the window's estimate has warmed up, so that the coordinator
+    // sees demand fall as well as rise (and drops the forecast it carried over).
+    let p = &lim.params;
+    let demand_due = hot.escalated
+        || (hot.is_reported() && admit::demand_warmed_up(p, ks, now, ctx.sync_interval));
+    if demand_due {
         // The allowance held with contact: the coordinator takes a report at or below its row
         // as proof the region holds no more, and an expired view's closed-policy allowance
         // ends with the next answer, when the region falls back to what it holds.
@@ -584,11 +664,17 @@ fn report_key(
         };
         up.demand.push(DemandReport {
             counter: counter_ref(kr, ks.window),
-            demand_units_per_sec: admit::demand_units_per_sec(p, ks, now, ctx.sync_interval),
+            demand_units_per_sec: admit::demand_units_per_sec(
+                p,
+                ks,
+                now,
+                ctx.sync_interval,
+                r.unspent_units,
+            ),
             allowance_units: admit::allowance(p, ks, ks.window, &held).units,
         });
     }
-    if unconfirmed || hot.escalated {
+    if unconfirmed || demand_due {
         carried.push(Carried {
             key: kr.clone(),
             window: ks.window,

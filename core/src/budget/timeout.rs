@@ -86,8 +86,11 @@ impl RegionBudget {
                 let start = lim.params.window_start(w).max(from);
                 let end = lim.params.window_end(w).min(to);
                 if let Some(s) = lim.stats.window_mut(w) {
-                    s.time_open += end.saturating_duration_since(start);
+                    s.add_time_open(end.saturating_duration_since(start));
                 }
+            }
+            for w in lim.stats.take_unsaved() {
+                self.dirty.mark(Dirty::Stats(lim.id().clone(), w));
             }
         }
     }

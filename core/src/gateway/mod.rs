@@ -8,7 +8,8 @@
 //!
 //! Per key it holds up to `max_leases_per_key` leases (id, units left, expiry). Spending a unit
 //! touches only that key's slot (no allocation, no lookup by name when the caller keeps the
-//! [`KeyHandle`]). Leases are sized by the key's observed rate and shrink to one unit near the
+//! [`KeyHandle`]). A lease spent to its last unit is reported to the agent as ended (a release
+//! of 0 units), so that it stops counting against the key's leases there. Leases are sized by the key's observed rate and shrink to one unit near the
 //! limit ([`sizing`]). An expired lease is dropped unspent: the agent counts its units as spent,
 //! so spending it would admit units twice. A denied key is denied locally until the agent's
 //! `retry_after` (a negative cache), so a hot denied key does not flood the agent.
@@ -30,6 +31,10 @@ use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId};
 use crate::time::Timestamp;
 use sizing::{RateEstimate, SizeInputs, lease_size};
+
+/// The expiry margin is at most `ttl / EXPIRY_MARGIN_TTL_DIVISOR`: a 5% drift between the
+/// gateway's and the agent's clock rates, far beyond what NTP-disciplined clocks show.
+pub const EXPIRY_MARGIN_TTL_DIVISOR: u32 = 20;
 
 /// One lease as the gateway holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +70,8 @@ struct KeyState {
     next_seq: u32,
     /// Cost of the request that last found no lease able to pay it.
     waiting_cost_units: u64,
+    /// Units denied here from the agent's last denial, reported with the next request.
+    denied_locally_units: u64,
     /// Ask for the next lease once held units fall below this.
     refill_below_units: u64,
     denied_until: Option<Timestamp>,
@@ -161,6 +168,7 @@ impl Gateway {
             ask: Ask::None,
             next_seq: 0,
             waiting_cost_units: 0,
+            denied_locally_units: 0,
             refill_below_units: 0,
             denied_until: None,
             unavailable_until: None,
@@ -179,7 +187,9 @@ impl Gateway {
         Ok(self.handle_of(slot))
     }
 
-    /// Decides one request of `units` (at least 1) for the key: the hot path. Never allocates.
+    /// Decides one request of `units` (at least 1) for the key: the hot path. Allocates
+    /// nothing but, rarely, room in the outbox for the end of a lease it spent to the last
+    /// unit.
     pub fn try_spend(&mut self, now: Timestamp, handle: KeyHandle, units: u64) -> Spend {
         debug_assert!(units > 0, "a request costs at least one unit");
         let max_leases = self.config.max_leases_per_key;
@@ -190,6 +200,7 @@ impl Gateway {
         state.rate.record(units);
         if let Some(until) = state.denied_until {
             if now < until {
+                state.denied_locally_units = state.denied_locally_units.saturating_add(units);
                 return Spend::Denied {
                     retry_after: until.saturating_duration_since(now),
                 };
@@ -198,9 +209,11 @@ impl Gateway {
         }
         self.stats.expired_units += drop_expired(&mut state.leases, now);
         let ask_before = state.ask;
+        let mut emptied = None;
         let outcome = match take_units(&mut state.leases, units) {
-            Some(lease) => {
+            Some((lease, now_empty)) => {
                 state.prefetch_if_low(max_leases);
+                emptied = now_empty.then_some(lease);
                 Spend::Spent(SpendReceipt {
                     handle,
                     lease,
@@ -217,6 +230,11 @@ impl Gateway {
         // at most once (the queue's bound) with no search of the queue.
         if ask_before == Ask::None && matches!(state.ask, Ask::Queued { .. }) {
             self.wants.push_back(handle.slot);
+        }
+        if let Some(lease) = emptied {
+            // The agent counts a lease against the key's lease cap until it hears it ended:
+            // left to expire, spent leases would starve a hot key of new ones.
+            self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
         }
         outcome
     }
@@ -295,6 +313,8 @@ impl Gateway {
                 key: state.key.clone(),
                 units,
                 min_units: cost_units,
+                denied_units: std::mem::take(&mut state.denied_locally_units),
+                rate_units_per_sec: state.rate.units_per_sec(),
             }));
         }
         None
@@ -316,7 +336,10 @@ impl Gateway {
         if grant.units == 0 {
             return;
         }
-        let expires_at = (sent_at + grant.ttl).saturating_sub(config.expiry_margin);
+        let margin = config
+            .expiry_margin
+            .min(grant.ttl / EXPIRY_MARGIN_TTL_DIVISOR);
+        let expires_at = (sent_at + grant.ttl).saturating_sub(margin);
         let mut released = Vec::new();
         if expires_at > now {
             // Leftovers too small for the request that waited would only expire unused.
@@ -553,8 +576,8 @@ fn drop_expired(leases: &mut Vec<HeldLease>, now: Timestamp) -> u64 {
 }
 
 /// Takes `units` from the live lease that expires first among those that can pay them all;
-/// a lease emptied by it is dropped.
-fn take_units(leases: &mut Vec<HeldLease>, units: u64) -> Option<LeaseId> {
+/// a lease emptied by it is dropped (and reported as emptied).
+fn take_units(leases: &mut Vec<HeldLease>, units: u64) -> Option<(LeaseId, bool)> {
     let index = leases
         .iter()
         .enumerate()
@@ -568,10 +591,11 @@ fn take_units(leases: &mut Vec<HeldLease>, units: u64) -> Option<LeaseId> {
     );
     lease.units_left -= units;
     let id = lease.id;
-    if lease.units_left == 0 {
+    let emptied = lease.units_left == 0;
+    if emptied {
         leases.swap_remove(index);
     }
-    Some(id)
+    Some((id, emptied))
 }
 
 fn held_units(leases: &[HeldLease]) -> u64 {

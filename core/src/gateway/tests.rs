@@ -129,8 +129,16 @@ fn a_key_holds_at_most_max_leases_per_key() {
         assert!(matches!(g.try_spend(T0, h, 1), Spend::Spent(_)));
         assert_eq!(g.poll_transmit(T0), None);
     }
-    // The last unit empties the lease, which makes room: now the next one is asked for.
+    // The last unit empties the lease, which makes room: the agent hears that the lease
+    // ended (so it stops counting it against the key), then the next one is asked for.
     assert!(matches!(g.try_spend(T0, h, 1), Spend::Spent(_)));
+    assert_eq!(
+        g.poll_transmit(T0),
+        Some(ToAgent::Release(LeaseRelease {
+            lease: LeaseId(1),
+            units: 0
+        }))
+    );
     assert!(next_wanted(&mut g, T0).is_some());
 }
 
@@ -145,6 +153,18 @@ fn an_expired_lease_is_never_spent() {
     assert!(matches!(g.try_spend(T0 + ms(949), h, 1), Spend::Spent(_)));
     assert_eq!(g.try_spend(T0 + ms(950), h, 1), Spend::Wait);
     assert_eq!(g.stats().expired_units, 9, "ten granted, one spent");
+}
+
+#[test]
+fn a_short_lease_keeps_most_of_its_life() {
+    // A lease that ends with its window 40 ms after the request: the margin is a twentieth of
+    // that, 2 ms, not the configured 50 ms (which would make it useless on arrival).
+    let (mut g, h) = gateway();
+    assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);
+    let w = next_wanted(&mut g, T0).unwrap();
+    g.handle_lease_granted(T0, w.ticket, grant(1, 10, ms(40), 100));
+    assert!(matches!(g.try_spend(T0 + ms(37), h, 1), Spend::Spent(_)));
+    assert_eq!(g.try_spend(T0 + ms(38), h, 1), Spend::Wait);
 }
 
 #[test]
@@ -191,6 +211,46 @@ fn a_denied_key_is_denied_locally_until_retry_after() {
         again.units, 1,
         "after a denial the key is at its limit: ask for one unit"
     );
+}
+
+#[test]
+fn the_next_request_tells_the_agent_what_was_denied_here_and_the_key_s_rate() {
+    let (mut g, h) = gateway();
+    assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);
+    let first = next_wanted(&mut g, T0).unwrap();
+    assert_eq!((first.denied_units, first.rate_units_per_sec), (0, None));
+    g.handle_lease_denied(
+        T0,
+        first.ticket,
+        LeaseDenial {
+            retry_after: ms(1_000),
+        },
+    );
+    // Requests of 3, 4 and 5 units denied here while the agent's denial holds: 12 units the
+    // agent never saw.
+    for (t, units) in [(100, 3), (200, 4), (300, 5)] {
+        assert!(matches!(
+            g.try_spend(T0 + ms(t), h, units),
+            Spend::Denied { .. }
+        ));
+    }
+    assert_eq!(g.try_spend(T0 + ms(1_000), h, 2), Spend::Wait);
+    let again = next_wanted(&mut g, T0 + ms(1_000)).unwrap();
+    assert_eq!(again.denied_units, 12);
+    // 1 + 3 + 4 + 5 + 2 = 15 units asked for in the 1 s since the first request.
+    assert_eq!(again.rate_units_per_sec, Some(15));
+    g.handle_lease_granted(T0 + ms(1_000), again.ticket, grant(2, 2, ms(10_000), 100));
+    // The waiting request spends the whole lease; the next one waits for another.
+    assert!(matches!(g.try_spend(T0 + ms(1_000), h, 2), Spend::Spent(_)));
+    assert_eq!(g.try_spend(T0 + ms(1_000), h, 1), Spend::Wait);
+    let third = all_messages(&mut g, T0 + ms(1_000))
+        .into_iter()
+        .find_map(|m| match m {
+            ToAgent::LeaseWanted(w) => Some(w),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(third.denied_units, 0, "reported once");
 }
 
 #[test]

@@ -36,7 +36,10 @@ pub struct GatewayConfig {
     /// A key with no request for this long gives its unused units back to the agent.
     pub idle_release_after: Duration,
     /// A lease is treated as expired this long before its TTL runs out, so that a gateway whose
-    /// clock runs slightly behind the agent's never spends a unit the agent counts as expired.
+    /// clock runs slightly behind the agent's never spends a unit the agent counts as expired;
+    /// at most a twentieth of the TTL, since the two clocks drift apart in proportion to the
+    /// time measured (a short lease, such as one that ends with its window, keeps most of its
+    /// life).
     pub expiry_margin: Duration,
     /// A lease request with no answer after this long is abandoned and may be asked again;
     /// a late grant for it is released at once.
@@ -170,9 +173,17 @@ pub struct LeaseWanted {
     /// The cost of the request waiting for this lease (1 for a prefetch): a smaller grant
     /// cannot serve it, so the agent should grant at least this many units or deny.
     pub min_units: u64,
+    /// Units of requests this gateway denied by itself for the key since its last request
+    /// (while the agent's last denial held): demand the agent would not see otherwise.
+    pub denied_units: u64,
+    /// The key's request rate at this gateway, denied requests included (`None` before one
+    /// could be measured): the agent grants no more than that rate spends before the lease
+    /// must end with its window.
+    pub rate_units_per_sec: Option<u64>,
 }
 
-/// Give back the `units` of a lease that were never spent; the lease ends.
+/// Give back the `units` of a lease that were never spent; the lease ends. Zero units: the
+/// lease was spent to its last unit, and the agent may forget it now rather than at expiry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRelease {
     pub lease: LeaseId,

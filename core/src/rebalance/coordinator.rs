@@ -21,16 +21,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
-use crate::rebalance::bound::BoundInputs;
+use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound};
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
 use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, RegionView};
 use crate::sync::{
-    AllowanceGrant, CounterEntry, CounterRef, MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest,
-    SyncDown, SyncUp,
+    AllowanceGrant, BoundFigures, CounterEntry, CounterRef, LimitWindowStats,
+    MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 
@@ -117,7 +118,10 @@ pub struct Coordinator {
     sent: BTreeMap<(CounterRef, RegionId), (Epoch, Timestamp)>,
     /// Rows whose region reported an allowance other than the table's: grant to resend.
     resend: BTreeSet<(CounterRef, RegionId)>,
-    in_flight: BTreeMap<ProposalKey, Timestamp>,
+    /// Per key, when its proposals were made and how many of them are still uncommitted: a
+    /// round's plan for a counter goes out as one batch, and the counter is planned again
+    /// only once the whole batch is in.
+    in_flight: BTreeMap<ProposalKey, (Timestamp, usize)>,
     /// Rows whose region has shown (demand report or release ack) that it enforces at most the
     /// row. A row below the region's configured default that is not confirmed may be unknown to
     /// the region, which would then enforce its default: such a row is neither grown nor
@@ -126,6 +130,9 @@ pub struct Coordinator {
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
+    /// What regions measured for the bound, per limit and window (their clocks), merged by
+    /// max; the last `STATS_WINDOWS_KEPT` windows of each limit.
+    region_stats: BTreeMap<(LimitId, WindowIndex), BTreeMap<RegionId, BoundFigures>>,
 }
 
 impl Coordinator {
@@ -143,6 +150,7 @@ impl Coordinator {
             in_flight: BTreeMap::new(),
             confirmed: BTreeSet::new(),
             entry_cursor: BTreeMap::new(),
+            region_stats: BTreeMap::new(),
         }
     }
 
@@ -203,7 +211,30 @@ impl Coordinator {
         for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.record_ack(&msg.region, ack);
         }
+        for st in msg.stats.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.record_stats(now, &msg.region, st);
+        }
         Ok(())
+    }
+
+    /// Keep a region's bound figures for a window that is recent on our clock (its own clock
+    /// may put the index one window either side), merged by max.
+    fn record_stats(&mut self, now: Timestamp, region: &RegionId, st: &LimitWindowStats) {
+        let Some(window) = self.finite_window(&st.limit) else {
+            return;
+        };
+        let current = window.index(now);
+        let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
+        if st.window.0 < oldest || st.window > current.next() {
+            return;
+        }
+        let figures = self
+            .region_stats
+            .entry((st.limit.clone(), st.window))
+            .or_default()
+            .entry(region.clone())
+            .or_default();
+        *figures = figures.max(st.figures);
     }
 
     fn record_demand(&mut self, now: Timestamp, msg: &SyncUp) {
@@ -217,6 +248,7 @@ impl Coordinator {
                     DemandView {
                         units_per_sec: d.demand_units_per_sec,
                         allowance_units: d.allowance_units,
+                        carried: false,
                     },
                 );
             }
@@ -278,8 +310,13 @@ impl Coordinator {
 
     /// Apply a committed command to the leader's table.
     pub fn handle_committed(&mut self, _now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
-        if let Some(key) = proposal_key(cmd) {
-            self.in_flight.remove(&key);
+        if let Some(key) = proposal_key(cmd)
+            && let Some((_, left)) = self.in_flight.get_mut(&key)
+        {
+            *left -= 1;
+            if *left == 0 {
+                self.in_flight.remove(&key);
+            }
         }
         if let TableCommand::EndReclaim { limit, region } = cmd {
             // Whatever was proposed before this end has committed by now or never will (log
@@ -326,7 +363,7 @@ impl Coordinator {
         let timeout = self.cfg.proposal_timeout;
         // A reclaim's start is not forgotten: it may still commit after its region is heard
         // again, and must then have an end proposed behind it (`propose_reclaims`).
-        self.in_flight.retain(|key, at| {
+        self.in_flight.retain(|key, (at, _)| {
             matches!(key, ProposalKey::StartReclaim(..))
                 || now.saturating_duration_since(*at) < timeout
         });
@@ -340,7 +377,7 @@ impl Coordinator {
         out.truncate(MAX_PROPOSALS_PER_POLL);
         for cmd in &out {
             if let Some(key) = proposal_key(cmd) {
-                self.in_flight.insert(key, now);
+                self.in_flight.entry(key).or_insert((now, 0)).1 += 1;
             }
         }
         out
@@ -510,17 +547,16 @@ impl Coordinator {
         actions: Vec<PlanAction>,
         out: &mut Vec<TableCommand>,
     ) {
-        // One command per counter per round: the next round plans from the committed result,
-        // so two proposals never both count on the same free quota.
-        let Some(action) = actions.into_iter().next() else {
-            return;
-        };
+        // The whole plan of one round at once: its grows share the free quota between them
+        // (one at a time, the first region in order would take every round's share), and the
+        // counter is planned again only from the committed result of the whole batch, so no
+        // two rounds count on the same free quota.
         let epoch_of = |region: &RegionId| {
             self.table
                 .row(counter, region)
                 .map_or(Epoch(0), |row| row.epoch)
         };
-        out.push(match action {
+        out.extend(actions.into_iter().map(|action| match action {
             PlanAction::Grow {
                 region,
                 allowance_units,
@@ -536,7 +572,7 @@ impl Coordinator {
                 region,
                 units,
             },
-        });
+        }));
     }
 
     /// Rows of windows that ended (on our clock) more than `drift_margin` ago are collected:
@@ -574,6 +610,14 @@ impl Coordinator {
         self.resend.retain(|(c, _)| !ended(c));
         self.acks.retain(|(c, _), _| !ended(c));
         self.confirmed.retain(|(c, _)| !ended(c));
+        self.region_stats
+            .retain(|(limit, w), _| match table.window_of(limit) {
+                Some(window) => {
+                    let current = window.index(now).0;
+                    w.0 >= current.saturating_sub(STATS_WINDOWS_KEPT as u64)
+                }
+                None => false,
+            });
     }
 
     /// Near the end of a window, carry the demand of its hot counters over to the next one so
@@ -600,11 +644,18 @@ impl Coordinator {
                 continue;
             }
             if let Some(v) = self.counters.get_mut(&next) {
+                // The latest demand of this window is the forecast for the next, until the
+                // region reports on the next window itself.
                 for (region, d) in demand {
-                    v.demand.entry(region).or_insert(DemandView {
+                    let forecast = DemandView {
                         units_per_sec: d.units_per_sec,
                         allowance_units: 0,
-                    });
+                        carried: true,
+                    };
+                    let slot = v.demand.entry(region).or_insert(forecast);
+                    if slot.carried {
+                        *slot = forecast;
+                    }
                 }
             }
         }
@@ -745,10 +796,19 @@ impl Coordinator {
         out
     }
 
-    /// Measurements for [`crate::rebalance::bound::bound`] that the leader holds: allowances
-    /// (per key if `key` is given, else the largest over keys), clock uncertainties,
-    /// partitioned regions and their last seen use. Region stats (time open, settle overage,
-    /// peak rates) are for the caller to add.
+    /// The bound of `limit` for `window` (every key: see [`Coordinator::bound_inputs`]), from
+    /// the leader's views and what the regions reported. `None` for an unknown limit.
+    pub fn bound(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> Option<Bound> {
+        let spec = self.table.limit(limit)?;
+        let inputs = self.bound_inputs(now, limit, window, None);
+        Some(bound(spec, window, &inputs))
+    }
+
+    /// Measurements for [`crate::rebalance::bound::bound`]: from the leader, allowances (per
+    /// key if `key` is given, else the largest over keys), clock uncertainties, partitioned
+    /// regions and their last seen use; from the regions' reports, time open, settle overage
+    /// and peak grant rates. A region silent under the open policy may be admitting right now:
+    /// its time open also counts from its last report on (`live_time_open`).
     pub fn bound_inputs(
         &self,
         now: Timestamp,
@@ -780,8 +840,67 @@ impl Coordinator {
                 });
                 inputs.partitioned.insert(r.clone(), last_seen);
             }
+            self.add_region_stats(now, limit, window, r, &mut inputs);
         }
         inputs
+    }
+
+    fn add_region_stats(
+        &self,
+        now: Timestamp,
+        limit: &LimitId,
+        window: WindowIndex,
+        region: &RegionId,
+        inputs: &mut BoundInputs,
+    ) {
+        let reported = self
+            .region_stats
+            .get(&(limit.clone(), window))
+            .and_then(|by_region| by_region.get(region))
+            .copied()
+            .unwrap_or_default();
+        let live = self.live_time_open(now, limit, window, region);
+        if reported.peak_grant_units_per_sec > 0 {
+            inputs
+                .peak_rate_units_per_sec
+                .insert(region.clone(), reported.peak_grant_units_per_sec);
+        }
+        let stats = RegionBoundStats {
+            time_open: reported.time_open + live,
+            settle_overage_units: reported.settle_overage_units,
+        };
+        if stats != RegionBoundStats::default() {
+            inputs.stats.insert(region.clone(), stats);
+        }
+    }
+
+    /// Time a region silent under the open policy may have been open in `window` since its
+    /// last report: from when we last heard it, less its round trip (a bound on the delay of
+    /// that report, as docs/bound.md assumes; the view TTL before any sample), up to now.
+    fn live_time_open(
+        &self,
+        now: Timestamp,
+        limit: &LimitId,
+        window: WindowIndex,
+        region: &RegionId,
+    ) -> Duration {
+        let open = self
+            .table
+            .limit(limit)
+            .is_some_and(|s| matches!(s.partition_policy, PartitionPolicy::Open { .. }));
+        let Some(w) = self.finite_window(limit).filter(|_| open) else {
+            return Duration::ZERO;
+        };
+        if !self.is_silent(region, now) {
+            return Duration::ZERO;
+        }
+        let view = self.region_view(region);
+        let delay = view.clock.map_or(self.cfg.view_ttl, |c| {
+            Duration::from_nanos(c.round_trip_nanos)
+        });
+        let from = (view.last_heard - delay).max(w.start(window));
+        let to = now.min(w.end(window));
+        to.saturating_duration_since(from)
     }
 
     fn largest_allowance(

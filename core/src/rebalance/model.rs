@@ -184,6 +184,7 @@ impl ModelRegion {
                 offset_nanos: 0,
                 round_trip_nanos: 0,
             }),
+            stats: Vec::new(),
         }
     }
 

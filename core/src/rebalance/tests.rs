@@ -12,7 +12,7 @@ use super::model::ModelRegion;
 use super::*;
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, RateCap, RegionWeights};
-use crate::sync::{ClockSample, CounterRef, ReleaseAck, SyncDown};
+use crate::sync::{BoundFigures, ClockSample, CounterRef, LimitWindowStats, ReleaseAck, SyncDown};
 use crate::time::{Timestamp, WindowIndex};
 
 const START_MS: u64 = 1_000_000;
@@ -164,6 +164,67 @@ fn a_grant_is_sent_only_after_its_grow_is_committed() {
     w.deliver("a", &after);
     assert_eq!(w.a.allowance(&counter(100)), 70);
     assert!(w.down("a", now, seq).grants.is_empty(), "sent once");
+}
+
+#[test]
+fn one_round_grows_every_region_it_plans_for_at_once() {
+    // Weights 25% / 25%: defaults 25 and 25, free 50. Both want 10/s with 5 s left: need 50
+    // each, R = 100, targets 50 and 50, deficits 25 and 25, shared out of the free 50. Both
+    // grows go in the same round; one at a time, a would take each round's share first and
+    // b's would wait for a's commit.
+    let mut w = world(&weighted(spec(), 250_000, 250_000));
+    let now = at_ms(5_000);
+    for name in ["a", "b"] {
+        w.region(name).set_demand(&counter(100), 10);
+        w.up(name, now);
+    }
+    let grow = |region: &str| TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from(region),
+        expected_epoch: Epoch(0),
+        allowance_units: 50,
+    };
+    let round = w.coord.poll_proposals(now);
+    assert_eq!(round, vec![grow("a"), grow("b")]);
+    assert!(w.coord.handle_committed(now, &round[0]).is_applied());
+    assert!(
+        w.coord.poll_proposals(now).is_empty(),
+        "not planned again while part of the batch is uncommitted"
+    );
+    assert!(w.coord.handle_committed(now, &round[1]).is_applied());
+    assert!(!w.coord.has_uncommitted_proposals());
+    assert_eq!(w.coord.table().free_units(&counter(100)), 0);
+}
+
+#[test]
+fn the_next_window_is_planned_from_the_latest_demand_until_the_region_reports_on_it() {
+    // Weights 30% / 30% (free 40), 10 s windows, pre-issue in the last second. b is heard
+    // (live, no demand). a's demand in window 100 is the forecast for window 101, where the
+    // whole window is left: 5/s needs 50, then 7/s needs 70.
+    let mut w = world(&weighted(spec(), 300_000, 300_000));
+    let a = RegionId::from("a");
+    w.up("b", at_ms(8_900));
+    w.a.set_demand(&counter(100), 5);
+    w.up("a", at_ms(9_000));
+    w.commit_all(at_ms(9_000));
+    assert_eq!(w.coord.table().allowance(&counter(101), &a), 50);
+    w.a.set_demand(&counter(100), 7);
+    w.up("a", at_ms(9_500));
+    w.commit_all(at_ms(9_500));
+    assert_eq!(
+        w.coord.table().allowance(&counter(101), &a),
+        70,
+        "the forecast follows the latest report"
+    );
+    // a's clock is ahead: it reports on window 101 itself (1/s). A later report of window
+    // 100 no longer overrides it, so nothing grows towards 9/s * 10 s = 90.
+    w.a.set_demand(&counter(101), 1);
+    w.up("a", at_ms(9_600));
+    w.commit_all(at_ms(9_600));
+    w.a.set_demand(&counter(100), 9);
+    w.up("a", at_ms(9_700));
+    w.commit_all(at_ms(9_700));
+    assert_eq!(w.coord.table().allowance(&counter(101), &a), 70);
 }
 
 // ---- shrink handoff -----------------------------------------------------------------------
@@ -816,6 +877,106 @@ fn the_leader_reports_its_measurements_for_the_bound() {
         vec![&RegionId::from("b")]
     );
     assert_eq!(later.allowance_units.get(&RegionId::from("a")), Some(&50));
+}
+
+/// `name` sends a SyncUp carrying `figures` for window `window` of limit `l`.
+fn report_figures(w: &mut World, name: &str, now: Timestamp, window: u64, figures: BoundFigures) {
+    let mut msg = w.region(name).poll_transmit(now);
+    msg.stats = vec![LimitWindowStats {
+        limit: LimitId::from("l"),
+        window: WindowIndex(window),
+        figures,
+    }];
+    w.coord.handle_sync_up(now, msg).unwrap();
+}
+
+fn overage(units: u64) -> BoundFigures {
+    BoundFigures {
+        settle_overage_units: units,
+        ..BoundFigures::default()
+    }
+}
+
+#[test]
+fn the_bound_sums_what_the_regions_reported_merging_repeats_by_max() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    // Window 100: a reports 5 units of settle overage, then the same again (a duplicate or a
+    // resend), then 9; b reports 3. The term is 9 + 3 = 12, not 5 + 5 + 9 + 3.
+    report_figures(&mut w, "a", at_ms(100), 100, overage(5));
+    report_figures(&mut w, "a", at_ms(200), 100, overage(5));
+    report_figures(&mut w, "b", at_ms(300), 100, overage(3));
+    report_figures(&mut w, "a", at_ms(400), 100, overage(9));
+    // A report about the previous window counts for that window only; one about a window
+    // ten back (long forgotten by the regions too) is dropped.
+    report_figures(&mut w, "b", at_ms(500), 99, overage(4));
+    report_figures(&mut w, "b", at_ms(600), 90, overage(50));
+    let b = w.coord.bound(at_ms(700), &l, WindowIndex(100)).unwrap();
+    assert_eq!(term(&b, "settle_overage").units, 12);
+    let b = w.coord.bound(at_ms(700), &l, WindowIndex(99)).unwrap();
+    assert_eq!(term(&b, "settle_overage").units, 4);
+    let b = w.coord.bound(at_ms(700), &l, WindowIndex(90)).unwrap();
+    assert_eq!(term(&b, "settle_overage").units, 0);
+    assert!(
+        w.coord
+            .bound(at_ms(700), &LimitId::from("x"), WindowIndex(100))
+            .is_none()
+    );
+}
+
+#[test]
+fn reported_peak_rates_show_how_tight_the_eventual_term_is() {
+    // Eventual, cap 10/s burst 5, view_ttl 2 s; the model's clock samples give rtt 0, so
+    // lag = 4 s: each region's term is 10 * 4 + 5 = 45. a's peak of 3/s measures 3 * 4 = 12;
+    // b reported none, so its cap stands in: 45.
+    let eventual = capped(LimitSpec {
+        consistency: Consistency::Eventual,
+        ..spec()
+    });
+    let mut w = world(&eventual);
+    let peak = BoundFigures {
+        peak_grant_units_per_sec: 3,
+        ..BoundFigures::default()
+    };
+    report_figures(&mut w, "a", at_ms(100), 100, peak);
+    w.up("b", at_ms(100));
+    let b = w
+        .coord
+        .bound(at_ms(200), &LimitId::from("l"), WindowIndex(100))
+        .unwrap();
+    assert_eq!(term(&b, "eventual").units, 90);
+    assert_eq!(term(&b, "eventual").measured_units, Some(12 + 45));
+}
+
+#[test]
+fn time_open_grows_live_while_an_open_region_is_silent() {
+    // Open at 2/s burst 3. b was heard at 1 s with rtt 0; from 3 s it is silent (view_ttl
+    // 2 s). At 3.5 s it may have been open since 1 s: 2.5 s -> ceil(2 * 2.5) + 3 = 8.
+    let open = PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    };
+    let mut w = silent_b(open);
+    let l = LimitId::from("l");
+    // a stays in contact (a region this leader has not heard for view_ttl counts as silent).
+    for t in [1_000, 2_000, 3_000] {
+        w.up("a", at_ms(t));
+    }
+    let before = w.coord.bound(at_ms(2_000), &l, WindowIndex(100)).unwrap();
+    assert_eq!(term(&before, "fail_open").units, 0, "b is still in contact");
+    let during = w.coord.bound(at_ms(3_500), &l, WindowIndex(100)).unwrap();
+    assert_eq!(term(&during, "fail_open").units, 8);
+    // b is back at 4 s and reports 1.5 s open: ceil(2 * 1.5) + 3 = 6.
+    let figures = BoundFigures {
+        time_open: Duration::from_millis(1_500),
+        ..BoundFigures::default()
+    };
+    report_figures(&mut w, "b", at_ms(4_000), 100, figures);
+    let after = w.coord.bound(at_ms(4_000), &l, WindowIndex(100)).unwrap();
+    assert_eq!(term(&after, "fail_open").units, 6);
 }
 
 // ---- property: the table never accepts a command that breaks invariant 2 -------------------

@@ -54,6 +54,9 @@ pub(crate) struct DemandView {
     pub units_per_sec: u64,
     /// What the region said it enforces: a mismatch with the table means a lost grant.
     pub allowance_units: u64,
+    /// A forecast carried over from the previous window (pre-issue), not a report of the
+    /// region's: refreshed until the region reports on this window itself.
+    pub carried: bool,
 }
 
 /// What the leader knows about one counter.

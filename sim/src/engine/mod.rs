@@ -11,7 +11,7 @@
 //! the agent's answer within the same instant.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use allot_core::gateway::{Gateway, GatewayConfig, KeyHandle, Spend, SpendReceipt, ToAgent};
@@ -43,6 +43,8 @@ pub const MAX_QUEUED_EVENTS: usize = 5_000_000;
 pub const MAX_PENDING_RETRIES_PER_SOURCE: u32 = 100_000;
 /// Most commands in the simulated replicated log (replayed into a new leader).
 pub const MAX_COMMITTED_COMMANDS: usize = 1_000_000;
+/// Most coordinator answers held back at once, waiting for proposals to commit.
+pub const MAX_WAITING_REPLIES: usize = 100_000;
 
 /// RNG stream numbers, so that adding a source or a link never changes another's draws.
 const LINK_STREAM: u64 = 1;
@@ -182,6 +184,21 @@ struct CoordinatorRt<C: CoordinatorNode> {
     term: u64,
     log: Vec<C::Command>,
     timer: Option<Timestamp>,
+    /// Proposals of this term sent to the log, and how many of them have committed (in
+    /// order: every proposal takes the same commit latency).
+    proposed: u64,
+    committed: u64,
+    /// Answers held back until the proposals polled before them commit (the coordinator's
+    /// driver contract), oldest first.
+    waiting: VecDeque<WaitingReply>,
+}
+
+/// A SyncUp handled by the coordinator whose answer waits for proposals to commit.
+struct WaitingReply {
+    region: usize,
+    seq: u64,
+    /// The answer may go once this many proposals of the term have committed.
+    after_committed: u64,
 }
 
 struct SourceRt {
@@ -425,6 +442,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 term: 0,
                 log: Vec::new(),
                 timer: None,
+                proposed: 0,
+                committed: 0,
+                waiting: VecDeque::new(),
             },
             sources,
             failure_modes,
@@ -617,9 +637,15 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 Ok(())
             }
             Event::CoordinatorDown => {
-                self.coordinator.node = None;
-                self.coordinator.term += 1;
-                self.coordinator.timer = None;
+                let c = &mut self.coordinator;
+                c.node = None;
+                c.term += 1;
+                c.timer = None;
+                // Uncommitted proposals and the answers waiting for them die with the leader.
+                c.proposed = 0;
+                c.committed = 0;
+                self.stats.sync_messages_dropped += c.waiting.len() as u64;
+                c.waiting.clear();
                 Ok(())
             }
             Event::CoordinatorUp => self.coordinator_up(),
@@ -998,9 +1024,38 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         let seq = msg.seq;
         node.handle_sync_up(self.now, msg);
-        let reply = node.poll_sync_down(self.now, &self.regions[region].id, seq);
-        self.send_down(region, reply)?;
-        self.after_coordinator_input()
+        // The driver contract: what the coordinator proposes now (and proposed before) is
+        // committed before it answers, so the answer may wait for the commit latency.
+        self.after_coordinator_input()?;
+        let c = &mut self.coordinator;
+        if c.waiting.len() >= MAX_WAITING_REPLIES {
+            return Err(self.bound_error("answers waiting for commits", MAX_WAITING_REPLIES));
+        }
+        c.waiting.push_back(WaitingReply {
+            region,
+            seq,
+            after_committed: c.proposed,
+        });
+        self.send_ready_replies()
+    }
+
+    /// Answers every held-back SyncUp whose proposals have all committed.
+    fn send_ready_replies(&mut self) -> Result<()> {
+        loop {
+            let c = &mut self.coordinator;
+            let ready = c
+                .waiting
+                .front()
+                .is_some_and(|w| w.after_committed <= c.committed);
+            let Some(node) = c.node.as_mut().filter(|_| ready) else {
+                return Ok(());
+            };
+            let Some(w) = c.waiting.pop_front() else {
+                return Ok(());
+            };
+            let reply = node.poll_sync_down(self.now, &self.regions[w.region].id, w.seq);
+            self.send_down(w.region, reply)?;
+        }
     }
 
     fn deliver_down(&mut self, region: usize, msg: SyncDown) -> Result<()> {
@@ -1027,6 +1082,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let wanted = node.poll_timeout().map(|t| t.max(self.now));
         let term = self.coordinator.term;
         let commit_at = self.now + self.scenario.coordinator.commit_latency;
+        self.coordinator.proposed += proposals.len() as u64;
         for cmd in proposals {
             self.push(commit_at, Event::Commit { term, cmd })?;
         }
@@ -1068,7 +1124,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         node.handle_committed(self.now, &cmd);
         self.coordinator.log.push(cmd);
-        self.after_coordinator_input()
+        self.coordinator.committed += 1;
+        self.after_coordinator_input()?;
+        self.send_ready_replies()
     }
 
     fn coordinator_up(&mut self) -> Result<()> {
@@ -1129,19 +1187,34 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
 
     fn sample(&mut self) -> Result<()> {
         let at_ms = self.offset_ms();
+        let scenario = self.scenario;
+        let coordinator = self.coordinator.node.as_ref();
         for (i, r) in self.regions.iter().enumerate() {
-            if let Some(node) = r.node.as_ref() {
-                let mut obs = RegionObservation::default();
-                node.observe(&mut obs);
-                self.checker.region(at_ms, i, &obs);
-            }
+            let Some(node) = r.node.as_ref() else {
+                continue;
+            };
+            let mut obs = RegionObservation::default();
+            node.observe(&mut obs);
+            self.checker.region(at_ms, i, &obs);
+            let Some(coordinator) = coordinator else {
+                continue;
+            };
+            let local = r.clock.local(self.now);
+            let is_current = |c: &CounterRef| {
+                scenario
+                    .limit(&c.limit)
+                    .is_some_and(|l| c.window == l.window.index(local))
+            };
+            let table = |c: &CounterRef| coordinator.table_allowance(c, &r.id);
+            self.checker
+                .region_against_table(at_ms, r.id.as_str(), &obs, table, is_current);
         }
-        if let Some(node) = self.coordinator.node.as_ref() {
+        if let Some(node) = coordinator {
             let mut obs = CoordinatorObservation::default();
             node.observe(self.now, &mut obs);
             self.checker.coordinator(at_ms, &obs);
-            for (limit, bound) in &obs.bounds {
-                self.measure.bound_sample(limit, self.now, bound);
+            for (limit, window, bound) in &obs.bounds {
+                self.measure.bound_sample(limit, *window, bound);
             }
         }
         self.push(

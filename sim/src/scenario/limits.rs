@@ -82,11 +82,12 @@ fn read_descriptor(
             f.as_bool()?;
         }
     }
-    if let Some(allot) = map.opt("allot") {
-        allot.as_map()?;
-    }
+    let window = match map.opt("allot") {
+        Some(allot) => allot_window(&allot)?,
+        None => None,
+    };
     if let Some(rl) = map.opt("rate_limit") {
-        out.extend(read_rate_limit(&rl.as_map()?, &id)?);
+        out.extend(read_rate_limit(&rl.as_map()?, &id, window)?);
     }
     if let Some(children) = map.opt("descriptors") {
         for child in children.as_seq()? {
@@ -96,7 +97,25 @@ fn read_descriptor(
     map.finish()
 }
 
-fn read_rate_limit(map: &Map<'_, '_>, id: &str) -> Result<Option<LimitInfo>, ScenarioError> {
+/// The rule's `allot.window`, if it sets one (the rest of the block is the loader's).
+fn allot_window(allot: &Node<'_, '_>) -> Result<Option<Duration>, ScenarioError> {
+    let map = allot.as_map()?;
+    let Some(w) = map.opt("window") else {
+        return Ok(None);
+    };
+    let text = w.as_str()?;
+    match allot_core::config::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        Ok(_) => Err(w.err("the window must be positive")),
+        Err(e) => Err(w.err(e)),
+    }
+}
+
+fn read_rate_limit(
+    map: &Map<'_, '_>,
+    id: &str,
+    allot_window: Option<Duration>,
+) -> Result<Option<LimitInfo>, ScenarioError> {
     if let Some(name) = map.opt("name") {
         name.as_str()?;
     }
@@ -120,18 +139,11 @@ fn read_rate_limit(map: &Map<'_, '_>, id: &str) -> Result<Option<LimitInfo>, Sce
         map.finish()?;
         return Ok(None);
     }
-    let unit = unit.ok_or_else(|| map.node().err("missing field `unit`"))?;
-    let window = match unit.as_str()? {
-        "second" => Duration::from_secs(1),
-        "minute" => Duration::from_secs(60),
-        "hour" => Duration::from_secs(3_600),
-        "day" => Duration::from_secs(86_400),
-        "week" => Duration::from_secs(7 * 86_400),
-        other => {
-            return Err(unit.err(format!(
-                "unknown unit {other:?} (second, minute, hour, day or week)"
-            )));
-        }
+    let window = match (unit, allot_window) {
+        (None, Some(w)) => w,
+        (Some(u), Some(_)) => return Err(u.err("`unit` and `allot.window` both set the window")),
+        (None, None) => return Err(map.node().err("missing field `unit` (or `allot.window`)")),
+        (Some(unit), None) => unit_window(&unit)?,
     };
     let per_unit = per_unit.ok_or_else(|| map.node().err("missing field `requests_per_unit`"))?;
     let quota_units = per_unit.as_u64()?;
@@ -144,4 +156,24 @@ fn read_rate_limit(map: &Map<'_, '_>, id: &str) -> Result<Option<LimitInfo>, Sce
         quota_units,
         window: Window::new(window),
     }))
+}
+
+/// A `rate_limit.unit` as the configuration loader reads it (any case).
+fn unit_window(unit: &Node<'_, '_>) -> Result<Duration, ScenarioError> {
+    const DAY_SECS: u64 = 86_400;
+    let secs = match unit.as_str()?.to_ascii_lowercase().as_str() {
+        "second" => 1,
+        "minute" => 60,
+        "hour" => 3_600,
+        "day" => DAY_SECS,
+        "week" => 7 * DAY_SECS,
+        "month" => 30 * DAY_SECS,
+        "year" => 365 * DAY_SECS,
+        other => {
+            return Err(unit.err(format!(
+                "unknown unit {other:?} (second, minute, hour, day, week, month or year)"
+            )));
+        }
+    };
+    Ok(Duration::from_secs(secs))
 }

@@ -117,6 +117,8 @@ pub struct LimitsSection {
     pub yaml: String,
     /// Line of the scenario file on which the embedded YAML starts.
     pub first_line: usize,
+    /// Column of the scenario file on which the embedded YAML's lines start.
+    pub first_column: usize,
     pub limits: Vec<LimitInfo>,
 }
 

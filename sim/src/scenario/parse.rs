@@ -389,6 +389,7 @@ fn read_limits(node: &Node<'_, '_>) -> Result<LimitsSection, ScenarioError> {
     Ok(LimitsSection {
         yaml: text.to_string(),
         first_line: node.line(),
+        first_column: node.column(),
         limits,
     })
 }

@@ -130,3 +130,36 @@ fn reloading_with_a_new_window_length_starts_the_limit_afresh() {
     );
     assert_eq!(b.counter(&lim("api"), &key("k")), None);
 }
+
+#[test]
+fn key_views_show_each_counter_against_its_allowance() {
+    // Default share 100 per key: a uses 30 and settles a lease 20 over its 50, b uses 5.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "a", 30);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "a", 50, 30))
+            .expect("lease"),
+    );
+    b.settle(at(10), g.lease, 70, None).expect("settle");
+    acquire(&mut b, at(20), "api", "b", 5);
+    let views = b.key_views(at(30));
+    let of = |k: &str| {
+        views
+            .iter()
+            .find(|v| v.counter.key == key(k))
+            .cloned()
+            .expect("viewed")
+    };
+    let a = of("a");
+    assert_eq!(
+        (
+            a.granted_units,
+            a.refunded_units,
+            a.allowance_units,
+            a.excess_units
+        ),
+        (100, 0, 100, 20)
+    );
+    assert_eq!(a.counter.window, minute_window(0));
+    assert_eq!((of("b").granted_units, of("b").excess_units), (5, 0));
+}

@@ -312,3 +312,102 @@ fn shadow_mode_grants_the_whole_lease_it_would_have_refused() {
     assert_eq!(g.units, 30);
     assert_eq!(net(&b, "api", "k"), 130);
 }
+
+fn denial(out: LeaseOutcome) -> Decision {
+    match out {
+        LeaseOutcome::Denied(d) => d,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn lease_at_least(units: u64, min_units: u64) -> LeaseRequest {
+    LeaseRequest {
+        min_units,
+        ..lease_req("api", "k", units, 10)
+    }
+}
+
+#[test]
+fn a_lease_smaller_than_its_minimum_is_refused_until_the_window_resets() {
+    // Default share 100; 70 leased at 0 s leaves 30.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    granted(
+        b.lease(at(0), lease_req("api", "k", 70, 10))
+            .expect("lease"),
+    );
+    // A request costing 40 waits for this lease: 30 would not serve it. At 15 s into the
+    // minute the allowance frees up only when the window resets, 45 s later.
+    let d = denial(b.lease(at(15_000), lease_at_least(50, 40)).expect("lease"));
+    assert_eq!(d.reason, Reason::Allowance);
+    assert_eq!(d.retry_after, Some(Duration::from_secs(45)));
+    assert_eq!(d.remaining_units, 30);
+    assert_eq!(net(&b, "api", "k"), 70, "a refusal charges nothing");
+    // A minimum the remainder covers gets all of it.
+    let g = granted(b.lease(at(15_000), lease_at_least(50, 30)).expect("lease"));
+    assert_eq!((g.units, g.remaining_units), (30, 0));
+}
+
+#[test]
+fn a_minimum_above_the_whole_quota_can_never_pass() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let d = denial(b.lease(at(0), lease_at_least(500, 401)).expect("lease"));
+    assert_eq!(d.retry_after, None, "401 units never fit in a quota of 400");
+}
+
+#[test]
+fn a_minimum_the_rate_cap_cuts_short_waits_exactly_for_the_cap() {
+    use crate::limit::RateCap;
+    // 10/s, burst 10: T = 100 ms. A full burst of 10 at 0 s moves TAT to 1 s; 5 more units
+    // would move it to 1.5 s, which is within the 1 s horizon from 0.5 s on: retry after 500 ms.
+    let mut spec = per_minute("api", 3_000);
+    spec.rate_cap = Some(RateCap {
+        units: 10,
+        per: Duration::from_secs(1),
+        burst: 10,
+    });
+    let mut b = budget(vec![spec]);
+    assert_eq!(
+        granted(b.lease(at(0), lease_at_least(50, 1)).expect("lease")).units,
+        10
+    );
+    let d = denial(b.lease(at(0), lease_at_least(5, 5)).expect("lease"));
+    assert_eq!(d.reason, Reason::RateCap);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(500)));
+    let g = granted(b.lease(at(500), lease_at_least(5, 5)).expect("lease"));
+    assert_eq!(g.units, 5, "exactly when the cap said");
+    // More than the burst never passes the cap at once.
+    let d = denial(b.lease(at(10_000), lease_at_least(20, 11)).expect("lease"));
+    assert_eq!((d.reason, d.retry_after), (Reason::RateCap, None));
+}
+
+#[test]
+fn a_minimum_above_what_is_wanted_is_invalid() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert!(matches!(
+        b.lease(at(0), lease_at_least(5, 6)),
+        Err(Error::InvalidRequest(_))
+    ));
+}
+
+#[test]
+fn a_lease_is_cut_to_what_its_holder_spends_before_the_window_ends() {
+    // Default share 200. 55 s into the minute, at 10 units/s the holder spends 50 before the
+    // window (and the lease) ends: 100 wanted, 50 granted. A request of 60 waiting for a
+    // lease still gets 60.
+    let mut b = budget(vec![per_minute("api", 800)]);
+    let paced = |units, min_units| LeaseRequest {
+        rate_units_per_sec: Some(10),
+        min_units,
+        ..lease_req("api", "k", units, 10)
+    };
+    let g = granted(b.lease(at(55_000), paced(100, 1)).expect("lease"));
+    assert_eq!(g.units, 50);
+    let g = granted(b.lease(at(55_000), paced(100, 60)).expect("lease"));
+    assert_eq!(g.units, 60, "never below the minimum");
+    // Without a rate, what is wanted (up to the 90 left) stands.
+    let g = granted(
+        b.lease(at(55_000), lease_req("api", "k", 100, 10))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 90);
+}

@@ -7,6 +7,7 @@ mod partition;
 mod persist;
 mod proptests;
 mod slots;
+mod stats;
 mod sync;
 
 use std::time::Duration;
@@ -96,6 +97,9 @@ pub(super) fn lease_req(limit: &str, k: &str, units: u64, ttl_secs: u64) -> Leas
         limit: lim(limit),
         key: key(k),
         units_wanted: units,
+        min_units: 1,
+        denied_units: 0,
+        rate_units_per_sec: None,
         ttl: Duration::from_secs(ttl_secs),
         request_id: None,
     }

@@ -477,7 +477,35 @@ fn a_counter_the_coordinator_names_is_reported_from_then_on() {
     let up = b.poll_transmit(at(30_250)).expect("sync");
     assert_eq!(up.entries.len(), 1);
     assert_eq!(up.entries[0].granted_units, 5);
-    assert!(up.demand.is_empty(), "named, not escalated: entries only");
+    // Named, not escalated, 30 s into the window (past the 6 s warm-up): its demand goes too,
+    // so the coordinator sees it is low. 5 units in 30.25 s is 0 units/s in whole units.
+    assert_eq!(up.demand.len(), 1);
+    assert_eq!(
+        (
+            up.demand[0].demand_units_per_sec,
+            up.demand[0].allowance_units
+        ),
+        (0, 120)
+    );
+}
+
+#[test]
+fn a_followed_counter_reports_no_demand_before_its_window_warms_up() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    // A grant for the next window: the counter is followed from that window on.
+    down.grants = vec![grant("api", "k", minute_window(60_000), 120, 1)];
+    b.handle_sync_down(at(0), down);
+    acquire(&mut b, at(61_000), "api", "k", 5);
+    // 1 s into a 60 s window, under the warm-up of 60 / 10 = 6 s: a few units at the start
+    // would read as a rate, so the coordinator keeps the forecast it carried over.
+    let up = b.poll_transmit(at(61_000)).expect("sync");
+    assert_eq!(up.entries.len(), 1);
+    assert!(up.demand.is_empty());
+    // From 6 s on it does: 5 units over 6 s, 0 units/s in whole units.
+    let up = b.poll_transmit(at(66_000)).expect("sync");
+    assert_eq!(up.demand.len(), 1);
 }
 
 #[test]
@@ -504,4 +532,37 @@ fn release_requests_beyond_the_pending_ack_bound_wait_for_a_resend() {
     let last = format!("k{}", total - 1);
     assert_eq!(allowance(&b, at(0), "api", &last), 100);
     assert_eq!(allowance(&b, at(0), "api", "k0"), 90);
+}
+
+#[test]
+fn demand_counts_what_gateways_denied_by_themselves() {
+    // Default share 100. At 30 s a gateway asks for 10 units and says it denied 290 more
+    // while the agent's last denial held: 300 requested in 30 s is 10/s, projecting
+    // 10 + 10/s * 30 s = 310 > 100, so the key escalates and reports it.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let req = LeaseRequest {
+        denied_units: 290,
+        ..lease_req("api", "k", 10, 10)
+    };
+    granted(b.lease(at(30_000), req).expect("lease"));
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    assert_eq!(up.demand.len(), 1);
+    assert_eq!(up.demand[0].demand_units_per_sec, 10);
+}
+
+#[test]
+fn units_a_gateway_holds_but_has_not_spent_are_not_demand_yet() {
+    // Default share 1,000. At 30 s a gateway spending 20/s takes a lease of 600 (all it can
+    // spend in the 30 s left; projected 600 + 600 * 30 / 30 = 1,200 > 1,000: escalated). At
+    // 40 s it has spent about 20 * 10 = 200 of it: demand is 200 / 40 s = 5/s, not
+    // 600 / 40 s = 15/s.
+    let mut b = budget(vec![per_minute("api", 4_000)]);
+    let req = LeaseRequest {
+        rate_units_per_sec: Some(20),
+        ..lease_req("api", "k", 600, 30)
+    };
+    assert_eq!(granted(b.lease(at(30_000), req).expect("lease")).units, 600);
+    b.poll_transmit(at(30_000)).expect("sync");
+    let up = b.poll_transmit(at(40_000)).expect("sync");
+    assert_eq!(up.demand[0].demand_units_per_sec, 5);
 }

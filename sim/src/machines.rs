@@ -1,0 +1,863 @@
+//! The product's state machines behind the node traits: [`CoreFactory`] builds, for each run,
+//! one `allot_core::budget::RegionBudget` per region and one `allot_core::rebalance::Coordinator`
+//! leader, configured from the scenario, and maps the gateways' messages onto them as the agent
+//! daemon does.
+//!
+//! - Limits: the scenario's `limits:` text through the configuration loader
+//!   (`LimitsConfig::load`), each limit without weights of its own taking the scenario's region
+//!   weights.
+//! - Under [`Policy::StaticSplit`] every region runs the same budget machine uncoordinated, each
+//!   limit's quota cut to the region's fixed share `floor(w_r * L)`, and nobody talks to the
+//!   coordinator.
+//! - The coordinator's bound, computed from what the regions sent it, is stated per window
+//!   ([`CoreCoordinator`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use allot_core::budget::config::STATS_WINDOWS_KEPT;
+use allot_core::budget::{
+    BudgetConfig, Decision, LeaseOutcome, LeaseRequest, PersistRecord, Reason, RegionBudget,
+    ReservationDelta,
+};
+use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
+use allot_core::gateway::{
+    LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted, SettleDelta,
+};
+use allot_core::ids::{LeaseId, LimitId, RegionId};
+use allot_core::limit::{Consistency, FailureMode, LimitSpec, Quota, RegionWeights};
+use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, TableCommand};
+use allot_core::sync::{CounterRef, SyncDown, SyncUp};
+use allot_core::time::{Timestamp, WindowIndex};
+
+use crate::error::{ScenarioError, SimError};
+use crate::node::{
+    AllowanceView, Bound, BoundTerm, CoordinatorNode, CoordinatorObservation, CoordinatorSetup,
+    LeaseAnswer, NodeFactory, Policy, RegionNode, RegionObservation, RegionSetup, TableRow,
+};
+use crate::scenario::Scenario;
+
+/// Records an agent's store holds before it is rewritten as one snapshot (what a sled tree
+/// does by upserting keys; here the log of drained batches is compacted instead).
+pub const STORE_COMPACT_RECORDS: usize = 50_000;
+
+/// Terms of a window's bound that are measured and may still grow after the window ended
+/// (late settles, a partitioned region's time open reported after the heal).
+const LATE_TERMS: [&str; 2] = ["settle_overage", "fail_open"];
+
+/// Builds the real machines for the runs of one scenario.
+#[derive(Clone, Debug)]
+pub struct CoreFactory {
+    regions: Vec<RegionId>,
+    limits: Vec<LimitSpec>,
+    budgets: Vec<BudgetConfig>,
+    coordinator: CoordinatorConfig,
+    lease_ttl: Duration,
+}
+
+impl CoreFactory {
+    /// Loads the scenario's limits and derives every machine's settings; an error names the
+    /// scenario file and the line of the problem.
+    pub fn new(scenario: &Scenario) -> Result<Self, SimError> {
+        let regions = scenario.region_ids();
+        let limits = load_limits(scenario)?;
+        let budgets = scenario
+            .regions
+            .iter()
+            .map(|r| budget_config(scenario, &r.id, r.gateways))
+            .collect();
+        let factory = CoreFactory {
+            coordinator: coordinator_config(scenario),
+            regions,
+            limits,
+            budgets,
+            lease_ttl: scenario.lease.ttl,
+        };
+        for r in 0..factory.regions.len() {
+            for policy in [Policy::Rebalancing, Policy::StaticSplit] {
+                let (cfg, limits) = factory.region_settings(r, policy);
+                RegionBudget::new(cfg, limits)?;
+            }
+        }
+        Ok(factory)
+    }
+
+    /// The limits as the machines see them.
+    pub fn limits(&self) -> &[LimitSpec] {
+        &self.limits
+    }
+
+    fn region_settings(&self, region: usize, policy: Policy) -> (BudgetConfig, Vec<LimitSpec>) {
+        let cfg = self.budgets[region].clone();
+        match policy {
+            Policy::Rebalancing => (cfg, self.limits.clone()),
+            Policy::StaticSplit => {
+                let limits = self
+                    .limits
+                    .iter()
+                    .map(|l| fixed_share(l, &cfg.region, &self.regions))
+                    .collect();
+                let cfg = BudgetConfig {
+                    coordinated: false,
+                    ..cfg
+                };
+                (cfg, limits)
+            }
+        }
+    }
+
+    fn budget(&self, setup: &RegionSetup<'_>, records: Vec<PersistRecord>) -> RegionBudget {
+        let (cfg, limits) = self.region_settings(setup.region_index, setup.policy);
+        RegionBudget::restore(cfg, limits, records)
+            // Every region's settings were built once in `new`, which returns their error.
+            .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"))
+    }
+
+    fn core_region(&self, setup: &RegionSetup<'_>, budget: RegionBudget) -> CoreRegion {
+        CoreRegion {
+            budget,
+            lease_ttl: self.lease_ttl,
+            coordinated: setup.policy == Policy::Rebalancing,
+            sync_interval: self.coordinator.sync_interval,
+            last_now: Timestamp::ZERO,
+            refused_calls: 0,
+        }
+    }
+}
+
+/// A limit whose quota is `region`'s fixed share, for the static-split baseline.
+fn fixed_share(spec: &LimitSpec, region: &RegionId, regions: &[RegionId]) -> LimitSpec {
+    let quota = match spec.quota {
+        Quota::Units { units, window } => Quota::Units {
+            units: spec.weights.default_allowance(region, regions, units),
+            window,
+        },
+        Quota::Unlimited => Quota::Unlimited,
+    };
+    LimitSpec {
+        quota,
+        ..spec.clone()
+    }
+}
+
+fn budget_config(scenario: &Scenario, region: &RegionId, gateways: u32) -> BudgetConfig {
+    let defaults = BudgetConfig::new(region.clone(), scenario.region_ids());
+    // Each gateway holds up to its own limit per key, plus one the agent still counts for a
+    // few milliseconds after the gateway dropped it early (its expiry margin).
+    let per_gateway = scenario.lease.max_leases_per_key + 1;
+    BudgetConfig {
+        sync_interval: scenario.sync_interval,
+        view_ttl: scenario.view_ttl,
+        lease_ttl_max: scenario.lease.ttl,
+        max_leases_per_key: per_gateway * gateways as usize,
+        ..defaults
+    }
+}
+
+fn coordinator_config(scenario: &Scenario) -> CoordinatorConfig {
+    let defaults = CoordinatorConfig::default();
+    CoordinatorConfig {
+        sync_interval: scenario.sync_interval,
+        view_ttl: scenario.view_ttl,
+        ..defaults
+    }
+}
+
+/// The scenario's `limits:` text through the product's loader, one source per YAML document;
+/// limits configured without weights take the scenario's region weights.
+fn load_limits(scenario: &Scenario) -> Result<Vec<LimitSpec>, SimError> {
+    let section = &scenario.limits;
+    let docs = documents(&section.yaml);
+    let names: Vec<String> = (0..docs.len())
+        .map(|i| format!("{}#limits[{i}]", scenario.file))
+        .collect();
+    let files: Vec<SourceFile<'_>> = docs
+        .iter()
+        .zip(&names)
+        .map(|(d, name)| SourceFile::new(name, &d.text))
+        .collect();
+    let config = LimitsConfig::load(&files, &LoadOptions::default())
+        .map_err(|e| config_error(scenario, &docs, &names, &e))?;
+    let weights = scenario_weights(scenario);
+    Ok(config
+        .rules()
+        .map(|rule| {
+            let mut spec = rule.spec.clone();
+            if spec.weights.is_empty() {
+                spec.weights = weights.clone();
+            }
+            spec
+        })
+        .collect())
+}
+
+fn scenario_weights(scenario: &Scenario) -> RegionWeights {
+    let ppm = scenario
+        .regions
+        .iter()
+        .map(|r| (r.id.clone(), r.weight_ppm))
+        .collect();
+    // The scenario parser refuses weights above one in total.
+    RegionWeights::new(ppm).unwrap_or_default()
+}
+
+/// One YAML document of the limits text, and the line of the text it starts on (from 0).
+struct Document {
+    text: String,
+    first_line: usize,
+}
+
+fn documents(yaml: &str) -> Vec<Document> {
+    let mut docs = vec![Document {
+        text: String::new(),
+        first_line: 0,
+    }];
+    for (i, line) in yaml.lines().enumerate() {
+        if line.trim_end() == "---" {
+            docs.push(Document {
+                text: String::new(),
+                first_line: i + 1,
+            });
+            continue;
+        }
+        if let Some(d) = docs.last_mut() {
+            d.text.push_str(line);
+            d.text.push('\n');
+        }
+    }
+    docs.retain(|d| !d.text.trim().is_empty());
+    docs
+}
+
+/// The loader's first error, placed in the scenario file.
+fn config_error(
+    scenario: &Scenario,
+    docs: &[Document],
+    names: &[String],
+    errors: &ConfigErrors,
+) -> SimError {
+    let section = &scenario.limits;
+    let Some(e) = errors.iter().next() else {
+        return SimError::Core(allot_core::Error::Config(errors.clone()));
+    };
+    let doc = names.iter().position(|n| n == e.file_name()).unwrap_or(0);
+    let (line, column) = e.line_column().unwrap_or((1, 1));
+    let more = errors.len().saturating_sub(1);
+    let message = if more > 0 {
+        format!("{} (and {more} more problems)", e.message())
+    } else {
+        e.message().to_string()
+    };
+    SimError::Scenario(ScenarioError {
+        file: scenario.file.clone(),
+        line: section.first_line + docs.get(doc).map_or(0, |d| d.first_line) + line as usize - 1,
+        column: section.first_column + column as usize - 1,
+        field: if e.path().is_empty() {
+            "limits".to_string()
+        } else {
+            format!("limits: {}", e.path())
+        },
+        message,
+    })
+}
+
+impl NodeFactory for CoreFactory {
+    type Region = CoreRegion;
+    type Coordinator = CoreCoordinator;
+
+    fn region(&self, setup: &RegionSetup<'_>, _now: Timestamp) -> CoreRegion {
+        let budget = self.budget(setup, Vec::new());
+        self.core_region(setup, budget)
+    }
+
+    fn restore_region(
+        &self,
+        setup: &RegionSetup<'_>,
+        store: &Vec<PersistRecord>,
+        _now: Timestamp,
+    ) -> CoreRegion {
+        let budget = self.budget(setup, store.clone());
+        self.core_region(setup, budget)
+    }
+
+    fn coordinator(&self, setup: &CoordinatorSetup<'_>, now: Timestamp) -> CoreCoordinator {
+        let mut table = AllowanceTable::new();
+        // The configuration is the first entry of every leader's table; later commands are
+        // replayed on top by the engine.
+        let outcome = table.apply(TableCommand::SetConfig {
+            version: 1,
+            limits: self.limits.clone(),
+            regions: self.regions.clone(),
+        });
+        debug_assert!(outcome.is_applied(), "{outcome:?}");
+        CoreCoordinator {
+            tick: self.coordinator.sync_interval,
+            next_tick: now + self.coordinator.sync_interval,
+            coordinator: Coordinator::new(self.coordinator.clone(), table, now),
+            active: setup.policy == Policy::Rebalancing,
+            limits: self.limits.clone(),
+            stated: BTreeMap::new(),
+            rejected_commands: 0,
+        }
+    }
+
+    fn failure_mode(&self, limit: &LimitId) -> FailureMode {
+        self.limits
+            .iter()
+            .find(|l| &l.id == limit)
+            .map_or(FailureMode::default(), |l| l.failure_mode)
+    }
+}
+
+/// One region's agent over `RegionBudget`.
+pub struct CoreRegion {
+    budget: RegionBudget,
+    lease_ttl: Duration,
+    coordinated: bool,
+    sync_interval: Duration,
+    /// The latest time any input carried: observations read the allowance as of then.
+    last_now: Timestamp,
+    /// Gateway messages the machine refused (a release of a lease that already expired at the
+    /// agent, a settle for one it forgot): expected in small numbers, never a panic.
+    pub refused_calls: u64,
+}
+
+impl CoreRegion {
+    fn saw(&mut self, now: Timestamp) {
+        self.last_now = self.last_now.max(now);
+    }
+
+    /// How long the gateway keeps the key denied. The machine's retry-after for an allowance
+    /// refusal is the window's end, the one certain time; a coordinated region may be granted
+    /// more at its next sync, so its gateways ask again after at most one sync interval.
+    fn deny_for(&self, d: &Decision) -> Duration {
+        let certain = d.retry_after.unwrap_or(d.reset_after);
+        let may_grow = matches!(
+            d.reason,
+            Reason::Allowance
+                | Reason::GlobalView
+                | Reason::PartitionClosed
+                | Reason::TooManyLeases
+        );
+        if self.coordinated && may_grow {
+            certain.min(self.sync_interval)
+        } else {
+            certain
+        }
+    }
+}
+
+impl RegionNode for CoreRegion {
+    type Store = Vec<PersistRecord>;
+
+    fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer {
+        self.saw(now);
+        let req = LeaseRequest {
+            limit: want.limit.clone(),
+            key: want.key.clone(),
+            units_wanted: want.units,
+            min_units: want.min_units,
+            denied_units: want.denied_units,
+            rate_units_per_sec: want.rate_units_per_sec,
+            ttl: self.lease_ttl,
+            request_id: None,
+        };
+        match self.budget.lease(now, req) {
+            Ok(LeaseOutcome::Granted(g)) => LeaseAnswer::Granted(LeaseGrant {
+                lease: g.lease,
+                units: g.units,
+                ttl: g.expires_at.saturating_duration_since(now),
+                remaining_units: g.remaining_units,
+            }),
+            Ok(LeaseOutcome::Denied(d)) => LeaseAnswer::Denied(LeaseDenial {
+                retry_after: self.deny_for(&d),
+            }),
+            // Nothing to count: spend freely. Id 0 is never a real lease, so its release is
+            // refused harmlessly.
+            Ok(LeaseOutcome::Unmetered { units, .. }) => LeaseAnswer::Granted(LeaseGrant {
+                lease: LeaseId(0),
+                units,
+                ttl: self.lease_ttl,
+                remaining_units: units,
+            }),
+            Err(_) => {
+                self.refused_calls += 1;
+                LeaseAnswer::Denied(LeaseDenial {
+                    retry_after: self.sync_interval,
+                })
+            }
+        }
+    }
+
+    fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease) {
+        self.saw(now);
+        if self
+            .budget
+            .release(now, release.lease, release.units, None)
+            .is_err()
+        {
+            self.refused_calls += 1;
+        }
+    }
+
+    fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle) {
+        self.saw(now);
+        let delta = match settle.delta {
+            SettleDelta::Refund { units } => ReservationDelta::Refund { units },
+            SettleDelta::Overage { units } => ReservationDelta::Overage { units },
+        };
+        if self
+            .budget
+            .settle_reservation(now, settle.lease, delta, None)
+            .is_err()
+        {
+            self.refused_calls += 1;
+        }
+    }
+
+    fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown) {
+        self.saw(now);
+        self.budget.handle_sync_down(now, msg);
+    }
+
+    fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp> {
+        self.saw(now);
+        self.budget.poll_transmit(now)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.budget.poll_timeout()
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        self.saw(now);
+        self.budget.handle_timeout(now);
+    }
+
+    fn persist(&mut self, store: &mut Vec<PersistRecord>) {
+        let records = self.budget.drain_dirty();
+        if records.is_empty() {
+            return;
+        }
+        store.extend(records);
+        if store.len() > STORE_COMPACT_RECORDS {
+            *store = self.budget.snapshot();
+        }
+    }
+
+    fn observe(&self, out: &mut RegionObservation) {
+        let region = self.budget.region();
+        for k in self.budget.key_views(self.last_now) {
+            let strict = self.coordinated && self.is_strict(&k.counter.limit);
+            let quota = self.quota_units(&k.counter.limit);
+            out.entries.push(allot_core::sync::CounterEntry {
+                counter: k.counter.clone(),
+                region: region.clone(),
+                granted_units: k.granted_units,
+                refunded_units: k.refunded_units,
+            });
+            // An eventual region's allowance falls as the others' use grows, below what it
+            // admitted earlier: what holds at every instant is its own use within `L`.
+            let allowance = if strict {
+                k.allowance_units
+            } else if self.coordinated {
+                quota
+            } else {
+                k.allowance_units
+            };
+            out.allowances.push(AllowanceView {
+                counter: k.counter,
+                net_units: k.granted_units.saturating_sub(k.refunded_units),
+                limit_units: allowance.saturating_add(k.excess_units),
+                strict_allowance_units: strict.then_some(k.allowance_units),
+            });
+        }
+    }
+}
+
+impl CoreRegion {
+    fn spec(&self, limit: &LimitId) -> Option<&LimitSpec> {
+        self.budget.limit_spec(limit)
+    }
+
+    fn is_strict(&self, limit: &LimitId) -> bool {
+        self.spec(limit)
+            .is_some_and(|s| s.consistency == Consistency::Strict)
+    }
+
+    fn quota_units(&self, limit: &LimitId) -> u64 {
+        match self.spec(limit).map(|s| s.quota) {
+            Some(Quota::Units { units, .. }) => units,
+            _ => 0,
+        }
+    }
+}
+
+/// The coordinator leader over `Coordinator`, and the bound it states per window.
+pub struct CoreCoordinator {
+    coordinator: Coordinator,
+    /// False for the static-split baseline: nobody talks to it and it states nothing.
+    active: bool,
+    limits: Vec<LimitSpec>,
+    /// The leader works on its own between messages (reclaims, garbage collection, the next
+    /// window's grants), and publishes the bound, this often.
+    tick: Duration,
+    next_tick: Timestamp,
+    /// The bound stated so far per limit and window, each term at its largest
+    /// ([`Bound::merge`]); the last `STATS_WINDOWS_KEPT` windows of each limit.
+    stated: BTreeMap<(LimitId, WindowIndex), Bound>,
+    /// Committed commands the table refused (a stale proposal): expected, and harmless.
+    pub rejected_commands: u64,
+}
+
+impl CoreCoordinator {
+    /// States the bound of every limit: in full for the window in progress, and for the
+    /// windows just ended only the measured terms that can still grow.
+    fn state_bounds(&mut self, now: Timestamp) {
+        if !self.active {
+            return;
+        }
+        for spec in &self.limits {
+            let Quota::Units { window, .. } = spec.quota else {
+                continue;
+            };
+            let current = window.index(now);
+            let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
+            for w in oldest..=current.0 {
+                let Some(b) = self.coordinator.bound(now, &spec.id, WindowIndex(w)) else {
+                    continue;
+                };
+                let mut b = sim_bound(&b);
+                if w < current.0 {
+                    b.terms.retain(|t| LATE_TERMS.contains(&t.name.as_str()));
+                }
+                self.stated
+                    .entry((spec.id.clone(), WindowIndex(w)))
+                    .and_modify(|s| s.merge(&b))
+                    .or_insert(b);
+            }
+            self.stated
+                .retain(|(l, w), _| l != &spec.id || w.0 >= oldest);
+        }
+    }
+}
+
+fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {
+    Bound {
+        terms: b
+            .terms
+            .iter()
+            .map(|t| BoundTerm {
+                name: t.name.clone(),
+                units: t.units,
+                measured_units: t.measured_units,
+            })
+            .collect(),
+        total_units: b.total_units,
+    }
+}
+
+impl CoordinatorNode for CoreCoordinator {
+    type Command = TableCommand;
+
+    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) {
+        // Only the scenario's regions exist, and the table knows them all.
+        let known = self.coordinator.handle_sync_up(now, msg).is_ok();
+        debug_assert!(known, "a sync from a region outside the deployment");
+    }
+
+    fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {
+        self.coordinator.poll_sync_down(now, region, reply_to_seq)
+    }
+
+    fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
+        self.coordinator.poll_proposals(now)
+    }
+
+    fn handle_committed(&mut self, now: Timestamp, cmd: &TableCommand) {
+        if !self.coordinator.handle_committed(now, cmd).is_applied() {
+            self.rejected_commands += 1;
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        self.active.then_some(self.next_tick)
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        while self.next_tick <= now {
+            self.next_tick = self.next_tick + self.tick;
+        }
+        self.state_bounds(now);
+    }
+
+    fn observe(&self, now: Timestamp, out: &mut CoordinatorObservation) {
+        let table = self.coordinator.table();
+        for (counter, _) in table.counters() {
+            let Some(Quota::Units { units, .. }) = table.limit(&counter.limit).map(|l| l.quota)
+            else {
+                continue;
+            };
+            out.strict_rows.push(TableRow {
+                counter: counter.clone(),
+                allowance_sum_units: u64::try_from(table.allowance_sum(counter))
+                    .unwrap_or(u64::MAX),
+                quota_units: units,
+            });
+        }
+        if !self.active {
+            return;
+        }
+        for ((limit, window), b) in &self.stated {
+            out.bounds.push((limit.clone(), *window, b.clone()));
+        }
+        // And as of this very instant.
+        for spec in &self.limits {
+            if let Quota::Units { window, .. } = spec.quota
+                && let Some(b) = self.coordinator.bound(now, &spec.id, window.index(now))
+            {
+                out.bounds
+                    .push((spec.id.clone(), window.index(now), sim_bound(&b)));
+            }
+        }
+    }
+
+    fn table_allowance(&self, counter: &CounterRef, region: &RegionId) -> Option<u64> {
+        let table = self.coordinator.table();
+        let spec = table.limit(&counter.limit)?;
+        let strict = self.active && spec.consistency == Consistency::Strict;
+        strict.then(|| table.allowance(counter, region))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use allot_core::ids::KeyId;
+    use allot_core::limit::{Consistency, PartitionPolicy};
+
+    use super::*;
+    use crate::test_nodes::scenario;
+
+    /// Two regions weighted 0.6 / 0.4; `api/t` 100 per second without weights of its own,
+    /// `other/u` eventual with its own weights, in a second YAML document.
+    const YAML: &str = r#"
+name: machines-test
+duration: 5s
+regions:
+  - id: a
+    weight: 0.6
+    latency: 10ms
+    gateways: 2
+  - id: b
+    weight: 0.4
+    latency: 20ms
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 100}
+  ---
+  domain: other
+  descriptors:
+    - key: u
+      rate_limit: {unit: minute, requests_per_unit: 1000}
+      allot:
+        consistency: eventual
+        partition_policy: closed
+        weights: {a: 0.5, b: 0.5}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 10}
+"#;
+
+    fn setup<'a>(s: &'a Scenario, region: usize, policy: Policy) -> RegionSetup<'a> {
+        RegionSetup {
+            scenario: s,
+            region_index: region,
+            region: &s.regions[region].id,
+            policy,
+            seed: 0,
+        }
+    }
+
+    /// A gateway's request for a lease of `units`, at least `min_units`.
+    fn want(units: u64, min_units: u64) -> LeaseWanted {
+        use allot_core::gateway::{Gateway, GatewayConfig, ToAgent};
+        let mut g = Gateway::new(GatewayConfig::default()).unwrap();
+        let (limit, key) = (LimitId::from("api/t"), KeyId::from("t=1"));
+        let h = g.key(Timestamp::ZERO, &limit, &key).unwrap();
+        g.try_spend(Timestamp::ZERO, h, min_units);
+        let Some(ToAgent::LeaseWanted(w)) = g.poll_transmit(Timestamp::ZERO) else {
+            panic!("an empty key asks for a lease");
+        };
+        LeaseWanted {
+            units,
+            min_units,
+            ..w
+        }
+    }
+
+    #[test]
+    fn limits_come_from_the_loader_with_the_scenario_s_weights_where_they_set_none() {
+        let s = scenario(YAML);
+        let f = CoreFactory::new(&s).unwrap();
+        let ids: Vec<&str> = f.limits().iter().map(|l| l.id.as_str()).collect();
+        assert_eq!(ids, ["api/t", "other/u"], "both documents load");
+        let regions = s.region_ids();
+        let api = &f.limits()[0];
+        assert_eq!(
+            api.weights.default_allowance(&regions[0], &regions, 100),
+            60
+        );
+        let other = &f.limits()[1];
+        assert_eq!(other.consistency, Consistency::Eventual);
+        assert_eq!(other.partition_policy, PartitionPolicy::Closed);
+        assert_eq!(
+            other
+                .weights
+                .default_allowance(&regions[0], &regions, 1_000),
+            500,
+            "its own weights stand"
+        );
+    }
+
+    #[test]
+    fn a_limit_the_loader_refuses_is_located_in_the_scenario_file() {
+        let bad = YAML.replace("consistency: eventual", "consistency: sometimes");
+        let s = scenario(&bad);
+        let Err(SimError::Scenario(e)) = CoreFactory::new(&s) else {
+            panic!("expected a located error");
+        };
+        // The scenario text starts with a newline; `consistency:` is on its line 23, the value
+        // at column 22 (the block is indented by 2).
+        assert_eq!((e.line, e.column), (23, 22), "{e}");
+        assert!(e.field.contains("consistency"), "{e}");
+        assert!(e.message.contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn a_lease_wanted_becomes_a_lease_of_the_real_machine() {
+        // Region a's default share of 100 is 60.
+        let s = scenario(YAML);
+        let f = CoreFactory::new(&s).unwrap();
+        let mut a = f.region(&setup(&s, 0, Policy::Rebalancing), s.start);
+        let now = s.start + Duration::from_millis(400);
+        let LeaseAnswer::Granted(g) = a.handle_lease_wanted(now, &want(50, 1)) else {
+            panic!("granted");
+        };
+        assert_eq!((g.units, g.remaining_units), (50, 10));
+        // The lease ends with the window, 600 ms later.
+        assert_eq!(g.ttl, Duration::from_millis(600));
+        // 10 left cannot serve a request of 20: denied, and a coordinated region's gateways
+        // ask again after one sync interval, not at the window's end.
+        let LeaseAnswer::Denied(d) = a.handle_lease_wanted(now, &want(20, 20)) else {
+            panic!("denied");
+        };
+        assert_eq!(d.retry_after, s.sync_interval);
+        // Giving 30 back makes room for it.
+        a.handle_release(
+            now,
+            &LeaseRelease {
+                lease: g.lease,
+                units: 30,
+            },
+        );
+        assert!(matches!(
+            a.handle_lease_wanted(now, &want(20, 20)),
+            LeaseAnswer::Granted(_)
+        ));
+    }
+
+    #[test]
+    fn the_static_split_is_the_same_machine_on_a_fixed_share() {
+        let s = scenario(YAML);
+        let f = CoreFactory::new(&s).unwrap();
+        let mut b = f.region(&setup(&s, 1, Policy::StaticSplit), s.start);
+        let now = s.start + Duration::from_millis(400);
+        // b's share of 100 is 40: no more, and nothing to sync.
+        let LeaseAnswer::Granted(g) = b.handle_lease_wanted(now, &want(100, 1)) else {
+            panic!("granted");
+        };
+        assert_eq!(g.units, 40);
+        let LeaseAnswer::Denied(d) = b.handle_lease_wanted(now, &want(1, 1)) else {
+            panic!("denied");
+        };
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(600),
+            "until the window resets"
+        );
+        assert!(b.poll_transmit(now).is_none());
+    }
+
+    #[test]
+    fn a_restarted_agent_comes_back_from_its_store_however_long_it_grew() {
+        let s = scenario(YAML);
+        let f = CoreFactory::new(&s).unwrap();
+        let setup = setup(&s, 0, Policy::Rebalancing);
+        let mut a = f.region(&setup, s.start);
+        let mut store = Vec::new();
+        // Thousands of one-unit leases, each released: more records than the store keeps
+        // before compacting to a snapshot.
+        let mut leased = 0;
+        for i in 0..40_000u64 {
+            let now = s.start + Duration::from_micros(100 * i);
+            if let LeaseAnswer::Granted(g) = a.handle_lease_wanted(now, &want(1, 1)) {
+                leased += 1;
+                if i % 2 == 0 {
+                    a.handle_release(
+                        now,
+                        &LeaseRelease {
+                            lease: g.lease,
+                            units: 1,
+                        },
+                    );
+                }
+            }
+            a.persist(&mut store);
+        }
+        assert!(leased > 0);
+        assert!(store.len() <= STORE_COMPACT_RECORDS + 8);
+        let mut before = RegionObservation::default();
+        a.observe(&mut before);
+        let restored = f.restore_region(&setup, &store, s.start + Duration::from_secs(4));
+        let mut after = RegionObservation::default();
+        restored.observe(&mut after);
+        assert_eq!(after.entries, before.entries);
+    }
+
+    #[test]
+    fn the_coordinator_answers_for_strict_limits_only() {
+        let s = scenario(YAML);
+        let f = CoreFactory::new(&s).unwrap();
+        let setup = CoordinatorSetup {
+            scenario: &s,
+            policy: Policy::Rebalancing,
+            seed: 0,
+        };
+        let c = f.coordinator(&setup, s.start);
+        let counter = |limit: &str| CounterRef {
+            limit: LimitId::from(limit),
+            key: KeyId::from("t=1"),
+            window: WindowIndex(0),
+        };
+        let a = RegionId::from("a");
+        assert_eq!(c.table_allowance(&counter("api/t"), &a), Some(60));
+        assert_eq!(c.table_allowance(&counter("other/u"), &a), None);
+        let baseline = f.coordinator(
+            &CoordinatorSetup {
+                policy: Policy::StaticSplit,
+                ..setup
+            },
+            s.start,
+        );
+        assert_eq!(baseline.table_allowance(&counter("api/t"), &a), None);
+        assert_eq!(
+            baseline.poll_timeout(),
+            None,
+            "the baseline's coordinator idles"
+        );
+    }
+}
