@@ -194,6 +194,17 @@ impl Agent {
         &self.settings
     }
 
+    /// The rule a call's target matches, and the counter key it names; `None` when no rule
+    /// matches (the caller counts the miss where it answers one).
+    fn matched(&self, target: &Target) -> Option<(Arc<RuleInfo>, KeyId)> {
+        let limits = self.limits();
+        let m = limits
+            .config
+            .match_descriptor(&target.domain, &target.entries)?;
+        let rule = limits.rule(&m.rule.spec.id)?.clone();
+        Some((rule, m.key))
+    }
+
     pub fn limits(&self) -> Arc<Limits> {
         // Readers only clone the Arc; a panic cannot leave it half-set.
         self.limits
@@ -229,19 +240,12 @@ impl Agent {
         cost_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<Checked> {
-        let limits = self.limits();
-        let Some(m) = limits
-            .config
-            .match_descriptor(&target.domain, &target.entries)
-        else {
+        let Some((rule, matched_key)) = self.matched(target) else {
             metrics::no_rule();
             return Ok(Checked::NoRule);
         };
-        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
-            return Ok(Checked::NoRule);
-        };
         let now = clock::now();
-        let pair = (rule.id.clone(), m.key);
+        let pair = (rule.id.clone(), matched_key);
         if request_id.is_none()
             && let Some(decision) = self.cached_refusal(now, &pair)
         {
@@ -334,19 +338,12 @@ impl Agent {
         ttl: Duration,
         request_id: Option<RequestId>,
     ) -> Result<Leased> {
-        let limits = self.limits();
-        let Some(m) = limits
-            .config
-            .match_descriptor(&target.domain, &target.entries)
-        else {
+        let Some((rule, matched_key)) = self.matched(target) else {
             metrics::no_rule();
             return Ok(Leased::NoRule);
         };
-        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
-            return Ok(Leased::NoRule);
-        };
         let now = clock::now();
-        let (limit, key) = (rule.id.clone(), m.key);
+        let (limit, key) = (rule.id.clone(), matched_key);
         let pair = (limit.clone(), key.clone());
         if request_id.is_none()
             && let Some(decision) = self.cached_refusal(now, &pair)
@@ -444,19 +441,12 @@ impl Agent {
         target: &Target,
         request_id: Option<RequestId>,
     ) -> Result<Slotted> {
-        let limits = self.limits();
-        let Some(m) = limits
-            .config
-            .match_descriptor(&target.domain, &target.entries)
-        else {
+        let Some((rule, matched_key)) = self.matched(target) else {
             metrics::no_rule();
             return Ok(Slotted::NoRule);
         };
-        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
-            return Ok(Slotted::NoRule);
-        };
         let now = clock::now();
-        let key = m.key;
+        let key = matched_key;
         let limit = rule.id.clone();
         let res = self
             .with_budget(|b| b.acquire_slot(now, &limit, &key, request_id))
@@ -488,19 +478,12 @@ impl Agent {
 
     /// The operator's view of one key; `None` when no rule matches.
     pub fn key_state(&self, target: &Target) -> Result<Option<KeyState>> {
-        let limits = self.limits();
-        let Some(m) = limits
-            .config
-            .match_descriptor(&target.domain, &target.entries)
-        else {
-            return Ok(None);
-        };
-        let Some(rule) = limits.rule(&m.rule.spec.id).cloned() else {
+        let Some((rule, matched_key)) = self.matched(target) else {
             return Ok(None);
         };
         let now = clock::now();
-        let view = self.lock().key_view(now, &rule.id, &m.key)?;
-        let pair = (rule.id.clone(), m.key);
+        let view = self.lock().key_view(now, &rule.id, &matched_key)?;
+        let pair = (rule.id.clone(), matched_key);
         Ok(Some(KeyState {
             negative_cache_until: self.negative.until(&pair),
             rule,
