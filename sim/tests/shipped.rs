@@ -88,12 +88,12 @@ fn strict_scenarios_never_admit_beyond_the_quota_on_a_perfect_clock() {
     for name in [
         "flash-crowd",
         "hot-key",
-        "partition",
         "coordinator-failover",
         "retry-storm",
     ] {
         let r = run(name, FAST_SEEDS);
         assert_eq!(r.overshoot_max, 0, "{name}");
+        assert_eq!(r.overshoot_max_on_region_clocks, 0, "{name}");
     }
 }
 
