@@ -128,11 +128,13 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     writeln!(out, "  violations            {}", r.violations)?;
     writeln!(out, "  overshoot max         {} units", r.overshoot_max)?;
+    let slack = |s: Option<i64>| s.map_or("-".to_string(), |s| format!("{s} units"));
+    writeln!(out, "  bound min slack       {}", slack(r.bound_min_slack))?;
     writeln!(
         out,
-        "  bound min slack       {}",
-        r.bound_min_slack
-            .map_or("-".to_string(), |s| format!("{s} units"))
+        "  on region clocks      overshoot max {} units, min slack {} (bound without skew)",
+        r.overshoot_max_on_region_clocks,
+        slack(r.bound_min_slack_on_region_clocks)
     )?;
     writeln!(
         out,
@@ -228,6 +230,8 @@ traffic:
             "violations",
             "overshoot_max",
             "bound_min_slack",
+            "overshoot_max_on_region_clocks",
+            "bound_min_slack_on_region_clocks",
             "utilization_p50",
             "utilization_min",
             "baseline_utilization_p50",

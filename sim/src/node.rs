@@ -82,9 +82,10 @@ pub enum LeaseAnswer {
 /// One region's agent: its budget machine, as the agent daemon drives it. Every `now` is on
 /// the region's own clock.
 ///
-/// Over `RegionBudget`: `handle_lease_wanted` maps to acquire/lease,
-/// `handle_release`/`handle_settle` to release/settle, `poll_transmit`/`handle_sync_down`/
-/// `poll_timeout`/`handle_timeout` one to one, and `persist` to `drain_dirty`.
+/// Over `RegionBudget` (`crate::machines`): `handle_lease_wanted` maps to `lease`,
+/// `handle_release` to `release`, `handle_settle` to `settle_reservation`, `poll_transmit`/
+/// `handle_sync_down`/`poll_timeout`/`handle_timeout` one to one, and `persist` to
+/// `drain_dirty`.
 pub trait RegionNode: Send {
     /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts.
     type Store: Default + Send;

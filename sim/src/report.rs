@@ -27,6 +27,10 @@ pub struct Report {
     pub overshoot_max: u64,
     /// Smallest `bound - overshoot` over all windows (negative: a violation).
     pub bound_min_slack: Option<i64>,
+    /// The same per window index on the regions' own clocks, against the bound without its
+    /// skew term: where strict mode must hold exactly (0 beyond the measured terms).
+    pub overshoot_max_on_region_clocks: u64,
+    pub bound_min_slack_on_region_clocks: Option<i64>,
     pub utilization_p50: Option<f64>,
     pub utilization_min: Option<f64>,
     /// The same seeds under the static-split baseline.
@@ -50,6 +54,8 @@ pub struct SeedReport {
     pub violations: u64,
     pub overshoot_max: u64,
     pub bound_min_slack: Option<i64>,
+    pub overshoot_max_on_region_clocks: u64,
+    pub bound_min_slack_on_region_clocks: Option<i64>,
     pub utilization_p50: Option<f64>,
     pub utilization_min: Option<f64>,
     pub baseline_utilization_p50: Option<f64>,
@@ -142,6 +148,15 @@ impl Report {
             violations: per_seed.iter().map(|s| s.violations).sum(),
             overshoot_max: per_seed.iter().map(|s| s.overshoot_max).max().unwrap_or(0),
             bound_min_slack: per_seed.iter().filter_map(|s| s.bound_min_slack).min(),
+            overshoot_max_on_region_clocks: per_seed
+                .iter()
+                .map(|s| s.overshoot_max_on_region_clocks)
+                .max()
+                .unwrap_or(0),
+            bound_min_slack_on_region_clocks: per_seed
+                .iter()
+                .filter_map(|s| s.bound_min_slack_on_region_clocks)
+                .min(),
             utilization_p50: median(&mut all_util),
             utilization_min: all_util.iter().copied().reduce(f64::min),
             baseline_utilization_p50: median(&mut all_base_util),
@@ -210,6 +225,18 @@ impl SeedReport {
                 .iter()
                 .map(|w| w.bound_units.unwrap_or(0) as i64 - w.overshoot_units as i64)
                 .min(),
+            overshoot_max_on_region_clocks: windows
+                .iter()
+                .map(region_clock_overshoot)
+                .max()
+                .unwrap_or(0),
+            bound_min_slack_on_region_clocks: windows
+                .iter()
+                .map(|w| {
+                    let bound = w.bound.as_ref().map_or(0, |b| b.without_skew_units());
+                    bound as i64 - region_clock_overshoot(w) as i64
+                })
+                .min(),
             utilization_min: util.iter().copied().reduce(f64::min),
             utilization_p50: median(&mut util),
             baseline_utilization_p50: baseline
@@ -258,6 +285,12 @@ fn convergence(scenario: &Scenario, o: &RunOutcome) -> Vec<Convergence> {
             }
         })
         .collect()
+}
+
+/// Admitted above the quota per window index on the regions' own clocks.
+fn region_clock_overshoot(w: &WindowReport) -> u64 {
+    w.admitted_units_on_region_clocks
+        .saturating_sub(w.quota_units)
 }
 
 fn utilizations(windows: &[WindowReport]) -> Vec<f64> {

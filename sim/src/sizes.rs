@@ -39,7 +39,12 @@ pub fn sync_up_bytes(m: &SyncUp) -> u64 {
         .map(|a| counter(&a.counter) + 3 * number() + FIELD_OVERHEAD_BYTES)
         .sum();
     let clock = m.clock.map_or(0, |_| 2 * number() + FIELD_OVERHEAD_BYTES);
-    header + entries + demand + acks + clock
+    let stats: u64 = m
+        .stats
+        .iter()
+        .map(|st| text(st.limit.as_str()) + 5 * number() + FIELD_OVERHEAD_BYTES)
+        .sum();
+    header + entries + demand + acks + clock + stats
 }
 
 pub fn sync_down_bytes(m: &SyncDown) -> u64 {

@@ -931,6 +931,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         while let Some(msg) = node.poll_transmit(local) {
             outgoing.push(msg);
         }
+        if !outgoing.is_empty() {
+            // What a SyncUp promises (its seq, the acks it carries) is durable before it leaves.
+            node.persist(&mut r.store);
+        }
         let wanted = node.poll_timeout().map(|l| r.clock.true_time_of(l));
         for msg in outgoing {
             self.send_up(region, msg)?;

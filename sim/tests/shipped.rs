@@ -1,0 +1,114 @@
+//! The shipped scenarios over the real machines: a few seeds of each in every `cargo test`
+//! (the fast tier), and 100 seeds of each when `ALLOT_SLOW_TESTS=1` (the CI tier, which
+//! `.ci/run` sets). Every invariant must hold on every seed; a failing seed is printed with
+//! the command that replays it.
+
+use std::path::PathBuf;
+
+use allot_sim::runner::{RunOptions, run_scenario};
+use allot_sim::{CoreFactory, Report, Scenario, scenario};
+
+const SHIPPED: [&str; 10] = [
+    "follow-the-sun",
+    "flash-crowd",
+    "hot-key",
+    "partition",
+    "coordinator-failover",
+    "agent-crash",
+    "clock-skew",
+    "retry-storm",
+    "llm-tokens",
+    "lossy-network",
+];
+
+/// Seeds per scenario in the fast tier.
+const FAST_SEEDS: u64 = 2;
+/// Seeds per scenario in the CI tier.
+const SLOW_SEEDS: u64 = 100;
+
+fn load(name: &str) -> Scenario {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(format!("{name}.yaml"));
+    scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn run(name: &str, seeds: u64) -> Report {
+    let s = load(name);
+    let factory = CoreFactory::new(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let options = RunOptions {
+        jobs,
+        wall_clock: false,
+    };
+    let report =
+        run_scenario(&s, 0..seeds, options, &factory).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let failing: Vec<String> = report
+        .failing_seeds()
+        .map(|seed| {
+            let first = seed
+                .violation_details
+                .first()
+                .map_or(String::new(), |v| format!("{}: {}", v.kind, v.detail));
+            format!("seed {} ({first})\n  replay: {}", seed.seed, seed.replay)
+        })
+        .collect();
+    assert!(failing.is_empty(), "{name}:\n{}", failing.join("\n"));
+    report
+}
+
+#[test]
+fn every_shipped_scenario_holds_every_invariant_on_a_few_seeds() {
+    for name in SHIPPED {
+        let r = run(name, FAST_SEEDS);
+        assert_eq!(r.violations, 0, "{name}");
+        assert_eq!(r.runs, FAST_SEEDS, "{name}");
+    }
+}
+
+#[test]
+fn rebalancing_follows_the_sun_where_a_static_split_cannot() {
+    // Each region peaks well above its third of the quota while the others are quiet.
+    let r = run("follow-the-sun", FAST_SEEDS);
+    let (used, baseline) = (
+        r.utilization_p50.unwrap(),
+        r.baseline_utilization_p50.unwrap(),
+    );
+    assert!(used >= 0.99, "utilization {used}");
+    assert!(
+        baseline < 0.8,
+        "the static split leaves shares unused: {baseline}"
+    );
+}
+
+#[test]
+fn strict_scenarios_never_admit_beyond_the_quota_on_a_perfect_clock() {
+    // No clock skew, no settle overage, no open policy: the bound (beyond the skew term the
+    // true-clock judgment allows) is zero, and so is the overshoot.
+    for name in [
+        "flash-crowd",
+        "hot-key",
+        "coordinator-failover",
+        "retry-storm",
+    ] {
+        let r = run(name, FAST_SEEDS);
+        assert_eq!(r.overshoot_max, 0, "{name}");
+        assert_eq!(r.overshoot_max_on_region_clocks, 0, "{name}");
+    }
+}
+
+/// The CI tier: `ALLOT_SLOW_TESTS=1 cargo test -p allot-sim --test shipped --release`.
+#[test]
+fn ci_tier_every_shipped_scenario_holds_on_a_hundred_seeds() {
+    if std::env::var("ALLOT_SLOW_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set ALLOT_SLOW_TESTS=1 to run 100 seeds of every scenario");
+        return;
+    }
+    for name in SHIPPED {
+        let r = run(name, SLOW_SEEDS);
+        eprintln!(
+            "{name}: {} seeds, violations {}, overshoot max {}, utilization p50 {:?}",
+            r.runs, r.violations, r.overshoot_max, r.utilization_p50
+        );
+    }
+}
