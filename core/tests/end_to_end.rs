@@ -87,10 +87,10 @@ fn policy() -> impl Strategy<Value = PartitionPolicy> {
     prop_oneof![Just(PartitionPolicy::Floor), Just(PartitionPolicy::Closed)]
 }
 
-/// 4 units per second, burst 4: over the eventual term's lag of at most 2.4 s (view TTL 1 s,
-/// round trips under 0.4 s) a region admits at most ceil(4 * 2.4) + 4 = 14 units unseen, so
-/// the bound is 3 * 14 = 42 plus partition terms above L = 30, while the regions could admit
-/// 3 * 44 = 132 in a 10 s window.
+/// 4 units per second, burst 4. Once round trips are measured (under 0.4 s here) the eventual
+/// term's lag is at most 2 * 1 s + 0.4 s = 2.4 s, over which a region admits at most
+/// ceil(4 * 2.4) + 4 = 14 units unseen: the bound is 3 * 14 = 42 plus partition terms above
+/// L = 30, while the regions could admit 3 * (4 * 10 + 4) = 132 in a 10 s window.
 const EVENTUAL_RATE_CAP: RateCap = RateCap {
     units: 4,
     per: Duration::from_secs(1),
