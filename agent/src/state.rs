@@ -351,7 +351,6 @@ impl Agent {
             count(&rule, &decision);
             return Ok(Leased::Denied { rule, decision });
         }
-        let quota_units = rule.quota_units;
         let req = LeaseRequest {
             limit,
             key,
@@ -362,9 +361,7 @@ impl Agent {
             ttl,
             request_id,
         };
-        let res = self
-            .with_budget(|b| lease_at_least(b, now, req, min_units, quota_units))
-            .await?;
+        let res = self.with_budget(|b| b.lease(now, req)).await?;
         let outcome = match res {
             Ok(o) => o,
             Err(e) => {
@@ -728,41 +725,6 @@ fn peek(
         shadow_denied: false,
         reason: view.reason,
     })
-}
-
-/// A lease smaller than `min_units` is no use to the caller: it is given straight back and the
-/// call answered as a refusal. A retry with the same request id replays the grant, finds it
-/// already given back, and gets the same refusal.
-fn lease_at_least(
-    b: &mut RegionBudget,
-    now: Timestamp,
-    req: LeaseRequest,
-    min_units: u64,
-    quota_units: u64,
-) -> allot_core::Result<LeaseOutcome> {
-    let (limit, key) = (req.limit.clone(), req.key.clone());
-    let outcome = b.lease(now, req)?;
-    let LeaseOutcome::Granted(grant) = &outcome else {
-        return Ok(outcome);
-    };
-    if grant.units >= min_units {
-        return Ok(outcome);
-    }
-    match b.release(now, grant.lease, grant.units, None) {
-        Ok(_) | Err(allot_core::Error::UnknownLease(_)) => {}
-        Err(e) => return Err(e),
-    }
-    let view = b.key_view(now, &limit, &key)?;
-    let reset = view.window_end.saturating_duration_since(now);
-    Ok(LeaseOutcome::Denied(Decision {
-        allowed: false,
-        remaining_units: view.remaining_units,
-        retry_after: Some(reset),
-        reset_after: reset,
-        limit_units: quota_units,
-        shadow_denied: false,
-        reason: Reason::Allowance,
-    }))
 }
 
 fn ceil_secs(d: Duration) -> u64 {
