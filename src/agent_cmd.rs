@@ -53,9 +53,14 @@ pub struct AgentArgs {
     /// flushed every --flush-interval-ms.
     #[arg(long, env = "ALLOT_DURABILITY", default_value = "buffered")]
     durability: Durability,
-    /// Time between store checkpoints, in milliseconds.
+    /// Time between device flushes of the store's log, in milliseconds (buffered mode: what a
+    /// machine crash can lose).
     #[arg(long, env = "ALLOT_FLUSH_INTERVAL_MS", default_value_t = 100)]
     flush_interval_ms: u64,
+    /// Time between store checkpoints (log applied to the sled tree and dropped), in
+    /// milliseconds.
+    #[arg(long, env = "ALLOT_CHECKPOINT_INTERVAL_MS", default_value_t = 5000)]
+    checkpoint_interval_ms: u64,
     /// Keys tracked per limit; idle ones are evicted to make room.
     #[arg(long, env = "ALLOT_MAX_KEYS_PER_LIMIT", default_value_t = 1_000_000)]
     max_keys_per_limit: usize,
@@ -101,6 +106,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.merge_domains = args.merge_domains;
     settings.durability = args.durability;
     settings.flush_interval = Duration::from_millis(args.flush_interval_ms);
+    settings.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
     settings.max_keys_per_limit = args.max_keys_per_limit;
     settings.near_limit_ratio = args.near_limit_ratio;
     settings.jitter_seed = args.jitter_seed;

@@ -215,6 +215,35 @@ async fn acquire(
     .expect("decision")
 }
 
+/// A lease of `units` (at least 1) on the "shop" domain, handing `returns` back.
+fn lease_request(
+    entries: &[(&str, &str)],
+    units: u64,
+    returns: Vec<pb::LeaseReturn>,
+) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        target: target("shop", entries),
+        units_wanted: units,
+        min_units: 1,
+        ttl_ms: 60_000,
+        idempotency_key: String::new(),
+        returns,
+    }
+}
+
+async fn lease_units(
+    c: &mut LeaseServiceClient<Channel>,
+    entries: &[(&str, &str)],
+    units: u64,
+    returns: Vec<pb::LeaseReturn>,
+) -> Option<pb::Lease> {
+    c.lease(lease_request(entries, units, returns))
+        .await
+        .expect("lease")
+        .into_inner()
+        .lease
+}
+
 // Windows of a day: a test never straddles a window boundary in practice.
 const SHOP: &str = "\
 domain: shop
@@ -269,6 +298,7 @@ async fn the_lease_api_end_to_end() {
             min_units: 1,
             ttl_ms: 60_000,
             idempotency_key: String::new(),
+            returns: Vec::new(),
         })
         .await
         .expect("lease")
@@ -299,6 +329,7 @@ async fn the_lease_api_end_to_end() {
             min_units: 5,
             ttl_ms: 60_000,
             idempotency_key: String::new(),
+            returns: Vec::new(),
         })
         .await
         .expect("lease")
@@ -306,6 +337,40 @@ async fn the_lease_api_end_to_end() {
     assert!(resp.lease.is_none());
     assert!(!resp.decision.expect("decision").allowed);
     assert_eq!(agent.key("shop", "tenant=acme")["remaining_units"], 3);
+
+    // A spent lease handed back with the next request ends before the grant: all 3 are
+    // leased (0 left), then returned unused with a request for 3, which only then fit.
+    let spent = lease_units(&mut c, &t, 3, Vec::new())
+        .await
+        .expect("granted");
+    let back = pb::LeaseReturn {
+        lease_id: spent.lease_id,
+        unused_units: 3,
+    };
+    let next = lease_units(&mut c, &t, 3, vec![back])
+        .await
+        .expect("granted");
+    assert_eq!(next.units, 3);
+    let view = agent.key("shop", "tenant=acme");
+    assert_eq!(view["leases"].as_array().map(Vec::len), Some(1), "{view}");
+    // Giving back more than a lease holds changes nothing.
+    let too_much = pb::LeaseReturn {
+        lease_id: next.lease_id,
+        unused_units: 4,
+    };
+    let err = c
+        .lease(lease_request(&t, 1, vec![too_much]))
+        .await
+        .expect_err("invalid return");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert_eq!(agent.key("shop", "tenant=acme")["leases"][0]["units"], 3);
+    c.release(pb::ReleaseRequest {
+        lease_id: next.lease_id,
+        unused_units: 3,
+        idempotency_key: String::new(),
+    })
+    .await
+    .expect("release");
 
     // Reserve 2, use 3: the extra unit is charged as overage (3 - 3 = 0 left).
     let lease = c
@@ -315,6 +380,7 @@ async fn the_lease_api_end_to_end() {
             min_units: 2,
             ttl_ms: 60_000,
             idempotency_key: String::new(),
+            returns: Vec::new(),
         })
         .await
         .expect("lease")

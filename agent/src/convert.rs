@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use allot_core::budget::{Decision, Reason};
-use allot_core::ids::RequestId;
+use allot_core::budget::config::MAX_LEASE_RETURNS;
+use allot_core::budget::{Decision, LeaseReturn, Reason};
+use allot_core::ids::{LeaseId, RequestId};
 use allot_proto::envoy::rls;
 use allot_proto::lease::v1 as pb;
 
@@ -85,6 +86,23 @@ pub fn request_id(key: &str) -> Result<Option<RequestId>> {
         )));
     }
     Ok(Some(RequestId(xxhash_rust::xxh3::xxh3_128(key.as_bytes()))))
+}
+
+/// The leases handed back with a lease request, checked for number before any is touched.
+pub fn lease_returns(returns: &[pb::LeaseReturn]) -> Result<Vec<LeaseReturn>> {
+    if returns.len() > MAX_LEASE_RETURNS {
+        return Err(invalid(format!(
+            "at most {MAX_LEASE_RETURNS} leases can be returned in one call, found {}",
+            returns.len()
+        )));
+    }
+    Ok(returns
+        .iter()
+        .map(|r| LeaseReturn {
+            lease: LeaseId(r.lease_id),
+            unused_units: r.unused_units,
+        })
+        .collect())
 }
 
 /// `0` is read as 1.

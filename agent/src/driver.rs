@@ -1,5 +1,5 @@
 //! The background tasks around the machine: timers (`poll_timeout` / `handle_timeout`, and
-//! the SyncUps they produce, sent through the [`SyncLink`] seam), store checkpoints, and
+//! the SyncUps they produce, sent through the [`SyncLink`] seam), store flushes and checkpoints, and
 //! configuration reloads on SIGHUP and on file change. Each stops when `stop` turns true.
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use crate::commit::Ticket;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::metrics;
-use crate::settings::MAX_TIMER_SLEEP;
+use crate::settings::{MAX_LOG_BYTES, MAX_TIMER_SLEEP};
 use crate::state::Agent;
 use crate::sync_link::SyncLink;
 
@@ -54,29 +54,55 @@ pub async fn timers<L: SyncLink>(agent: Arc<Agent>, mut link: L, mut stop: watch
     }
 }
 
-/// Every `flush_interval`, if anything was written since the last one: make the store's
-/// contents survive a machine crash and drop its log.
-pub async fn checkpoints(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(agent.settings().flush_interval);
+/// Every `flush_interval`, if anything was written since: flush the store's log to the device
+/// (in `buffered` mode, what bounds a machine crash's loss). Every `checkpoint_interval`, or
+/// sooner once the log passes [`MAX_LOG_BYTES`]: checkpoint (apply the log to the tree, drop it).
+pub async fn flushes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let settings = agent.settings();
+    let mut tick = tokio::time::interval(settings.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last: Option<Ticket> = None;
+    let checkpoint_interval = settings.checkpoint_interval;
+    let mut synced: Option<Ticket> = None;
+    let mut checkpointed: Option<Ticket> = None;
+    let mut checkpointed_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
+        // Read first: whatever the flush or checkpoint then covers includes this much.
         let durable = agent.committer().durable();
-        if last == Some(durable) {
-            continue;
+        if synced != Some(durable) {
+            match sync(&agent).await {
+                Ok(()) => synced = Some(durable),
+                Err(e) => store_failed("store log flush", &e),
+            }
         }
-        match checkpoint(&agent).await {
-            Ok(()) => last = Some(durable),
-            Err(e) => {
-                metrics::store_error();
-                tracing::error!(error = %e, "store checkpoint failed");
+        let due = checkpointed_at.elapsed() >= checkpoint_interval
+            || agent.committer().store().log_bytes() >= MAX_LOG_BYTES;
+        if due && checkpointed != Some(durable) {
+            match checkpoint(&agent).await {
+                Ok(()) => {
+                    checkpointed = Some(durable);
+                    checkpointed_at = tokio::time::Instant::now();
+                }
+                Err(e) => store_failed("store checkpoint", &e),
             }
         }
     }
+}
+
+fn store_failed(what: &str, e: &Error) {
+    metrics::store_error();
+    tracing::error!(error = %e, "{what} failed");
+}
+
+/// One device flush of the store's log, off the runtime's workers.
+async fn sync(agent: &Agent) -> Result<()> {
+    let store = agent.committer().store().clone();
+    tokio::task::spawn_blocking(move || store.sync())
+        .await
+        .map_err(|e| Error::NotPersisted(format!("flush task: {e}")))?
 }
 
 /// One checkpoint, off the runtime's workers (it waits for the device).

@@ -63,7 +63,7 @@ pub async fn run(
             NoCoordinator,
             stop_rx.clone(),
         )),
-        tokio::spawn(driver::checkpoints(agent.clone(), stop_rx.clone())),
+        tokio::spawn(driver::flushes(agent.clone(), stop_rx.clone())),
         tokio::spawn(driver::config_reloads(
             agent.clone(),
             hangup,

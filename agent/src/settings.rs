@@ -24,6 +24,9 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 512;
 /// Keys remembered as over their limit (the negative cache); past it, no new entry is added
 /// until expired ones are dropped.
 pub const NEGATIVE_CACHE_CAPACITY: usize = 65_536;
+/// A store log this long is checkpointed at the next flush, whatever the checkpoint interval:
+/// it bounds the disk the log takes and the time a start spends replaying it.
+pub const MAX_LOG_BYTES: u64 = 64 << 20;
 /// Records waiting for the store (a failing store makes them pile up); past it they are
 /// dropped and the next write is a full snapshot instead.
 pub const MAX_PENDING_RECORDS: usize = 262_144;
@@ -45,9 +48,14 @@ pub struct Settings {
     /// The store's directory.
     pub data_dir: PathBuf,
     pub durability: Durability,
-    /// Time between two checkpoints of the store (sled flushed, log truncated): in `buffered`
-    /// mode, what a machine crash can lose.
+    /// Time between two device flushes of the store's log: in `buffered` mode, what a
+    /// machine crash can lose.
     pub flush_interval: Duration,
+    /// Time between two checkpoints (the log's records applied to the sled tree, the tree
+    /// flushed, the log dropped). A longer one applies fewer records (only the last of each
+    /// item counts) and leaves a longer log to replay at start; a log past
+    /// [`MAX_LOG_BYTES`] is checkpointed at the next flush whatever the time.
+    pub checkpoint_interval: Duration,
     /// Time between two looks at the limits files' modification times.
     pub config_poll_interval: Duration,
     /// Share of a limit used from which an allowed decision counts as near the limit.
@@ -72,6 +80,7 @@ impl Settings {
             data_dir,
             durability: Durability::default(),
             flush_interval: Duration::from_millis(100),
+            checkpoint_interval: Duration::from_secs(5),
             config_poll_interval: Duration::from_secs(1),
             near_limit_ratio: 0.8,
             max_keys_per_limit: 1_000_000,
@@ -97,8 +106,12 @@ impl Settings {
                 self.near_limit_ratio
             ));
         }
-        if self.flush_interval.is_zero() || self.config_poll_interval.is_zero() {
-            problems.push("flush and config poll intervals must be positive".to_owned());
+        if self.flush_interval.is_zero()
+            || self.checkpoint_interval.is_zero()
+            || self.config_poll_interval.is_zero()
+        {
+            problems
+                .push("flush, checkpoint and config poll intervals must be positive".to_owned());
         }
         if self.max_keys_per_limit == 0 {
             problems.push("max keys per limit must be at least 1".to_owned());

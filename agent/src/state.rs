@@ -11,8 +11,8 @@ use std::time::Duration;
 use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::inspect::KeyView;
 use allot_core::budget::{
-    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, PersistRecord, Reason,
-    RegionBudget, ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, PersistRecord,
+    Reason, RegionBudget, ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
@@ -65,6 +65,16 @@ impl Checked {
             Checked::Degraded { allowed, .. } => *allowed,
         }
     }
+}
+
+/// What a lease call asks for, beside its target and idempotency key.
+#[derive(Clone, Debug)]
+pub struct LeaseAsk {
+    pub units_wanted: u64,
+    pub min_units: u64,
+    pub ttl: Duration,
+    /// Leases the caller is done with, ended before the grant.
+    pub returns: Vec<LeaseReturn>,
 }
 
 /// The answer to a lease request.
@@ -333,9 +343,7 @@ impl Agent {
     pub async fn lease(
         &self,
         target: &Target,
-        units_wanted: u64,
-        min_units: u64,
-        ttl: Duration,
+        ask: LeaseAsk,
         request_id: Option<RequestId>,
     ) -> Result<Leased> {
         let Some((rule, matched_key)) = self.matched(target) else {
@@ -345,7 +353,10 @@ impl Agent {
         let now = clock::now();
         let (limit, key) = (rule.id.clone(), matched_key);
         let pair = (limit.clone(), key.clone());
+        // Returned leases must end whatever the answer, so only a call without any may be
+        // refused from the cache.
         if request_id.is_none()
+            && ask.returns.is_empty()
             && let Some(decision) = self.cached_refusal(now, &pair)
         {
             count(&rule, &decision);
@@ -354,14 +365,22 @@ impl Agent {
         let req = LeaseRequest {
             limit,
             key,
-            units_wanted,
-            min_units,
+            units_wanted: ask.units_wanted,
+            min_units: ask.min_units,
             denied_units: 0,
             rate_units_per_sec: None,
-            ttl,
+            ttl: ask.ttl,
             request_id,
         };
-        let res = self.with_budget(|b| b.lease(now, req)).await?;
+        let (refunded, res) = self
+            .with_budget(|b| {
+                let refunded = b.release_returned(now, &ask.returns)?;
+                Ok::<_, allot_core::Error>((refunded, b.lease(now, req)))
+            })
+            .await??;
+        if !ask.returns.is_empty() {
+            self.refunded("release", refunded);
+        }
         let outcome = match res {
             Ok(o) => o,
             Err(e) => {

@@ -207,6 +207,9 @@ enum Client {
     Lease {
         client: LeaseServiceClient<Channel>,
         units: u64,
+        /// The caller's last lease, spent: handed back with its next request, as a gateway
+        /// does, so that it stops counting against the key's leases at the agent.
+        spent: Option<u64>,
     },
     Rls(RateLimitServiceClient<Channel>),
     Redis {
@@ -243,6 +246,7 @@ impl Client {
             Workload::Lease => Client::Lease {
                 client: LeaseServiceClient::new(channel),
                 units: config.lease_units,
+                spent: None,
             },
             _ => Client::Acquire(LeaseServiceClient::new(channel)),
         })
@@ -251,7 +255,11 @@ impl Client {
     async fn call(&mut self, key: &str) -> Result<Outcome, ErrorKind> {
         match self {
             Client::Acquire(client) => acquire(client, key).await,
-            Client::Lease { client, units } => lease(client, key, *units).await,
+            Client::Lease {
+                client,
+                units,
+                spent,
+            } => lease(client, key, *units, spent).await,
             Client::Rls(client) => should_rate_limit(client, key).await,
             Client::Redis {
                 con,
@@ -286,6 +294,7 @@ async fn lease(
     client: &mut LeaseServiceClient<Channel>,
     key: &str,
     units: u64,
+    spent: &mut Option<u64>,
 ) -> Result<Outcome, ErrorKind> {
     let req = pb::LeaseRequest {
         target: Some(target(key)),
@@ -293,14 +302,25 @@ async fn lease(
         min_units: 1,
         ttl_ms: u64::try_from(LEASE_TTL.as_millis()).unwrap_or(u64::MAX),
         idempotency_key: String::new(),
+        returns: spent
+            .take()
+            .map(|lease_id| pb::LeaseReturn {
+                lease_id,
+                unused_units: 0,
+            })
+            .into_iter()
+            .collect(),
     };
     let resp = client.lease(req).await.map_err(grpc_error)?.into_inner();
     // The caller spends the lease locally, one request per unit: a decrement of its own
     // counter, no call. Every unit granted is a request admitted.
     Ok(match resp.lease {
-        Some(lease) if lease.units > 0 => Outcome::Allowed {
-            admitted: lease.units,
-        },
+        Some(lease) if lease.units > 0 => {
+            *spent = Some(lease.lease_id);
+            Outcome::Allowed {
+                admitted: lease.units,
+            }
+        }
         _ => Outcome::Denied,
     })
 }

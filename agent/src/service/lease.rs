@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use super::status;
 use crate::clock;
 use crate::convert::{self, ceil_ms};
-use crate::state::{Agent, Leased, Slotted};
+use crate::state::{Agent, LeaseAsk, Leased, Slotted};
 
 const SERVICE: &str = "lease";
 
@@ -64,13 +64,17 @@ impl LeaseService for LeaseApi {
         let target = convert::target(req.target).map_err(err)?;
         let id = convert::request_id(&req.idempotency_key).map_err(err)?;
         let ttl = convert::lease_ttl(req.ttl_ms);
+        let returns = convert::lease_returns(&req.returns).map_err(err)?;
         let leased = self
             .agent
             .lease(
                 &target,
-                req.units_wanted,
-                convert::cost(req.min_units),
-                ttl,
+                LeaseAsk {
+                    units_wanted: req.units_wanted,
+                    min_units: convert::cost(req.min_units),
+                    ttl,
+                    returns,
+                },
                 id,
             )
             .await

@@ -4,7 +4,7 @@
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
 //! prefix: `a` ack, `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
 //! key), `l` lease, `m` meta, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
-//! the records themselves, in JSON.
+//! the records themselves ([`super::codec`]).
 
 use allot_core::budget::PersistRecord;
 use allot_core::budget::persist::{LeaseRecord, SlotRecord};
@@ -50,25 +50,50 @@ fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
                     kv.delete(&key)?;
                 }
             }
+            Ok(())
         }
-        PersistRecord::LimitRemoved { limit } => remove_limit(kv, limit)?,
-        PersistRecord::Meta(_) => kv.put(META.to_vec(), encode(record)?)?,
-        PersistRecord::Key(r) => kv.put(key_key(&r.limit, &r.key), encode(record)?)?,
-        PersistRecord::KeyEvicted { limit, key } => kv.delete(&key_key(limit, key))?,
-        PersistRecord::Lease(r) => kv.put(id_key(LEASE, r.lease.0), encode(record)?)?,
-        PersistRecord::LeaseEnded { lease } => kv.delete(&id_key(LEASE, lease.0))?,
-        PersistRecord::Slot(r) => kv.put(id_key(SLOT, r.slot.0), encode(record)?)?,
-        PersistRecord::SlotEnded { slot } => kv.delete(&id_key(SLOT, slot.0))?,
-        PersistRecord::ReleaseAck(a) => kv.put(id_key(ACK, a.ack.id), encode(record)?)?,
-        PersistRecord::ReleaseForgotten { id } => kv.delete(&id_key(ACK, *id))?,
-        PersistRecord::Idempotency(i) => kv.put(idempotency_key(i.request.0), encode(record)?)?,
-        PersistRecord::IdempotencyExpired { request } => {
-            kv.delete(&idempotency_key(request.0))?;
-        }
-        PersistRecord::Stats(s) => kv.put(stats_key(&s.limit, s.window), encode(record)?)?,
-        PersistRecord::StatsForgotten { limit, window } => kv.delete(&stats_key(limit, *window))?,
+        PersistRecord::LimitRemoved { limit } => remove_limit(kv, limit),
+        _ => match item_key(record) {
+            Some(key) if is_tombstone(record) => kv.delete(&key),
+            Some(key) => kv.put(key, encode(record)?),
+            None => Err(Error::Corrupt(format!("{record:?} names no store key"))),
+        },
     }
-    Ok(())
+}
+
+/// A record that deletes its key rather than writing it.
+fn is_tombstone(record: &PersistRecord) -> bool {
+    matches!(
+        record,
+        PersistRecord::KeyEvicted { .. }
+            | PersistRecord::LeaseEnded { .. }
+            | PersistRecord::SlotEnded { .. }
+            | PersistRecord::ReleaseForgotten { .. }
+            | PersistRecord::IdempotencyExpired { .. }
+            | PersistRecord::StatsForgotten { .. }
+    )
+}
+
+/// The one store key a record overwrites or deletes; `None` for a record that acts on many
+/// (`Reset`, `LimitRemoved`). Records naming the same key replace one another, and records
+/// naming different keys commute, which is what lets a store keep only the last of each.
+pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
+    Some(match record {
+        PersistRecord::Reset | PersistRecord::LimitRemoved { .. } => return None,
+        PersistRecord::Meta(_) => META.to_vec(),
+        PersistRecord::Key(r) => key_key(&r.limit, &r.key),
+        PersistRecord::KeyEvicted { limit, key } => key_key(limit, key),
+        PersistRecord::Lease(r) => id_key(LEASE, r.lease.0),
+        PersistRecord::LeaseEnded { lease } => id_key(LEASE, lease.0),
+        PersistRecord::Slot(r) => id_key(SLOT, r.slot.0),
+        PersistRecord::SlotEnded { slot } => id_key(SLOT, slot.0),
+        PersistRecord::ReleaseAck(a) => id_key(ACK, a.ack.id),
+        PersistRecord::ReleaseForgotten { id } => id_key(ACK, *id),
+        PersistRecord::Idempotency(i) => idempotency_key(i.request.0),
+        PersistRecord::IdempotencyExpired { request } => idempotency_key(request.0),
+        PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
+        PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
+    })
 }
 
 /// A removed limit takes its keys, leases, slots and bound figures with it.
@@ -109,11 +134,11 @@ pub(crate) fn load(kv: &dyn Scan) -> Result<Vec<PersistRecord>> {
 }
 
 pub(crate) fn encode(record: &PersistRecord) -> Result<Vec<u8>> {
-    serde_json::to_vec(record).map_err(|e| Error::Corrupt(format!("cannot encode record: {e}")))
+    super::codec::encode_record(record)
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<PersistRecord> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("undecodable record: {e}")))
+    super::codec::decode_record(bytes)
 }
 
 fn limit_prefix(limit: &LimitId) -> Vec<u8> {

@@ -36,8 +36,16 @@ impl Store for MemoryStore {
         keyed::apply(&mut *self.map(), batch)
     }
 
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn checkpoint(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn log_bytes(&self) -> u64 {
+        0
     }
 
     fn load(&self) -> Result<Vec<PersistRecord>> {

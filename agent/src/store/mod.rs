@@ -7,6 +7,7 @@
 //! ([`keyed`] holds that logic, shared by both stores) and gives back everything it holds at
 //! start, in an order `RegionBudget::restore` accepts. Only this module knows sled.
 
+mod codec;
 mod keyed;
 mod memory;
 mod sled_store;
@@ -34,9 +35,16 @@ pub trait Store: Send + Sync + 'static {
     /// [`Durability`] promises; on `Err` nothing can be assumed about them.
     fn write(&self, batch: &[PersistRecord]) -> Result<()>;
 
-    /// Makes everything written so far survive a machine crash too, and lets the store drop
-    /// what it kept only until then (its write-ahead log).
+    /// Makes everything written so far survive a machine crash too (in `buffered` mode,
+    /// where `write` does not). Cheap: one device flush of what was appended.
+    fn sync(&self) -> Result<()>;
+
+    /// Moves everything written so far into the store's long-term form (the sled tree,
+    /// flushed) and drops what it kept only until then (its write-ahead log).
     fn checkpoint(&self) -> Result<()>;
+
+    /// Bytes written since the last checkpoint: what the next start would replay.
+    fn log_bytes(&self) -> u64;
 
     /// Every record held, in an order `RegionBudget::restore` accepts.
     fn load(&self) -> Result<Vec<PersistRecord>>;
@@ -50,8 +58,9 @@ pub enum Durability {
     /// requests share one flush (group commit).
     Sync,
     /// Each batch is written to the log (handed to the kernel) before the answers that depend
-    /// on it; the device is flushed at every checkpoint. Survives a process kill (SIGKILL, a
-    /// panic, the OOM killer); a machine crash loses at most the last checkpoint interval.
+    /// on it; the log is flushed to the device every flush interval. Survives a process kill
+    /// (SIGKILL, a panic, the OOM killer); a machine crash loses at most the last flush
+    /// interval.
     #[default]
     Buffered,
 }

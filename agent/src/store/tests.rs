@@ -223,6 +223,35 @@ fn checkpoints_and_reopening_keep_everything(o: &mut dyn Opener) {
     assert_eq!(restored(&*store).snapshot(), b.snapshot());
 }
 
+/// Between two checkpoints an item may be written many times, deleted, and written again
+/// after a removed limit swept it; only the order of what reaches the store matters.
+fn the_last_state_of_each_item_survives_a_checkpoint(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let store = o.open();
+    for ms in 0..5 {
+        b.acquire(at(ms), acquire("t=a", 1, None)).expect("acquire");
+        persist(&mut b, &*store);
+    }
+    let ended = lease_id(b.lease(at(5), lease("t=b", 10, 30_000)).expect("lease"));
+    persist(&mut b, &*store);
+    b.release(at(6), ended, 10, None).expect("release");
+    persist(&mut b, &*store);
+    // The tenant limit goes (a sweep over its keys), comes back, and is used again: the key
+    // written after the sweep must survive it, the one before must not come back.
+    let only_slots: Vec<LimitSpec> = limits().into_iter().skip(1).collect();
+    b.set_limits(at(7), only_slots);
+    persist(&mut b, &*store);
+    b.set_limits(at(8), limits());
+    b.acquire(at(9), acquire("t=c", 2, None)).expect("acquire");
+    persist(&mut b, &*store);
+    store.checkpoint().expect("checkpoint");
+    drop(store);
+    let store = o.open();
+    let back = restored(&*store);
+    assert_eq!(back.snapshot(), b.snapshot());
+    assert_eq!(back.lease_count(), 0, "the released lease stays ended");
+}
+
 fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
     assert!(o.open().load().expect("load").is_empty());
 }
@@ -250,6 +279,11 @@ macro_rules! conformance {
             #[test]
             fn checkpoints_and_reopening_keep_everything() {
                 super::checkpoints_and_reopening_keep_everything(&mut $opener);
+            }
+
+            #[test]
+            fn the_last_state_of_each_item_survives_a_checkpoint() {
+                super::the_last_state_of_each_item_survives_a_checkpoint(&mut $opener);
             }
 
             #[test]
@@ -286,6 +320,45 @@ mod sled_log {
         batches
     }
 
+    fn write_at(path: &std::path::Path, offset: usize, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .expect("log");
+        file.write_all_at(bytes, offset as u64).expect("write");
+    }
+
+    /// A segment too small for what is appended rolls over to the next; every frame of every
+    /// segment comes back, in order, at the next start.
+    #[test]
+    fn appends_past_a_segment_continue_in_the_next_and_replay_in_order() {
+        let dir = temp();
+        let batches = some_records();
+        let one_frame = {
+            let (mut wal, _) =
+                Wal::open_with(&dir.path().join("probe"), false, 1 << 20, |_| Ok(())).expect("wal");
+            wal.append(&batches[0]).expect("append");
+            wal.end_offset()
+        };
+        let wal_dir = dir.path().join("wal");
+        {
+            // Room for one frame a segment: three appends, three segments.
+            let (mut wal, _) = Wal::open_with(&wal_dir, false, one_frame, |_| Ok(())).expect("wal");
+            for batch in &batches {
+                wal.append(batch).expect("append");
+            }
+            assert_eq!(wal.bytes_since_rotation(), 3 * one_frame as u64);
+        }
+        let mut replayed = Vec::new();
+        Wal::open_with(&wal_dir, false, one_frame, |b| {
+            replayed.push(b);
+            Ok(())
+        })
+        .expect("reopened");
+        assert_eq!(replayed, batches);
+    }
+
     fn log_file(dir: &std::path::Path) -> std::path::PathBuf {
         let wal = dir.join("wal");
         let mut files: Vec<_> = std::fs::read_dir(&wal)
@@ -302,19 +375,15 @@ mod sled_log {
     fn the_log_is_replayed_and_a_torn_last_write_dropped() {
         let dir = temp();
         let batches = some_records();
-        {
+        let end = {
             let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
             for batch in &batches[..2] {
                 wal.append(batch).expect("append");
             }
-        }
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(log_file(dir.path()))
-            .expect("log");
+            wal.end_offset()
+        };
         // The first bytes of a third frame: a length and half a checksum.
-        file.write_all(&[40, 0, 0, 0, 1, 2]).expect("torn write");
-        drop(file);
+        write_at(&log_file(dir.path()), end, &[40, 0, 0, 0, 1, 2]);
         let store = SledStore::open(dir.path(), Durability::Buffered).expect("open");
         let keys: Vec<String> = store
             .load()
@@ -332,16 +401,18 @@ mod sled_log {
     fn a_damaged_frame_before_the_end_of_the_log_is_an_error() {
         let dir = temp();
         let batches = some_records();
-        {
+        let first_end = {
             let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
             wal.append(&batches[0]).expect("append");
+            let end = wal.end_offset();
             wal.rotate().expect("rotate");
             wal.append(&batches[1]).expect("append");
-        }
+            end
+        };
+        // The older segment's one frame loses a byte of its payload.
         let older = dir.path().join("wal").join(format!("{:020}.log", 1));
         let mut bytes = std::fs::read(&older).expect("read");
-        let last = bytes.len() - 2;
-        bytes[last] ^= 0xff;
+        bytes[first_end - 2] ^= 0xff;
         std::fs::write(&older, bytes).expect("damage");
         let err = SledStore::open(dir.path(), Durability::Buffered).expect_err("damaged");
         assert!(err.to_string().contains("damaged log frame"), "{err}");

@@ -2,36 +2,105 @@
 //!
 //! sled 0.34 keeps inserts in its own user-space buffers until it flushes (every
 //! `flush_every_ms`, or on `flush()`, which also syncs the file): a process killed in between
-//! loses them. So every batch is first appended to this log with one `write(2)`, which hands it
-//! to the kernel (it survives SIGKILL), and in `sync` mode flushed with `fdatasync`. A
-//! checkpoint starts a new log file, flushes sled, then deletes the older files; at start the
-//! files left are replayed in order.
+//! loses them. So every batch is first appended to this log, and only the log is on the
+//! request path.
 //!
-//! A frame is `len: u32 LE | crc32(payload): u32 LE | payload` (a JSON array of records). A
-//! frame cut short or failing its checksum at the end of the last file is a write the process
-//! died in (its answer was never given) and is dropped; anywhere else it is corruption.
+//! The log is a series of segment files, each allocated whole when it is started
+//! (`posix_fallocate`, so that a full disk is an error at rotation, never a fault while
+//! writing) and mapped shared into memory. An append copies its frame into the mapping: the
+//! pages are the kernel's page cache, so a batch survives the process being killed the moment
+//! the copy is done, with no system call. In `sync` mode each append is also flushed to the
+//! device (`msync`, which is `fdatasync` of the pages written); in `buffered` mode the agent
+//! flushes the file every flush interval. A checkpoint starts a new segment, flushes sled,
+//! then deletes the older segments; at start the segments left are replayed in order.
+//!
+//! A frame is `len: u32 LE | crc32(payload): u32 LE | payload` (a batch of records, encoded
+//! as [`super::codec`] says, never empty). A zero length ends a segment: the rest of it was
+//! never written. A frame cut short or failing its checksum at the end of the last segment is
+//! a write the process died in (its answer was never given) and is dropped; anywhere else it
+//! is corruption. Logs written by earlier versions with `write(2)` (no preallocation) read the
+//! same way.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use allot_core::budget::PersistRecord;
+use memmap2::MmapMut;
 
+use super::codec;
 use crate::error::{Error, Result};
 
 const FRAME_HEADER_BYTES: usize = 8;
+
+/// Room reserved per record before encoding a batch (a key's record, the most common, takes
+/// about this much), so that a frame is rarely grown while it is written.
+const ENCODED_BYTES_GUESS: usize = 128;
 
 /// Largest frame accepted when replaying: a length above it is damage, not a batch. Batches
 /// are one drain of the budget machine, at most a full snapshot; this leaves ample room.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
 
+/// Size of a log segment: several seconds of appends at tens of thousands of calls a second.
+/// A batch larger than this gets a segment of its own size.
+pub const SEGMENT_BYTES: usize = 16 << 20;
+
 #[derive(Debug)]
 pub struct Wal {
     dir: PathBuf,
-    file: File,
     number: u64,
-    /// `fdatasync` after every append (durability `sync`).
+    segment: Segment,
+    /// Flush each append to the device (durability `sync`).
     sync_each_write: bool,
+    /// Appended since the last rotation, in every segment since.
+    bytes: u64,
+    /// Segments filled since the last rotation: the next checkpoint removes them too.
+    filled: Vec<PathBuf>,
+    /// The size new segments are created with.
+    segment_bytes: usize,
+    /// Segments created so far, and how many of their names the directory has made durable:
+    /// in `buffered` mode the directory is flushed with the next log flush, off the request
+    /// path.
+    created: u64,
+    dir_synced: Arc<AtomicU64>,
+}
+
+/// One mapped segment file.
+#[derive(Debug)]
+struct Segment {
+    map: MmapMut,
+    /// Where the next frame goes.
+    end: usize,
+    file: Arc<File>,
+    path: PathBuf,
+}
+
+/// The current segment file, to flush to the device without holding up appends.
+#[derive(Debug)]
+pub struct LogFile {
+    file: Arc<File>,
+    path: PathBuf,
+    dir: PathBuf,
+    created: u64,
+    dir_synced: Arc<AtomicU64>,
+}
+
+impl LogFile {
+    /// `fdatasync`: everything appended so far, through the mapping too, survives a machine
+    /// crash; and so do the names of the segments created since the last flush.
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(&self.path, e))?;
+        if self.dir_synced.load(Ordering::Acquire) < self.created {
+            sync_dir(&self.dir)?;
+            self.dir_synced.fetch_max(self.created, Ordering::AcqRel);
+        }
+        Ok(())
+    }
 }
 
 /// The log files a checkpoint may delete once sled is flushed.
@@ -41,11 +110,21 @@ pub struct Rotated {
 }
 
 impl Wal {
-    /// Replays the files in `dir` (oldest first) through `apply`, then starts a fresh file
+    /// Replays the files in `dir` (oldest first) through `apply`, then starts a fresh segment
     /// numbered after them. The replayed files stay until the caller's first checkpoint.
     pub fn open(
         dir: &Path,
         sync_each_write: bool,
+        apply: impl FnMut(Vec<PersistRecord>) -> Result<()>,
+    ) -> Result<(Wal, Rotated)> {
+        Wal::open_with(dir, sync_each_write, SEGMENT_BYTES, apply)
+    }
+
+    /// [`Wal::open`] with segments of `segment_bytes`.
+    pub fn open_with(
+        dir: &Path,
+        sync_each_write: bool,
+        segment_bytes: usize,
         mut apply: impl FnMut(Vec<PersistRecord>) -> Result<()>,
     ) -> Result<(Wal, Rotated)> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -57,11 +136,18 @@ impl Wal {
             }
         }
         let number = files.last().map_or(1, |(n, _)| n + 1);
+        let segment = Segment::create(dir, number, segment_bytes)?;
+        sync_dir(dir)?;
         let wal = Wal {
             dir: dir.to_path_buf(),
-            file: create(&file_path(dir, number))?,
             number,
+            segment,
             sync_each_write,
+            bytes: 0,
+            filled: Vec::new(),
+            segment_bytes,
+            created: 1,
+            dir_synced: Arc::new(AtomicU64::new(1)),
         };
         let rotated = Rotated {
             files: files.into_iter().map(|(_, p)| p).collect(),
@@ -69,33 +155,150 @@ impl Wal {
         Ok((wal, rotated))
     }
 
-    /// Appends one batch with a single `write(2)` (and `fdatasync` in sync mode).
+    /// Appends one batch: a copy into the mapping (and a flush of its pages in sync mode).
     pub fn append(&mut self, batch: &[PersistRecord]) -> Result<()> {
-        let payload = serde_json::to_vec(batch)
-            .map_err(|e| Error::Corrupt(format!("cannot encode batch: {e}")))?;
-        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + payload.len());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        frame.extend_from_slice(&payload);
-        let path = file_path(&self.dir, self.number);
-        self.file
-            .write_all(&frame)
-            .map_err(|e| Error::io(&path, e))?;
+        let frame = encode_frame(batch)?;
+        if self.segment.room() < frame.len() {
+            self.next_segment(frame.len())?;
+        }
+        let at = self.segment.end;
+        self.segment.map[at..at + frame.len()].copy_from_slice(&frame);
+        self.segment.end += frame.len();
+        self.bytes += frame.len() as u64;
         if self.sync_each_write {
-            self.file.sync_data().map_err(|e| Error::io(&path, e))?;
+            self.segment
+                .map
+                .flush_range(at, frame.len())
+                .map_err(|e| Error::io(&self.segment.path, e))?;
         }
         Ok(())
     }
 
-    /// Starts the next file; the current one is returned for deletion after the checkpoint.
+    /// Starts the next segment; every segment written since the last rotation is returned for
+    /// deletion after the checkpoint, which makes their contents durable in the tree (so the
+    /// old segment is not flushed here, under the log's lock).
     pub fn rotate(&mut self) -> Result<Rotated> {
-        let next = self.number + 1;
-        let file = create(&file_path(&self.dir, next))?;
-        let old = file_path(&self.dir, self.number);
-        self.file = file;
-        self.number = next;
-        Ok(Rotated { files: vec![old] })
+        self.start_segment(0)?;
+        self.bytes = 0;
+        Ok(Rotated {
+            files: std::mem::take(&mut self.filled),
+        })
     }
+
+    pub fn file_handle(&self) -> LogFile {
+        LogFile {
+            file: self.segment.file.clone(),
+            path: self.segment.path.clone(),
+            dir: self.dir.clone(),
+            created: self.created,
+            dir_synced: self.dir_synced.clone(),
+        }
+    }
+
+    /// Bytes appended since the last rotation: what a start would replay.
+    pub fn bytes_since_rotation(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Where the next frame goes in the current segment (tests damage the log there).
+    #[cfg(test)]
+    pub fn end_offset(&self) -> usize {
+        self.segment.end
+    }
+
+    /// Moves on from a full segment to one with room for at least `frame_bytes`. The full
+    /// one is flushed to the device first, so that no later segment can survive a machine
+    /// crash that an earlier one does not (a damaged frame before the last segment stops a
+    /// start). Rare: once per [`SEGMENT_BYTES`] appended.
+    fn next_segment(&mut self, frame_bytes: usize) -> Result<()> {
+        self.segment
+            .map
+            .flush()
+            .map_err(|e| Error::io(&self.segment.path, e))?;
+        self.start_segment(frame_bytes)
+    }
+
+    fn start_segment(&mut self, frame_bytes: usize) -> Result<()> {
+        let size = self.segment_bytes.max(frame_bytes);
+        let next = Segment::create(&self.dir, self.number + 1, size)?;
+        self.created += 1;
+        if self.sync_each_write {
+            // Appends are flushed before their answers, and so must the file's name be.
+            sync_dir(&self.dir)?;
+            self.dir_synced.fetch_max(self.created, Ordering::AcqRel);
+        }
+        let full = std::mem::replace(&mut self.segment, next);
+        self.filled.push(full.path);
+        self.number += 1;
+        Ok(())
+    }
+}
+
+impl Segment {
+    /// Creates segment `number` of `size` bytes, allocated on the device and zeroed (a zero
+    /// length ends the log), and maps it. Its name is made durable by the caller.
+    fn create(dir: &Path, number: u64, size: usize) -> Result<Segment> {
+        let path = file_path(dir, number);
+        let file = OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        allocate(&file, size).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: the file is this process's own (created here with `create_new`, in the
+        // agent's data directory), is never truncated while mapped, and is only read through
+        // this mapping. Another process modifying it would be a misuse of the data directory
+        // the agent cannot guard against with or without a mapping.
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| Error::io(&path, e))?;
+        Ok(Segment {
+            map,
+            end: 0,
+            file: Arc::new(file),
+            path,
+        })
+    }
+
+    fn room(&self) -> usize {
+        self.map.len() - self.end
+    }
+}
+
+/// `fdatasync` on a file alone does not keep a new file's directory entry through a machine
+/// crash; this does.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Reserves `size` bytes on the device, so that writing through the mapping can never hit a
+/// full disk (which would be a SIGBUS, not an error).
+fn allocate(file: &File, size: usize) -> std::io::Result<()> {
+    let len = libc::off_t::try_from(size)
+        .map_err(|_| std::io::Error::other(format!("segment of {size} bytes is too large")))?;
+    // SAFETY: a plain system call on an open descriptor this function borrows.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// `len | crc32 | payload`, built in one buffer.
+fn encode_frame(batch: &[PersistRecord]) -> Result<Vec<u8>> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + ENCODED_BYTES_GUESS * batch.len());
+    frame.resize(FRAME_HEADER_BYTES, 0);
+    let mut frame = codec::encode_batch_into(frame, batch)?;
+    let payload_len = frame.len() - FRAME_HEADER_BYTES;
+    if payload_len > MAX_FRAME_BYTES {
+        return Err(Error::Corrupt(format!(
+            "a batch of {payload_len} bytes is past the log's frame limit"
+        )));
+    }
+    let crc = crc32fast::hash(&frame[FRAME_HEADER_BYTES..]);
+    frame[..4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    frame[4..FRAME_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+    Ok(frame)
 }
 
 impl Rotated {
@@ -106,14 +309,6 @@ impl Rotated {
         }
         Ok(())
     }
-}
-
-fn create(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))
 }
 
 fn file_path(dir: &Path, number: u64) -> PathBuf {
@@ -149,15 +344,15 @@ fn read_frames(path: &Path, is_last: bool) -> Result<Vec<Vec<PersistRecord>>> {
     let mut at = 0;
     while at < bytes.len() {
         match frame_at(&bytes[at..]) {
-            Some((payload, len)) => {
-                let batch = serde_json::from_slice(payload).map_err(|e| {
-                    Error::Corrupt(format!("{}: undecodable batch: {e}", path.display()))
-                })?;
+            Frame::End => break,
+            Frame::Valid { payload, len } => {
+                let batch = codec::decode_batch(payload)
+                    .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))?;
                 batches.push(batch);
                 at += len;
             }
             // Appends are sequential: nothing can follow the write the process died in.
-            None if is_last => {
+            Frame::Bad if is_last => {
                 tracing::warn!(
                     file = %path.display(),
                     offset = at,
@@ -165,7 +360,7 @@ fn read_frames(path: &Path, is_last: bool) -> Result<Vec<Vec<PersistRecord>>> {
                 );
                 break;
             }
-            None => {
+            Frame::Bad => {
                 return Err(Error::Corrupt(format!(
                     "{}: damaged log frame at byte {at}",
                     path.display()
@@ -176,14 +371,34 @@ fn read_frames(path: &Path, is_last: bool) -> Result<Vec<Vec<PersistRecord>>> {
     Ok(batches)
 }
 
-/// The payload and total length of a valid frame at the start of `bytes`.
-fn frame_at(bytes: &[u8]) -> Option<(&[u8], usize)> {
-    let header = bytes.get(..FRAME_HEADER_BYTES)?;
-    let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
-    if len > MAX_FRAME_BYTES {
-        return None;
+enum Frame<'a> {
+    Valid {
+        payload: &'a [u8],
+        len: usize,
+    },
+    /// A zero length: the segment's unwritten rest.
+    End,
+    Bad,
+}
+
+/// The frame at the start of `bytes`.
+fn frame_at(bytes: &[u8]) -> Frame<'_> {
+    let Some(header) = bytes.get(..FRAME_HEADER_BYTES) else {
+        return Frame::Bad;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if len == 0 {
+        return Frame::End;
     }
-    let payload = bytes.get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len)?;
-    (crc32fast::hash(payload) == crc).then_some((payload, FRAME_HEADER_BYTES + len))
+    if len > MAX_FRAME_BYTES {
+        return Frame::Bad;
+    }
+    match bytes.get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len) {
+        Some(payload) if crc32fast::hash(payload) == crc => Frame::Valid {
+            payload,
+            len: FRAME_HEADER_BYTES + len,
+        },
+        _ => Frame::Bad,
+    }
 }

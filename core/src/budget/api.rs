@@ -117,6 +117,14 @@ pub struct ReleaseOutcome {
     pub refunded_units: u64,
 }
 
+/// A lease its holder is done with, handed back with its next lease request
+/// ([`super::RegionBudget::release_returned`]): one call per lease spent instead of two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseReturn {
+    pub lease: LeaseId,
+    pub unused_units: u64,
+}
+
 /// How a reservation paid from a lease differs from what was reserved, settled after the
 /// gateway stopped holding that lease ([`super::RegionBudget::settle_reservation`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

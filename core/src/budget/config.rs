@@ -10,6 +10,16 @@ use crate::sync::MAX_ITEMS_PER_MESSAGE;
 /// further ahead are dropped (the coordinator pre-issues only for the next window).
 pub const MAX_FUTURE_WINDOWS: u64 = 2;
 
+/// Lease and slot ids are made durable a block at a time: the meta record holds a bound
+/// every id handed out stays below, moved this far ahead when a grant reaches it. A restart
+/// resumes at the bound, skipping at most a block of ids; a grant writes the meta record only
+/// once per block instead of every time.
+pub const ID_BLOCK: u64 = 1024;
+
+/// Leases one call may hand back ([`super::RegionBudget::release_returned`]): a gateway
+/// returns the leases it spent since its last request for the key, a handful at most.
+pub const MAX_LEASE_RETURNS: usize = 64;
+
 /// SyncUps remembered until answered; an answer to an older one is still merged for counters,
 /// but cannot refresh the view or acknowledge anything (its send time is forgotten).
 pub const MAX_INFLIGHT_SYNCS: usize = 32;

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use super::admit::{self, Ctx, Want};
 use super::api::{
-    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Reason, ReleaseOutcome, RenewOutcome,
-    ReservationDelta, SettleOutcome,
+    Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Reason, ReleaseOutcome,
+    RenewOutcome, ReservationDelta, SettleOutcome,
 };
-use super::config::ENDED_LEASES_KEPT;
+use super::config::{ENDED_LEASES_KEPT, ID_BLOCK, MAX_LEASE_RETURNS};
 use super::key::KeyState;
 use super::limits::LimitParams;
 use super::persist::Dirty;
@@ -102,12 +102,29 @@ pub(crate) struct LeaseTable {
     ended: BTreeMap<LeaseId, EndedLease>,
     /// Next id to hand out; ids are never reused for the life of the region's state.
     pub next_id: u64,
+    /// Ids below it are covered by the last meta record written ([`ID_BLOCK`]).
+    reserved_ids: u64,
 }
 
 /// Stale heap entries tolerated beyond the live ones before a rebuild.
 const EXPIRY_HEAP_SLACK: usize = 1_024;
 
 impl LeaseTable {
+    /// Whether handing out `id` needs the meta record written first (the id reached the
+    /// durable bound, which then moves a block ahead).
+    pub fn reserve(&mut self, id: u64) -> bool {
+        if id < self.reserved_ids {
+            return false;
+        }
+        self.reserved_ids = id.saturating_add(1).saturating_add(ID_BLOCK);
+        true
+    }
+
+    /// What the meta record holds: no id handed out is at or above it.
+    pub fn durable_next_id(&self) -> u64 {
+        self.next_id.max(self.reserved_ids)
+    }
+
     pub fn len(&self) -> usize {
         self.by_id.len()
     }
@@ -276,7 +293,9 @@ impl RegionBudget {
         if let Some(lease) = lease {
             self.leases.insert(id, lease);
             self.dirty.mark(Dirty::Lease(id));
-            self.dirty.mark(Dirty::Meta);
+            if self.leases.reserve(id.0) {
+                self.dirty.mark(Dirty::Meta);
+            }
         }
         self.key_changed(&req.limit, &req.key, escalated);
         Ok(outcome)
@@ -342,6 +361,39 @@ impl RegionBudget {
         Ok(ReleaseOutcome {
             refunded_units: unused_units,
         })
+    }
+
+    /// Ends the leases a caller hands back with its next lease request, as [`Self::release`]
+    /// would, and answers the units refunded. All or nothing: a return giving back more than
+    /// its lease holds, or more than [`MAX_LEASE_RETURNS`] returns, change nothing and are
+    /// `InvalidRequest`. A return naming a lease that has already ended (expired, released,
+    /// or returned by an earlier try of the same call) is skipped: nothing is left to refund.
+    pub fn release_returned(&mut self, now: Timestamp, returns: &[LeaseReturn]) -> Result<u64> {
+        if returns.len() > MAX_LEASE_RETURNS {
+            return Err(Error::InvalidRequest(format!(
+                "at most {MAX_LEASE_RETURNS} leases can be returned in one call, found {}",
+                returns.len()
+            )));
+        }
+        for r in returns {
+            if let Some(l) = self.leases.get(r.lease)
+                && r.unused_units > l.units
+            {
+                return Err(Error::InvalidRequest(format!(
+                    "lease {:?} holds {} units, cannot give back {}",
+                    r.lease, l.units, r.unused_units
+                )));
+            }
+        }
+        let mut refunded_units = 0;
+        for r in returns {
+            match self.release_once(now, r.lease, r.unused_units) {
+                Ok(out) => refunded_units += out.refunded_units,
+                Err(Error::UnknownLease(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(refunded_units)
     }
 
     /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`

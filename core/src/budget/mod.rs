@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use api::{
-    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, Outcome, Reason,
+    AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Outcome, Reason,
     ReleaseOutcome, RenewOutcome, ReservationDelta, SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;

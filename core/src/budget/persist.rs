@@ -303,8 +303,8 @@ impl RegionBudget {
 
     fn meta(&self) -> MetaRecord {
         MetaRecord {
-            next_lease_id: self.leases.next_id,
-            next_slot_id: self.slots.next_id,
+            next_lease_id: self.leases.durable_next_id(),
+            next_slot_id: self.slots.durable_next_id(),
             next_seq: self.sync.next_seq,
         }
     }

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::budget::{LeaseOutcome, Reason, ReleaseOutcome, SettleOutcome};
+use crate::budget::config::MAX_LEASE_RETURNS;
+use crate::budget::{LeaseOutcome, LeaseReturn, Reason, ReleaseOutcome, SettleOutcome};
 use crate::error::Error;
 use crate::ids::LeaseId;
 
@@ -69,6 +70,76 @@ fn giving_back_more_than_was_leased_is_refused() {
         Err(Error::InvalidRequest(_))
     ));
     assert_eq!(b.lease_count(), 1, "the lease is still there");
+}
+
+#[test]
+fn returned_leases_end_like_releases_and_a_repeat_is_skipped() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let first = granted(
+        b.lease(at(0), lease_req("api", "k", 70, 10))
+            .expect("lease"),
+    );
+    let second = granted(
+        b.lease(at(0), lease_req("api", "k", 30, 10))
+            .expect("lease"),
+    );
+    let returns = [
+        LeaseReturn {
+            lease: first.lease,
+            unused_units: 0,
+        },
+        LeaseReturn {
+            lease: second.lease,
+            unused_units: 5,
+        },
+    ];
+    assert_eq!(b.release_returned(at(500), &returns).expect("returned"), 5);
+    assert_eq!(b.lease_count(), 0, "both leases ended");
+    // granted 100, refunded 5.
+    let c = b.counter(&lim("api"), &key("k")).expect("counter");
+    assert_eq!((c.granted_units, c.refunded_units), (100, 5));
+    // A retried call hands the same leases back: nothing left to refund.
+    assert_eq!(b.release_returned(at(600), &returns).expect("returned"), 0);
+    let c = b.counter(&lim("api"), &key("k")).expect("counter");
+    assert_eq!(c.refunded_units, 5);
+}
+
+#[test]
+fn an_invalid_return_changes_nothing() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let ok = granted(
+        b.lease(at(0), lease_req("api", "k", 10, 10))
+            .expect("lease"),
+    );
+    let bad = granted(
+        b.lease(at(0), lease_req("api", "k", 10, 10))
+            .expect("lease"),
+    );
+    let returns = [
+        LeaseReturn {
+            lease: ok.lease,
+            unused_units: 3,
+        },
+        LeaseReturn {
+            lease: bad.lease,
+            unused_units: 11,
+        },
+    ];
+    assert!(matches!(
+        b.release_returned(at(1), &returns),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert_eq!(
+        b.lease_count(),
+        2,
+        "the valid return was not applied either"
+    );
+    let too_many = vec![returns[0]; MAX_LEASE_RETURNS + 1];
+    assert!(matches!(
+        b.release_returned(at(1), &too_many),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert_eq!(b.lease_count(), 2);
 }
 
 #[test]
