@@ -14,7 +14,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use allot_bench::agent::{AgentCommand, AgentProcess};
@@ -146,14 +145,6 @@ fn envoy_enforces_a_stand_in_service_and_fails_open_without_it() {
     assert_fails_open(&envoy, "k1");
 }
 
-/// Whether this package's `allot` has the `agent` subcommand yet.
-fn allot_has_agent(allot: &str) -> bool {
-    Command::new(allot)
-        .args(["agent", "--help"])
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
 #[test]
 fn envoy_enforces_the_agents_limits_and_fails_open_without_it() {
     let test = "envoy_enforces_the_agents_limits_and_fails_open_without_it";
@@ -161,10 +152,6 @@ fn envoy_enforces_the_agents_limits_and_fails_open_without_it() {
         return;
     };
     let allot = env!("CARGO_BIN_EXE_allot");
-    if !allot_has_agent(allot) {
-        eprintln!("{test}: skipped: `{allot} agent` does not exist yet");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let command = AgentCommand {

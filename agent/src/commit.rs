@@ -33,6 +33,7 @@ pub struct Committer {
     written: Notify,
     /// Store writes that block for a device flush leave the runtime's worker first.
     blocking_writes: bool,
+    counters: metrics::StoreCounters,
 }
 
 #[derive(Default)]
@@ -52,6 +53,7 @@ impl Committer {
             durable: AtomicU64::new(0),
             written: Notify::new(),
             blocking_writes,
+            counters: metrics::StoreCounters::default(),
         }
     }
 
@@ -85,9 +87,16 @@ impl Committer {
             if self.is_durable(ticket) {
                 return Ok(());
             }
+            // The common case, no write in progress: write inline, no waiter registered.
+            if let Ok(_writing) = self.writer.try_lock() {
+                self.write_queued()?;
+                continue;
+            }
             let written = self.written.notified();
             tokio::pin!(written);
             written.as_mut().enable();
+            // The writer may have finished before this waiter was registered, and would not
+            // wake it: look again before sleeping.
             if self.is_durable(ticket) {
                 return Ok(());
             }
@@ -121,7 +130,7 @@ impl Committer {
         let result = if batch.is_empty() {
             Ok(())
         } else {
-            metrics::store_batch(batch.len());
+            self.counters.batch(batch.len());
             self.write(&batch)
         };
         match result {

@@ -181,9 +181,27 @@ pub fn invalid_request(service: &'static str) {
     counter!(INVALID_REQUESTS, "service" => service).increment(1);
 }
 
-pub fn store_batch(records: usize) {
-    counter!(STORE_BATCHES).increment(1);
-    counter!(STORE_RECORDS).increment(records as u64);
+/// The store's write counters, looked up once: they are counted on every call's path.
+pub struct StoreCounters {
+    batches: Counter,
+    records: Counter,
+}
+
+impl Default for StoreCounters {
+    /// Call after [`install`] (before it, the handles count nowhere).
+    fn default() -> Self {
+        StoreCounters {
+            batches: counter!(STORE_BATCHES),
+            records: counter!(STORE_RECORDS),
+        }
+    }
+}
+
+impl StoreCounters {
+    pub fn batch(&self, records: usize) {
+        self.batches.increment(1);
+        self.records.increment(records as u64);
+    }
 }
 
 pub fn store_error() {
