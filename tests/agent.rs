@@ -228,6 +228,7 @@ fn lease_request(
         ttl_ms: 60_000,
         idempotency_key: String::new(),
         returns,
+        top_up_lease_id: 0,
     }
 }
 
@@ -299,6 +300,7 @@ async fn the_lease_api_end_to_end() {
             ttl_ms: 60_000,
             idempotency_key: String::new(),
             returns: Vec::new(),
+            top_up_lease_id: 0,
         })
         .await
         .expect("lease")
@@ -330,6 +332,7 @@ async fn the_lease_api_end_to_end() {
             ttl_ms: 60_000,
             idempotency_key: String::new(),
             returns: Vec::new(),
+            top_up_lease_id: 0,
         })
         .await
         .expect("lease")
@@ -338,11 +341,27 @@ async fn the_lease_api_end_to_end() {
     assert!(!resp.decision.expect("decision").allowed);
     assert_eq!(agent.key("shop", "tenant=acme")["remaining_units"], 3);
 
-    // A spent lease handed back with the next request ends before the grant: all 3 are
-    // leased (0 left), then returned unused with a request for 3, which only then fit.
-    let spent = lease_units(&mut c, &t, 3, Vec::new())
+    // A lease refilled: 1 unit, then 2 more into the same lease (0 left).
+    let spent = lease_units(&mut c, &t, 1, Vec::new())
         .await
         .expect("granted");
+    let mut refill = lease_request(&t, 2, Vec::new());
+    refill.top_up_lease_id = spent.lease_id;
+    let topped = c
+        .lease(refill)
+        .await
+        .expect("top up")
+        .into_inner()
+        .lease
+        .expect("granted");
+    assert_eq!((topped.lease_id, topped.units), (spent.lease_id, 2));
+    let view = agent.key("shop", "tenant=acme");
+    assert_eq!(view["leases"].as_array().map(Vec::len), Some(1), "{view}");
+    assert_eq!(view["leases"][0]["units"], 3);
+    assert_eq!(view["remaining_units"], 0);
+
+    // A spent lease handed back with the next request ends before the grant: its 3 units,
+    // returned unused with a request for 3, are what make that request fit.
     let back = pb::LeaseReturn {
         lease_id: spent.lease_id,
         unused_units: 3,
@@ -381,6 +400,7 @@ async fn the_lease_api_end_to_end() {
             ttl_ms: 60_000,
             idempotency_key: String::new(),
             returns: Vec::new(),
+            top_up_lease_id: 0,
         })
         .await
         .expect("lease")

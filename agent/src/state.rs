@@ -75,6 +75,8 @@ pub struct LeaseAsk {
     pub ttl: Duration,
     /// Leases the caller is done with, ended before the grant.
     pub returns: Vec<LeaseReturn>,
+    /// A live lease of the same target to add the grant to.
+    pub top_up: Option<LeaseId>,
 }
 
 /// The answer to a lease request.
@@ -375,7 +377,11 @@ impl Agent {
         let (refunded, res) = self
             .with_budget(|b| {
                 let refunded = b.release_returned(now, &ask.returns)?;
-                Ok::<_, allot_core::Error>((refunded, b.lease(now, req)))
+                let granted = match ask.top_up {
+                    Some(lease) => b.top_up(now, lease, req),
+                    None => b.lease(now, req),
+                };
+                Ok::<_, allot_core::Error>((refunded, granted))
             })
             .await??;
         if !ask.returns.is_empty() {

@@ -207,8 +207,8 @@ enum Client {
     Lease {
         client: LeaseServiceClient<Channel>,
         units: u64,
-        /// The caller's last lease, spent: handed back with its next request, as a gateway
-        /// does, so that it stops counting against the key's leases at the agent.
+        /// The caller's lease, spent: refilled by its next request (`top_up_lease_id`), as a
+        /// gateway holding one lease per key does.
         spent: Option<u64>,
     },
     Rls(RateLimitServiceClient<Channel>),
@@ -302,21 +302,17 @@ async fn lease(
         min_units: 1,
         ttl_ms: u64::try_from(LEASE_TTL.as_millis()).unwrap_or(u64::MAX),
         idempotency_key: String::new(),
-        returns: spent
-            .take()
-            .map(|lease_id| pb::LeaseReturn {
-                lease_id,
-                unused_units: 0,
-            })
-            .into_iter()
-            .collect(),
+        returns: Vec::new(),
+        // The caller holds one lease and refills it once spent, as a gateway does.
+        top_up_lease_id: spent.unwrap_or(0),
     };
     let resp = client.lease(req).await.map_err(grpc_error)?.into_inner();
     // The caller spends the lease locally, one request per unit: a decrement of its own
     // counter, no call. Every unit granted is a request admitted.
     Ok(match resp.lease {
         Some(lease) if lease.units > 0 => {
-            *spent = Some(lease.lease_id);
+            // Id 0: an unmetered grant, nothing to refill.
+            *spent = (lease.lease_id != 0).then_some(lease.lease_id);
             Outcome::Allowed {
                 admitted: lease.units,
             }

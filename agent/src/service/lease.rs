@@ -74,6 +74,7 @@ impl LeaseService for LeaseApi {
                     min_units: convert::cost(req.min_units),
                     ttl,
                     returns,
+                    top_up: (req.top_up_lease_id != 0).then_some(LeaseId(req.top_up_lease_id)),
                 },
                 id,
             )

@@ -46,6 +46,9 @@ pub(crate) struct Lease {
 pub(crate) struct LeaseSpend {
     pub granted_at: Timestamp,
     pub rate_units_per_sec: u64,
+    /// Units probably unspent at `granted_at`: the grant, plus what a topped-up lease still
+    /// held then.
+    pub unspent_at_grant: u64,
 }
 
 impl Lease {
@@ -57,7 +60,8 @@ impl Lease {
         };
         let age = now.saturating_duration_since(s.granted_at);
         let spent = u128::from(s.rate_units_per_sec) * age.as_nanos() / 1_000_000_000;
-        self.units
+        s.unspent_at_grant
+            .min(self.units)
             .saturating_sub(u64::try_from(spent).unwrap_or(u64::MAX))
     }
 }
@@ -170,6 +174,27 @@ impl LeaseTable {
         self.ended.get_mut(&id)
     }
 
+    /// Adds `grant`'s units to live lease `id` (same key and window) and moves its expiry to
+    /// `grant`'s if later; answers the expiry it now has.
+    pub fn top_up(&mut self, id: LeaseId, grant: Lease, now: Timestamp) -> Timestamp {
+        let Some(l) = self.by_id.get_mut(&id) else {
+            debug_assert!(false, "topping up {id:?}, which is not live");
+            return grant.expires_at;
+        };
+        debug_assert!(l.window == grant.window && l.key == grant.key);
+        let unspent = l.unspent_units(now);
+        l.units += grant.units;
+        l.spend = grant.spend.map(|s| LeaseSpend {
+            unspent_at_grant: unspent + grant.units,
+            ..s
+        });
+        let at = l.expires_at.max(grant.expires_at);
+        if at != l.expires_at {
+            self.set_expiry(id, at);
+        }
+        at
+    }
+
     pub fn set_expiry(&mut self, id: LeaseId, at: Timestamp) {
         if let Some(lease) = self.by_id.get_mut(&id) {
             lease.expires_at = at;
@@ -251,7 +276,43 @@ impl RegionBudget {
         self.once(now, req.request_id, |b| b.lease_once(now, req))
     }
 
+    /// Like [`Self::lease`], but the grant is added to `lease`, a live lease of the same key
+    /// in the key's current window: a gateway holding one lease per key refills it instead of
+    /// holding a new one each time (no new id, no lease to end, none counted against
+    /// `max_leases_per_key`). Its expiry moves to what a new lease's would be, if later. A
+    /// lease that has ended, or belongs to an earlier window, is not refilled: the grant is a
+    /// new lease, with its own id. A lease of another key is `InvalidRequest`.
+    pub fn top_up(
+        &mut self,
+        now: Timestamp,
+        lease: LeaseId,
+        req: LeaseRequest,
+    ) -> Result<LeaseOutcome> {
+        self.once(now, req.request_id, |b| {
+            let live = b.leases.get(lease).filter(|l| l.expires_at > now);
+            if let Some(l) = live
+                && (l.limit != req.limit || l.key != req.key)
+            {
+                return Err(Error::InvalidRequest(format!(
+                    "lease {lease:?} is for {}/{}, not {}/{}",
+                    l.limit, l.key, req.limit, req.key
+                )));
+            }
+            let top_up = live.map(|l| (lease, l.window));
+            b.lease_in(now, req, top_up)
+        })
+    }
+
     fn lease_once(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
+        self.lease_in(now, req, None)
+    }
+
+    fn lease_in(
+        &mut self,
+        now: Timestamp,
+        req: LeaseRequest,
+        top_up: Option<(LeaseId, WindowIndex)>,
+    ) -> Result<LeaseOutcome> {
         if req.units_wanted == 0 || req.ttl.is_zero() {
             return Err(Error::InvalidRequest(
                 "a lease needs at least one unit and a positive TTL".into(),
@@ -270,6 +331,7 @@ impl RegionBudget {
             id,
             ttl: req.ttl.min(self.cfg.lease_ttl_max),
             max_leases: self.cfg.max_leases_per_key,
+            top_up,
         };
         let lim = self
             .limits
@@ -289,13 +351,17 @@ impl RegionBudget {
         let unsaved = lim.stats.take_unsaved();
         self.mark_touched(&req.limit, touched);
         self.mark_stats(&req.limit, unsaved);
-        let (outcome, lease, escalated) = res?;
-        if let Some(lease) = lease {
-            self.leases.insert(id, lease);
-            self.dirty.mark(Dirty::Lease(id));
-            if self.leases.reserve(id.0) {
-                self.dirty.mark(Dirty::Meta);
+        let (mut outcome, lease, escalated) = res?;
+        if let (Some(lease), LeaseOutcome::Granted(grant)) = (lease, &mut outcome) {
+            if grant.lease == id {
+                self.leases.insert(id, lease);
+                if self.leases.reserve(id.0) {
+                    self.dirty.mark(Dirty::Meta);
+                }
+            } else {
+                grant.expires_at = self.leases.top_up(grant.lease, lease, now);
             }
+            self.dirty.mark(Dirty::Lease(grant.lease));
         }
         self.key_changed(&req.limit, &req.key, escalated);
         Ok(outcome)
@@ -633,6 +699,9 @@ struct LeaseTerms {
     id: LeaseId,
     ttl: Duration,
     max_leases: usize,
+    /// A live lease of the key to add the grant to, if it belongs to the key's current window
+    /// (otherwise the grant is a new lease, `id`).
+    top_up: Option<(LeaseId, WindowIndex)>,
 }
 
 /// Decide a lease on one key: the outcome, the lease to record if granted, and whether the key
@@ -645,10 +714,12 @@ fn lease_in_key(
     req: &LeaseRequest,
 ) -> (LeaseOutcome, Option<Lease>, bool) {
     let now = t.now;
-    if ks
-        .hot
-        .as_ref()
-        .is_some_and(|h| h.leases.len() >= t.max_leases)
+    let top_up = t.top_up.filter(|(_, w)| *w == ks.window).map(|(id, _)| id);
+    if top_up.is_none()
+        && ks
+            .hot
+            .as_ref()
+            .is_some_and(|h| h.leases.len() >= t.max_leases)
     {
         if let Some(s) = stats.window_mut(ks.window) {
             s.denials += 1;
@@ -681,11 +752,13 @@ fn lease_in_key(
         return (LeaseOutcome::Denied(d), None, adm.escalated);
     }
     let expires_at = (now + t.ttl).min(p.window_end(ks.window));
-    let leases = &mut ks.hot_mut().leases;
-    leases.push(t.id);
-    debug_assert!(leases.len() <= t.max_leases);
+    if top_up.is_none() {
+        let leases = &mut ks.hot_mut().leases;
+        leases.push(t.id);
+        debug_assert!(leases.len() <= t.max_leases);
+    }
     let grant = LeaseGrant {
-        lease: t.id,
+        lease: top_up.unwrap_or(t.id),
         units: adm.units,
         expires_at,
         window: ks.window,
@@ -702,6 +775,7 @@ fn lease_in_key(
         spend: req.rate_units_per_sec.map(|rate_units_per_sec| LeaseSpend {
             granted_at: now,
             rate_units_per_sec,
+            unspent_at_grant: adm.units,
         }),
     };
     (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)

@@ -273,6 +273,77 @@ fn a_key_holds_at_most_max_leases_per_key() {
 }
 
 #[test]
+fn a_top_up_refills_the_same_lease_even_at_the_lease_cap() {
+    let mut c = cfg();
+    c.max_leases_per_key = 1;
+    let mut b = RegionBudget::new(c, vec![per_minute("api", 400)]).expect("valid");
+    let first = granted(
+        b.lease(at(0), lease_req("api", "k", 30, 10))
+            .expect("lease"),
+    );
+    // One lease is the cap, yet the refill passes: it adds no lease.
+    let again = granted(
+        b.top_up(at(4_000), first.lease, lease_req("api", "k", 20, 10))
+            .expect("top up"),
+    );
+    assert_eq!((again.lease, again.units), (first.lease, 20));
+    assert_eq!(b.lease_count(), 1);
+    assert_eq!(net(&b, "api", "k"), 50, "both grants are charged");
+    // The expiry moved to 4 s + 10 s.
+    assert_eq!(again.expires_at, at(14_000));
+    // Giving back its unused units covers both grants: 50 held, 45 unused.
+    let out = b
+        .release(at(5_000), first.lease, 45, None)
+        .expect("release");
+    assert_eq!(out.refunded_units, 45);
+    assert_eq!(net(&b, "api", "k"), 5);
+}
+
+#[test]
+fn an_ended_lease_is_not_refilled_but_replaced() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let first = granted(b.lease(at(0), lease_req("api", "k", 5, 1)).expect("lease"));
+    // Expired at 1 s: its units count as spent, and the refill is a new lease.
+    let next = granted(
+        b.top_up(at(2_000), first.lease, lease_req("api", "k", 5, 10))
+            .expect("top up"),
+    );
+    assert_ne!(next.lease, first.lease);
+    assert_eq!(net(&b, "api", "k"), 10);
+    // A lease of the window before is replaced too: its units belong to that window.
+    let late = granted(
+        b.top_up(at(61_000), next.lease, lease_req("api", "k", 5, 10))
+            .expect("top up"),
+    );
+    assert_ne!(late.lease, next.lease);
+    assert_eq!(
+        net(&b, "api", "k"),
+        5,
+        "the new window counts only the new lease"
+    );
+}
+
+#[test]
+fn a_top_up_names_a_lease_of_its_own_key_and_is_charged_once_per_request_id() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let other = granted(
+        b.lease(at(0), lease_req("api", "k1", 5, 10))
+            .expect("lease"),
+    );
+    assert!(matches!(
+        b.top_up(at(0), other.lease, lease_req("api", "k2", 5, 10)),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert_eq!(net(&b, "api", "k2"), 0);
+    let mut req = lease_req("api", "k1", 7, 10);
+    req.request_id = Some(RequestId(77));
+    let once = granted(b.top_up(at(10), other.lease, req.clone()).expect("top up"));
+    let twice = granted(b.top_up(at(20), other.lease, req).expect("retry"));
+    assert_eq!(once, twice);
+    assert_eq!(net(&b, "api", "k1"), 12);
+}
+
+#[test]
 fn retried_lease_calls_charge_and_refund_exactly_once() {
     let mut b = budget(vec![per_minute("api", 400)]);
     let mut req = lease_req("api", "k", 30, 10);
