@@ -15,10 +15,11 @@ use super::api::{
     Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Reason, ReleaseOutcome,
     RenewOutcome, ReservationDelta, SettleOutcome,
 };
-use super::config::{ENDED_LEASES_KEPT, ID_BLOCK, MAX_LEASE_RETURNS};
+use super::config::{ENDED_LEASES_KEPT, MAX_LEASE_RETURNS};
 use super::key::KeyState;
 use super::limits::LimitParams;
 use super::persist::Dirty;
+use super::persist::IdBlocks;
 use super::stats::{LimitStats, WindowStats};
 use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
 use crate::algo::gcra::Gcra;
@@ -106,29 +107,14 @@ pub(crate) struct LeaseTable {
     ended: BTreeMap<LeaseId, EndedLease>,
     /// Next id to hand out; ids are never reused for the life of the region's state.
     pub next_id: u64,
-    /// Ids below it are covered by the last meta record written ([`ID_BLOCK`]).
-    reserved_ids: u64,
+    /// Made durable a block at a time.
+    pub ids: IdBlocks,
 }
 
 /// Stale heap entries tolerated beyond the live ones before a rebuild.
 const EXPIRY_HEAP_SLACK: usize = 1_024;
 
 impl LeaseTable {
-    /// Whether handing out `id` needs the meta record written first (the id reached the
-    /// durable bound, which then moves a block ahead).
-    pub fn reserve(&mut self, id: u64) -> bool {
-        if id < self.reserved_ids {
-            return false;
-        }
-        self.reserved_ids = id.saturating_add(1).saturating_add(ID_BLOCK);
-        true
-    }
-
-    /// What the meta record holds: no id handed out is at or above it.
-    pub fn durable_next_id(&self) -> u64 {
-        self.next_id.max(self.reserved_ids)
-    }
-
     pub fn len(&self) -> usize {
         self.by_id.len()
     }
@@ -355,7 +341,7 @@ impl RegionBudget {
         if let (Some(lease), LeaseOutcome::Granted(grant)) = (lease, &mut outcome) {
             if grant.lease == id {
                 self.leases.insert(id, lease);
-                if self.leases.reserve(id.0) {
+                if self.leases.ids.reserve(id.0) {
                     self.dirty.mark(Dirty::Meta);
                 }
             } else {

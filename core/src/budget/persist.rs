@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::MAX_DIRTY_ITEMS;
+use super::config::{ID_BLOCK, MAX_DIRTY_ITEMS};
 use super::idempotency::IdempotencyEntry;
 use super::key::{KeyState, WindowAllowance};
 use super::lease::Lease;
@@ -303,8 +303,8 @@ impl RegionBudget {
 
     fn meta(&self) -> MetaRecord {
         MetaRecord {
-            next_lease_id: self.leases.durable_next_id(),
-            next_slot_id: self.slots.durable_next_id(),
+            next_lease_id: self.leases.ids.durable_next_id(self.leases.next_id),
+            next_slot_id: self.slots.ids.durable_next_id(self.slots.next_id),
             next_seq: self.sync.next_seq,
         }
     }
@@ -618,5 +618,31 @@ fn idempotency_record(id: RequestId, e: &IdempotencyEntry) -> IdempotencyRecord 
         request: id,
         expires_at: e.expires_at,
         outcome: e.outcome.clone(),
+    }
+}
+
+/// Lease or slot ids made durable a block at a time ([`ID_BLOCK`]): the meta record holds a
+/// bound every id handed out stays below, so that most grants need not write it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct IdBlocks {
+    /// Ids below it are covered by the last meta record written.
+    reserved: u64,
+}
+
+impl IdBlocks {
+    /// Whether handing out `id` needs the meta record written first (the id reached the
+    /// durable bound, which then moves a block ahead).
+    pub fn reserve(&mut self, id: u64) -> bool {
+        if id < self.reserved {
+            return false;
+        }
+        self.reserved = id.saturating_add(1).saturating_add(ID_BLOCK);
+        true
+    }
+
+    /// What the meta record holds, for a table whose next id is `next_id`: no id handed out
+    /// is at or above it.
+    pub fn durable_next_id(&self, next_id: u64) -> u64 {
+        next_id.max(self.reserved)
     }
 }

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::api::SlotOutcome;
-use super::config::ID_BLOCK;
 use super::persist::Dirty;
+use super::persist::IdBlocks;
 use super::{RegionBudget, sync::KeyRef};
 use crate::algo::concurrency::{SlotDecision, SlotId};
 use crate::error::{Error, Result};
@@ -27,26 +27,11 @@ pub(crate) struct SlotTable {
     expiry: BTreeSet<(Timestamp, SlotId)>,
     /// Next id to hand out; ids are never reused for the life of the region's state.
     pub next_id: u64,
-    /// Ids below it are covered by the last meta record written ([`ID_BLOCK`]).
-    reserved_ids: u64,
+    /// Made durable a block at a time.
+    pub ids: IdBlocks,
 }
 
 impl SlotTable {
-    /// Whether handing out `id` needs the meta record written first (the id reached the
-    /// durable bound, which then moves a block ahead).
-    pub fn reserve(&mut self, id: u64) -> bool {
-        if id < self.reserved_ids {
-            return false;
-        }
-        self.reserved_ids = id.saturating_add(1).saturating_add(ID_BLOCK);
-        true
-    }
-
-    /// What the meta record holds: no id handed out is at or above it.
-    pub fn durable_next_id(&self) -> u64 {
-        self.next_id.max(self.reserved_ids)
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&SlotId, &SlotHome)> {
         self.by_id.iter()
     }
@@ -134,7 +119,7 @@ impl RegionBudget {
         };
         let shadow = lim.params.spec.shadow_mode;
         let id = self.slots.allocate();
-        if self.slots.reserve(id.0) {
+        if self.slots.ids.reserve(id.0) {
             self.dirty.mark(Dirty::Meta);
         }
         let mut touched = Vec::new();

@@ -72,6 +72,13 @@ fn giving_back_more_than_was_leased_is_refused() {
     assert_eq!(b.lease_count(), 1, "the lease is still there");
 }
 
+fn give_back(lease: LeaseId, unused_units: u64) -> LeaseReturn {
+    LeaseReturn {
+        lease,
+        unused_units,
+    }
+}
+
 #[test]
 fn returned_leases_end_like_releases_and_a_repeat_is_skipped() {
     let mut b = budget(vec![per_minute("api", 400)]);
@@ -83,16 +90,7 @@ fn returned_leases_end_like_releases_and_a_repeat_is_skipped() {
         b.lease(at(0), lease_req("api", "k", 30, 10))
             .expect("lease"),
     );
-    let returns = [
-        LeaseReturn {
-            lease: first.lease,
-            unused_units: 0,
-        },
-        LeaseReturn {
-            lease: second.lease,
-            unused_units: 5,
-        },
-    ];
+    let returns = [give_back(first.lease, 0), give_back(second.lease, 5)];
     assert_eq!(b.release_returned(at(500), &returns).expect("returned"), 5);
     assert_eq!(b.lease_count(), 0, "both leases ended");
     // granted 100, refunded 5.
@@ -115,16 +113,7 @@ fn an_invalid_return_changes_nothing() {
         b.lease(at(0), lease_req("api", "k", 10, 10))
             .expect("lease"),
     );
-    let returns = [
-        LeaseReturn {
-            lease: ok.lease,
-            unused_units: 3,
-        },
-        LeaseReturn {
-            lease: bad.lease,
-            unused_units: 11,
-        },
-    ];
+    let returns = [give_back(ok.lease, 3), give_back(bad.lease, 11)];
     assert!(matches!(
         b.release_returned(at(1), &returns),
         Err(Error::InvalidRequest(_))
