@@ -439,10 +439,20 @@ impl RegionNode for CoreRegion {
         if records.is_empty() {
             return;
         }
+        if store.capacity() == 0 {
+            // Sized once for the log's longest: growing it by doubling copies the whole log
+            // each time, and a compaction would throw the room away to grow it again.
+            store.reserve_exact(STORE_COMPACT_RECORDS + records.len());
+        }
         store.extend(records);
         if store.len() > STORE_COMPACT_RECORDS {
-            *store = self.budget.snapshot();
+            store.clear();
+            store.extend(self.budget.snapshot());
         }
+    }
+
+    fn discard_durable(&mut self) {
+        drop(self.budget.drain_dirty());
     }
 
     fn observe(&self, out: &mut RegionObservation) {

@@ -171,6 +171,9 @@ struct RegionRt<R: RegionNode> {
     clock: RegionClock,
     node: Option<R>,
     store: R::Store,
+    /// The run restarts this region's agent, so its store is kept (otherwise nothing reads
+    /// it: what the agent makes durable is drained and dropped).
+    keeps_store: bool,
     timer: Option<Timestamp>,
     up: Link,
     down: Link,
@@ -390,7 +393,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         })?;
         let gateway_config = gateway_config(scenario, key_count);
         let mut regions = Vec::with_capacity(scenario.regions.len());
-        for (r, clock) in scenario.regions.iter().zip(clocks) {
+        for (index, (r, clock)) in scenario.regions.iter().zip(clocks).enumerate() {
+            let keeps_store = scenario
+                .faults
+                .iter()
+                .any(|f| matches!(*f, Fault::AgentCrash { region, .. } if region == index));
             let gateways = (0..r.gateways)
                 .map(|_| {
                     Ok(GatewayRt {
@@ -407,6 +414,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 clock,
                 node: None,
                 store: Default::default(),
+                keeps_store,
                 timer: None,
                 up: Link { latency: r.latency },
                 down: Link { latency: r.latency },
@@ -826,7 +834,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 (ToAgent::LeaseWanted(w), Some(node)) => {
                     self.stats.lease_requests += 1;
                     let answer = node.handle_lease_wanted(local, &w);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                     match answer {
                         LeaseAnswer::Granted(grant) => {
                             gateway.handle_lease_granted(local, w.ticket, grant)
@@ -841,11 +849,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 }
                 (ToAgent::Release(release), Some(node)) => {
                     node.handle_release(local, &release);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                 }
                 (ToAgent::Settle(settle), Some(node)) => {
                     node.handle_settle(local, &settle);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                 }
                 (ToAgent::Release(_) | ToAgent::Settle(_), None) => {
                     self.stats.gateway_messages_lost += 1;
@@ -933,7 +941,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         if !outgoing.is_empty() {
             // What a SyncUp promises (its seq, the acks it carries) is durable before it leaves.
-            node.persist(&mut r.store);
+            persist(node, &mut r.store, r.keeps_store);
         }
         let wanted = node.poll_timeout().map(|l| r.clock.true_time_of(l));
         for msg in outgoing {
@@ -962,7 +970,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let local = r.clock.local(self.now);
         if let Some(node) = r.node.as_mut() {
             node.handle_timeout(local);
-            node.persist(&mut r.store);
+            persist(node, &mut r.store, r.keeps_store);
         }
         self.after_region_input(region)
     }
@@ -1073,7 +1081,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         };
         node.handle_sync_down(r.clock.local(self.now), msg);
-        node.persist(&mut r.store);
+        persist(node, &mut r.store, r.keeps_store);
         self.after_region_input(region)
     }
 
@@ -1235,6 +1243,16 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             checker: self.checker,
             stats: self.stats,
         }
+    }
+}
+
+/// Writes what the region's agent made durable to its store, or drops it where the run never
+/// restarts the agent.
+fn persist<R: RegionNode>(node: &mut R, store: &mut R::Store, keeps_store: bool) {
+    if keeps_store {
+        node.persist(store);
+    } else {
+        node.discard_durable();
     }
 }
 
