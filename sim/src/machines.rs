@@ -297,6 +297,7 @@ impl NodeFactory for CoreFactory {
             active: setup.policy == Policy::Rebalancing,
             limits: self.limits.clone(),
             stated: BTreeMap::new(),
+            run_start: setup.scenario.start,
             rejected_commands: 0,
         }
     }
@@ -452,7 +453,7 @@ impl RegionNode for CoreRegion {
     }
 
     fn discard_durable(&mut self) {
-        drop(self.budget.drain_dirty());
+        self.budget.discard_dirty();
     }
 
     fn observe(&self, out: &mut RegionObservation) {
@@ -516,6 +517,9 @@ pub struct CoreCoordinator {
     /// The bound stated so far per limit and window, each term at its largest
     /// ([`Bound::merge`]); the last `STATS_WINDOWS_KEPT` windows of each limit.
     stated: BTreeMap<(LimitId, WindowIndex), Bound>,
+    /// Windows that ended before the run started are never judged: no bound is stated for
+    /// them.
+    run_start: Timestamp,
     /// Committed commands the table refused (a stale proposal): expected, and harmless.
     pub rejected_commands: u64,
 }
@@ -533,7 +537,8 @@ impl CoreCoordinator {
             };
             let current = window.index(now);
             let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
-            for w in oldest..=current.0 {
+            let first_judged = window.index(self.run_start).0;
+            for w in oldest.max(first_judged)..=current.0 {
                 let Some(b) = self.coordinator.bound(now, &spec.id, WindowIndex(w)) else {
                     continue;
                 };
