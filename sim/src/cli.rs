@@ -149,6 +149,12 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         r.convergence_ms_max
             .map_or("-".to_string(), |c| format!("{c} ms"))
     )?;
+    writeln!(
+        out,
+        "  allocation converged  {}",
+        r.allocation_convergence_ms_max
+            .map_or("-".to_string(), |c| format!("{c} ms"))
+    )?;
     writeln!(out, "  false denial rate     {:.6}", r.false_denial_rate)?;
     writeln!(
         out,
@@ -236,6 +242,7 @@ traffic:
             "utilization_min",
             "baseline_utilization_p50",
             "convergence_ms_max",
+            "allocation_convergence_ms_max",
             "false_denial_rate",
             "sim_requests_per_wall_second",
         ] {

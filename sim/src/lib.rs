@@ -20,6 +20,7 @@
 //! Randomness comes only from the run's seed (ChaCha8 streams); the wall clock is read only by
 //! the runner, to report the simulation's speed.
 
+pub mod allocation;
 pub mod check;
 pub mod cli;
 pub mod clock;

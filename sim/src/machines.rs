@@ -297,6 +297,7 @@ impl NodeFactory for CoreFactory {
             active: setup.policy == Policy::Rebalancing,
             limits: self.limits.clone(),
             stated: BTreeMap::new(),
+            run_start: setup.scenario.start,
             rejected_commands: 0,
         }
     }
@@ -439,10 +440,20 @@ impl RegionNode for CoreRegion {
         if records.is_empty() {
             return;
         }
+        if store.capacity() == 0 {
+            // Sized once for the log's longest: growing it by doubling copies the whole log
+            // each time, and a compaction would throw the room away to grow it again.
+            store.reserve_exact(STORE_COMPACT_RECORDS + records.len());
+        }
         store.extend(records);
         if store.len() > STORE_COMPACT_RECORDS {
-            *store = self.budget.snapshot();
+            store.clear();
+            store.extend(self.budget.snapshot());
         }
+    }
+
+    fn discard_durable(&mut self) {
+        self.budget.discard_dirty();
     }
 
     fn observe(&self, out: &mut RegionObservation) {
@@ -506,6 +517,9 @@ pub struct CoreCoordinator {
     /// The bound stated so far per limit and window, each term at its largest
     /// ([`Bound::merge`]); the last `STATS_WINDOWS_KEPT` windows of each limit.
     stated: BTreeMap<(LimitId, WindowIndex), Bound>,
+    /// Windows that ended before the run started are never judged: no bound is stated for
+    /// them.
+    run_start: Timestamp,
     /// Committed commands the table refused (a stale proposal): expected, and harmless.
     pub rejected_commands: u64,
 }
@@ -523,7 +537,8 @@ impl CoreCoordinator {
             };
             let current = window.index(now);
             let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
-            for w in oldest..=current.0 {
+            let first_judged = window.index(self.run_start).0;
+            for w in oldest.max(first_judged)..=current.0 {
                 let Some(b) = self.coordinator.bound(now, &spec.id, WindowIndex(w)) else {
                     continue;
                 };

@@ -95,6 +95,10 @@ pub struct Measure {
     buckets: usize,
     /// (key, bucket, region).
     bucket_cells: Vec<BucketCell>,
+    /// Per bucket: every strict counter's allocation within tolerance of the fair split of
+    /// the true demand at the bucket's sample (`crate::allocation`); `None` where no strict
+    /// allowance was seen (the static split, eventual limits).
+    allocation_calm: Vec<Option<bool>>,
     threshold_percent: u64,
 }
 
@@ -146,6 +150,7 @@ impl Measure {
             end_nanos: end,
             regions,
             bucket_cells: vec![BucketCell::default(); keys.len() * buckets * regions],
+            allocation_calm: vec![None; buckets],
             keys,
             limits: scenario.limits.limits.clone(),
             true_windows,
@@ -297,6 +302,20 @@ impl Measure {
                 None => *slot = Some(bound.clone()),
             }
         }
+    }
+
+    /// The allocation judged at a sample at true time `t`: within tolerance or not.
+    pub fn allocation_sample(&mut self, t: Timestamp, calm: bool) {
+        let b = ((t.as_unix_nanos().saturating_sub(self.start_nanos) / self.bucket_nanos) as usize)
+            .min(self.buckets - 1);
+        let slot = &mut self.allocation_calm[b];
+        *slot = Some(slot.unwrap_or(true) && calm);
+    }
+
+    /// Whether any sample judged an allocation (a run with strict counters and a
+    /// coordinator).
+    pub fn has_allocation_samples(&self) -> bool {
+        self.allocation_calm.iter().any(Option::is_some)
     }
 
     pub fn buckets(&self) -> usize {
@@ -472,10 +491,6 @@ pub fn convergence_after(
     hold: Duration,
     tolerance_percent: u64,
 ) -> Option<Duration> {
-    let interval = duration_nanos(m.bucket_interval());
-    let first = (duration_nanos(mark_at) / interval) as usize;
-    let last = ((duration_nanos(horizon).div_ceil(interval)) as usize).min(m.buckets());
-    let hold_buckets = (duration_nanos(hold).div_ceil(interval) as usize).max(1);
     let calm = |b: usize| {
         let mut attempted = 0;
         let mut false_denied = 0;
@@ -487,6 +502,35 @@ pub fn convergence_after(
         }
         false_denied * 100 <= attempted * tolerance_percent
     };
+    first_calm_stretch(m, (mark_at, horizon), hold, calm)
+}
+
+/// How long after `mark` the allocation stayed off the fair split of the true demand
+/// (`crate::allocation`), in whole buckets, as [`convergence_after`] does for false denials: a
+/// bucket is calm when its sample found every strict counter's allowances within tolerance.
+pub fn allocation_convergence_after(
+    m: &Measure,
+    mark_at: Duration,
+    horizon: Duration,
+    hold: Duration,
+) -> Option<Duration> {
+    let calm = |b: usize| m.allocation_calm[b] != Some(false);
+    first_calm_stretch(m, (mark_at, horizon), hold, calm)
+}
+
+/// From the bucket of `span.0`: the start of the first run of calm buckets that lasts `hold`
+/// or reaches the bucket of `span.1`, as an offset from `span.0`'s bucket.
+fn first_calm_stretch(
+    m: &Measure,
+    span: (Duration, Duration),
+    hold: Duration,
+    calm: impl Fn(usize) -> bool,
+) -> Option<Duration> {
+    let (mark_at, horizon) = span;
+    let interval = duration_nanos(m.bucket_interval());
+    let first = (duration_nanos(mark_at) / interval) as usize;
+    let last = ((duration_nanos(horizon).div_ceil(interval)) as usize).min(m.buckets());
+    let hold_buckets = (duration_nanos(hold).div_ceil(interval) as usize).max(1);
     let mut run_start = None;
     for b in first..last {
         if !calm(b) {
@@ -750,5 +794,34 @@ traffic:
             1,
         );
         assert_eq!(never, None);
+    }
+
+    #[test]
+    fn allocation_convergence_is_the_first_stretch_of_samples_within_tolerance() {
+        let (s, mut m) = measure();
+        assert!(!m.has_allocation_samples(), "nothing judged yet");
+        // Samples every 100 ms from the mark at 2 s: off the fair split at 2.0, 2.1 and 2.2 s,
+        // within it from 2.3 s on. Converged after 300 ms.
+        for b in 20..60u64 {
+            m.allocation_sample(at(&s, b * 100), b >= 23);
+        }
+        assert!(m.has_allocation_samples());
+        let after = allocation_convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_secs(6),
+            Duration::from_millis(500),
+        );
+        assert_eq!(after, Some(Duration::from_millis(300)));
+        // A bucket off the split in the middle of the hold restarts it: off again at 2.5 s,
+        // so the first stretch of 5 calm buckets starts at 2.6 s.
+        m.allocation_sample(at(&s, 2_500), false);
+        let after = allocation_convergence_after(
+            &m,
+            Duration::from_secs(2),
+            Duration::from_secs(6),
+            Duration::from_millis(500),
+        );
+        assert_eq!(after, Some(Duration::from_millis(600)));
     }
 }

@@ -104,6 +104,12 @@ pub trait RegionNode: Send {
     /// flush timer and loses them in a crash, as the real one would.
     fn persist(&mut self, store: &mut Self::Store);
 
+    /// [`RegionNode::persist`] for a region the run never restarts: nothing would read its
+    /// store, so what it made durable is drained and dropped rather than kept.
+    fn discard_durable(&mut self) {
+        self.persist(&mut Self::Store::default());
+    }
+
     /// The machine's counters and allowances, for the invariant checks (not a hot path).
     fn observe(&self, out: &mut RegionObservation);
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::check::Violation;
 use crate::engine::{RunOutcome, RunStats};
 use crate::error::Result;
-use crate::measure::{WindowReport, convergence_after};
+use crate::measure::{WindowReport, allocation_convergence_after, convergence_after};
 use crate::node::Policy;
 use crate::scenario::Scenario;
 
@@ -36,6 +36,9 @@ pub struct Report {
     /// The same seeds under the static-split baseline.
     pub baseline_utilization_p50: Option<f64>,
     pub convergence_ms_max: Option<u64>,
+    /// The same for the allocation (`crate::allocation`): `None` without marks or without
+    /// strict counters.
+    pub allocation_convergence_ms_max: Option<u64>,
     /// False denials over all requests.
     pub false_denial_rate: f64,
     pub sim_requests_per_wall_second: f64,
@@ -60,6 +63,7 @@ pub struct SeedReport {
     pub utilization_min: Option<f64>,
     pub baseline_utilization_p50: Option<f64>,
     pub convergence_ms_max: Option<u64>,
+    pub allocation_convergence_ms_max: Option<u64>,
     pub false_denial_rate: f64,
     pub sim_requests_per_wall_second: f64,
     pub stats: RunStats,
@@ -76,6 +80,10 @@ pub struct Convergence {
     pub what: String,
     /// `None`: false denials never settled before the next mark or the end.
     pub converged_after_ms: Option<u64>,
+    /// Until every strict counter's allowances stayed within tolerance of the fair split of
+    /// the true demand (`crate::allocation`); `None`: never before the next mark or the end,
+    /// or no strict counter to judge.
+    pub allocation_converged_after_ms: Option<u64>,
     /// Time to the next mark or the end of the run.
     pub horizon_ms: u64,
 }
@@ -161,6 +169,10 @@ impl Report {
             utilization_min: all_util.iter().copied().reduce(f64::min),
             baseline_utilization_p50: median(&mut all_base_util),
             convergence_ms_max: per_seed.iter().filter_map(|s| s.convergence_ms_max).max(),
+            allocation_convergence_ms_max: per_seed
+                .iter()
+                .filter_map(|s| s.allocation_convergence_ms_max)
+                .max(),
             false_denial_rate: ratio(false_denials, requests),
             sim_requests_per_wall_second: per_second(sim_requests, wall),
             per_seed,
@@ -245,6 +257,16 @@ impl SeedReport {
                 .iter()
                 .map(|c| c.converged_after_ms.unwrap_or(c.horizon_ms))
                 .max(),
+            allocation_convergence_ms_max: o
+                .measure
+                .has_allocation_samples()
+                .then(|| {
+                    convergence
+                        .iter()
+                        .map(|c| c.allocation_converged_after_ms.unwrap_or(c.horizon_ms))
+                        .max()
+                })
+                .flatten(),
             false_denial_rate: ratio(false_denials, o.stats.requests),
             sim_requests_per_wall_second: per_second(o.stats.requests, run.wall),
             stats: o.stats.clone(),
@@ -277,10 +299,23 @@ fn convergence(scenario: &Scenario, o: &RunOutcome) -> Vec<Convergence> {
                 m.convergence_hold,
                 u64::from(m.convergence_tolerance_percent),
             );
+            let allocation = o
+                .measure
+                .has_allocation_samples()
+                .then(|| {
+                    allocation_convergence_after(
+                        &o.measure,
+                        Duration::from_millis(mark.at_ms),
+                        Duration::from_millis(horizon_at),
+                        m.convergence_hold,
+                    )
+                })
+                .flatten();
             Convergence {
                 at_ms: mark.at_ms,
                 what: mark.what.clone(),
                 converged_after_ms: after.map(|d| d.as_millis() as u64),
+                allocation_converged_after_ms: allocation.map(|d| d.as_millis() as u64),
                 horizon_ms: horizon_at - mark.at_ms,
             }
         })

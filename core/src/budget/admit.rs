@@ -190,7 +190,9 @@ pub(crate) fn admit(
             };
         }
         Some((reason, retry_after)) => {
-            ks.hot_mut().denied_units += wanted;
+            let hot = ks.hot_mut();
+            hot.denied_units += wanted;
+            hot.refused_this_window = true;
             if let Some(s) = window_stats {
                 s.denials += 1;
                 s.denied_units += wanted;

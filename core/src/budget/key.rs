@@ -74,6 +74,11 @@ pub(crate) struct HotState {
     pub open_rate: Option<GcraState>,
     /// Units refused this window: part of the demand estimate.
     pub denied_units: u64,
+    /// The agent refused a request or lease for this key in this window. A gateway refuses
+    /// by itself only after the agent refused it, so units a gateway reports as refused
+    /// locally belong to this window only if this is set; otherwise they were refused in an
+    /// earlier window (a denial that held until that window's end) and are no demand here.
+    pub refused_this_window: bool,
     /// Units above the allowance that policy let in this window (settle overage, fail-open,
     /// shadow): invariant 1 allows exactly these.
     pub excess_units: u64,
@@ -186,6 +191,7 @@ impl HotState {
         // Leases of the ended window expired with it; the lease table drops them on its own.
         self.leases.clear();
         self.denied_units = 0;
+        self.refused_this_window = false;
         self.excess_units = 0;
         self.escalated = false;
         // A pre-issued grant means the coordinator follows this counter.

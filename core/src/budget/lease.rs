@@ -707,6 +707,7 @@ fn lease_in_key(
             .as_ref()
             .is_some_and(|h| h.leases.len() >= t.max_leases)
     {
+        ks.hot_mut().refused_this_window = true;
         if let Some(s) = stats.window_mut(ks.window) {
             s.denials += 1;
             s.denied_units += req.units_wanted;
@@ -722,7 +723,11 @@ fn lease_in_key(
         };
         return (LeaseOutcome::Denied(d), None, false);
     }
-    if req.denied_units > 0 {
+    // Units the gateway refused while an agent refusal of an earlier window held are that
+    // window's demand, not this one's: counted here they would read, early in the window,
+    // as a rate several times the real one and pull quota away from regions that need it.
+    let refused_here = ks.hot.as_ref().is_some_and(|h| h.refused_this_window);
+    if req.denied_units > 0 && refused_here {
         ks.hot_mut().denied_units += req.denied_units;
         if let Some(s) = stats.window_mut(ks.window) {
             s.denied_units += req.denied_units;

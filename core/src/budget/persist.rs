@@ -253,6 +253,13 @@ impl RegionBudget {
         records
     }
 
+    /// Forgets what changed since the last drain without turning it into records, leaving the
+    /// tracker as [`RegionBudget::drain_dirty`] would: for a driver that keeps no store (a
+    /// simulated region the run never restarts).
+    pub fn discard_dirty(&mut self) {
+        self.dirty.clear();
+    }
+
     /// The whole durable state, behind a `Reset`.
     pub fn snapshot(&self) -> Vec<PersistRecord> {
         let mut out = vec![PersistRecord::Reset, PersistRecord::Meta(self.meta())];

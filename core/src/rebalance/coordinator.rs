@@ -38,6 +38,13 @@ use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 /// Most commands one `poll_proposals` returns; the rest waits for the next round.
 pub const MAX_PROPOSALS_PER_POLL: usize = 1024;
 
+/// Sync intervals a release needs before its units can be used elsewhere: the request waits
+/// for the releasing region's next SyncUp to be answered, its ack for the one after, and the
+/// grant of the freed units for the receiving region's next SyncUp. With less of a window
+/// left, the current window's counters are not asked to release (the units would end the
+/// window in transit, used by nobody); counters of later windows always may be.
+pub const RELEASE_HANDOFF_SYNC_INTERVALS: u32 = 3;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorConfig {
     /// How often agents sync. A grant is resent for a reported mismatch only once it has been
@@ -533,10 +540,13 @@ impl Coordinator {
                 }
             })
             .collect();
+        let handoff = self.cfg.sync_interval * RELEASE_HANDOFF_SYNC_INTERVALS;
+        let current = window.index(now) == counter.window;
         Some(CounterPlanInput {
             quota_units: units,
             free_units: self.table.free_units(counter),
             hysteresis_units: self.cfg.rebalance_hysteresis_units,
+            releases_useful: !current || window.remaining(now) >= handoff,
             regions: states,
         })
     }

@@ -26,7 +26,9 @@ mod model;
 mod tests;
 
 pub use bound::{Bound, BoundInputs, BoundTerm, RegionBoundStats, bound};
-pub use coordinator::{Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL};
+pub use coordinator::{
+    Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL, RELEASE_HANDOFF_SYNC_INTERVALS,
+};
 pub use table::{
     AllowanceRow, AllowanceTable, ApplyOutcome, MAX_TABLE_ROWS, PendingRelease, Reclaim,
     RejectReason, TableCommand,

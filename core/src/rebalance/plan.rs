@@ -41,6 +41,12 @@ pub struct CounterPlanInput {
     /// `L - sum a_r` as committed.
     pub free_units: u64,
     pub hysteresis_units: u64,
+    /// Released units could still reach another region in time to be used. False late in
+    /// the counter's window: a release only frees its units for others after a full handoff
+    /// (request, ack, completion, grant), and units still in transit when the window ends are
+    /// stranded, whereas left where they are they may still be used. Then only free quota
+    /// moves.
+    pub releases_useful: bool,
     pub regions: Vec<RegionState>,
 }
 
@@ -104,7 +110,7 @@ pub fn plan_counter(input: &CounterPlanInput) -> Plan {
         .filter_map(|s| s.pending_release_units)
         .sum();
     let missing = unmet.saturating_sub(pending);
-    if missing >= step {
+    if missing >= step && input.releases_useful {
         actions.extend(releases(input, &targets, missing, step));
     }
     Plan { targets, actions }
@@ -207,6 +213,7 @@ mod tests {
             quota_units,
             free_units: quota_units - held,
             hysteresis_units: 1,
+            releases_useful: true,
             regions,
         }
     }
@@ -271,6 +278,24 @@ mod tests {
         let plan = plan_counter(&input(vec![region("a", 40, 100, 50), b]));
         assert_eq!(plan.targets, vec![50, 50]);
         assert!(plan.actions.is_empty());
+    }
+
+    #[test]
+    fn when_releases_come_too_late_only_free_quota_moves() {
+        // The worked example above with a_B = 40 (free 10) and no time left to move released
+        // units: A's target is still 80 (deficit 30), it grows by the free 10 to 60, and B
+        // keeps its 40, since units it released now would reach A only after the window.
+        let mut i = input(vec![region("a", 40, 40, 50), region("b", 0, 0, 40)]);
+        i.releases_useful = false;
+        let plan = plan_counter(&i);
+        assert_eq!(plan.targets, vec![80, 0]);
+        assert_eq!(
+            plan.actions,
+            vec![PlanAction::Grow {
+                region: RegionId::from("a"),
+                allowance_units: 60
+            }]
+        );
     }
 
     #[test]

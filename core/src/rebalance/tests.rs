@@ -312,6 +312,34 @@ fn released_quota_is_reassigned_only_after_the_ack_commits() {
 }
 
 #[test]
+fn no_release_is_asked_for_a_window_too_near_its_end_for_the_units_to_move() {
+    // Regression: releases asked late in a window freed their units only after the window
+    // ended (request, ack and grant each wait for a sync), so they were used by nobody.
+    // Equal weights (defaults 50/50), free 0; b is idle, a has used 40 and wants 100/s.
+    // The handoff takes 3 sync intervals = 750 ms.
+    // At 9.2 s (800 ms left): a's need 80, R = 60, a's target 100: b is asked for 50.
+    // At 9.3 s (700 ms left): a's target is again 100, but b keeps its 50 for window 100.
+    // Either way window 101 (pre-issued in the last second) may still be moved: b, idle, is
+    // asked to release its default for it.
+    let release_of = |now_ms: u64| {
+        let mut w = world(&spec());
+        w.up("b", at_ms(now_ms - 100));
+        w.a.admit(&counter(100), 40, at_ms(0));
+        w.a.set_demand(&counter(100), 100);
+        w.up("a", at_ms(now_ms));
+        let mut released = BTreeMap::new();
+        for (cmd, _) in w.commit_all(at_ms(now_ms)) {
+            if let TableCommand::RequestRelease { counter, units, .. } = cmd {
+                released.insert(counter.window.0, units);
+            }
+        }
+        released
+    };
+    assert_eq!(release_of(9_200), BTreeMap::from([(100, 50), (101, 50)]));
+    assert_eq!(release_of(9_300), BTreeMap::from([(101, 50)]));
+}
+
+#[test]
 fn duplicate_late_and_unknown_acks_change_nothing() {
     let mut w = hot_a_idle_b();
     let now = at_ms(5_000);

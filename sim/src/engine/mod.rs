@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use allot_core::gateway::{Gateway, GatewayConfig, KeyHandle, Spend, SpendReceipt, ToAgent};
 use allot_core::ids::RegionId;
-use allot_core::limit::FailureMode;
+use allot_core::limit::{FailureMode, WEIGHT_SCALE_PPM};
 use allot_core::sync::{CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, duration_nanos};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::allocation::{RegionDemand, fair_targets, mean_units, within_tolerance};
 use crate::check::Checker;
 use crate::clock::RegionClock;
 use crate::error::{Result, SimError};
@@ -171,6 +172,9 @@ struct RegionRt<R: RegionNode> {
     clock: RegionClock,
     node: Option<R>,
     store: R::Store,
+    /// The run restarts this region's agent, so its store is kept (otherwise nothing reads
+    /// it: what the agent makes durable is drained and dropped).
+    keeps_store: bool,
     timer: Option<Timestamp>,
     up: Link,
     down: Link,
@@ -390,7 +394,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         })?;
         let gateway_config = gateway_config(scenario, key_count);
         let mut regions = Vec::with_capacity(scenario.regions.len());
-        for (r, clock) in scenario.regions.iter().zip(clocks) {
+        for (index, (r, clock)) in scenario.regions.iter().zip(clocks).enumerate() {
+            let keeps_store = scenario
+                .faults
+                .iter()
+                .any(|f| matches!(*f, Fault::AgentCrash { region, .. } if region == index));
             let gateways = (0..r.gateways)
                 .map(|_| {
                     Ok(GatewayRt {
@@ -407,6 +415,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 clock,
                 node: None,
                 store: Default::default(),
+                keeps_store,
                 timer: None,
                 up: Link { latency: r.latency },
                 down: Link { latency: r.latency },
@@ -826,7 +835,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 (ToAgent::LeaseWanted(w), Some(node)) => {
                     self.stats.lease_requests += 1;
                     let answer = node.handle_lease_wanted(local, &w);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                     match answer {
                         LeaseAnswer::Granted(grant) => {
                             gateway.handle_lease_granted(local, w.ticket, grant)
@@ -841,11 +850,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 }
                 (ToAgent::Release(release), Some(node)) => {
                     node.handle_release(local, &release);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                 }
                 (ToAgent::Settle(settle), Some(node)) => {
                     node.handle_settle(local, &settle);
-                    node.persist(&mut r.store);
+                    persist(node, &mut r.store, r.keeps_store);
                 }
                 (ToAgent::Release(_) | ToAgent::Settle(_), None) => {
                     self.stats.gateway_messages_lost += 1;
@@ -933,7 +942,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         if !outgoing.is_empty() {
             // What a SyncUp promises (its seq, the acks it carries) is durable before it leaves.
-            node.persist(&mut r.store);
+            persist(node, &mut r.store, r.keeps_store);
         }
         let wanted = node.poll_timeout().map(|l| r.clock.true_time_of(l));
         for msg in outgoing {
@@ -962,7 +971,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let local = r.clock.local(self.now);
         if let Some(node) = r.node.as_mut() {
             node.handle_timeout(local);
-            node.persist(&mut r.store);
+            persist(node, &mut r.store, r.keeps_store);
         }
         self.after_region_input(region)
     }
@@ -1073,7 +1082,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         };
         node.handle_sync_down(r.clock.local(self.now), msg);
-        node.persist(&mut r.store);
+        persist(node, &mut r.store, r.keeps_store);
         self.after_region_input(region)
     }
 
@@ -1193,12 +1202,18 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let at_ms = self.offset_ms();
         let scenario = self.scenario;
         let coordinator = self.coordinator.node.as_ref();
+        let judge = self.spec.policy == Policy::Rebalancing;
+        let mut allowances = vec![vec![None; self.regions.len()]; self.measure.keys.len()];
         for (i, r) in self.regions.iter().enumerate() {
             let Some(node) = r.node.as_ref() else {
                 continue;
             };
             let mut obs = RegionObservation::default();
             node.observe(&mut obs);
+            if judge {
+                let local = r.clock.local(self.now);
+                record_allowances(scenario, &self.measure, local, &obs, i, &mut allowances);
+            }
             self.checker.region(at_ms, i, &obs);
             let Some(coordinator) = coordinator else {
                 continue;
@@ -1221,10 +1236,53 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 self.measure.bound_sample(limit, *window, bound);
             }
         }
+        if judge {
+            self.judge_allocation(&allowances);
+        }
         self.push(
             self.now + self.scenario.measure.sample_interval,
             Event::Sample,
         )
+    }
+
+    /// Judges every strict counter's allocation against the fair split of the demand the
+    /// sources ask for now (`crate::allocation`). `allowances[k][r]`: region r's allowance for
+    /// key k in its current window, where it enforces a strict one.
+    fn judge_allocation(&mut self, allowances: &[Vec<Option<u64>>]) {
+        let t = duration_nanos(self.now.saturating_duration_since(self.scenario.start));
+        let mut judged = false;
+        let mut calm = true;
+        for (k, held) in allowances.iter().enumerate() {
+            if held.iter().all(Option::is_none) {
+                continue;
+            }
+            let limit = &self.scenario.limits.limits[self.measure.keys[k].limit_index];
+            let window_secs = limit.window.len().as_secs_f64();
+            let mut demand_per_sec = vec![0.0; held.len()];
+            for (src, spec) in self.sources.iter().zip(&self.scenario.traffic) {
+                let live = duration_nanos(spec.start) <= t && t < duration_nanos(spec.end);
+                if src.key == k && live {
+                    demand_per_sec[src.region] += spec.rate.rate_at(t) * mean_units(&spec.cost);
+                }
+            }
+            let regions: Vec<RegionDemand> = self
+                .scenario
+                .regions
+                .iter()
+                .zip(&demand_per_sec)
+                .map(|(r, d)| RegionDemand {
+                    weight_ppm: r.weight_ppm,
+                    default_units: default_share(limit.quota_units, r.weight_ppm),
+                    window_demand_units: (d * window_secs).ceil() as u64,
+                })
+                .collect();
+            let targets = fair_targets(limit.quota_units, &regions);
+            judged = true;
+            calm &= within_tolerance(limit.quota_units, held, &targets);
+        }
+        if judged {
+            self.measure.allocation_sample(self.now, calm);
+        }
     }
 
     fn finish(self) -> RunOutcome {
@@ -1235,6 +1293,48 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             checker: self.checker,
             stats: self.stats,
         }
+    }
+}
+
+/// Region `region`'s strict allowances for the current window of each key it holds, from its
+/// observation, into `out[key][region]`.
+fn record_allowances(
+    scenario: &Scenario,
+    measure: &Measure,
+    local: Timestamp,
+    obs: &RegionObservation,
+    region: usize,
+    out: &mut [Vec<Option<u64>>],
+) {
+    for a in &obs.allowances {
+        let Some(units) = a.strict_allowance_units else {
+            continue;
+        };
+        let current = scenario
+            .limit(&a.counter.limit)
+            .is_some_and(|l| a.counter.window == l.window.index(local));
+        let key = measure
+            .keys
+            .iter()
+            .position(|k| k.limit == a.counter.limit && k.key == a.counter.key);
+        if let (true, Some(k)) = (current, key) {
+            out[k][region] = Some(units);
+        }
+    }
+}
+
+/// `floor(w_r * L)`, as the product computes a region's default share.
+fn default_share(quota_units: u64, weight_ppm: u32) -> u64 {
+    (u128::from(quota_units) * u128::from(weight_ppm) / u128::from(WEIGHT_SCALE_PPM)) as u64
+}
+
+/// Writes what the region's agent made durable to its store, or drops it where the run never
+/// restarts the agent.
+fn persist<R: RegionNode>(node: &mut R, store: &mut R::Store, keeps_store: bool) {
+    if keeps_store {
+        node.persist(store);
+    } else {
+        node.discard_durable();
     }
 }
 

@@ -167,3 +167,21 @@ fn keys_rolled_by_a_sweep_are_persisted_as_rolled() {
     log.extend(b.drain_dirty());
     assert_eq!(restart(log).snapshot(), b.snapshot());
 }
+
+#[test]
+fn discarded_changes_are_not_drained_later_and_tracking_goes_on() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "a", 1);
+    b.discard_dirty();
+    assert!(b.drain_dirty().is_empty(), "a's change was discarded");
+    // Tracking goes on after a discard: b's change alone is drained, and restores b.
+    acquire(&mut b, at(0), "api", "b", 2);
+    let r = restart(b.drain_dirty());
+    assert_eq!((net(&r, "api", "a"), net(&r, "api", "b")), (0, 2));
+    // An overflowed tracker is discarded whole too: no snapshot is owed afterwards.
+    for i in 0..MAX_DIRTY_ITEMS + 10 {
+        acquire(&mut b, at(0), "api", &format!("k{i}"), 1);
+    }
+    b.discard_dirty();
+    assert!(b.drain_dirty().is_empty());
+}

@@ -536,18 +536,52 @@ fn release_requests_beyond_the_pending_ack_bound_wait_for_a_resend() {
 
 #[test]
 fn demand_counts_what_gateways_denied_by_themselves() {
-    // Default share 100. At 30 s a gateway asks for 10 units and says it denied 290 more
-    // while the agent's last denial held: 300 requested in 30 s is 10/s, projecting
-    // 10 + 10/s * 30 s = 310 > 100, so the key escalates and reports it.
+    // Default share 100. At 10 s 100 units are admitted and 1 more refused: the gateway then
+    // refuses by itself. At 30 s it asks for 10 units (refused too) and says it denied 199
+    // more while the agent's denial held: 100 + 1 + 199 + 10 = 310 requested in 30 s is
+    // 10/s (10.33 rounded down).
     let mut b = budget(vec![per_minute("api", 400)]);
+    assert!(acquire(&mut b, at(10_000), "api", "k", 100).allowed);
+    assert!(!acquire(&mut b, at(10_000), "api", "k", 1).allowed);
     let req = LeaseRequest {
-        denied_units: 290,
+        denied_units: 199,
         ..lease_req("api", "k", 10, 10)
     };
-    granted(b.lease(at(30_000), req).expect("lease"));
+    assert!(matches!(
+        b.lease(at(30_000), req).expect("lease"),
+        LeaseOutcome::Denied(_)
+    ));
     let up = b.poll_transmit(at(30_000)).expect("sync");
     assert_eq!(up.demand.len(), 1);
     assert_eq!(up.demand[0].demand_units_per_sec, 10);
+}
+
+#[test]
+fn units_a_gateway_denied_in_an_earlier_window_are_not_demand_in_this_one() {
+    // Regression: a gateway refused by the agent near the end of a window refuses by itself
+    // until the window's end, and reports those units with its first request of the next
+    // window. Counted there, they read as demand the new window never had.
+    // Default share 100. Window 0: 100 admitted at 50 s, 1 refused. At 60.5 s (window 1,
+    // nothing refused in it yet) the gateway asks for 10 units and says it denied 150.
+    // Window 1's demand: the 10 units over the warm-up floor of 6 s (a tenth of the
+    // window) = 1/s (1.67 rounded down), not 160 / 6 s = 26/s.
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert!(acquire(&mut b, at(50_000), "api", "k", 100).allowed);
+    assert!(!acquire(&mut b, at(50_000), "api", "k", 1).allowed);
+    b.poll_transmit(at(50_000)).expect("sync");
+    let req = LeaseRequest {
+        denied_units: 150,
+        ..lease_req("api", "k", 10, 10)
+    };
+    assert_eq!(granted(b.lease(at(60_500), req).expect("lease")).units, 10);
+    let up = b.poll_transmit(at(60_500)).expect("sync");
+    let w1 = minute_window(60_500);
+    let d = up
+        .demand
+        .iter()
+        .find(|d| d.counter == counter("api", "k", w1))
+        .expect("window 1 escalated: 10 + 10/6 s * 59.5 s > 100");
+    assert_eq!(d.demand_units_per_sec, 1);
 }
 
 #[test]
