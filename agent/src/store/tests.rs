@@ -33,8 +33,21 @@ impl Opener for Memory {
 struct Sled(tempfile::TempDir, Durability);
 
 impl Opener for Sled {
+    /// Reopening in the same process can race sled's background threads of the store just
+    /// dropped, which hold its file lock for a moment longer (a restarted agent is a new
+    /// process, whose lock the old one's exit released): retry that one error briefly.
     fn open(&mut self) -> Box<dyn Store> {
-        Box::new(SledStore::open(self.0.path(), self.1).expect("sled store opens"))
+        let mut tries = 0;
+        loop {
+            match SledStore::open(self.0.path(), self.1) {
+                Ok(store) => return Box::new(store),
+                Err(e) if tries < 200 && e.to_string().contains("could not acquire lock") => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("sled store opens: {e}"),
+            }
+        }
     }
 }
 
