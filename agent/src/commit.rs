@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::settings::MAX_PENDING_RECORDS;
-use crate::store::Store;
+use crate::store::{Store, WriteOwned};
 
 /// A place in the write order: durable once the committer's durable ticket reaches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -131,7 +131,7 @@ impl Committer {
             Ok(())
         } else {
             self.counters.batch(batch.len());
-            self.write(&batch)
+            self.write(batch)
         };
         match result {
             Ok(()) => {
@@ -139,7 +139,7 @@ impl Committer {
                 self.written.notify_waiters();
                 Ok(())
             }
-            Err(e) => {
+            Err((e, batch)) => {
                 metrics::store_error();
                 tracing::error!(error = %e, "store write failed; answers wait for it");
                 self.requeue(batch);
@@ -149,14 +149,14 @@ impl Committer {
         }
     }
 
-    fn write(&self, batch: &[PersistRecord]) -> Result<()> {
+    fn write(&self, batch: Vec<PersistRecord>) -> WriteOwned {
         let in_worker = self.blocking_writes
             && Handle::try_current()
                 .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
         if in_worker {
-            tokio::task::block_in_place(|| self.store.write(batch))
+            tokio::task::block_in_place(|| self.store.write_owned(batch))
         } else {
-            self.store.write(batch)
+            self.store.write_owned(batch)
         }
     }
 

@@ -35,6 +35,15 @@ pub trait Store: Send + Sync + 'static {
     /// [`Durability`] promises; on `Err` nothing can be assumed about them.
     fn write(&self, batch: &[PersistRecord]) -> Result<()>;
 
+    /// [`Store::write`] of a batch the caller gives up, so that a store keeping records can
+    /// take them rather than copy them. On `Err` the batch comes back whole.
+    fn write_owned(&self, batch: Vec<PersistRecord>) -> WriteOwned {
+        match self.write(&batch) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, batch)),
+        }
+    }
+
     /// Makes everything written so far survive a machine crash too (in `buffered` mode,
     /// where `write` does not). Cheap: one device flush of what was appended.
     fn sync(&self) -> Result<()>;
@@ -49,6 +58,9 @@ pub trait Store: Send + Sync + 'static {
     /// Every record held, in an order `RegionBudget::restore` accepts.
     fn load(&self) -> Result<Vec<PersistRecord>>;
 }
+
+/// The outcome of [`Store::write_owned`]: on failure, the error and the batch.
+pub type WriteOwned = std::result::Result<(), (crate::error::Error, Vec<PersistRecord>)>;
 
 /// What a written batch survives before the next checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::Xxh3Builder;
 
 use super::keyed::{self, Scan};
 use super::wal::Wal;
-use super::{Durability, Store};
+use super::{Durability, Store, WriteOwned};
 use crate::error::{Error, Result};
 
 /// Items written to the log but not yet to the tree, kept (their last record each) to apply
@@ -90,22 +90,18 @@ impl SledStore {
 
 impl Store for SledStore {
     fn write(&self, batch: &[PersistRecord]) -> Result<()> {
+        self.write_owned(batch.to_vec()).map_err(|(e, _)| e)
+    }
+
+    fn write_owned(&self, batch: Vec<PersistRecord>) -> WriteOwned {
         let mut inner = self.inner();
-        inner.wal.append(batch)?;
-        for record in batch {
-            match keyed::item_key(record) {
-                Some(key) => {
-                    inner.unapplied.insert(key, record.clone());
-                }
-                // A record acting on many items (a reset, a removed limit) is applied in log
-                // order: everything before it first, then itself. Both are rare.
-                None => self.apply_now(&mut inner, std::slice::from_ref(record))?,
-            }
+        if let Err(e) = inner.wal.append(&batch) {
+            return Err((e, batch));
         }
-        if inner.unapplied.len() > MAX_UNCHECKPOINTED_ITEMS {
-            self.apply_now(&mut inner, &[])?;
-        }
-        Ok(())
+        // In the log now: whatever fails below is repaired by a replay, so the batch is not
+        // handed back (writing it again would log it twice, harmlessly but for nothing).
+        let applied = self.keep_unapplied(&mut inner, batch);
+        applied.map_err(|e| (e, Vec::new()))
     }
 
     fn sync(&self) -> Result<()> {
@@ -140,6 +136,24 @@ impl Store for SledStore {
 }
 
 impl SledStore {
+    /// Keeps the last record of each item for the next checkpoint.
+    fn keep_unapplied(&self, inner: &mut Inner, batch: Vec<PersistRecord>) -> Result<()> {
+        for record in batch {
+            match keyed::item_key(&record) {
+                Some(key) => {
+                    inner.unapplied.insert(key, record);
+                }
+                // A record acting on many items (a reset, a removed limit) is applied in log
+                // order: everything before it first, then itself. Both are rare.
+                None => self.apply_now(inner, std::slice::from_ref(&record))?,
+            }
+        }
+        if inner.unapplied.len() > MAX_UNCHECKPOINTED_ITEMS {
+            self.apply_now(inner, &[])?;
+        }
+        Ok(())
+    }
+
     /// Applies every item waiting for a checkpoint, then `then`, to the tree.
     fn apply_now(&self, inner: &mut Inner, then: &[PersistRecord]) -> Result<()> {
         let _applying = self.applying();
