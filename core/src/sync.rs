@@ -146,6 +146,10 @@ pub struct SyncUp {
     pub clock: Option<ClockSample>,
     /// Measurements for the bound that changed since the coordinator last confirmed them.
     pub stats: Vec<LimitWindowStats>,
+    /// The region's view has expired (no answer within `view_ttl`, or none yet): it admits
+    /// by its partition policy. The leader may hear a region whose answers are lost, so
+    /// hearing it does not tell the leader this; the bound's `partition_floor` term needs it.
+    pub view_expired: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,10 +1,8 @@
-//! A known gap in the eventual-mode bound (docs/bound.md, "Known gap"), reproduced with the
-//! real machines: a region whose answers are lost while its SyncUps still arrive has an
-//! expired view and admits by the floor policy, yet the leader hears it, so no
-//! `partition_floor` term covers it.
-//!
-//! Ignored until the protocol tells the leader about expired views; run it with
-//! `cargo test -p allot-core --test eventual_bound_gap -- --ignored`.
+//! A gap the eventual-mode bound once had, reproduced with the real machines: a region whose
+//! answers are lost while its SyncUps still arrive has an expired view and admits by the floor
+//! policy, yet the leader hears it. The SyncUp now says the region's view has expired
+//! (`SyncUp::view_expired`), and the leader counts such a region under `partition_floor` as
+//! it counts a silent one (docs/bound.md, "partition_floor").
 
 use std::time::Duration;
 
@@ -70,15 +68,15 @@ fn deployment(start: Timestamp) -> Deployment {
 }
 
 #[test]
-#[ignore = "known gap: docs/bound.md, eventual mode, an expired view the leader does not see"]
 fn a_region_on_its_floor_while_its_reports_arrive_stays_within_the_bound() {
     // Window 1 (after window 0 gave every region a clock sample, so the skew term is small):
     // b and c take 1 unit each; a, which then hears them at 1, fills the rest by its view:
     // 30 - 1 - 1 = 28. From 7 s b's and c's answers are lost (their SyncUps still arrive);
     // their views expire and the floor policy lets each take its default share, 9: 8 more
-    // each, so 28 + 9 + 9 = 46 in the window. The leader hears both all along, so the bound
-    // it reports is the eventual term 3 * (ceil(5/s * 0.4 s) + 1) = 9 plus skew 3 * 1 = 3:
-    // 30 + 12 = 42 < 46.
+    // each, so 28 + 9 + 9 = 46 in the window. The leader hears both all along: without their
+    // expired views in the SyncUp, the bound it reported was the eventual term
+    // 3 * (ceil(5/s * 0.4 s) + 1) = 9 plus skew 3 * 1 = 3, and 30 + 12 = 42 < 46. With them,
+    // partition_floor adds (9 - 1)+ for each of b and c: 42 + 16 = 58 >= 46.
     let start = Timestamp::from_unix_millis(1_700_000_000_000);
     let mut d = deployment(start);
     let (limit, key) = (LimitId::from("ev"), KeyId::from("k"));

@@ -26,7 +26,9 @@ fn entry(e: &CounterEntry) -> u64 {
 }
 
 pub fn sync_up_bytes(m: &SyncUp) -> u64 {
-    let header = text(m.region.as_str()) + 3 * number();
+    // A false flag is not on the wire; a true one is a tag and a byte.
+    let view_expired = if m.view_expired { 2 } else { 0 };
+    let header = text(m.region.as_str()) + 3 * number() + view_expired;
     let entries: u64 = m.entries.iter().map(entry).sum();
     let demand: u64 = m
         .demand
@@ -92,6 +94,7 @@ mod tests {
             release_acks: Vec::new(),
             clock: None,
             stats: Vec::new(),
+            view_expired: false,
         }
     }
 

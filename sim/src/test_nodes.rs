@@ -196,6 +196,7 @@ impl RegionNode for TestRegion {
             release_acks: Vec::new(),
             clock: None,
             stats: Vec::new(),
+            view_expired: false,
         })
     }
 

@@ -232,6 +232,7 @@ impl RegionBudget {
             release_acks: Vec::new(),
             clock: self.view.clock(),
             stats: self.collect_stats(),
+            view_expired: self.view.is_expired(now),
         };
         let carried = self.collect_reported(now, &mut up);
         up.release_acks = self

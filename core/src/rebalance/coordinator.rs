@@ -203,6 +203,7 @@ impl Coordinator {
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
             view.clock = msg.clock.or(view.clock);
+            view.view_expired = msg.view_expired;
         }
         for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
             if e.region == msg.region
@@ -839,7 +840,9 @@ impl Coordinator {
             inputs
                 .allowance_units
                 .insert(r.clone(), self.largest_allowance(limit, window, key, r));
-            if self.is_silent(r, now) {
+            // Silent, or heard but admitting by its partition policy (its answers are lost):
+            // either way the others do not see what it may still admit up to its floor.
+            if self.is_silent(r, now) || view.view_expired {
                 let last_seen = key.map_or(0, |k| {
                     let c = CounterRef {
                         limit: limit.clone(),

@@ -907,6 +907,29 @@ fn the_leader_reports_its_measurements_for_the_bound() {
     assert_eq!(later.allowance_units.get(&RegionId::from("a")), Some(&50));
 }
 
+/// A region the leader hears but whose answers are lost admits by its floor: its SyncUp says
+/// its view expired, and the leader counts it as partitioned until a SyncUp says otherwise.
+#[test]
+fn a_heard_region_with_an_expired_view_counts_as_partitioned() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    let partitioned = |w: &World, now| {
+        w.coord
+            .bound_inputs(now, &l, WindowIndex(100), None)
+            .partitioned
+            .into_keys()
+            .collect::<Vec<_>>()
+    };
+    w.up("a", at_ms(100));
+    let mut msg = w.region("b").poll_transmit(at_ms(100));
+    msg.view_expired = true;
+    w.coord.handle_sync_up(at_ms(100), msg).unwrap();
+    assert_eq!(partitioned(&w, at_ms(150)), vec![RegionId::from("b")]);
+    // Its view is fresh again: no longer counted.
+    w.up("b", at_ms(200));
+    assert!(partitioned(&w, at_ms(250)).is_empty());
+}
+
 /// `name` sends a SyncUp carrying `figures` for window `window` of limit `l`.
 fn report_figures(w: &mut World, name: &str, now: Timestamp, window: u64, figures: BoundFigures) {
     let mut msg = w.region(name).poll_transmit(now);

@@ -23,6 +23,9 @@ pub(crate) struct RegionView {
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
     pub clock: Option<ClockSample>,
+    /// The newest SyncUp said the region's view had expired: it admits by its partition
+    /// policy though this leader hears it.
+    pub view_expired: bool,
 }
 
 impl RegionView {
@@ -33,6 +36,7 @@ impl RegionView {
             last_seq: None,
             last_received_at: now,
             clock: None,
+            view_expired: false,
         }
     }
 
