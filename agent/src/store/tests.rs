@@ -382,6 +382,43 @@ mod sled_log {
         files.pop().expect("a log file")
     }
 
+    /// A data directory from before postcard: log frames (written with `write(2)`, no
+    /// preallocation) and tree values in JSON. Both still read, and what is written after is
+    /// in the new format beside them.
+    #[test]
+    fn a_store_written_in_json_by_an_earlier_version_still_loads() {
+        let dir = temp();
+        let batches = some_records();
+        {
+            // The tree: the first batch, as the earlier version stored values.
+            let db = sled::open(dir.path().join("sled")).expect("sled");
+            for record in &batches[0] {
+                let key = super::super::keyed::item_key(record).expect("one key");
+                db.insert(key, serde_json::to_vec(record).expect("json"))
+                    .expect("insert");
+            }
+            db.flush().expect("flush");
+        }
+        // The log: the second batch, as one JSON frame in a file of exactly its size.
+        let payload = serde_json::to_vec(&batches[1]).expect("json");
+        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        frame.extend_from_slice(&payload);
+        let wal = dir.path().join("wal");
+        std::fs::create_dir_all(&wal).expect("wal dir");
+        std::fs::write(wal.join(format!("{:020}.log", 1)), frame).expect("old log");
+        let store = SledStore::open(dir.path(), Durability::Buffered).expect("opens");
+        store.write(&batches[2]).expect("write");
+        let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+        for (i, key) in ["t=a", "t=b", "t=c"].into_iter().enumerate() {
+            b.acquire(at(i as u64), acquire(key, 3, None))
+                .expect("acquire");
+        }
+        let back =
+            RegionBudget::restore(cfg(), limits(), store.load().expect("load")).expect("restore");
+        assert_eq!(back.snapshot(), b.snapshot());
+    }
+
     /// A log written by a process that died before any checkpoint: every complete batch is
     /// replayed, and the torn frame it was writing is dropped.
     #[test]
