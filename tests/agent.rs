@@ -390,6 +390,16 @@ async fn the_lease_api_end_to_end() {
     })
     .await
     .expect("release");
+    // Three leases ended by release so far (one handed back with a request), refunding
+    // 2 + 3 + 3 units, counted under their rule.
+    assert_eq!(
+        agent.metric("allot_lease_returns_total{rule=\"shop/tenant\",kind=\"release\"}"),
+        Some(3.0)
+    );
+    assert_eq!(
+        agent.metric("allot_lease_returned_units_total{rule=\"shop/tenant\"}"),
+        Some(8.0)
+    );
 
     // Reserve 2, use 3: the extra unit is charged as overage (3 - 3 = 0 left).
     let lease = c

@@ -68,11 +68,11 @@ fn describe() {
     describe_counter!(LEASE_GRANTED_UNITS, "Units granted in leases.");
     describe_counter!(
         LEASE_RETURNS,
-        "Leases ended by the gateway (kind: release or settle)."
+        "Leases ended by the gateway, by rule and kind (release or settle)."
     );
     describe_counter!(
         LEASE_RETURNED_UNITS,
-        "Units refunded by releases and settles."
+        "Units refunded by releases and settles, by rule."
     );
     describe_counter!(
         KEYS_REFUSED,
@@ -129,6 +129,9 @@ pub struct RuleMetrics {
     pub shadow_would_deny: Counter,
     pub lease_grants: Counter,
     pub lease_granted_units: Counter,
+    pub lease_releases: Counter,
+    pub lease_settles: Counter,
+    pub lease_returned_units: Counter,
     pub keys_refused: Counter,
     pub keys: Gauge,
 }
@@ -150,6 +153,9 @@ impl RuleMetrics {
             shadow_would_deny: counter!(SHADOW_WOULD_DENY, "rule" => rule.clone()),
             lease_grants: counter!(LEASE_GRANTS, "rule" => rule.clone()),
             lease_granted_units: counter!(LEASE_GRANTED_UNITS, "rule" => rule.clone()),
+            lease_releases: counter!(LEASE_RETURNS, "rule" => rule.clone(), "kind" => "release"),
+            lease_settles: counter!(LEASE_RETURNS, "rule" => rule.clone(), "kind" => "settle"),
+            lease_returned_units: counter!(LEASE_RETURNED_UNITS, "rule" => rule.clone()),
             keys_refused: counter!(KEYS_REFUSED, "rule" => rule.clone()),
             keys: gauge!(KEYS, "rule" => rule),
         }
@@ -161,9 +167,10 @@ pub fn no_rule() {
 }
 
 /// A lease ended by the gateway (`kind`: release or settle), refunding `units`.
-pub fn lease_returned(kind: &'static str, units: u64) {
-    counter!(LEASE_RETURNS, "kind" => kind).increment(1);
-    counter!(LEASE_RETURNED_UNITS).increment(units);
+/// A lease ended by its gateway whose rule is gone (removed by a reload since).
+pub fn lease_returned_without_rule(kind: &'static str, units: u64) {
+    counter!(LEASE_RETURNS, "rule" => "", "kind" => kind).increment(1);
+    counter!(LEASE_RETURNED_UNITS, "rule" => "").increment(units);
 }
 
 pub fn negative_cache_hit() {

@@ -67,6 +67,22 @@ impl Checked {
     }
 }
 
+/// How a gateway ended a lease, for its metrics.
+#[derive(Clone, Copy, Debug)]
+enum Returned {
+    Release,
+    Settle,
+}
+
+impl Returned {
+    fn as_str(self) -> &'static str {
+        match self {
+            Returned::Release => "release",
+            Returned::Settle => "settle",
+        }
+    }
+}
+
 /// What a lease call asks for, beside its target and idempotency key.
 #[derive(Clone, Debug)]
 pub struct LeaseAsk {
@@ -374,18 +390,27 @@ impl Agent {
             ttl: ask.ttl,
             request_id,
         };
-        let (refunded, res) = self
+        let (ended, res) = self
             .with_budget(|b| {
-                let refunded = b.release_returned(now, &ask.returns)?;
+                // Only live leases end here (and each once): those are the ones to count.
+                let mut ended: Vec<(LeaseId, Option<LimitId>, u64)> = Vec::new();
+                for r in &ask.returns {
+                    if b.is_lease_live(now, r.lease)
+                        && !ended.iter().any(|(id, _, _)| *id == r.lease)
+                    {
+                        ended.push((r.lease, b.lease_limit(r.lease).cloned(), r.unused_units));
+                    }
+                }
+                b.release_returned(now, &ask.returns)?;
                 let granted = match ask.top_up {
                     Some(lease) => b.top_up(now, lease, req),
                     None => b.lease(now, req),
                 };
-                Ok::<_, allot_core::Error>((refunded, granted))
+                Ok::<_, allot_core::Error>((ended, granted))
             })
             .await??;
-        if !ask.returns.is_empty() {
-            self.refunded("release", refunded);
+        for (_, limit, units) in &ended {
+            self.refunded(Returned::Release, limit.as_ref(), *units);
         }
         let outcome = match res {
             Ok(o) => o,
@@ -437,10 +462,14 @@ impl Agent {
         request_id: Option<RequestId>,
     ) -> Result<ReleaseOutcome> {
         let now = clock::now();
-        let out = self
-            .with_budget(|b| b.release(now, lease, unused_units, request_id))
+        let (limit, out) = self
+            .with_budget(|b| {
+                let limit = b.lease_limit(lease).cloned();
+                b.release(now, lease, unused_units, request_id)
+                    .map(|out| (limit, out))
+            })
             .await??;
-        self.refunded("release", out.refunded_units);
+        self.refunded(Returned::Release, limit.as_ref(), out.refunded_units);
         Ok(out)
     }
 
@@ -451,10 +480,14 @@ impl Agent {
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
         let now = clock::now();
-        let out = self
-            .with_budget(|b| b.settle(now, lease, actual_units, request_id))
+        let (limit, out) = self
+            .with_budget(|b| {
+                let limit = b.lease_limit(lease).cloned();
+                b.settle(now, lease, actual_units, request_id)
+                    .map(|out| (limit, out))
+            })
             .await??;
-        self.refunded("settle", out.refunded_units);
+        self.refunded(Returned::Settle, limit.as_ref(), out.refunded_units);
         Ok(out)
     }
 
@@ -657,8 +690,20 @@ impl Agent {
         }
     }
 
-    fn refunded(&self, kind: &'static str, units: u64) {
-        metrics::lease_returned(kind, units);
+    /// Counts a lease its gateway ended, under its rule, and lets refunded units be seen.
+    fn refunded(&self, kind: Returned, limit: Option<&LimitId>, units: u64) {
+        let limits = self.limits();
+        match limit.and_then(|l| limits.rule(l)) {
+            Some(rule) => {
+                let m = &rule.metrics;
+                match kind {
+                    Returned::Release => m.lease_releases.increment(1),
+                    Returned::Settle => m.lease_settles.increment(1),
+                }
+                m.lease_returned_units.increment(units);
+            }
+            None => metrics::lease_returned_without_rule(kind.as_str(), units),
+        }
         if units > 0 {
             self.negative.invalidate();
         }

@@ -415,6 +415,19 @@ impl RegionBudget {
         })
     }
 
+    /// Whether lease `id` is live at `now`: granted, not ended, not expired.
+    pub fn is_lease_live(&self, now: Timestamp, id: LeaseId) -> bool {
+        self.leases.get(id).is_some_and(|l| l.expires_at > now)
+    }
+
+    /// The limit of lease `id`, live or recently ended (for what the caller reports about it).
+    pub fn lease_limit(&self, id: LeaseId) -> Option<&LimitId> {
+        self.leases
+            .get(id)
+            .map(|l| &l.limit)
+            .or_else(|| self.leases.ended.get(&id).map(|e| &e.target.limit))
+    }
+
     /// Ends the leases a caller hands back with its next lease request, as [`Self::release`]
     /// would, and answers the units refunded. All or nothing: a return giving back more than
     /// its lease holds, or more than [`MAX_LEASE_RETURNS`] returns, change nothing and are
