@@ -55,7 +55,7 @@ pub fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
 }
 
 /// Runs the command. `factory` builds the machines from the scenario. Returns the report;
-/// the caller exits non-zero when `report.violations > 0`. A summary goes to `out`, and each
+/// the caller exits non-zero when `report.figures.violations > 0`. A summary goes to `out`, and each
 /// failing seed with its replay command to `err`.
 pub fn run_cli<F, B>(
     args: &SimArgs,
@@ -95,7 +95,7 @@ where
         let _ = writeln!(
             err,
             "seed {} failed: {} violations{first}\n  replay: {}",
-            seed.seed, seed.violations, seed.replay
+            seed.seed, seed.figures.violations, seed.replay
         );
     }
     Ok(report)
@@ -110,7 +110,7 @@ where
 {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match run_cli(args, factory, &mut out, &mut err) {
-        Ok(report) if report.violations == 0 => std::process::ExitCode::SUCCESS,
+        Ok(report) if report.figures.violations == 0 => std::process::ExitCode::SUCCESS,
         Ok(_) => std::process::ExitCode::FAILURE,
         Err(e) => {
             let _ = writeln!(err, "allot sim: {e}");
@@ -126,40 +126,54 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         "scenario {}: seeds {} ({} runs)",
         r.scenario, r.seeds, r.runs
     )?;
-    writeln!(out, "  violations            {}", r.violations)?;
-    writeln!(out, "  overshoot max         {} units", r.overshoot_max)?;
+    writeln!(out, "  violations            {}", r.figures.violations)?;
+    writeln!(
+        out,
+        "  overshoot max         {} units",
+        r.figures.overshoot_max
+    )?;
     let slack = |s: Option<i64>| s.map_or("-".to_string(), |s| format!("{s} units"));
-    writeln!(out, "  bound min slack       {}", slack(r.bound_min_slack))?;
+    writeln!(
+        out,
+        "  bound min slack       {}",
+        slack(r.figures.bound_min_slack)
+    )?;
     writeln!(
         out,
         "  on region clocks      overshoot max {} units, min slack {} (bound without skew)",
-        r.overshoot_max_on_region_clocks,
-        slack(r.bound_min_slack_on_region_clocks)
+        r.figures.overshoot_max_on_region_clocks,
+        slack(r.figures.bound_min_slack_on_region_clocks)
     )?;
     writeln!(
         out,
         "  utilization p50/min   {} / {} (static split p50 {})",
-        opt(r.utilization_p50),
-        opt(r.utilization_min),
-        opt(r.baseline_utilization_p50)
+        opt(r.figures.utilization_p50),
+        opt(r.figures.utilization_min),
+        opt(r.figures.baseline_utilization_p50)
     )?;
     writeln!(
         out,
         "  convergence max       {}",
-        r.convergence_ms_max
+        r.figures
+            .convergence_ms_max
             .map_or("-".to_string(), |c| format!("{c} ms"))
     )?;
     writeln!(
         out,
         "  allocation converged  {}",
-        r.allocation_convergence_ms_max
+        r.figures
+            .allocation_convergence_ms_max
             .map_or("-".to_string(), |c| format!("{c} ms"))
     )?;
-    writeln!(out, "  false denial rate     {:.6}", r.false_denial_rate)?;
+    writeln!(
+        out,
+        "  false denial rate     {:.6}",
+        r.figures.false_denial_rate
+    )?;
     writeln!(
         out,
         "  speed                 {:.0} simulated requests per wall-clock second (per thread)",
-        r.sim_requests_per_wall_second
+        r.figures.sim_requests_per_wall_second
     )
 }
 
@@ -224,7 +238,7 @@ traffic:
         let args = files.args(0..3);
         let report = run_cli(&args, |_| Ok(TestFactory::default()), &mut out, &mut err).unwrap();
         assert_eq!(report.runs, 3);
-        assert_eq!(report.violations, 0);
+        assert_eq!(report.figures.violations, 0);
         assert!(err.is_empty());
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(files.dir.join("r.json")).unwrap())
@@ -277,7 +291,7 @@ traffic:
         };
         let args = files.args(4..6);
         let report = run_cli(&args, |_| Ok(buggy), &mut out, &mut err).unwrap();
-        assert!(report.violations > 0);
+        assert!(report.figures.violations > 0);
         let err = String::from_utf8(err).unwrap();
         let file = files.dir.join("s.yaml");
         let replay = format!("allot sim --scenario {} --seeds 4..5", file.display());

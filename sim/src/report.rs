@@ -22,7 +22,19 @@ pub struct Report {
     /// `A..B`: seeds A to B - 1.
     pub seeds: String,
     pub runs: u64,
-    /// Invariant failures over all seeds; 0 when all hold.
+    /// Over all seeds (in the JSON, at the top level).
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub per_seed: Vec<SeedReport>,
+    /// Series of the first seed, for [`crate::plot::write_svg`].
+    #[serde(skip)]
+    pub plot: Option<PlotData>,
+}
+
+/// The figures a run is judged by: for one seed, or over all of them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Figures {
+    /// Invariant failures; 0 when all hold.
     pub violations: u64,
     pub overshoot_max: u64,
     /// Smallest `bound - overshoot` over all windows (negative: a violation).
@@ -42,10 +54,6 @@ pub struct Report {
     /// False denials over all requests.
     pub false_denial_rate: f64,
     pub sim_requests_per_wall_second: f64,
-    pub per_seed: Vec<SeedReport>,
-    /// Series of the first seed, for [`crate::plot::write_svg`].
-    #[serde(skip)]
-    pub plot: Option<PlotData>,
 }
 
 /// One seed: its run under the product's policy, and its baseline run.
@@ -54,18 +62,8 @@ pub struct SeedReport {
     pub seed: u64,
     /// The command that replays this seed alone.
     pub replay: String,
-    pub violations: u64,
-    pub overshoot_max: u64,
-    pub bound_min_slack: Option<i64>,
-    pub overshoot_max_on_region_clocks: u64,
-    pub bound_min_slack_on_region_clocks: Option<i64>,
-    pub utilization_p50: Option<f64>,
-    pub utilization_min: Option<f64>,
-    pub baseline_utilization_p50: Option<f64>,
-    pub convergence_ms_max: Option<u64>,
-    pub allocation_convergence_ms_max: Option<u64>,
-    pub false_denial_rate: f64,
-    pub sim_requests_per_wall_second: f64,
+    #[serde(flatten)]
+    pub figures: Figures,
     pub stats: RunStats,
     pub baseline_stats: RunStats,
     pub convergence: Vec<Convergence>,
@@ -149,32 +147,45 @@ impl Report {
             wall += run.wall;
             per_seed.push(seed);
         }
-        Report {
-            scenario: scenario.name.clone(),
-            seeds: format!("{}..{}", seeds.start, seeds.end),
-            runs: per_seed.len() as u64,
-            violations: per_seed.iter().map(|s| s.violations).sum(),
-            overshoot_max: per_seed.iter().map(|s| s.overshoot_max).max().unwrap_or(0),
-            bound_min_slack: per_seed.iter().filter_map(|s| s.bound_min_slack).min(),
+        let figures = Figures {
+            violations: per_seed.iter().map(|s| s.figures.violations).sum(),
+            overshoot_max: per_seed
+                .iter()
+                .map(|s| s.figures.overshoot_max)
+                .max()
+                .unwrap_or(0),
+            bound_min_slack: per_seed
+                .iter()
+                .filter_map(|s| s.figures.bound_min_slack)
+                .min(),
             overshoot_max_on_region_clocks: per_seed
                 .iter()
-                .map(|s| s.overshoot_max_on_region_clocks)
+                .map(|s| s.figures.overshoot_max_on_region_clocks)
                 .max()
                 .unwrap_or(0),
             bound_min_slack_on_region_clocks: per_seed
                 .iter()
-                .filter_map(|s| s.bound_min_slack_on_region_clocks)
+                .filter_map(|s| s.figures.bound_min_slack_on_region_clocks)
                 .min(),
             utilization_p50: median(&mut all_util),
             utilization_min: all_util.iter().copied().reduce(f64::min),
             baseline_utilization_p50: median(&mut all_base_util),
-            convergence_ms_max: per_seed.iter().filter_map(|s| s.convergence_ms_max).max(),
+            convergence_ms_max: per_seed
+                .iter()
+                .filter_map(|s| s.figures.convergence_ms_max)
+                .max(),
             allocation_convergence_ms_max: per_seed
                 .iter()
-                .filter_map(|s| s.allocation_convergence_ms_max)
+                .filter_map(|s| s.figures.allocation_convergence_ms_max)
                 .max(),
             false_denial_rate: ratio(false_denials, requests),
             sim_requests_per_wall_second: per_second(sim_requests, wall),
+        };
+        Report {
+            scenario: scenario.name.clone(),
+            seeds: format!("{}..{}", seeds.start, seeds.end),
+            runs: per_seed.len() as u64,
+            figures,
             per_seed,
             plot,
         }
@@ -186,7 +197,7 @@ impl Report {
 
     /// Seeds with at least one violation.
     pub fn failing_seeds(&self) -> impl Iterator<Item = &SeedReport> {
-        self.per_seed.iter().filter(|s| s.violations > 0)
+        self.per_seed.iter().filter(|s| s.figures.violations > 0)
     }
 }
 
@@ -228,9 +239,7 @@ impl SeedReport {
         let mut util = utilizations(&windows);
         let convergence = convergence(scenario, o);
         let false_denials: u64 = windows.iter().map(|w| w.false_denials).sum();
-        SeedReport {
-            seed: o.spec.seed,
-            replay: replay_command(scenario, o.spec.seed),
+        let figures = Figures {
             violations: checker.count(),
             overshoot_max: windows.iter().map(|w| w.overshoot_units).max().unwrap_or(0),
             bound_min_slack: windows
@@ -269,6 +278,11 @@ impl SeedReport {
                 .flatten(),
             false_denial_rate: ratio(false_denials, o.stats.requests),
             sim_requests_per_wall_second: per_second(o.stats.requests, run.wall),
+        };
+        SeedReport {
+            seed: o.spec.seed,
+            replay: replay_command(scenario, o.spec.seed),
+            figures,
             stats: o.stats.clone(),
             baseline_stats: baseline
                 .map(|b| b.outcome.stats.clone())

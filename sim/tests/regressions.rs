@@ -31,7 +31,7 @@ fn agent_crash_seeds_0_and_1_hold_closed_and_are_caught_open() {
     let closed = shipped("agent-crash");
     let r = run(&closed, 0..2);
     assert_eq!(
-        r.violations,
+        r.figures.violations,
         0,
         "{:?}",
         r.failing_seeds().next().map(|s| &s.violation_details)
@@ -78,8 +78,8 @@ traffic:
     )
     .unwrap();
     let r = run(&s, 0..1);
-    assert_eq!(r.utilization_min, Some(1.0));
-    assert_eq!(r.baseline_utilization_p50, Some(1.0));
+    assert_eq!(r.figures.utilization_min, Some(1.0));
+    assert_eq!(r.figures.baseline_utilization_p50, Some(1.0));
 }
 
 /// `flash-crowd`, before the crowd (100 + 20 requests/s against 1,000 per second): every

@@ -61,7 +61,7 @@ fn run(name: &str, seeds: u64) -> Report {
 fn every_shipped_scenario_holds_every_invariant_on_a_few_seeds() {
     for name in SHIPPED {
         let r = run(name, FAST_SEEDS);
-        assert_eq!(r.violations, 0, "{name}");
+        assert_eq!(r.figures.violations, 0, "{name}");
         assert_eq!(r.runs, FAST_SEEDS, "{name}");
     }
 }
@@ -71,8 +71,8 @@ fn rebalancing_follows_the_sun_where_a_static_split_cannot() {
     // Each region peaks well above its third of the quota while the others are quiet.
     let r = run("follow-the-sun", FAST_SEEDS);
     let (used, baseline) = (
-        r.utilization_p50.unwrap(),
-        r.baseline_utilization_p50.unwrap(),
+        r.figures.utilization_p50.unwrap(),
+        r.figures.baseline_utilization_p50.unwrap(),
     );
     assert!(used >= 0.99, "utilization {used}");
     assert!(
@@ -92,8 +92,8 @@ fn strict_scenarios_never_admit_beyond_the_quota_on_a_perfect_clock() {
         "retry-storm",
     ] {
         let r = run(name, FAST_SEEDS);
-        assert_eq!(r.overshoot_max, 0, "{name}");
-        assert_eq!(r.overshoot_max_on_region_clocks, 0, "{name}");
+        assert_eq!(r.figures.overshoot_max, 0, "{name}");
+        assert_eq!(r.figures.overshoot_max_on_region_clocks, 0, "{name}");
     }
 }
 
@@ -108,7 +108,7 @@ fn ci_tier_every_shipped_scenario_holds_on_a_hundred_seeds() {
         let r = run(name, SLOW_SEEDS);
         eprintln!(
             "{name}: {} seeds, violations {}, overshoot max {}, utilization p50 {:?}",
-            r.runs, r.violations, r.overshoot_max, r.utilization_p50
+            r.runs, r.figures.violations, r.figures.overshoot_max, r.figures.utilization_p50
         );
     }
 }

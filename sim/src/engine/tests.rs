@@ -153,8 +153,8 @@ fn overshoot_above_the_bound_fails_the_seed_with_its_replay_command() {
         wall_clock: false,
     };
     let r = run_scenario(&s, 7..8, options, &buggy).unwrap();
-    assert!(r.violations > 0);
-    assert!(r.overshoot_max > 0);
+    assert!(r.figures.violations > 0);
+    assert!(r.figures.overshoot_max > 0);
     let failing: Vec<_> = r.failing_seeds().collect();
     assert_eq!(failing.len(), 1);
     assert_eq!(
@@ -172,8 +172,8 @@ fn overshoot_above_the_bound_fails_the_seed_with_its_replay_command() {
         ..buggy
     };
     let r = run_scenario(&s, 7..8, options, &generous).unwrap();
-    assert_eq!(r.violations, 0);
-    assert!(r.bound_min_slack.unwrap() > 0);
+    assert_eq!(r.figures.violations, 0);
+    assert!(r.figures.bound_min_slack.unwrap() > 0);
 }
 
 #[test]
@@ -185,10 +185,10 @@ fn honest_machines_hold_every_invariant() {
         wall_clock: false,
     };
     let r = run_scenario(&s, 0..2, options, &TestFactory::default()).unwrap();
-    assert_eq!(r.violations, 0, "{}", r.to_json().unwrap());
-    assert_eq!(r.overshoot_max, 0);
+    assert_eq!(r.figures.violations, 0, "{}", r.to_json().unwrap());
+    assert_eq!(r.figures.overshoot_max, 0);
     assert!(
-        r.false_denial_rate > 0.0,
+        r.figures.false_denial_rate > 0.0,
         "east is denied while west's share sits unused"
     );
 }
