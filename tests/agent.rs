@@ -232,6 +232,14 @@ fn lease_request(
     }
 }
 
+fn release_request(lease_id: u64, unused_units: u64) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        lease_id,
+        unused_units,
+        idempotency_key: String::new(),
+    }
+}
+
 async fn lease_units(
     c: &mut LeaseServiceClient<Channel>,
     entries: &[(&str, &str)],
@@ -293,15 +301,7 @@ async fn the_lease_api_end_to_end() {
 
     // A lease of 3 of the 4 left; 2 unused come back on release: 4 - 3 + 2 = 3 left.
     let resp = c
-        .lease(pb::LeaseRequest {
-            target: target("shop", &t),
-            units_wanted: 3,
-            min_units: 1,
-            ttl_ms: 60_000,
-            idempotency_key: String::new(),
-            returns: Vec::new(),
-            top_up_lease_id: 0,
-        })
+        .lease(lease_request(&t, 3, Vec::new()))
         .await
         .expect("lease")
         .into_inner();
@@ -310,11 +310,7 @@ async fn the_lease_api_end_to_end() {
     assert_eq!(resp.decision.expect("decision").remaining_units, 1);
     assert_eq!(agent.key("shop", "tenant=acme")["leases"][0]["units"], 3);
     let released = c
-        .release(pb::ReleaseRequest {
-            lease_id: lease.lease_id,
-            unused_units: 2,
-            idempotency_key: String::new(),
-        })
+        .release(release_request(lease.lease_id, 2))
         .await
         .expect("release")
         .into_inner();
@@ -326,13 +322,8 @@ async fn the_lease_api_end_to_end() {
     // At least 5 wanted, 3 left: nothing is granted, and nothing is charged.
     let resp = c
         .lease(pb::LeaseRequest {
-            target: target("shop", &t),
-            units_wanted: 8,
             min_units: 5,
-            ttl_ms: 60_000,
-            idempotency_key: String::new(),
-            returns: Vec::new(),
-            top_up_lease_id: 0,
+            ..lease_request(&t, 8, Vec::new())
         })
         .await
         .expect("lease")
@@ -383,13 +374,9 @@ async fn the_lease_api_end_to_end() {
         .expect_err("invalid return");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert_eq!(agent.key("shop", "tenant=acme")["leases"][0]["units"], 3);
-    c.release(pb::ReleaseRequest {
-        lease_id: next.lease_id,
-        unused_units: 3,
-        idempotency_key: String::new(),
-    })
-    .await
-    .expect("release");
+    c.release(release_request(next.lease_id, 3))
+        .await
+        .expect("release");
     // Three leases ended by release so far (one handed back with a request), refunding
     // 2 + 3 + 3 units, counted under their rule.
     assert_eq!(
@@ -404,13 +391,8 @@ async fn the_lease_api_end_to_end() {
     // Reserve 2, use 3: the extra unit is charged as overage (3 - 3 = 0 left).
     let lease = c
         .lease(pb::LeaseRequest {
-            target: target("shop", &t),
-            units_wanted: 2,
             min_units: 2,
-            ttl_ms: 60_000,
-            idempotency_key: String::new(),
-            returns: Vec::new(),
-            top_up_lease_id: 0,
+            ..lease_request(&t, 2, Vec::new())
         })
         .await
         .expect("lease")
@@ -439,11 +421,7 @@ async fn the_lease_api_end_to_end() {
     assert_eq!((settled.refunded_units, settled.overage_units), (0, 1));
     assert_eq!(agent.key("shop", "tenant=acme")["remaining_units"], 0);
     let gone = c
-        .release(pb::ReleaseRequest {
-            lease_id: lease.lease_id,
-            unused_units: 0,
-            idempotency_key: String::new(),
-        })
+        .release(release_request(lease.lease_id, 0))
         .await
         .expect_err("settled lease is gone");
     assert_eq!(gone.code(), tonic::Code::NotFound);
@@ -658,11 +636,7 @@ async fn bad_input_gets_grpc_errors_and_the_agent_keeps_answering() {
         .expect_err("no target");
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     let e = lease
-        .release(pb::ReleaseRequest {
-            lease_id: 99,
-            unused_units: 1,
-            idempotency_key: String::new(),
-        })
+        .release(release_request(99, 1))
         .await
         .expect_err("unknown lease");
     assert_eq!(e.code(), tonic::Code::NotFound);
