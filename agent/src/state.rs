@@ -392,16 +392,7 @@ impl Agent {
         };
         let (ended, res) = self
             .with_budget(|b| {
-                // Only live leases end here (and each once): those are the ones to count.
-                let mut ended: Vec<(LeaseId, Option<LimitId>, u64)> = Vec::new();
-                for r in &ask.returns {
-                    if b.is_lease_live(now, r.lease)
-                        && !ended.iter().any(|(id, _, _)| *id == r.lease)
-                    {
-                        ended.push((r.lease, b.lease_limit(r.lease).cloned(), r.unused_units));
-                    }
-                }
-                b.release_returned(now, &ask.returns)?;
+                let ended = b.release_returned(now, &ask.returns)?;
                 let granted = match ask.top_up {
                     Some(lease) => b.top_up(now, lease, req),
                     None => b.lease(now, req),
@@ -409,8 +400,8 @@ impl Agent {
                 Ok::<_, allot_core::Error>((ended, granted))
             })
             .await??;
-        for (_, limit, units) in &ended {
-            self.refunded(Returned::Release, limit.as_ref(), *units);
+        for e in &ended {
+            self.refunded(Returned::Release, Some(&e.limit), e.refunded_units);
         }
         let outcome = match res {
             Ok(o) => o,

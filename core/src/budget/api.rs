@@ -125,6 +125,13 @@ pub struct LeaseReturn {
     pub unused_units: u64,
 }
 
+/// A lease [`super::RegionBudget::release_returned`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReturnedLease {
+    pub limit: LimitId,
+    pub refunded_units: u64,
+}
+
 /// How a reservation paid from a lease differs from what was reserved, settled after the
 /// gateway stopped holding that lease ([`super::RegionBudget::settle_reservation`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::admit::{self, Ctx, Want};
 use super::api::{
     Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Reason, ReleaseOutcome,
-    RenewOutcome, ReservationDelta, SettleOutcome,
+    RenewOutcome, ReservationDelta, ReturnedLease, SettleOutcome,
 };
 use super::config::{ENDED_LEASES_KEPT, MAX_LEASE_RETURNS};
 use super::key::KeyState;
@@ -415,11 +415,6 @@ impl RegionBudget {
         })
     }
 
-    /// Whether lease `id` is live at `now`: granted, not ended, not expired.
-    pub fn is_lease_live(&self, now: Timestamp, id: LeaseId) -> bool {
-        self.leases.get(id).is_some_and(|l| l.expires_at > now)
-    }
-
     /// The limit of lease `id`, live or recently ended (for what the caller reports about it).
     pub fn lease_limit(&self, id: LeaseId) -> Option<&LimitId> {
         self.leases
@@ -429,11 +424,16 @@ impl RegionBudget {
     }
 
     /// Ends the leases a caller hands back with its next lease request, as [`Self::release`]
-    /// would, and answers the units refunded. All or nothing: a return giving back more than
+    /// would, and answers each lease it ended, with its limit and the units refunded. All or
+    /// nothing: a return giving back more than
     /// its lease holds, or more than [`MAX_LEASE_RETURNS`] returns, change nothing and are
     /// `InvalidRequest`. A return naming a lease that has already ended (expired, released,
     /// or returned by an earlier try of the same call) is skipped: nothing is left to refund.
-    pub fn release_returned(&mut self, now: Timestamp, returns: &[LeaseReturn]) -> Result<u64> {
+    pub fn release_returned(
+        &mut self,
+        now: Timestamp,
+        returns: &[LeaseReturn],
+    ) -> Result<Vec<ReturnedLease>> {
         if returns.len() > MAX_LEASE_RETURNS {
             return Err(Error::InvalidRequest(format!(
                 "at most {MAX_LEASE_RETURNS} leases can be returned in one call, found {}",
@@ -450,15 +450,19 @@ impl RegionBudget {
                 )));
             }
         }
-        let mut refunded_units = 0;
+        let mut ended = Vec::new();
         for r in returns {
+            let limit = self.leases.get(r.lease).map(|l| l.limit.clone());
             match self.release_once(now, r.lease, r.unused_units) {
-                Ok(out) => refunded_units += out.refunded_units,
+                Ok(out) => ended.extend(limit.map(|limit| ReturnedLease {
+                    limit,
+                    refunded_units: out.refunded_units,
+                })),
                 Err(Error::UnknownLease(_)) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(refunded_units)
+        Ok(ended)
     }
 
     /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 pub use api::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Outcome, Reason,
-    ReleaseOutcome, RenewOutcome, ReservationDelta, SettleOutcome, SlotOutcome,
+    ReleaseOutcome, RenewOutcome, ReservationDelta, ReturnedLease, SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
