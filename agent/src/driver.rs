@@ -14,6 +14,7 @@ use crate::limits;
 use crate::metrics;
 use crate::settings::{MAX_LOG_BYTES, MAX_TIMER_SLEEP};
 use crate::state::Agent;
+use crate::store::{Durability, Store};
 use crate::sync_link::SyncLink;
 
 pub async fn timers<L: SyncLink>(agent: Arc<Agent>, mut link: L, mut stop: watch::Receiver<bool>) {
@@ -62,6 +63,7 @@ pub async fn flushes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(settings.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let checkpoint_interval = settings.checkpoint_interval;
+    let buffered = settings.durability == Durability::Buffered;
     let mut synced: Option<Ticket> = None;
     let mut checkpointed: Option<Ticket> = None;
     let mut checkpointed_at = tokio::time::Instant::now();
@@ -72,7 +74,8 @@ pub async fn flushes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         }
         // Read first: whatever the flush or checkpoint then covers includes this much.
         let durable = agent.committer().durable();
-        if synced != Some(durable) {
+        // In `sync` mode every write was flushed before its answer already.
+        if buffered && synced != Some(durable) {
             match sync(&agent).await {
                 Ok(()) => synced = Some(durable),
                 Err(e) => store_failed("store log flush", &e),
@@ -97,20 +100,22 @@ fn store_failed(what: &str, e: &Error) {
     tracing::error!(error = %e, "{what} failed");
 }
 
-/// One device flush of the store's log, off the runtime's workers.
+/// One device flush of the store's log.
 async fn sync(agent: &Agent) -> Result<()> {
-    let store = agent.committer().store().clone();
-    tokio::task::spawn_blocking(move || store.sync())
-        .await
-        .map_err(|e| Error::NotPersisted(format!("flush task: {e}")))?
+    off_workers(agent, "flush", |s| s.sync()).await
 }
 
-/// One checkpoint, off the runtime's workers (it waits for the device).
+/// One checkpoint.
 pub async fn checkpoint(agent: &Agent) -> Result<()> {
+    off_workers(agent, "checkpoint", |s| s.checkpoint()).await
+}
+
+/// Runs a store operation that waits for the device on a blocking thread, not a worker.
+async fn off_workers(agent: &Agent, what: &str, op: fn(&dyn Store) -> Result<()>) -> Result<()> {
     let store = agent.committer().store().clone();
-    tokio::task::spawn_blocking(move || store.checkpoint())
+    tokio::task::spawn_blocking(move || op(&*store))
         .await
-        .map_err(|e| Error::NotPersisted(format!("checkpoint task: {e}")))?
+        .map_err(|e| Error::NotPersisted(format!("{what} task: {e}")))?
 }
 
 /// Reloads the limits on SIGHUP, and when a file's size or modification time changes.

@@ -11,6 +11,7 @@ use allot_core::budget::persist::{LeaseRecord, SlotRecord};
 use allot_core::ids::{KeyId, LimitId};
 use allot_core::time::WindowIndex;
 
+use super::codec;
 use crate::error::{Error, Result};
 
 const ACK: u8 = b'a';
@@ -55,7 +56,7 @@ fn apply_one(kv: &mut dyn Kv, record: &PersistRecord) -> Result<()> {
         PersistRecord::LimitRemoved { limit } => remove_limit(kv, limit),
         _ => match item_key(record) {
             Some(key) if is_tombstone(record) => kv.delete(&key),
-            Some(key) => kv.put(key, encode(record)?),
+            Some(key) => kv.put(key, codec::encode_record(record)?),
             None => Err(Error::Corrupt(format!("{record:?} names no store key"))),
         },
     }
@@ -105,7 +106,7 @@ fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
     }
     for prefix in [LEASE, SLOT] {
         for (key, value) in kv.scan(&[prefix])? {
-            let of_limit = match decode(&value)? {
+            let of_limit = match codec::decode_record(&value)? {
                 PersistRecord::Lease(LeaseRecord { limit: l, .. })
                 | PersistRecord::Slot(SlotRecord { limit: l, .. }) => l == *limit,
                 _ => false,
@@ -124,21 +125,13 @@ pub(crate) fn load(kv: &dyn Scan) -> Result<Vec<PersistRecord>> {
     let mut records = kv
         .scan(&[])?
         .into_iter()
-        .map(|(_, value)| decode(&value))
+        .map(|(_, value)| codec::decode_record(&value))
         .collect::<Result<Vec<_>>>()?;
     records.sort_by_key(|r| match r {
         PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
         _ => (false, Default::default(), allot_core::ids::RequestId(0)),
     });
     Ok(records)
-}
-
-pub(crate) fn encode(record: &PersistRecord) -> Result<Vec<u8>> {
-    super::codec::encode_record(record)
-}
-
-pub(crate) fn decode(bytes: &[u8]) -> Result<PersistRecord> {
-    super::codec::decode_record(bytes)
 }
 
 fn limit_prefix(limit: &LimitId) -> Vec<u8> {
