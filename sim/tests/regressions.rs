@@ -1,17 +1,11 @@
 //! Seeds and settings that once failed, kept as tests. Each says what went wrong and which
 //! change fixed it; the fix itself is tested where it lives (core unit tests).
 
-use std::path::PathBuf;
+mod common;
 
 use allot_sim::runner::{RunOptions, run_scenario};
 use allot_sim::{CoreFactory, Report, Scenario, scenario};
-
-fn shipped(name: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("scenarios")
-        .join(format!("{name}.yaml"));
-    scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
+use common::{scenarios_dir, shipped};
 
 fn run(s: &Scenario, seeds: std::ops::Range<u64>) -> Report {
     let factory = CoreFactory::new(s).unwrap_or_else(|e| panic!("{e}"));
@@ -38,11 +32,9 @@ fn agent_crash_seeds_0_and_1_hold_closed_and_are_caught_open() {
     );
     let open = scenario::parse(
         "agent-crash-open.yaml",
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/agent-crash.yaml"),
-        )
-        .unwrap()
-        .replace("failure_mode: closed", "failure_mode: open"),
+        &std::fs::read_to_string(scenarios_dir().join("agent-crash.yaml"))
+            .unwrap()
+            .replace("failure_mode: closed", "failure_mode: open"),
     )
     .unwrap();
     let r = run(&open, 0..2);

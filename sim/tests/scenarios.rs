@@ -1,33 +1,16 @@
 //! The shipped scenarios all parse, and bad scenario files are refused with an error that
 //! names the file, the line and the field.
 
-use std::path::PathBuf;
+mod common;
 
 use allot_sim::scenario::{self, Fault};
 use allot_sim::{ScenarioError, SimError};
-
-const SHIPPED: [&str; 10] = [
-    "follow-the-sun",
-    "flash-crowd",
-    "hot-key",
-    "partition",
-    "coordinator-failover",
-    "agent-crash",
-    "clock-skew",
-    "retry-storm",
-    "llm-tokens",
-    "lossy-network",
-];
-
-fn scenarios_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios")
-}
+use common::{SHIPPED, scenarios_dir, shipped};
 
 #[test]
 fn all_ten_shipped_scenarios_parse_and_name_themselves() {
     for name in SHIPPED {
-        let path = scenarios_dir().join(format!("{name}.yaml"));
-        let s = scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let s = shipped(name);
         assert_eq!(s.name, name, "a scenario's name is its file name");
         assert!(!s.description.is_empty(), "{name} says what it checks");
         assert!(!s.traffic.is_empty());
@@ -44,7 +27,7 @@ fn all_ten_shipped_scenarios_parse_and_name_themselves() {
 
 #[test]
 fn shipped_scenarios_carry_the_faults_they_are_named_for() {
-    let load = |n: &str| scenario::load(&scenarios_dir().join(format!("{n}.yaml"))).unwrap();
+    let load = shipped;
     assert!(matches!(
         load("partition").faults[0],
         Fault::Partition { .. }

@@ -3,38 +3,19 @@
 //! `.ci/run` sets). Every invariant must hold on every seed; a failing seed is printed with
 //! the command that replays it.
 
-use std::path::PathBuf;
+mod common;
 
 use allot_sim::runner::{RunOptions, run_scenario};
-use allot_sim::{CoreFactory, Report, Scenario, scenario};
-
-const SHIPPED: [&str; 10] = [
-    "follow-the-sun",
-    "flash-crowd",
-    "hot-key",
-    "partition",
-    "coordinator-failover",
-    "agent-crash",
-    "clock-skew",
-    "retry-storm",
-    "llm-tokens",
-    "lossy-network",
-];
+use allot_sim::{CoreFactory, Report};
+use common::{SHIPPED, shipped};
 
 /// Seeds per scenario in the fast tier.
 const FAST_SEEDS: u64 = 2;
 /// Seeds per scenario in the CI tier.
 const SLOW_SEEDS: u64 = 100;
 
-fn load(name: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("scenarios")
-        .join(format!("{name}.yaml"));
-    scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
 fn run(name: &str, seeds: u64) -> Report {
-    let s = load(name);
+    let s = shipped(name);
     let factory = CoreFactory::new(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let options = RunOptions {

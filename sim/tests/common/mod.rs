@@ -1,0 +1,31 @@
+//! What the simulator's integration tests share: the shipped scenarios and where they live.
+
+#![allow(dead_code)] // Each test binary uses its own part of this module.
+
+use std::path::PathBuf;
+
+use allot_sim::{Scenario, scenario};
+
+/// Every scenario the simulator ships (the issue names these ten).
+pub const SHIPPED: [&str; 10] = [
+    "follow-the-sun",
+    "flash-crowd",
+    "hot-key",
+    "partition",
+    "coordinator-failover",
+    "agent-crash",
+    "clock-skew",
+    "retry-storm",
+    "llm-tokens",
+    "lossy-network",
+];
+
+pub fn scenarios_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+/// A shipped scenario, loaded.
+pub fn shipped(name: &str) -> Scenario {
+    let path = scenarios_dir().join(format!("{name}.yaml"));
+    scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
