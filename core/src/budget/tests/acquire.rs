@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::budget::Reason;
 use crate::error::Error;
-use crate::limit::{Quota, RateCap};
+use crate::limit::Quota;
 
 #[test]
 fn a_region_admits_up_to_its_default_share_and_no_further() {
@@ -129,11 +129,7 @@ fn an_unlimited_limit_admits_everything_and_counts_nothing() {
 fn the_rate_cap_is_checked_on_top_of_the_allowance() {
     // 10 per second, burst 5: T = 100 ms; five at once pass, the sixth waits one T.
     let mut spec = per_minute("api", 3_000);
-    spec.rate_cap = Some(RateCap {
-        units: 10,
-        per: Duration::from_secs(1),
-        burst: 5,
-    });
+    spec.rate_cap = per_second_cap(10, 5);
     let mut b = budget(vec![spec]);
     for _ in 0..5 {
         assert!(acquire(&mut b, at(0), "api", "k", 1).allowed);
@@ -149,11 +145,7 @@ fn the_rate_cap_is_checked_on_top_of_the_allowance() {
 #[test]
 fn an_allowance_refusal_does_not_consume_the_rate_cap() {
     let mut spec = per_minute("api", 40);
-    spec.rate_cap = Some(RateCap {
-        units: 10,
-        per: Duration::from_secs(1),
-        burst: 5,
-    });
+    spec.rate_cap = per_second_cap(10, 5);
     let mut b = budget(vec![spec]);
     // Default share 10. 11 units are refused by the allowance before the cap is consulted...
     assert_eq!(

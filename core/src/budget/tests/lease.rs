@@ -397,14 +397,9 @@ fn empty_leases_are_invalid() {
 
 #[test]
 fn a_rate_capped_lease_is_cut_to_what_the_cap_allows_and_charges_it() {
-    use crate::limit::RateCap;
     // 10/s, burst 5: at most 5 units at once.
     let mut spec = per_minute("api", 3_000);
-    spec.rate_cap = Some(RateCap {
-        units: 10,
-        per: Duration::from_secs(1),
-        burst: 5,
-    });
+    spec.rate_cap = per_second_cap(10, 5);
     let mut b = budget(vec![spec]);
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 50, 10))
@@ -496,15 +491,10 @@ fn a_minimum_above_the_whole_quota_can_never_pass() {
 
 #[test]
 fn a_minimum_the_rate_cap_cuts_short_waits_exactly_for_the_cap() {
-    use crate::limit::RateCap;
     // 10/s, burst 10: T = 100 ms. A full burst of 10 at 0 s moves TAT to 1 s; 5 more units
     // would move it to 1.5 s, which is within the 1 s horizon from 0.5 s on: retry after 500 ms.
     let mut spec = per_minute("api", 3_000);
-    spec.rate_cap = Some(RateCap {
-        units: 10,
-        per: Duration::from_secs(1),
-        burst: 10,
-    });
+    spec.rate_cap = per_second_cap(10, 10);
     let mut b = budget(vec![spec]);
     assert_eq!(
         granted(b.lease(at(0), lease_at_least(50, 1)).expect("lease")).units,

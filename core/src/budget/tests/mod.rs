@@ -45,6 +45,15 @@ pub(super) fn per_minute(id: &str, units: u64) -> LimitSpec {
     LimitSpec::simple(id, units, Duration::from_secs(60))
 }
 
+/// A rate cap of `units` a second with `burst`.
+pub(super) fn per_second_cap(units: u64, burst: u64) -> Option<crate::limit::RateCap> {
+    Some(crate::limit::RateCap {
+        units,
+        per: Duration::from_secs(1),
+        burst,
+    })
+}
+
 pub(super) fn budget(limits: Vec<LimitSpec>) -> RegionBudget {
     RegionBudget::new(cfg(), limits).expect("valid config")
 }
