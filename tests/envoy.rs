@@ -177,7 +177,9 @@ fn envoy_enforces_the_agents_limits_and_fails_open_without_it() {
             .to_owned()
     };
     // Retry-After: whole seconds until the window lets the key in again (a day window: the
-    // next UTC midnight, jittered), so at least 1.
+    // next UTC midnight, plus at most a minute of jitter), so at least 1 and at most a day
+    // and a minute at any time of day (the exact figure per time of day is checked with a
+    // manual clock in the agent's unit tests).
     let retry_after: u64 = header("retry-after")
         .parse()
         .expect("Retry-After is seconds");

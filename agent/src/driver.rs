@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tokio::signal::unix::Signal;
 use tokio::sync::watch;
 
-use crate::clock;
 use crate::commit::Ticket;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -35,7 +34,7 @@ pub async fn timers<L: SyncLink>(agent: Arc<Agent>, mut link: L, mut stop: watch
         };
         let (state, lag) = agent.sync_status();
         metrics::sync_state(state, lag);
-        let now = clock::now();
+        let now = agent.now();
         let sleep = next.map_or(MAX_TIMER_SLEEP, |t| {
             t.saturating_duration_since(now).min(MAX_TIMER_SLEEP)
         });

@@ -6,6 +6,7 @@ use std::time::Duration;
 use allot_core::budget::BudgetConfig;
 use allot_core::ids::RegionId;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::Durability;
 
@@ -67,6 +68,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Seed of the Retry-After jitter; `None` draws one from the clock at start.
     pub jitter_seed: Option<u64>,
+    /// Where the agent reads the time: the system clock, or a manual one in tests.
+    pub clock: Clock,
 }
 
 impl Settings {
@@ -86,6 +89,7 @@ impl Settings {
             max_keys_per_limit: 1_000_000,
             shutdown_grace: Duration::from_secs(10),
             jitter_seed: None,
+            clock: Clock::System,
         }
     }
 

@@ -22,7 +22,6 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 
-use crate::clock;
 use crate::commit::{Committer, Ticket};
 use crate::error::{Error, Result};
 use crate::limits::{self, Limits, RuleInfo};
@@ -34,6 +33,11 @@ use crate::store::{Durability, Store};
 /// Retry-After is stretched by up to this share of itself (at least one second), so that
 /// clients refused together do not come back together.
 pub const RETRY_AFTER_JITTER_PERCENT: u64 = 10;
+
+/// The most jitter Retry-After ever gets, in seconds: a minute spreads a refused crowd well
+/// enough, and a long window (a day) then still promises its reset to within a minute,
+/// instead of up to 2.4 hours after it.
+pub const RETRY_AFTER_JITTER_MAX_SECS: u64 = 60;
 
 /// A request's target: a domain and the descriptor's entries, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -199,9 +203,9 @@ impl Agent {
         tracing::info!(records = records.len(), "restoring state from the store");
         let mut budget = RegionBudget::restore(settings.budget_config(), limits.specs(), records)?;
         budget.set_config_version(limits.version);
-        let seed = settings
-            .jitter_seed
-            .unwrap_or_else(|| clock::now().as_unix_nanos() ^ u64::from(std::process::id()));
+        let seed = settings.jitter_seed.unwrap_or_else(|| {
+            settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
+        });
         let blocking = settings.durability == Durability::Sync;
         Ok(Agent {
             committer: Committer::new(store, blocking),
@@ -220,6 +224,11 @@ impl Agent {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The time on the agent's clock (the system clock, or a test's manual one).
+    pub fn now(&self) -> Timestamp {
+        self.settings.clock.now()
     }
 
     /// The rule a call's target matches, and the counter key it names; `None` when no rule
@@ -272,7 +281,7 @@ impl Agent {
             metrics::no_rule();
             return Ok(Checked::NoRule);
         };
-        let now = clock::now();
+        let now = self.now();
         let pair = (rule.id.clone(), matched_key);
         if request_id.is_none()
             && let Some(decision) = self.cached_refusal(now, &pair)
@@ -299,7 +308,7 @@ impl Agent {
         let entries: Vec<&[(String, String)]> =
             descriptors.iter().map(|d| d.entries.as_slice()).collect();
         let matches = limits.config.match_request(domain, &entries);
-        let now = clock::now();
+        let now = self.now();
         let mut answers: Vec<Option<Checked>> = vec![None; descriptors.len()];
         let mut asks = Vec::new();
         for (i, (m, d)) in matches.into_iter().zip(descriptors).enumerate() {
@@ -368,7 +377,7 @@ impl Agent {
             metrics::no_rule();
             return Ok(Leased::NoRule);
         };
-        let now = clock::now();
+        let now = self.now();
         let (limit, key) = (rule.id.clone(), matched_key);
         let pair = (limit.clone(), key.clone());
         // Returned leases must end whatever the answer, so only a call without any may be
@@ -440,7 +449,7 @@ impl Agent {
         ttl: Duration,
         request_id: Option<RequestId>,
     ) -> Result<RenewOutcome> {
-        let now = clock::now();
+        let now = self.now();
         Ok(self
             .with_budget(|b| b.renew(now, lease, ttl, request_id))
             .await??)
@@ -452,7 +461,7 @@ impl Agent {
         unused_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<ReleaseOutcome> {
-        let now = clock::now();
+        let now = self.now();
         let (limit, out) = self
             .with_budget(|b| {
                 let limit = b.lease_limit(lease).cloned();
@@ -470,7 +479,7 @@ impl Agent {
         actual_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
-        let now = clock::now();
+        let now = self.now();
         let (limit, out) = self
             .with_budget(|b| {
                 let limit = b.lease_limit(lease).cloned();
@@ -491,7 +500,7 @@ impl Agent {
             metrics::no_rule();
             return Ok(Slotted::NoRule);
         };
-        let now = clock::now();
+        let now = self.now();
         let key = matched_key;
         let limit = rule.id.clone();
         let res = self
@@ -518,7 +527,7 @@ impl Agent {
     }
 
     pub async fn release_slot(&self, slot: SlotId) -> Result<bool> {
-        let now = clock::now();
+        let now = self.now();
         Ok(self.with_budget(|b| b.release_slot(now, slot)).await??)
     }
 
@@ -527,7 +536,7 @@ impl Agent {
         let Some((rule, matched_key)) = self.matched(target) else {
             return Ok(None);
         };
-        let now = clock::now();
+        let now = self.now();
         let view = self.lock().key_view(now, &rule.id, &matched_key)?;
         let pair = (rule.id.clone(), matched_key);
         Ok(Some(KeyState {
@@ -566,7 +575,7 @@ impl Agent {
                 return false;
             }
         };
-        let now = clock::now();
+        let now = self.now();
         let rules = new.config.rules().len();
         let res = self
             .with_budget(|b| {
@@ -587,7 +596,7 @@ impl Agent {
     /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent
     /// (already durable, as the machine's contract asks).
     pub async fn on_timer(&self) -> Result<(Option<Timestamp>, Option<SyncUp>)> {
-        let now = clock::now();
+        let now = self.now();
         let limits = self.limits();
         self.with_budget(|b| {
             b.handle_timeout(now);
@@ -603,7 +612,7 @@ impl Agent {
     /// A message from the coordinator: grants may have raised allowances, so the negative
     /// cache is forgotten.
     pub async fn on_sync_down(&self, down: SyncDown) -> Result<()> {
-        let now = clock::now();
+        let now = self.now();
         self.with_budget(|b| b.handle_sync_down(now, down)).await?;
         self.negative.invalidate();
         Ok(())
@@ -612,7 +621,7 @@ impl Agent {
     /// The partition-policy state (`single_region`, `connected` or `expired`) and seconds
     /// since the coordinator last answered.
     pub fn sync_status(&self) -> (&'static str, f64) {
-        let now = clock::now();
+        let now = self.now();
         let b = self.lock();
         if !b.config().coordinated {
             return ("single_region", 0.0);
@@ -628,10 +637,13 @@ impl Agent {
         (state, lag)
     }
 
-    /// The Retry-After for a refusal: whole seconds, rounded up, plus jitter.
+    /// The Retry-After for a refusal: whole seconds, rounded up, plus a jitter of up to a
+    /// tenth of that (at least 1 s, at most [`RETRY_AFTER_JITTER_MAX_SECS`]).
     pub fn retry_after_secs(&self, retry_after: Duration) -> u64 {
         let base = ceil_secs(retry_after).max(1);
-        let spread = (base * RETRY_AFTER_JITTER_PERCENT).div_ceil(100).max(1);
+        let spread = (base * RETRY_AFTER_JITTER_PERCENT)
+            .div_ceil(100)
+            .clamp(1, RETRY_AFTER_JITTER_MAX_SECS);
         let jitter = self
             .jitter
             .lock()
@@ -799,6 +811,7 @@ mod tests {
     use allot_core::ids::RegionId;
 
     use super::*;
+    use crate::clock::Clock;
     use crate::store::MemoryStore;
 
     fn agent(seed: u64) -> Agent {
@@ -822,6 +835,54 @@ mod tests {
         // Under a second still waits a second, and may wait one more.
         let short = a.retry_after_secs(Duration::from_millis(10));
         assert!((1..=2).contains(&short));
+    }
+
+    /// A day window refused at any time of day says to come back after the next UTC
+    /// midnight, and at most [`RETRY_AFTER_JITTER_MAX_SECS`] later: the clock is the test's,
+    /// so every time of day is tried whenever the test runs (00:40 UTC once gave 88,628 s).
+    #[tokio::test]
+    async fn a_day_windows_retry_after_is_the_next_midnight_at_any_time_of_day() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("day.yaml");
+        std::fs::write(
+            &file,
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 3\n",
+        )
+        .expect("limits file");
+        let day_start_secs = 1_767_225_600; // 2026-01-01T00:00:00Z
+        for second_of_day in [1, 59, 2_400, 7_199, 43_200, 86_340, 86_399] {
+            let (clock, _) = Clock::manual(Timestamp::from_unix_nanos(
+                (day_start_secs + second_of_day) * 1_000_000_000,
+            ));
+            let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+            s.config_files = vec![file.clone()];
+            s.jitter_seed = Some(second_of_day);
+            s.clock = clock;
+            let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+            let ask = [RlsDescriptor {
+                entries: vec![("k".into(), "v".into())],
+                hits: 4,
+            }];
+            let checked = a.should_rate_limit("d", &ask).await.expect("check");
+            assert!(!checked[0].allowed(), "4 hits against 3 a day are refused");
+            let until_midnight = 86_400 - second_of_day;
+            for _ in 0..50 {
+                let headers = crate::service::headers::rate_limit_headers(&checked, |w| {
+                    a.retry_after_secs(w)
+                });
+                let retry_after: u64 = headers
+                    .iter()
+                    .find(|(name, _)| *name == "Retry-After")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .expect("a refusal carries Retry-After");
+                assert!(
+                    (until_midnight..=until_midnight + RETRY_AFTER_JITTER_MAX_SECS)
+                        .contains(&retry_after),
+                    "at second {second_of_day} of the day: Retry-After {retry_after}, \
+                     midnight in {until_midnight}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,6 @@ use allot_proto::lease::v1::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
 use super::status;
-use crate::clock;
 use crate::convert::{self, ceil_ms};
 use crate::state::{Agent, LeaseAsk, Leased, Slotted};
 
@@ -33,8 +32,8 @@ fn err(e: crate::Error) -> Status {
     status(SERVICE, e)
 }
 
-fn until(at: Timestamp) -> u64 {
-    ceil_ms(at.saturating_duration_since(clock::now()))
+fn until(now: Timestamp, at: Timestamp) -> u64 {
+    ceil_ms(at.saturating_duration_since(now))
 }
 
 #[tonic::async_trait]
@@ -80,7 +79,7 @@ impl LeaseService for LeaseApi {
             )
             .await
             .map_err(err)?;
-        Ok(Response::new(lease_response(leased, ttl)))
+        Ok(Response::new(lease_response(self.agent.now(), leased, ttl)))
     }
 
     async fn renew(
@@ -156,9 +155,9 @@ impl LeaseService for LeaseApi {
     }
 }
 
-fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
+fn lease_response(now: Timestamp, leased: Leased, ttl: Duration) -> pb::LeaseResponse {
     match leased {
-        Leased::NoRule => unmetered_lease(convert::no_rule_decision(), 0, ttl),
+        Leased::NoRule => unmetered_lease(now, convert::no_rule_decision(), 0, ttl),
         Leased::Unmetered {
             rule,
             units,
@@ -170,10 +169,9 @@ fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
                 reason: convert::reason_name(reason).to_owned(),
                 ..pb::Decision::default()
             };
-            unmetered_lease(decision, units, ttl)
+            unmetered_lease(now, decision, units, ttl)
         }
         Leased::Granted { rule, grant } => {
-            let now = clock::now();
             let reset = rule.window.map_or(Duration::ZERO, |w| {
                 Window::new(w)
                     .end(grant.window)
@@ -184,7 +182,7 @@ fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
                     lease_id: grant.lease.0,
                     units: grant.units,
                     expires_at_unix_ms: grant.expires_at.as_unix_millis(),
-                    ttl_ms: until(grant.expires_at),
+                    ttl_ms: until(now, grant.expires_at),
                 }),
                 decision: Some(pb::Decision {
                     allowed: true,
@@ -205,7 +203,7 @@ fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
         Leased::Degraded { rule, allowed } => {
             let decision = convert::degraded_decision(&rule, allowed);
             if allowed {
-                unmetered_lease(decision, 1, ttl)
+                unmetered_lease(now, decision, 1, ttl)
             } else {
                 pb::LeaseResponse {
                     lease: None,
@@ -217,8 +215,13 @@ fn lease_response(leased: Leased, ttl: Duration) -> pb::LeaseResponse {
 }
 
 /// Units to spend freely: lease id 0 (nothing to release or renew).
-fn unmetered_lease(decision: pb::Decision, units: u64, ttl: Duration) -> pb::LeaseResponse {
-    let expires = clock::now() + ttl;
+fn unmetered_lease(
+    now: Timestamp,
+    decision: pb::Decision,
+    units: u64,
+    ttl: Duration,
+) -> pb::LeaseResponse {
+    let expires = now + ttl;
     pb::LeaseResponse {
         lease: Some(pb::Lease {
             lease_id: 0,
