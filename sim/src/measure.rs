@@ -157,10 +157,7 @@ impl Measure {
                 vec![None; t.windows]
             })
             .collect();
-        let leaderless = bounds
-            .iter()
-            .map(|b| vec![false; b.len()])
-            .collect();
+        let leaderless = bounds.iter().map(|b| vec![false; b.len()]).collect();
         let overage_settled_at = true_windows.iter().map(|t| vec![0; t.windows]).collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
         let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
@@ -367,7 +364,10 @@ impl Measure {
     /// that time.
     fn window_bound(&self, limit_index: usize, row: usize) -> Option<&Bound> {
         let stated = self.bounds[limit_index].get(row)?.as_ref()?;
-        let leaderless = self.leaderless[limit_index].get(row).copied().unwrap_or(true);
+        let leaderless = self.leaderless[limit_index]
+            .get(row)
+            .copied()
+            .unwrap_or(true);
         (!stated.unbounded && !leaderless).then_some(stated)
     }
 
@@ -922,13 +922,20 @@ traffic:
         m.bound_sample(&api, window_of(&s, 4_000), &zero, at(&s, 4_500));
         m.bound_sample(&api, window_of(&s, 4_000), &unbounded, at(&s, 5_500));
         for i in 6..10 {
-            m.bound_sample(&api, window_of(&s, i * 1_000), &zero, at(&s, i * 1_000 + 10));
+            m.bound_sample(
+                &api,
+                window_of(&s, i * 1_000),
+                &zero,
+                at(&s, i * 1_000 + 10),
+            );
         }
         let w = m.windows();
         let flags: Vec<bool> = w.iter().map(|w| w.unbounded).collect();
         assert_eq!(
             flags,
-            [false, true, false, true, false, true, false, false, false, false]
+            [
+                false, true, false, true, false, true, false, false, false, false
+            ]
         );
         assert_eq!(w[1].bound_units, None, "never a bound of 0 for lack of one");
         assert_eq!(w[0].bound_units, Some(0));

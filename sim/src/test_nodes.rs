@@ -307,15 +307,15 @@ impl CoordinatorNode for TestCoordinator {
             .limits
             .iter()
             .map(|l| {
-                    let bound = Bound {
-                        terms: vec![BoundTerm {
-                            name: "test".to_string(),
-                            units,
-                            measured_units: None,
-                        }],
-                        total_units: units,
-                        unbounded: false,
-                    };
+                let bound = Bound {
+                    terms: vec![BoundTerm {
+                        name: "test".to_string(),
+                        units,
+                        measured_units: None,
+                    }],
+                    total_units: units,
+                    unbounded: false,
+                };
                 (l.id.clone(), l.window.index(now), bound)
             })
             .collect();

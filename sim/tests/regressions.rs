@@ -262,13 +262,17 @@ faults:
     assert_eq!(r.figures.windows_unbounded, 2);
     let w = &r.per_seed[0].windows;
     assert!(w[1].overshoot_units > 2_000, "the case is exercised");
-    assert!(w[3].bound_units.is_some() && !w[3].cut_off, "the new leader's window is judged");
+    assert!(
+        w[3].bound_units.is_some() && !w[3].cut_off,
+        "the new leader's window is judged"
+    );
 }
 
 /// Issue 8, mechanism 4, strict mode under the open policy (100/s, burst 10): 1 s windows,
 /// L = 200, the leader lost from 2.5 s to 9.5 s. Both regions admit 176 a window while open:
-/// windows 3 and 4, older than the statistics kept when the new leader came, were judged
-/// against a bound of 0, window 5 against 0 too (3 violations, 6 with the regions' clocks).
+/// windows 3 and 4, older than the statistics kept when the new leader came, got no statement
+/// and were judged against a bound of 0, window 5 against a statement of 0 (6 violations: 3
+/// on the true clock, 3 on the regions' clocks).
 /// Fixed: windows 2 to 8, with no leader for part of them, are unbounded (counted, not
 /// judged); window 9, where the new leader started, counts both regions open from its start.
 #[test]

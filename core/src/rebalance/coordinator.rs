@@ -816,8 +816,9 @@ impl Coordinator {
 
     /// The bound of `limit` for `window` (every key: see [`Coordinator::bound_inputs`]), from
     /// the leader's views and what the regions reported. `None` for an unknown limit. A window
-    /// that ended before this leader started is unbounded: no leader may have watched it
-    /// (docs/bound.md); only the terms the regions still report are stated for it.
+    /// that ended before this leader started is stated unbounded: this leader did not watch
+    /// it (an earlier one may have, and bounded it; docs/bound.md), and only the terms the
+    /// regions still report are known to it.
     pub fn bound(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> Option<Bound> {
         let spec = self.table.limit(limit)?;
         let inputs = self.bound_inputs(now, limit, window, None);

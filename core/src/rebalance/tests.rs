@@ -524,7 +524,10 @@ fn a_new_leader_reclaims_nothing_from_a_region_it_never_heard() {
     let spec = with_policy(PartitionPolicy::Closed);
     let mut coord = Coordinator::new(config(), table_with(&spec), at_ms(0));
     for t in (0..600_000).step_by(1_000) {
-        assert!(reclaims(&coord.poll_proposals(at_ms(t))).is_empty(), "at {t} ms");
+        assert!(
+            reclaims(&coord.poll_proposals(at_ms(t))).is_empty(),
+            "at {t} ms"
+        );
     }
 }
 
@@ -550,8 +553,8 @@ fn the_reclaim_rule_holds_for_offsets_of_several_windows_either_way() {
         for error_ms in [-rtt_ms / 2, 0, rtt_ms / 2] {
             // The coordinator's clock minus the region's: the region reads `heard - offset`.
             let true_offset_ms = offset_ms + error_ms;
-            let closes_local_ms = i64::try_from(START_MS).unwrap() + heard_ms - true_offset_ms
-                + ttl_ms;
+            let closes_local_ms =
+                i64::try_from(START_MS).unwrap() + heard_ms - true_offset_ms + ttl_ms;
             let last_local_window = u64::try_from(closes_local_ms / 1_000).unwrap();
             assert!(
                 from.0 > last_local_window,
@@ -924,14 +927,20 @@ fn the_skew_term_takes_the_neighbouring_window_s_allowance() {
         .insert(a.clone(), vec![0, 100]);
     inputs.clock_offset_nanos.insert(a.clone(), 2_000_000_000);
     inputs.round_trip_nanos.insert(a.clone(), 0);
-    assert_eq!(term(&bound(&spec, WindowIndex(100), &inputs), "skew").units, 100);
+    assert_eq!(
+        term(&bound(&spec, WindowIndex(100), &inputs), "skew").units,
+        100
+    );
     // 25 s off (reach 3 windows): a true window may meet two of the region's other windows,
     // the two largest count; the cap over at most one window's length (100 * 10 + 5).
     inputs.clock_offset_nanos.insert(a.clone(), 25_000_000_000);
     inputs
         .neighbour_allowance_units
         .insert(a.clone(), vec![50, 0, 100, 100, 50, 80]);
-    assert_eq!(term(&bound(&spec, WindowIndex(100), &inputs), "skew").units, 200);
+    assert_eq!(
+        term(&bound(&spec, WindowIndex(100), &inputs), "skew").units,
+        200
+    );
 }
 
 /// The leader hands the skew term the allowances of every window within the region's reach.
@@ -951,7 +960,10 @@ fn the_leader_reads_the_allowances_of_the_windows_a_clock_reaches() {
     assert_eq!(inputs.neighbour_allowance_units.get(&b), Some(&vec![50; 6]));
     // a was never heard: its clock is unknown, any two windows may be the ones.
     let a = RegionId::from("a");
-    assert_eq!(inputs.neighbour_allowance_units.get(&a), Some(&vec![50, 50]));
+    assert_eq!(
+        inputs.neighbour_allowance_units.get(&a),
+        Some(&vec![50, 50])
+    );
 }
 
 /// A window that ended before the leader started is unbounded; in the window it starts in,
@@ -983,9 +995,13 @@ fn a_new_leader_is_conservative_about_what_it_did_not_see() {
     w.up("b", at_ms(4_100));
     // Heard now, but not for the window's first 4.1 s: still partitioned in window 100, not
     // in window 101.
-    let inputs = w.coord.bound_inputs(at_ms(4_200), &l, WindowIndex(100), None);
+    let inputs = w
+        .coord
+        .bound_inputs(at_ms(4_200), &l, WindowIndex(100), None);
     assert_eq!(inputs.partitioned.len(), 2);
-    let next = w.coord.bound_inputs(at_ms(4_200), &l, WindowIndex(101), None);
+    let next = w
+        .coord
+        .bound_inputs(at_ms(4_200), &l, WindowIndex(101), None);
     assert!(next.partitioned.is_empty());
     // Open policy: time open from the window's start until heard (4.1 s): 2 * 4.1 + 3 = 12.
     let spec = with_policy(open);

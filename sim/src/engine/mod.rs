@@ -913,8 +913,14 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     fn settle(&mut self, s: PendingSettle) -> Result<()> {
         let (key, region) = (self.sources[s.source].key, self.sources[s.source].region);
         // The tokens were used whatever happens to the settle: measure what was consumed.
-        self.measure
-            .settled(key, region, s.admitted_at, s.reserved_units, s.actual_units, self.now);
+        self.measure.settled(
+            key,
+            region,
+            s.admitted_at,
+            s.reserved_units,
+            s.actual_units,
+            self.now,
+        );
         let local = self.regions[region].clock.local(self.now);
         let rt = &mut self.regions[region].gateways[s.gateway];
         let incarnation = rt.incarnation;
