@@ -926,13 +926,20 @@ impl Coordinator {
                     window,
                 };
                 let default = self.table.default_allowance(&any_key, region);
-                let mut held: Vec<u64> = self
+                // Per window, the largest over keys (one key's windows are what a clock moves).
+                let mut by_window: BTreeMap<WindowIndex, u64> = BTreeMap::new();
+                let rows = self
                     .table
                     .counters()
                     .filter(|(c, _)| &c.limit == limit && c.window != window)
-                    .filter(|(c, _)| key.is_none_or(|k| &c.key == k))
-                    .filter_map(|(_, rows)| rows.get(region).map(|row| row.allowance_units))
-                    .collect();
+                    .filter(|(c, _)| key.is_none_or(|k| &c.key == k));
+                for (c, rows) in rows {
+                    if let Some(row) = rows.get(region) {
+                        let slot = by_window.entry(c.window).or_default();
+                        *slot = (*slot).max(row.allowance_units);
+                    }
+                }
+                let mut held: Vec<u64> = by_window.into_values().collect();
                 held.extend([default, default]);
                 held
             }
