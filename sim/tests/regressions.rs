@@ -94,6 +94,31 @@ fn parsed(name: &str, yaml: &str) -> Scenario {
     scenario::parse(name, yaml).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Seeds of the slow tier (`ALLOT_SLOW_TESTS=1`, which `.ci/run` sets) for a regression
+/// scenario, and fewer for the two whose runs are long (20 s and 50 s of thousands of requests
+/// a second).
+const SLOW_SEEDS: std::ops::Range<u64> = 0..1_000;
+const SLOW_SEEDS_LONG_RUNS: std::ops::Range<u64> = 0..200;
+
+/// Runs a regression scenario on `fast` seeds. In the slow tier it also runs the scenario's
+/// Poisson variant on `slow` seeds, which must hold: the scenarios are written with uniform
+/// arrivals, which make every seed the same run, so only the variant explores.
+fn run_tiers(
+    name: &str,
+    yaml: &str,
+    fast: std::ops::Range<u64>,
+    slow: std::ops::Range<u64>,
+) -> Report {
+    if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
+        let poisson = parsed(
+            name,
+            &yaml.replace("arrivals: uniform", "arrivals: poisson"),
+        );
+        assert_no_violation(&run(&poisson, slow));
+    }
+    run(&parsed(name, yaml), fast)
+}
+
 fn assert_no_violation(r: &Report) {
     assert_eq!(
         r.figures.violations,
@@ -130,14 +155,15 @@ traffic:
 /// nothing is reclaimed.
 #[test]
 fn a_closed_floor_is_not_reclaimed_from_a_region_whose_clock_is_unknown() {
-    let s = parsed(
+    let r = run_tiers(
         "closed-ahead-cut.yaml",
         &format!(
             "{CLOSED_AHEAD}faults:\n  - partition: {{region: a, direction: up, start: 20ms, \
              end: 8s}}\n"
         ),
+        0..2,
+        SLOW_SEEDS,
     );
-    let r = run(&s, 0..2);
     assert_no_violation(&r);
     assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
 }
@@ -149,15 +175,16 @@ fn a_closed_floor_is_not_reclaimed_from_a_region_whose_clock_is_unknown() {
 /// new leader reclaims nothing from a region it has no clock sample of.
 #[test]
 fn a_new_leader_does_not_reclaim_the_floor_of_a_region_it_never_heard() {
-    let s = parsed(
+    let r = run_tiers(
         "closed-ahead-failover.yaml",
         &format!(
             "{}faults:\n  - coordinator_outage: {{start: 2s, end: 2200ms}}\n  - partition: \
              {{region: a, direction: up, start: 2s, end: 10s}}\n",
             CLOSED_AHEAD.replace("duration: 8s", "duration: 10s")
         ),
+        0..2,
+        SLOW_SEEDS,
     );
-    let r = run(&s, 0..2);
     assert_no_violation(&r);
     assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
 }
@@ -171,7 +198,7 @@ fn a_new_leader_does_not_reclaim_the_floor_of_a_region_it_never_heard() {
 /// larger neighbouring window's allowance (bound 10,600).
 #[test]
 fn the_skew_term_counts_the_neighbouring_window_a_shifted_region_spends() {
-    let s = parsed(
+    let r = run_tiers(
         "skew-neighbour.yaml",
         r#"
 name: skew-neighbour
@@ -199,8 +226,9 @@ traffic:
     rate: {steps: [{at: 0s, per_sec: 30000}, {at: 12500ms, per_sec: 0}]}
     arrivals: uniform
 "#,
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
     );
-    let r = run(&s, 0..1);
     assert_no_violation(&r);
     let w3 = &r.per_seed[0].windows[3];
     assert!(w3.overshoot_units > 5_000, "the case is exercised: {w3:?}");
@@ -225,7 +253,7 @@ fn unbounded_starts(r: &Report) -> Vec<u64> {
 /// yet as partitioned since the window's start.
 #[test]
 fn eventual_windows_without_a_leader_are_unbounded_not_bounded_by_what_was_stated() {
-    let s = parsed(
+    let r = run_tiers(
         "eventual-outage.yaml",
         r#"
 name: eventual-outage
@@ -255,8 +283,9 @@ traffic:
 faults:
   - coordinator_outage: {start: 16s, end: 35s}
 "#,
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
     );
-    let r = run(&s, 0..1);
     assert_no_violation(&r);
     assert_eq!(unbounded_starts(&r), vec![10_000, 20_000]);
     assert_eq!(r.figures.windows_unbounded, 2);
@@ -277,7 +306,7 @@ faults:
 /// judged); window 9, where the new leader started, counts both regions open from its start.
 #[test]
 fn strict_open_windows_without_a_leader_are_unbounded_and_counted() {
-    let s = parsed(
+    let r = run_tiers(
         "open-outage.yaml",
         r#"
 name: open-outage
@@ -298,8 +327,9 @@ traffic:
 faults:
   - coordinator_outage: {start: 2500ms, end: 9500ms}
 "#,
+        0..2,
+        SLOW_SEEDS,
     );
-    let r = run(&s, 0..2);
     assert_no_violation(&r);
     assert_eq!(
         unbounded_starts(&r),
@@ -318,7 +348,7 @@ faults:
 /// is not judged, and is counted as cut off.
 #[test]
 fn the_run_s_end_cuts_off_windows_whose_statements_cannot_arrive_in_time() {
-    let s = parsed(
+    let r = run_tiers(
         "settle-at-end.yaml",
         r#"
 name: settle-at-end
@@ -342,8 +372,9 @@ traffic:
     start: 4700ms
     cost: {llm: {reserve_units: 10, actual: {constant_units: 500}, settle_after: 150ms}}
 "#,
+        0..2,
+        SLOW_SEEDS,
     );
-    let r = run(&s, 0..2);
     assert_no_violation(&r);
     assert_eq!(r.figures.windows_cut_off, 2, "the last window of each seed");
     assert_eq!(r.figures.windows_unbounded, 0);
