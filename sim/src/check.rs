@@ -1,5 +1,8 @@
 //! The invariant checker: what the machines say about themselves, held against the
-//! invariants of the design, at every sample of every run.
+//! invariants of the design, at every sample of every run (`measure.sample_interval`), not
+//! after every event: a breach that heals between two samples goes unseen. A restart is
+//! checked as it happens; overshoot is judged per window after the run (`crate::report`),
+//! except windows that are unbounded or that the run's end cut off (`crate::measure`).
 //!
 //! - 1: per counter, a region's net use never exceeds its allowance (plus policy terms);
 //! - 2: strict mode: the table's allowances for a counter sum to at most the quota, and a

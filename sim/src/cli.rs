@@ -140,6 +140,11 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
+        "  not judged            {} windows unbounded, {} cut off by the run's end",
+        r.figures.windows_unbounded, r.figures.windows_cut_off
+    )?;
+    writeln!(
+        out,
         "  on region clocks      overshoot max {} units, min slack {} (bound without skew)",
         r.figures.overshoot_max_on_region_clocks,
         slack(r.figures.bound_min_slack_on_region_clocks)
@@ -252,6 +257,8 @@ traffic:
             "bound_min_slack",
             "overshoot_max_on_region_clocks",
             "bound_min_slack_on_region_clocks",
+            "windows_unbounded",
+            "windows_cut_off",
             "utilization_p50",
             "utilization_min",
             "baseline_utilization_p50",

@@ -18,6 +18,11 @@ use crate::scenario::{LimitInfo, Scenario};
 /// windows or a shorter run.
 pub const MAX_WINDOW_CELLS: usize = 20_000_000;
 
+/// Sync intervals, beyond the one a region waits to send a report and the one the coordinator
+/// waits to state it, allowed on lossy links for a report that was lost and is resent: part of
+/// how long the run's end waits for the statements of what happened before it (`report_lag`).
+pub const LATE_REPORT_RESENDS: u32 = 2;
+
 /// One (limit, key) pair some source sends to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyMeta {
@@ -91,6 +96,15 @@ pub struct Measure {
     /// Per limit and true window: the bound stated for the window, each term at the largest
     /// it was reported.
     bounds: Vec<Vec<Option<Bound>>>,
+    /// Per limit and true window: a sample found no leader, and no leader stated the window's
+    /// bound as the window in progress since (a new leader's statements cover, conservatively,
+    /// what it did not see of the window it starts in).
+    leaderless: Vec<Vec<bool>>,
+    /// Per key and true window: the latest true time a settle raised the window's use.
+    overage_settled_at: Vec<Vec<u64>>,
+    /// Windows ending after this, or raised by a settle after it, are not judged: the
+    /// statements that would cover them may not have arrived before the run ended.
+    judge_until_nanos: u64,
     bucket_nanos: u64,
     buckets: usize,
     /// (key, bucket, region).
@@ -134,7 +148,7 @@ impl Measure {
             true_windows.push(t);
             local_windows.push(l);
         }
-        let bounds = scenario
+        let bounds: Vec<Vec<Option<Bound>>> = scenario
             .limits
             .limits
             .iter()
@@ -143,9 +157,15 @@ impl Measure {
                 vec![None; t.windows]
             })
             .collect();
+        let leaderless = bounds.iter().map(|b| vec![false; b.len()]).collect();
+        let overage_settled_at = true_windows.iter().map(|t| vec![0; t.windows]).collect();
+        let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
         let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
         let buckets = (end - start).div_ceil(bucket_nanos) as usize;
         Some(Measure {
+            leaderless,
+            overage_settled_at,
+            judge_until_nanos,
             start_nanos: start,
             end_nanos: end,
             regions,
@@ -214,8 +234,8 @@ impl Measure {
         self.bucket(key, region, t).admitted_units += units;
     }
 
-    /// A reservation admitted at (`t`, `local`) settled at `actual_units`: the window it was
-    /// admitted in is charged what was really used.
+    /// A reservation admitted at (`t`, `local`) settled at `actual_units`, at true time
+    /// `now`: the window it was admitted in is charged what was really used.
     pub fn settled(
         &mut self,
         key: usize,
@@ -223,10 +243,16 @@ impl Measure {
         admitted_at: (Timestamp, Timestamp),
         reserved_units: u64,
         actual_units: u64,
+        now: Timestamp,
     ) {
         let (t, local) = admitted_at;
         if actual_units >= reserved_units {
             self.admitted(key, region, t, local, actual_units - reserved_units);
+            if actual_units > reserved_units {
+                let row = self.true_windows[key].row(t.as_unix_nanos());
+                let at = &mut self.overage_settled_at[key][row];
+                *at = (*at).max(now.as_unix_nanos());
+            }
             return;
         }
         let less = reserved_units - actual_units;
@@ -286,9 +312,17 @@ impl Measure {
         scale(denied, false_units, window_denied)
     }
 
-    /// A statement of the bound of `limit` for the window of index `window` (true clock):
-    /// merged term by term into what was stated before ([`Bound::merge`]).
-    pub fn bound_sample(&mut self, limit: &LimitId, window: WindowIndex, bound: &Bound) {
+    /// A statement of the bound of `limit` for the window of index `window` (true clock),
+    /// collected at true time `at`: merged term by term into what was stated before
+    /// ([`Bound::merge`]). A statement of the window in progress by a leader covers the time
+    /// the window had no leader before it ([`Measure::leaderless`]).
+    pub fn bound_sample(
+        &mut self,
+        limit: &LimitId,
+        window: WindowIndex,
+        bound: &Bound,
+        at: Timestamp,
+    ) {
         let Some(i) = self.limits.iter().position(|l| &l.id == limit) else {
             return;
         };
@@ -296,12 +330,54 @@ impl Measure {
         let Some(row) = window.0.checked_sub(self.start_nanos / w) else {
             return;
         };
-        if let Some(slot) = self.bounds[i].get_mut(row as usize) {
+        let row = row as usize;
+        if let Some(slot) = self.bounds[i].get_mut(row) {
             match slot {
                 Some(stated) => stated.merge(bound),
                 None => *slot = Some(bound.clone()),
             }
         }
+        let in_progress = at.as_unix_nanos() / w == window.0;
+        if in_progress
+            && !bound.unbounded
+            && let Some(flag) = self.leaderless[i].get_mut(row)
+        {
+            *flag = false;
+        }
+    }
+
+    /// A sample at true time `t` found no coordinator leader: every limit's window in progress
+    /// is unbounded unless a leader states it later while it is still in progress.
+    pub fn leaderless(&mut self, t: Timestamp) {
+        let t = t.as_unix_nanos();
+        for (i, limit) in self.limits.iter().enumerate() {
+            let w = duration_nanos(limit.window.len());
+            let row = (t / w).saturating_sub(self.start_nanos / w) as usize;
+            if let Some(flag) = self.leaderless[i].get_mut(row) {
+                *flag = true;
+            }
+        }
+    }
+
+    /// The bound of a limit's window (true clock), `None` when it is unbounded: nothing was
+    /// stated for it, a statement said so, or part of it had no leader and no leader covered
+    /// that time.
+    fn window_bound(&self, limit_index: usize, row: usize) -> Option<&Bound> {
+        let stated = self.bounds[limit_index].get(row)?.as_ref()?;
+        let leaderless = self.leaderless[limit_index]
+            .get(row)
+            .copied()
+            .unwrap_or(true);
+        (!stated.unbounded && !leaderless).then_some(stated)
+    }
+
+    /// Whether the run ended before the statements that could cover the key's window (true
+    /// row `row`) had time to arrive: the window ends in the run's last `report_lag`, or a
+    /// settle raised it then.
+    fn cut_off(&self, k: usize, row: usize) -> bool {
+        let table = &self.true_windows[k];
+        let end = (table.first_index + row as u64 + 1) * table.window_nanos;
+        end > self.judge_until_nanos || self.overage_settled_at[k][row] > self.judge_until_nanos
     }
 
     /// The allocation judged at a sample at true time `t`: within tolerance or not.
@@ -344,7 +420,7 @@ impl Measure {
         let table = &self.true_windows[k];
         let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
         let index = table.first_index + row as u64;
-        let bound = self.bounds[meta.limit_index].get(row).cloned().flatten();
+        let bound = self.window_bound(meta.limit_index, row).cloned();
         let admitted: u64 = cells.iter().map(|c| c.admitted_units).sum();
         let demand: u64 = cells.iter().map(|c| c.demand_units).sum();
         let local = &self.local_windows[k];
@@ -370,6 +446,8 @@ impl Measure {
             demand_units: demand,
             overshoot_units: admitted.saturating_sub(quota),
             bound_units: bound.as_ref().map(|b| b.total_units),
+            unbounded: bound.is_none(),
+            cut_off: self.cut_off(k, row),
             bound,
             utilization: (complete && wanted > 0).then(|| admitted as f64 / wanted as f64),
             requests: cells.iter().map(|c| c.requests).sum(),
@@ -383,26 +461,30 @@ impl Measure {
     }
 
     /// Windows on each region's own clock where the sum over regions is above the quota plus
-    /// the skew-free part of the bound: (limit, key, window index, admitted, allowed).
+    /// the skew-free part of the bound: (limit, key, window index, admitted, allowed). An index
+    /// whose true window is unbounded or cut off is not judged.
     pub fn local_window_excess(&self) -> Vec<LocalExcess> {
         let mut out = Vec::new();
         for (k, table) in self.local_windows.iter().enumerate() {
             let meta = &self.keys[k];
             let quota = self.limits[meta.limit_index].quota_units;
+            let first_true = self.true_windows[k].first_index;
             for row in 0..table.windows {
                 let admitted = table.admitted_total[row];
                 let index = table.first_index + row as u64;
                 // Bounds are kept per true window; the same index on a region's clock uses
                 // the bound stated for that index.
-                let bound = index
-                    .checked_sub(self.start_nanos / table.window_nanos)
-                    .and_then(|r| {
-                        self.bounds[meta.limit_index]
-                            .get(r as usize)
-                            .cloned()
-                            .flatten()
-                    })
-                    .map_or(0, |b| b.without_skew_units());
+                let bound = match index.checked_sub(first_true).map(|r| r as usize) {
+                    // Before the run on the true clock: nothing was stated for it.
+                    None => 0,
+                    // After it: cut off by the run's end.
+                    Some(r) if r >= self.true_windows[k].windows => continue,
+                    Some(r) if self.cut_off(k, r) => continue,
+                    Some(r) => match self.window_bound(meta.limit_index, r) {
+                        Some(b) => b.without_skew_units(),
+                        None => continue,
+                    },
+                };
                 if admitted > quota + bound {
                     out.push(LocalExcess {
                         limit: meta.limit.clone(),
@@ -416,6 +498,37 @@ impl Measure {
         }
         out
     }
+}
+
+/// How long after an event its statement may take to reach the judged bound: the region's
+/// next SyncUp (a sync interval), its delivery (the largest latency plus every link fault's
+/// delay and reorder window), the coordinator's next statement of an ended window (a sync
+/// interval), `LATE_REPORT_RESENDS` more syncs for a lost report where a link loses
+/// messages, and the next sample.
+pub fn report_lag(scenario: &Scenario) -> Duration {
+    let latency = scenario
+        .regions
+        .iter()
+        .map(|r| r.latency)
+        .max()
+        .unwrap_or_default();
+    let links = scenario.faults.iter().filter_map(|f| match f {
+        crate::scenario::Fault::Link { faults, .. } => Some(faults),
+        _ => None,
+    });
+    let link_delays: Duration = links
+        .clone()
+        .map(|f| f.extra_delay + f.reorder_window)
+        .sum();
+    let resends = if links.clone().any(|f| f.loss > 0.0) {
+        LATE_REPORT_RESENDS
+    } else {
+        0
+    };
+    scenario.sync_interval * (2 + resends)
+        + latency
+        + link_delays
+        + scenario.measure.sample_interval
 }
 
 /// `value * part / whole`, rounded down (0 for an empty whole).
@@ -453,9 +566,17 @@ pub struct WindowReport {
     pub demand_units: u64,
     /// `max(0, admitted - quota)`.
     pub overshoot_units: u64,
-    /// The largest bound the coordinator reported during the window; none reported counts as
-    /// a bound of zero.
+    /// The bound stated for the window (each term at the largest the coordinator reported);
+    /// `None` when the window is unbounded.
     pub bound_units: Option<u64>,
+    /// No bound could be stated: nothing was, a statement said so, or part of the window had no
+    /// coordinator leader and no leader stated it afterwards while it was in progress. Such a
+    /// window is not judged, and is counted in the report.
+    pub unbounded: bool,
+    /// The run ended before the statements that could cover the window had time to arrive
+    /// (it ends, or a settle raised it, within `Measure::report_lag` of the run's end): not
+    /// judged, and counted in the report.
+    pub cut_off: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bound: Option<Bound>,
     /// `admitted / min(demand, quota)`.
@@ -649,8 +770,8 @@ traffic:
         let (s, mut m) = measure();
         m.admitted(0, 0, at(&s, 900), at(&s, 900), 60);
         // Settled in the next window, 60 reserved, 25 used: window 0 keeps 25.
-        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 60, 25);
-        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 10, 30);
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 60, 25, at(&s, 1_500));
+        m.settled(0, 0, (at(&s, 900), at(&s, 900)), 10, 30, at(&s, 1_500));
         let w = m.windows();
         assert_eq!(w[0].admitted_units, 25 + 20);
         assert_eq!(w[1].admitted_units, 0);
@@ -662,9 +783,11 @@ traffic:
         // Region a's clock runs 600 ms ahead: at true 0.5 s it is in its window 1.
         // Region b admits 60 in true window 1 (its own window 1). On the true clock: 60 in
         // window 0, 60 in window 1, no overshoot. Per index on the regions' clocks, window 1
-        // holds 120: above the quota of 100 (no bound reported: nothing may exceed it).
+        // holds 120: above the quota of 100 (a bound of 0 stated: nothing may exceed it).
         m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
         m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
+        let api = LimitId::from("api/t");
+        m.bound_sample(&api, window_of(&s, 1_200), &Bound::default(), at(&s, 1_200));
         assert!(m.windows().iter().all(|w| w.overshoot_units == 0));
         assert_eq!(m.windows()[1].admitted_units_on_region_clocks, 120);
         assert_eq!(m.windows()[0].admitted_units_on_region_clocks, 0);
@@ -683,8 +806,14 @@ traffic:
                 measured_units: None,
             }],
             total_units: 30,
+            unbounded: false,
         };
-        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 1_200),
+            &bound,
+            at(&s, 1_200),
+        );
         assert!(m.local_window_excess().is_empty());
     }
 
@@ -700,8 +829,14 @@ traffic:
                 measured_units: None,
             }],
             total_units: 30,
+            unbounded: false,
         };
-        m.bound_sample(&LimitId::from("api/t"), window_of(&s, 1_200), &bound);
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            window_of(&s, 1_200),
+            &bound,
+            at(&s, 1_200),
+        );
         assert_eq!(m.local_window_excess().len(), 1);
     }
 
@@ -718,6 +853,7 @@ traffic:
                 })
                 .collect(),
             total_units: terms.iter().map(|(_, u)| u).sum(),
+            unbounded: false,
         };
         // In window 2: a partition term of 40 while eu-west is cut, later none; the settle
         // overage grows from 5 to 12, the last figure arriving after the window ended. The
@@ -727,31 +863,91 @@ traffic:
             &LimitId::from("api/t"),
             w,
             &bound(&[("partition_floor", 40), ("settle_overage", 5)]),
+            at(&s, 2_500),
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             w,
             &bound(&[("partition_floor", 0), ("settle_overage", 9)]),
+            at(&s, 2_500),
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             w,
             &bound(&[("settle_overage", 12)]),
+            at(&s, 2_500),
         );
         // A window before the run is ignored, one after its end too.
         m.bound_sample(
             &LimitId::from("api/t"),
             window_of(&s, 0).0.checked_sub(1).map(WindowIndex).unwrap(),
             &bound(&[("x", 1)]),
+            at(&s, 2_500),
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             window_of(&s, 60_000),
             &bound(&[("x", 1)]),
+            at(&s, 2_500),
         );
         let windows = m.windows();
         assert_eq!(windows[2].bound_units, Some(52));
         assert_eq!(windows[1].bound_units, None);
+    }
+
+    #[test]
+    fn windows_without_a_bound_or_a_leader_are_unbounded_and_the_end_cuts_off() {
+        let (s, mut m) = measure();
+        let api = LimitId::from("api/t");
+        let zero = Bound::default();
+        for i in 0..10u64 {
+            m.admitted(0, 0, at(&s, i * 1_000 + 100), at(&s, i * 1_000 + 100), 150);
+        }
+        // Window 0: stated while in progress. Window 1: stated, then a leader is lost in it and
+        // none states it again. Window 2: the leader is lost, a new one states it while it is
+        // still in progress. Window 3: stated only after it ended (a new leader's late terms),
+        // after time without a leader. Window 4: only statements that say "unbounded" and one
+        // that bounds it (its earlier leader watched it). Window 5: nothing stated.
+        m.bound_sample(&api, window_of(&s, 0), &zero, at(&s, 500));
+        m.bound_sample(&api, window_of(&s, 1_000), &zero, at(&s, 1_200));
+        m.leaderless(at(&s, 1_500));
+        m.leaderless(at(&s, 2_100));
+        m.bound_sample(&api, window_of(&s, 2_000), &zero, at(&s, 2_500));
+        m.leaderless(at(&s, 3_500));
+        m.bound_sample(&api, window_of(&s, 3_000), &zero, at(&s, 4_100));
+        let unbounded = Bound {
+            unbounded: true,
+            ..Bound::default()
+        };
+        m.bound_sample(&api, window_of(&s, 4_000), &zero, at(&s, 4_500));
+        m.bound_sample(&api, window_of(&s, 4_000), &unbounded, at(&s, 5_500));
+        for i in 6..10 {
+            m.bound_sample(
+                &api,
+                window_of(&s, i * 1_000),
+                &zero,
+                at(&s, i * 1_000 + 10),
+            );
+        }
+        let w = m.windows();
+        let flags: Vec<bool> = w.iter().map(|w| w.unbounded).collect();
+        assert_eq!(
+            flags,
+            [
+                false, true, false, true, false, true, false, false, false, false
+            ]
+        );
+        assert_eq!(w[1].bound_units, None, "never a bound of 0 for lack of one");
+        assert_eq!(w[0].bound_units, Some(0));
+        // The run's end: 10 s; a statement may take 2 * 250 ms + 10 ms + 100 ms to arrive.
+        let cut: Vec<bool> = w.iter().map(|w| w.cut_off).collect();
+        assert_eq!(cut.iter().filter(|c| **c).count(), 1);
+        assert!(w[9].cut_off);
+        // A settle raising window 7 at 9.5 s cuts it off too.
+        m.settled(0, 0, (at(&s, 7_100), at(&s, 7_100)), 10, 20, at(&s, 9_500));
+        assert!(m.windows()[7].cut_off);
+        m.settled(0, 0, (at(&s, 6_100), at(&s, 6_100)), 10, 20, at(&s, 8_000));
+        assert!(!m.windows()[6].cut_off);
     }
 
     #[test]

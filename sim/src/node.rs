@@ -188,7 +188,11 @@ pub struct TableRow {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Bound {
     pub terms: Vec<BoundTerm>,
+    /// The sum of the terms: no bound at all while `unbounded` is set.
     pub total_units: u64,
+    /// The coordinator could state no bound for the window (no leader watched part of it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unbounded: bool,
 }
 
 /// The term of the bound that windows judged on each region's own clock do not need.
@@ -197,8 +201,13 @@ pub const SKEW_TERM: &str = "skew";
 impl Bound {
     /// Merges another statement of the bound for the same window: each term at the largest
     /// it was stated (each term bounds its own cause over the whole window, so the largest
-    /// value of each holds, even when they peaked at different times), and their sum.
+    /// value of each holds, even when they peaked at different times), and their sum. The
+    /// window is unbounded while no statement bounded it: a leader that started after the
+    /// window ended states it unbounded (it did not see it) though its predecessor may have
+    /// bounded it; whether some part of the window had no leader at all is for the
+    /// measurement to tell (`Measure::leaderless`).
     pub fn merge(&mut self, other: &Bound) {
+        self.unbounded &= other.unbounded;
         for t in &other.terms {
             match self.terms.iter_mut().find(|m| m.name == t.name) {
                 Some(m) => {

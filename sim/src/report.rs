@@ -37,8 +37,15 @@ pub struct Figures {
     /// Invariant failures; 0 when all hold.
     pub violations: u64,
     pub overshoot_max: u64,
-    /// Smallest `bound - overshoot` over all windows (negative: a violation).
+    /// Smallest `bound - overshoot` over the judged windows (negative: a violation).
     pub bound_min_slack: Option<i64>,
+    /// Windows (per key) for which no bound could be stated: part of them had no coordinator
+    /// leader that covered it, or nothing was stated. Not judged; a run that is unbounded
+    /// everywhere judges nothing, so this is part of its result.
+    pub windows_unbounded: u64,
+    /// Windows (per key) the run's end cut off: the statements that could cover them had not
+    /// had time to arrive (`measure::report_lag`). Not judged.
+    pub windows_cut_off: u64,
     /// The same per window index on the regions' own clocks, against the bound without its
     /// skew term: where strict mode must hold exactly (0 beyond the measured terms).
     pub overshoot_max_on_region_clocks: u64,
@@ -158,6 +165,8 @@ impl Report {
                 .iter()
                 .filter_map(|s| s.figures.bound_min_slack)
                 .min(),
+            windows_unbounded: per_seed.iter().map(|s| s.figures.windows_unbounded).sum(),
+            windows_cut_off: per_seed.iter().map(|s| s.figures.windows_cut_off).sum(),
             overshoot_max_on_region_clocks: per_seed
                 .iter()
                 .map(|s| s.figures.overshoot_max_on_region_clocks)
@@ -206,7 +215,7 @@ impl SeedReport {
         let o = &run.outcome;
         let windows = o.measure.windows();
         let mut checker = o.checker.clone();
-        for w in &windows {
+        for w in windows.iter().filter(|w| is_judged(w)) {
             let bound = w.bound_units.unwrap_or(0);
             if w.overshoot_units > bound {
                 checker.record(
@@ -244,8 +253,11 @@ impl SeedReport {
             overshoot_max: windows.iter().map(|w| w.overshoot_units).max().unwrap_or(0),
             bound_min_slack: windows
                 .iter()
+                .filter(|w| is_judged(w))
                 .map(|w| w.bound_units.unwrap_or(0) as i64 - w.overshoot_units as i64)
                 .min(),
+            windows_unbounded: windows.iter().filter(|w| w.unbounded).count() as u64,
+            windows_cut_off: windows.iter().filter(|w| w.cut_off).count() as u64,
             overshoot_max_on_region_clocks: windows
                 .iter()
                 .map(region_clock_overshoot)
@@ -253,6 +265,7 @@ impl SeedReport {
                 .unwrap_or(0),
             bound_min_slack_on_region_clocks: windows
                 .iter()
+                .filter(|w| is_judged(w))
                 .map(|w| {
                     let bound = w.bound.as_ref().map_or(0, |b| b.without_skew_units());
                     bound as i64 - region_clock_overshoot(w) as i64
@@ -334,6 +347,11 @@ fn convergence(scenario: &Scenario, o: &RunOutcome) -> Vec<Convergence> {
             }
         })
         .collect()
+}
+
+/// A window with a bound, and whose statements had time to arrive before the run ended.
+fn is_judged(w: &WindowReport) -> bool {
+    !w.unbounded && !w.cut_off
 }
 
 /// Admitted above the quota per window index on the regions' own clocks.

@@ -32,7 +32,8 @@ pub struct Bugs {
 #[derive(Clone, Debug, Default)]
 pub struct TestFactory {
     pub bugs: Bugs,
-    /// Reported as the bound of every limit, in units (`None`: no bound reported).
+    /// Reported as the bound of every limit, in units (`None`: a bound of 0, as a coordinator
+    /// that claims exactness would state).
     pub bound_units: Option<u64>,
     pub failure_mode: FailureMode,
 }
@@ -301,23 +302,23 @@ impl CoordinatorNode for TestCoordinator {
     fn handle_timeout(&mut self, _now: Timestamp) {}
 
     fn observe(&self, now: Timestamp, out: &mut CoordinatorObservation) {
-        if let Some(units) = self.bound_units {
-            out.bounds = self
-                .limits
-                .iter()
-                .map(|l| {
-                    let bound = Bound {
-                        terms: vec![BoundTerm {
-                            name: "test".to_string(),
-                            units,
-                            measured_units: None,
-                        }],
-                        total_units: units,
-                    };
-                    (l.id.clone(), l.window.index(now), bound)
-                })
-                .collect();
-        }
+        let units = self.bound_units.unwrap_or(0);
+        out.bounds = self
+            .limits
+            .iter()
+            .map(|l| {
+                let bound = Bound {
+                    terms: vec![BoundTerm {
+                        name: "test".to_string(),
+                        units,
+                        measured_units: None,
+                    }],
+                    total_units: units,
+                    unbounded: false,
+                };
+                (l.id.clone(), l.window.index(now), bound)
+            })
+            .collect();
     }
 
     fn table_allowance(&self, _counter: &CounterRef, _region: &RegionId) -> Option<u64> {

@@ -89,3 +89,295 @@ fn quiet_windows_deny_nothing_up_to_their_last_millisecond() {
         assert_eq!(w.denials, 0, "window at {} ms", w.start_ms);
     }
 }
+
+fn parsed(name: &str, yaml: &str) -> Scenario {
+    scenario::parse(name, yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Seeds of the slow tier (`ALLOT_SLOW_TESTS=1`, which `.ci/run` sets) for a regression
+/// scenario, and fewer for the two whose runs are long (20 s and 50 s of thousands of requests
+/// a second).
+const SLOW_SEEDS: std::ops::Range<u64> = 0..1_000;
+const SLOW_SEEDS_LONG_RUNS: std::ops::Range<u64> = 0..200;
+
+/// Runs a regression scenario on `fast` seeds. In the slow tier it also runs the scenario's
+/// Poisson variant on `slow` seeds, which must hold: the scenarios are written with uniform
+/// arrivals, which make every seed the same run, so only the variant explores.
+fn run_tiers(
+    name: &str,
+    yaml: &str,
+    fast: std::ops::Range<u64>,
+    slow: std::ops::Range<u64>,
+) -> Report {
+    if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
+        let poisson = parsed(
+            name,
+            &yaml.replace("arrivals: uniform", "arrivals: poisson"),
+        );
+        assert_no_violation(&run(&poisson, slow));
+    }
+    run(&parsed(name, yaml), fast)
+}
+
+fn assert_no_violation(r: &Report) {
+    assert_eq!(
+        r.figures.violations,
+        0,
+        "{:?}",
+        r.failing_seeds().next().map(|s| &s.violation_details)
+    );
+}
+
+/// Strict, closed policy, 1 s windows, L = 200 split 100/100; region a's clock 3 s ahead.
+const CLOSED_AHEAD: &str = r#"
+name: closed-ahead
+duration: 8s
+regions:
+  - {id: a, weight: 0.5, latency: 5ms, clock: {offset: 3s}}
+  - {id: b, weight: 0.5, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 200}
+      allot:
+        partition_policy: closed
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 400}, arrivals: uniform}
+  - {region: b, limit: api/t, key: t=1, rate: {constant_per_sec: 400}, arrivals: uniform}
+"#;
+
+/// Issue 8, mechanism 1: a's up-link is cut right after its first SyncUp, which carries no
+/// clock sample yet. The leader assumed one window of clock uncertainty and reclaimed a's
+/// floor from window 3 on its clock, while a (3 s ahead) had spent its default share in its
+/// own window 3 (true 0-1 s); b was grown into it: 300 admitted against L = 200 per window
+/// index on the regions' clocks (2 violations, 300 and 201). Fixed: without a clock sample
+/// nothing is reclaimed.
+#[test]
+fn a_closed_floor_is_not_reclaimed_from_a_region_whose_clock_is_unknown() {
+    let r = run_tiers(
+        "closed-ahead-cut.yaml",
+        &format!(
+            "{CLOSED_AHEAD}faults:\n  - partition: {{region: a, direction: up, start: 20ms, \
+             end: 8s}}\n"
+        ),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
+}
+
+/// Mechanism 1 across a leader change: a is heard (with clock samples) until 2 s, then the
+/// leader is lost for 200 ms and a's up-link stays cut. The new leader, which never hears a,
+/// had no sample for it and reclaimed its floor from window 5, which a (3 s ahead) had spent
+/// at true 2-3 s: 300 against L = 200 in window index 5 (1 violation). Fixed as above: a
+/// new leader reclaims nothing from a region it has no clock sample of.
+#[test]
+fn a_new_leader_does_not_reclaim_the_floor_of_a_region_it_never_heard() {
+    let r = run_tiers(
+        "closed-ahead-failover.yaml",
+        &format!(
+            "{}faults:\n  - coordinator_outage: {{start: 2s, end: 2200ms}}\n  - partition: \
+             {{region: a, direction: up, start: 2s, end: 10s}}\n",
+            CLOSED_AHEAD.replace("duration: 8s", "duration: 10s")
+        ),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
+}
+
+/// Issue 8, mechanism 2: strict with a rate cap (100,000/s, burst 100), 4 s windows, L =
+/// 10,000 split 5,000/5,000. a's clock is 2.5 s ahead; a asks for 1,000/s (holding 4,000 a
+/// window), b for 30,000/s until 12.5 s. From 13.5 s (a's window 4 on its clock) a asks for
+/// 30,000/s, and with b idle it is granted all of window 4, 10,000, which it spends inside
+/// true window 3 [12 s, 16 s), where b spent its 5,000: 16,500 admitted. The skew term counted
+/// a at its window-3 allowance, 4,000 (bound 5,600, overshoot 6,500). Fixed: it counts the
+/// larger neighbouring window's allowance (bound 10,600).
+#[test]
+fn the_skew_term_counts_the_neighbouring_window_a_shifted_region_spends() {
+    let r = run_tiers(
+        "skew-neighbour.yaml",
+        r#"
+name: skew-neighbour
+duration: 20s
+regions:
+  - {id: a, weight: 0.5, latency: 5ms, clock: {offset: 2500ms}}
+  - {id: b, weight: 0.5, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 10000}
+      allot:
+        window: 4s
+        rate_cap: {rate: 100000/s, burst: 100}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 1000}, {at: 13500ms, per_sec: 30000}]}
+    arrivals: uniform
+  - region: b
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 30000}, {at: 12500ms, per_sec: 0}]}
+    arrivals: uniform
+"#,
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&r);
+    let w3 = &r.per_seed[0].windows[3];
+    assert!(w3.overshoot_units > 5_000, "the case is exercised: {w3:?}");
+}
+
+/// Windows (start in ms) reported unbounded in the first seed.
+fn unbounded_starts(r: &Report) -> Vec<u64> {
+    r.per_seed[0]
+        .windows
+        .iter()
+        .filter(|w| w.unbounded)
+        .map(|w| w.start_ms)
+        .collect()
+}
+
+/// Issue 8, mechanism 4, eventual mode under the floor policy: 10 s windows, L = 5,000 split
+/// 2,500/2,500, cap 1,000/s, view_ttl 250 ms. a fills its view of L by 15 s; the leader is lost
+/// from 16 s to 35 s and b, its view expired, spends its default unseen: 7,476 in window 1
+/// against the statements made before the outage (bound 1,070: 1 violation, and 1 more on
+/// the regions' clocks). Fixed: windows with no leader for part of them (1 and 2) are
+/// unbounded; the new leader's statements for window 3 count every region it has not heard
+/// yet as partitioned since the window's start.
+#[test]
+fn eventual_windows_without_a_leader_are_unbounded_not_bounded_by_what_was_stated() {
+    let r = run_tiers(
+        "eventual-outage.yaml",
+        r#"
+name: eventual-outage
+duration: 50s
+sync_interval: 100ms
+view_ttl: 250ms
+regions:
+  - {id: a, weight: 0.5, latency: 5ms}
+  - {id: b, weight: 0.5, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 5000}
+      allot:
+        window: 10s
+        consistency: eventual
+        partition_policy: floor
+        rate_cap: {rate: 1000/s, burst: 10}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 2000}, arrivals: uniform}
+  - region: b
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 5}, {at: 16s, per_sec: 2000}]}
+    arrivals: uniform
+faults:
+  - coordinator_outage: {start: 16s, end: 35s}
+"#,
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&r);
+    assert_eq!(unbounded_starts(&r), vec![10_000, 20_000]);
+    assert_eq!(r.figures.windows_unbounded, 2);
+    let w = &r.per_seed[0].windows;
+    assert!(w[1].overshoot_units > 2_000, "the case is exercised");
+    assert!(
+        w[3].bound_units.is_some() && !w[3].cut_off,
+        "the new leader's window is judged"
+    );
+}
+
+/// Issue 8, mechanism 4, strict mode under the open policy (100/s, burst 10): 1 s windows,
+/// L = 200, the leader lost from 2.5 s to 9.5 s. Both regions admit 176 a window while open:
+/// windows 3 and 4, older than the statistics kept when the new leader came, got no statement
+/// and were judged against a bound of 0, window 5 against a statement of 0 (6 violations: 3
+/// on the true clock, 3 on the regions' clocks).
+/// Fixed: windows 2 to 8, with no leader for part of them, are unbounded (counted, not
+/// judged); window 9, where the new leader started, counts both regions open from its start.
+#[test]
+fn strict_open_windows_without_a_leader_are_unbounded_and_counted() {
+    let r = run_tiers(
+        "open-outage.yaml",
+        r#"
+name: open-outage
+duration: 12s
+regions:
+  - {id: a, weight: 0.5, latency: 5ms}
+  - {id: b, weight: 0.5, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 200}
+      allot:
+        partition_policy: {open: {rate: 100/s, burst: 10}}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 300}, arrivals: uniform}
+  - {region: b, limit: api/t, key: t=1, rate: {constant_per_sec: 300}, arrivals: uniform}
+faults:
+  - coordinator_outage: {start: 2500ms, end: 9500ms}
+"#,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert_eq!(
+        unbounded_starts(&r),
+        (2..9).map(|i| i * 1_000).collect::<Vec<_>>()
+    );
+    assert_eq!(r.figures.windows_unbounded, 2 * 7);
+    let w9 = &r.per_seed[0].windows[9];
+    assert!(w9.overshoot_units > 0 && w9.bound_units >= Some(w9.overshoot_units));
+}
+
+/// The checker judged a run's last window before the statements covering it could arrive: a
+/// reservation of 10 units admitted at 4.8 s of a 5 s run settles at 500 units 150 ms later,
+/// and the region's report of that overage leaves with its next sync, after the run's end:
+/// 510 admitted against L = 100 with a bound of 30 (2 violations). Fixed: a window that ends,
+/// or that a settle raises, within the time a statement takes to arrive before the run's end
+/// is not judged, and is counted as cut off.
+#[test]
+fn the_run_s_end_cuts_off_windows_whose_statements_cannot_arrive_in_time() {
+    let r = run_tiers(
+        "settle-at-end.yaml",
+        r#"
+name: settle-at-end
+duration: 5s
+regions:
+  - {id: a, weight: 0.5, latency: 5ms}
+  - {id: b, weight: 0.5, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 100}
+      allot:
+        rate_cap: {rate: 1000/s, burst: 10}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 10}
+    arrivals: uniform
+    start: 4700ms
+    cost: {llm: {reserve_units: 10, actual: {constant_units: 500}, settle_after: 150ms}}
+"#,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert_eq!(r.figures.windows_cut_off, 2, "the last window of each seed");
+    assert_eq!(r.figures.windows_unbounded, 0);
+    let last = &r.per_seed[0].windows[4];
+    assert!(last.cut_off && last.overshoot_units > 400, "{last:?}");
+}

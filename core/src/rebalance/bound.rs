@@ -33,6 +33,11 @@ pub struct BoundInputs {
     pub view_ttl: Duration,
     /// Each region's allowance `a_j` (strict mode; per key, or the largest over keys).
     pub allowance_units: BTreeMap<RegionId, u64>,
+    /// Strict mode: per region, the allowances of the windows its clock may put inside the
+    /// judged one (the judged one excluded): those within [`skew_reach_windows`] of it, or
+    /// every window the table holds for the region, and twice its default, while its clock is
+    /// unknown. A region absent here counts at its allowance for the judged window.
+    pub neighbour_allowance_units: BTreeMap<RegionId, Vec<u64>>,
     /// Measured clock offsets and round trips (regions without a sample count as unknown).
     pub clock_offset_nanos: BTreeMap<RegionId, i64>,
     pub round_trip_nanos: BTreeMap<RegionId, u64>,
@@ -52,6 +57,7 @@ impl BoundInputs {
             regions,
             view_ttl,
             allowance_units: BTreeMap::new(),
+            neighbour_allowance_units: BTreeMap::new(),
             clock_offset_nanos: BTreeMap::new(),
             round_trip_nanos: BTreeMap::new(),
             peak_rate_units_per_sec: BTreeMap::new(),
@@ -78,7 +84,11 @@ pub struct Bound {
     pub limit: LimitId,
     pub window: WindowIndex,
     pub terms: Vec<BoundTerm>,
+    /// The sum of the terms; not a bound at all while `unbounded` is set.
     pub total_units: u64,
+    /// Set, with the reason, when no bound can be stated for the window (no leader watched
+    /// part of it): the window is unbounded, never bounded by 0 for lack of information.
+    pub unbounded: Option<String>,
 }
 
 /// The bound for `limit` in `window`. An unlimited or disabled limit admits everything by
@@ -99,7 +109,31 @@ pub fn bound(limit: &LimitSpec, window: WindowIndex, inputs: &BoundInputs) -> Bo
         window,
         terms,
         total_units,
+        unbounded: None,
     }
+}
+
+/// How many windows either side of the judged one a region's clock may put inside it, for a
+/// clock `uncertainty` (`|offset| + rtt / 2`): at least 1, `ceil(uncertainty / window)`
+/// beyond. `None` while the clock is unknown: any window may be.
+pub fn skew_reach_windows(uncertainty: Option<Duration>, window_len: Duration) -> Option<u64> {
+    let u = duration_nanos(uncertainty?);
+    Some(u.div_ceil(duration_nanos(window_len).max(1)).max(1))
+}
+
+/// What a region can spend inside the judged window from its other windows, given their
+/// allowances `held` (the judged one excluded): a true window of one window's length meets at
+/// most two of the region's windows. Within one window of uncertainty it meets the judged one
+/// and one neighbour (the larger of the two counts); beyond, possibly two others (the two
+/// largest in reach count).
+fn spendable_from_neighbours(held: &[u64], reach: Option<u64>) -> u64 {
+    let mut sorted = held.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let windows = if reach == Some(1) { 1 } else { 2 };
+    sorted
+        .iter()
+        .take(windows)
+        .fold(0, |sum: u64, a| sum.saturating_add(*a))
 }
 
 /// Units a rate admits over `time`: `ceil(units * time / per)`.
@@ -214,25 +248,49 @@ impl Ctx<'_> {
         }
     }
 
-    /// `sum_j min(a_j, cap * (|offset_j| + rtt_j / 2) + burst)`, or `a_j` without a cap or
-    /// without a clock sample yet.
+    /// `sum_j min(a_j(adjacent), cap * min(u_j, window) + burst)` with
+    /// `u_j = |offset_j| + rtt_j / 2`: a shifted region spends its neighbouring windows'
+    /// allowances inside the judged one (docs/bound.md). Without a cap, all of those.
     fn skew(&self) -> BoundTerm {
         let mut total = 0u64;
-        let mut detail = String::from("sum_j min(a_j, cap*|offset_j| + burst): ");
+        let mut detail = String::from("sum_j min(a_j(adjacent), cap*|offset_j| + burst): ");
+        let window_len = match self.spec.quota {
+            Quota::Units { window, .. } => window.len(),
+            Quota::Unlimited => Duration::ZERO,
+        };
         for r in &self.inputs.regions {
-            let held = self.held_units(r);
             let uncertainty = self.inputs.clock_offset_nanos.get(r).map(|o| {
                 let rtt = self.inputs.round_trip_nanos.get(r).copied().unwrap_or(0);
-                Duration::from_nanos(o.unsigned_abs() + rtt / 2)
+                Duration::from_nanos(o.unsigned_abs().saturating_add(rtt / 2))
             });
+            let reach = skew_reach_windows(uncertainty, window_len);
+            let held = self.neighbour_held_units(r, reach);
             let units = match (self.spec.rate_cap, uncertainty) {
-                (Some(cap), Some(u)) => capped_units(&cap, u).min(held),
+                (Some(cap), Some(u)) => capped_units(&cap, u.min(window_len)).min(held),
                 _ => held,
             };
             total = total.saturating_add(units);
-            let _ = write!(detail, "{r}: a={held}, offset={uncertainty:?} -> {units}; ");
+            let _ = write!(
+                detail,
+                "{r}: a(adjacent)={held}, offset={uncertainty:?}, reach={reach:?} -> {units}; "
+            );
         }
         term("skew", total, detail)
+    }
+
+    /// What region j may spend inside the judged window from its other windows: in eventual
+    /// mode `L` for each window it may reach there; in strict mode their allowances.
+    fn neighbour_held_units(&self, region: &RegionId, reach: Option<u64>) -> u64 {
+        let held = if self.eventual_mode() {
+            vec![self.quota_units; 2]
+        } else {
+            self.inputs
+                .neighbour_allowance_units
+                .get(region)
+                .cloned()
+                .unwrap_or_else(|| vec![self.held_units(region)])
+        };
+        spendable_from_neighbours(&held, reach)
     }
 
     fn fail_open(&self) -> BoundTerm {

@@ -25,7 +25,7 @@ use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
-use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound};
+use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound, skew_reach_windows};
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
 use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, RegionView};
@@ -34,6 +34,10 @@ use crate::sync::{
     MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
+
+/// Most windows either side of the judged one whose allowances the skew term reads for a
+/// region with a clock sample; a clock further off reads as unknown (every window counts).
+pub const MAX_SKEW_REACH_WINDOWS: u64 = 64;
 
 /// Most commands one `poll_proposals` returns; the rest waits for the next round.
 pub const MAX_PROPOSALS_PER_POLL: usize = 1024;
@@ -199,6 +203,7 @@ impl Coordinator {
         // own send time, which is before now, so hearing it "now" is never optimistic.
         view.last_heard = view.last_heard.max(now);
         view.heard = true;
+        view.first_heard_at.get_or_insert(now);
         if newer {
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
@@ -423,11 +428,13 @@ impl Coordinator {
 
     /// When `region`, silent since it was last heard, has certainly closed itself: `view_ttl`
     /// after its last contact on its own clock, plus the drift margin, plus how far its clock
-    /// may be from ours (all of it when we have no sample yet).
-    fn reclaim_deadline(&self, region: &RegionId, window: Window) -> Timestamp {
+    /// may be from ours. `None` without a clock sample: its clock may be any number of windows
+    /// away, so nothing is reclaimed (a new leader learns the sample from the region's next
+    /// SyncUp, which carries its latest one).
+    fn reclaim_deadline(&self, region: &RegionId) -> Option<Timestamp> {
         let view = self.region_view(region);
-        let uncertainty = view.clock_uncertainty().unwrap_or(window.len());
-        view.last_heard + self.cfg.view_ttl + self.cfg.drift_margin + uncertainty
+        let uncertainty = view.clock_uncertainty()?;
+        Some(view.last_heard + self.cfg.view_ttl + self.cfg.drift_margin + uncertainty)
     }
 
     fn propose_reclaims(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
@@ -442,13 +449,13 @@ impl Coordinator {
                 let starting =
                     self.is_in_flight(&ProposalKey::StartReclaim(limit.clone(), r.clone()));
                 let ending = self.is_in_flight(&ProposalKey::EndReclaim(limit.clone(), r.clone()));
-                let deadline = self.reclaim_deadline(region, window);
+                let deadline = self.reclaim_deadline(region).filter(|d| now >= *d);
                 let active = self.table.reclaim(&spec.id, region).is_some();
                 // A start still in flight commits before an end proposed now (log order): if
                 // the region is back, end it too, so that both commit before its answer (the
                 // driver commits everything polled before answering). Should the start be
                 // abandoned instead, the table refuses the end and nothing changes.
-                if !active && !starting && now >= deadline {
+                if let (false, false, Some(deadline)) = (active, starting, deadline) {
                     out.push(TableCommand::Reclaim {
                         limit: spec.id.clone(),
                         region: region.clone(),
@@ -808,18 +815,33 @@ impl Coordinator {
     }
 
     /// The bound of `limit` for `window` (every key: see [`Coordinator::bound_inputs`]), from
-    /// the leader's views and what the regions reported. `None` for an unknown limit.
+    /// the leader's views and what the regions reported. `None` for an unknown limit. A window
+    /// that ended before this leader started is stated unbounded: this leader did not watch
+    /// it (an earlier one may have, and bounded it; docs/bound.md), and only the terms the
+    /// regions still report are known to it.
     pub fn bound(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> Option<Bound> {
         let spec = self.table.limit(limit)?;
         let inputs = self.bound_inputs(now, limit, window, None);
-        Some(bound(spec, window, &inputs))
+        let mut b = bound(spec, window, &inputs);
+        if let Some(w) = self.finite_window(limit)
+            && w.end(window) <= self.started_at
+        {
+            b.unbounded = Some(format!(
+                "the window ended before this leader started (at {:?})",
+                self.started_at
+            ));
+        }
+        Some(b)
     }
 
     /// Measurements for [`crate::rebalance::bound::bound`]: from the leader, allowances (per
-    /// key if `key` is given, else the largest over keys), clock uncertainties, partitioned
-    /// regions and their last seen use; from the regions' reports, time open, settle overage
-    /// and peak grant rates. A region silent under the open policy may be admitting right now:
-    /// its time open also counts from its last report on (`live_time_open`).
+    /// key if `key` is given, else the largest over keys) of the window and of those a
+    /// region's clock may put inside it, clock uncertainties, partitioned regions and their
+    /// last seen use; from the regions' reports, time open, settle overage and peak grant
+    /// rates. A region silent under the open policy may be admitting right now: its time open
+    /// also counts from its last report on (`live_time_open`). A region this leader first
+    /// heard after the window started may have been partitioned, and open, from the window's
+    /// start until then: it counts as partitioned (last seen use 0) for the window.
     pub fn bound_inputs(
         &self,
         now: Timestamp,
@@ -840,9 +862,16 @@ impl Coordinator {
             inputs
                 .allowance_units
                 .insert(r.clone(), self.largest_allowance(limit, window, key, r));
-            // Silent, or heard but admitting by its partition policy (its answers are lost):
-            // either way the others do not see what it may still admit up to its floor.
-            if self.is_silent(r, now) || view.view_expired {
+            inputs.neighbour_allowance_units.insert(
+                r.clone(),
+                self.neighbour_allowances(limit, window, key, r, &view),
+            );
+            if self.unheard_in(limit, window, &view) {
+                inputs.partitioned.insert(r.clone(), 0);
+            } else if self.is_silent(r, now) || view.view_expired {
+                // Silent, or heard but admitting by its partition policy (its answers are
+                // lost): either way the others do not see what it may still admit up to its
+                // floor.
                 let last_seen = key.map_or(0, |k| {
                     let c = CounterRef {
                         limit: limit.clone(),
@@ -856,6 +885,65 @@ impl Coordinator {
             self.add_region_stats(now, limit, window, r, &mut inputs);
         }
         inputs
+    }
+
+    /// The window started before this leader first heard the region: what it did from the
+    /// window's start until then is unknown here.
+    fn unheard_in(&self, limit: &LimitId, window: WindowIndex, view: &RegionView) -> bool {
+        let Some(w) = self.finite_window(limit) else {
+            return false;
+        };
+        view.first_heard_at.is_none_or(|h| w.start(window) < h)
+    }
+
+    /// The allowances of the windows `region`'s clock may put inside `window` (docs/bound.md,
+    /// skew): those within its reach either side, or, with its clock unknown, every window the
+    /// table holds for it and its default twice (any two windows may be the ones).
+    fn neighbour_allowances(
+        &self,
+        limit: &LimitId,
+        window: WindowIndex,
+        key: Option<&KeyId>,
+        region: &RegionId,
+        view: &RegionView,
+    ) -> Vec<u64> {
+        let Some(w) = self.finite_window(limit) else {
+            return Vec::new();
+        };
+        let allowance = |i: u64| self.largest_allowance(limit, WindowIndex(i), key, region);
+        let reach = skew_reach_windows(view.clock_uncertainty(), w.len())
+            .filter(|r| *r <= MAX_SKEW_REACH_WINDOWS);
+        match reach {
+            Some(reach) => {
+                let below = window.0.saturating_sub(reach)..window.0;
+                let above = window.0.saturating_add(1)..=window.0.saturating_add(reach);
+                below.chain(above).map(allowance).collect()
+            }
+            None => {
+                let any_key = CounterRef {
+                    limit: limit.clone(),
+                    key: key.cloned().unwrap_or_else(|| KeyId::from("")),
+                    window,
+                };
+                let default = self.table.default_allowance(&any_key, region);
+                // Per window, the largest over keys (one key's windows are what a clock moves).
+                let mut by_window: BTreeMap<WindowIndex, u64> = BTreeMap::new();
+                let rows = self
+                    .table
+                    .counters()
+                    .filter(|(c, _)| &c.limit == limit && c.window != window)
+                    .filter(|(c, _)| key.is_none_or(|k| &c.key == k));
+                for (c, rows) in rows {
+                    if let Some(row) = rows.get(region) {
+                        let slot = by_window.entry(c.window).or_default();
+                        *slot = (*slot).max(row.allowance_units);
+                    }
+                }
+                let mut held: Vec<u64> = by_window.into_values().collect();
+                held.extend([default, default]);
+                held
+            }
+        }
     }
 
     fn add_region_stats(
@@ -887,9 +975,10 @@ impl Coordinator {
         }
     }
 
-    /// Time a region silent under the open policy may have been open in `window` since its
-    /// last report: from when we last heard it, less its round trip (a bound on the delay of
-    /// that report, as docs/bound.md assumes; the view TTL before any sample), up to now.
+    /// Time a region may have been open in `window` (open policy) that it has not reported:
+    /// while silent, since we last heard it less its round trip (a bound on the delay of that
+    /// report, as docs/bound.md assumes; the view TTL before any sample), up to now; and from
+    /// the window's start until this leader first heard it (before that, nothing is known).
     fn live_time_open(
         &self,
         now: Timestamp,
@@ -904,16 +993,18 @@ impl Coordinator {
         let Some(w) = self.finite_window(limit).filter(|_| open) else {
             return Duration::ZERO;
         };
-        if !self.is_silent(region, now) {
-            return Duration::ZERO;
-        }
         let view = self.region_view(region);
+        let to = now.min(w.end(window));
+        let unknown_until = view.first_heard_at.map_or(to, |h| h.min(to));
+        let unknown = unknown_until.saturating_duration_since(w.start(window));
+        if view.first_heard_at.is_none() || !self.is_silent(region, now) {
+            return unknown;
+        }
         let delay = view.clock.map_or(self.cfg.view_ttl, |c| {
             Duration::from_nanos(c.round_trip_nanos)
         });
         let from = (view.last_heard - delay).max(w.start(window));
-        let to = now.min(w.end(window));
-        to.saturating_duration_since(from)
+        unknown + to.saturating_duration_since(from)
     }
 
     fn largest_allowance(

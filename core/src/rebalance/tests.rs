@@ -431,9 +431,11 @@ fn with_policy(policy: PartitionPolicy) -> LimitSpec {
     }
 }
 
-/// b is heard once at 1 s (with a clock sample: offset 0, rtt 0), then falls silent.
+/// b is heard as the window starts, and at 1 s (with a clock sample: offset 0, rtt 0), then
+/// falls silent.
 fn silent_b(policy: PartitionPolicy) -> World {
     let mut w = world(&with_policy(policy));
+    w.up("b", at_ms(0));
     let mut msg = w.b.poll_transmit(at_ms(1_000));
     msg.clock = Some(ClockSample {
         offset_nanos: 0,
@@ -476,6 +478,91 @@ fn closed_policy_reclaims_a_silent_floor_only_for_windows_starting_after_the_dea
     );
     assert_eq!(t.allowance(&counter(101), &b), 0);
     assert_eq!(t.free_units(&counter(101)), 50);
+}
+
+/// b sends one SyncUp at `heard_ms` carrying `clock` (`None`: the first SyncUp of a region,
+/// or the first a new leader hears, before any answer), then falls silent; the limit has 1 s
+/// windows and the closed policy. Returns the window the leader first reclaims b's floor
+/// from, polling every 10 ms up to `until_ms`.
+fn first_reclaim(clock: Option<ClockSample>, heard_ms: u64, until_ms: u64) -> Option<WindowIndex> {
+    let spec = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..LimitSpec::simple("l", 100, Duration::from_secs(1))
+    };
+    let mut w = world(&spec);
+    let mut msg = w.b.poll_transmit(at_ms(heard_ms));
+    msg.clock = clock;
+    w.coord.handle_sync_up(at_ms(heard_ms), msg).unwrap();
+    (heard_ms..=until_ms).step_by(10).find_map(|t| {
+        w.coord
+            .poll_proposals(at_ms(t))
+            .into_iter()
+            .find_map(|c| match c {
+                TableCommand::Reclaim { from_window, .. } => Some(from_window),
+                _ => None,
+            })
+    })
+}
+
+/// Without a clock sample the region's clock may be any number of windows away: nothing is
+/// reclaimed, however long it stays silent (before, one window of uncertainty was assumed, and
+/// a region 3 s ahead with 1 s windows had its floor reclaimed in windows it had spent).
+#[test]
+fn no_floor_is_reclaimed_without_a_clock_sample() {
+    assert_eq!(first_reclaim(None, 1_000, 120_000), None);
+    let sample = ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: 0,
+    };
+    assert!(first_reclaim(Some(sample), 1_000, 120_000).is_some());
+}
+
+/// A new leader knows no region's clock until it hears the region (every SyncUp carries the
+/// region's latest sample): a region silent since before the leader started keeps its floor.
+#[test]
+fn a_new_leader_reclaims_nothing_from_a_region_it_never_heard() {
+    let spec = with_policy(PartitionPolicy::Closed);
+    let mut coord = Coordinator::new(config(), table_with(&spec), at_ms(0));
+    for t in (0..600_000).step_by(1_000) {
+        assert!(
+            reclaims(&coord.poll_proposals(at_ms(t))).is_empty(),
+            "at {t} ms"
+        );
+    }
+}
+
+/// The reclaim rule against clock offsets of several windows, both signs: the first window
+/// reclaimed is always after the last one the region may still admit in by its own clock. The
+/// region's true offset is anywhere within the sample's error (half the round trip), its
+/// SyncUp was sent when it arrived (no delay: the latest contact possible), and it admits
+/// until `view_ttl` after that contact on its own clock.
+#[test]
+fn the_reclaim_rule_holds_for_offsets_of_several_windows_either_way() {
+    let ttl_ms = i64::try_from(config().view_ttl.as_millis()).unwrap();
+    let rtt_ms: i64 = 40;
+    let heard_ms: i64 = 10_300;
+    for offset_ms in [
+        -5_000, -3_000, -2_500, -1_000, -400, 0, 400, 1_000, 1_500, 3_000, 3_700, 5_000,
+    ] {
+        let sample = ClockSample {
+            offset_nanos: offset_ms * 1_000_000,
+            round_trip_nanos: u64::try_from(rtt_ms).unwrap() * 1_000_000,
+        };
+        let from = first_reclaim(Some(sample), 10_300, 60_000)
+            .unwrap_or_else(|| panic!("offset {offset_ms} ms: never reclaimed"));
+        for error_ms in [-rtt_ms / 2, 0, rtt_ms / 2] {
+            // The coordinator's clock minus the region's: the region reads `heard - offset`.
+            let true_offset_ms = offset_ms + error_ms;
+            let closes_local_ms =
+                i64::try_from(START_MS).unwrap() + heard_ms - true_offset_ms + ttl_ms;
+            let last_local_window = u64::try_from(closes_local_ms / 1_000).unwrap();
+            assert!(
+                from.0 > last_local_window,
+                "offset {offset_ms} ms (true {true_offset_ms}): reclaimed from {from:?}, the \
+                 region admits up to its window {last_local_window}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -817,6 +904,115 @@ fn strict_bound_is_skew_plus_measured_terms() {
     assert_eq!(b.total_units, 55);
 }
 
+/// A region whose clock is shifted spends, inside the judged window, its neighbouring
+/// window's allowance: the skew term takes the larger neighbour (within one window of
+/// uncertainty), not the judged window's allowance. L = 100 per 10 s; a holds 50 in the judged
+/// window and 100 in the next; offset 2 s, cap 100/s burst 5: min(100, 200 + 5) = 100.
+#[test]
+fn the_skew_term_takes_the_neighbouring_window_s_allowance() {
+    let cap = RateCap {
+        units: 100,
+        per: Duration::from_secs(1),
+        burst: 5,
+    };
+    let spec = LimitSpec {
+        rate_cap: Some(cap),
+        ..spec()
+    };
+    let a = RegionId::from("a");
+    let mut inputs = BoundInputs::new(vec![a.clone()], Duration::from_secs(2));
+    inputs.allowance_units.insert(a.clone(), 50);
+    inputs
+        .neighbour_allowance_units
+        .insert(a.clone(), vec![0, 100]);
+    inputs.clock_offset_nanos.insert(a.clone(), 2_000_000_000);
+    inputs.round_trip_nanos.insert(a.clone(), 0);
+    assert_eq!(
+        term(&bound(&spec, WindowIndex(100), &inputs), "skew").units,
+        100
+    );
+    // 25 s off (reach 3 windows): a true window may meet two of the region's other windows,
+    // the two largest count; the cap over at most one window's length (100 * 10 + 5).
+    inputs.clock_offset_nanos.insert(a.clone(), 25_000_000_000);
+    inputs
+        .neighbour_allowance_units
+        .insert(a.clone(), vec![50, 0, 100, 100, 50, 80]);
+    assert_eq!(
+        term(&bound(&spec, WindowIndex(100), &inputs), "skew").units,
+        200
+    );
+}
+
+/// The leader hands the skew term the allowances of every window within the region's reach.
+#[test]
+fn the_leader_reads_the_allowances_of_the_windows_a_clock_reaches() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    let b = RegionId::from("b");
+    let mut msg = w.b.poll_transmit(at_ms(0));
+    // 25 s ahead of the leader with 10 s windows: three windows either side.
+    msg.clock = Some(ClockSample {
+        offset_nanos: -25_000_000_000,
+        round_trip_nanos: 0,
+    });
+    w.coord.handle_sync_up(at_ms(0), msg).unwrap();
+    let inputs = w.coord.bound_inputs(at_ms(0), &l, WindowIndex(100), None);
+    assert_eq!(inputs.neighbour_allowance_units.get(&b), Some(&vec![50; 6]));
+    // a was never heard: its clock is unknown, any two windows may be the ones.
+    let a = RegionId::from("a");
+    assert_eq!(
+        inputs.neighbour_allowance_units.get(&a),
+        Some(&vec![50, 50])
+    );
+}
+
+/// A window that ended before the leader started is unbounded; in the window it starts in,
+/// a region it has not heard yet counts as partitioned (last seen 0), and open from the
+/// window's start.
+#[test]
+fn a_new_leader_is_conservative_about_what_it_did_not_see() {
+    let open = PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    };
+    let spec = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..with_policy(PartitionPolicy::Floor)
+    };
+    let l = LimitId::from("l");
+    // Started at 4 s into window 100.
+    let mut w = world(&spec);
+    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000));
+    let before = w.coord.bound(at_ms(4_000), &l, WindowIndex(99)).unwrap();
+    assert!(before.unbounded.is_some());
+    let now = w.coord.bound(at_ms(4_000), &l, WindowIndex(100)).unwrap();
+    assert!(now.unbounded.is_none());
+    assert_eq!(term(&now, "partition_floor").units, 50 + 50);
+    w.up("a", at_ms(4_100));
+    w.up("b", at_ms(4_100));
+    // Heard now, but not for the window's first 4.1 s: still partitioned in window 100, not
+    // in window 101.
+    let inputs = w
+        .coord
+        .bound_inputs(at_ms(4_200), &l, WindowIndex(100), None);
+    assert_eq!(inputs.partitioned.len(), 2);
+    let next = w
+        .coord
+        .bound_inputs(at_ms(4_200), &l, WindowIndex(101), None);
+    assert!(next.partitioned.is_empty());
+    // Open policy: time open from the window's start until heard (4.1 s): 2 * 4.1 + 3 = 12.
+    let spec = with_policy(open);
+    let mut w = world(&spec);
+    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000));
+    w.up("a", at_ms(4_100));
+    let b = w.coord.bound(at_ms(4_200), &l, WindowIndex(100)).unwrap();
+    // a: 4.1 s -> ceil(8.2) + 3 = 12; b, never heard: 4.2 s -> ceil(8.4) + 3 = 12.
+    assert_eq!(term(&b, "fail_open").units, 12 + 12);
+}
+
 #[test]
 fn eventual_bound_counts_view_lag_and_partitioned_floors() {
     // L = 100, defaults 50/50, cap 10/s burst 5, view_ttl 2 s. Clock samples: offset 0,
@@ -848,7 +1044,8 @@ fn eventual_bound_counts_view_lag_and_partitioned_floors() {
 #[test]
 fn an_uncapped_eventual_limit_is_bounded_by_l_per_region() {
     // No rate cap: each region's unseen admissions are at most L = 100 (its own use counts
-    // live against L), so eventual = 2 * 100; skew without a cap is each region's all, 2 * L.
+    // live against L), so eventual = 2 * 100. Skew without a cap or a clock sample: any two
+    // of a region's windows may fall inside the judged one, 2 * L each, 4 * L in all.
     let eventual = LimitSpec {
         consistency: Consistency::Eventual,
         ..spec()
@@ -856,7 +1053,7 @@ fn an_uncapped_eventual_limit_is_bounded_by_l_per_region() {
     let inputs = BoundInputs::new(regions(), Duration::from_secs(2));
     let b = bound(&eventual, WindowIndex(100), &inputs);
     assert_eq!(term(&b, "eventual").units, 200);
-    assert_eq!(term(&b, "skew").units, 200);
+    assert_eq!(term(&b, "skew").units, 400);
 }
 
 #[test]
@@ -888,6 +1085,7 @@ fn fail_open_and_deferred_flush_terms_grow_with_their_durations() {
 #[test]
 fn the_leader_reports_its_measurements_for_the_bound() {
     let mut w = silent_b(PartitionPolicy::Floor);
+    w.up("a", at_ms(0));
     let inputs = w
         .coord
         .bound_inputs(at_ms(1_000), &LimitId::from("l"), WindowIndex(100), None);
@@ -920,6 +1118,9 @@ fn a_heard_region_with_an_expired_view_counts_as_partitioned() {
             .into_keys()
             .collect::<Vec<_>>()
     };
+    // Both heard as the window starts (before that, this leader knows nothing of them).
+    w.up("a", at_ms(0));
+    w.up("b", at_ms(0));
     w.up("a", at_ms(100));
     let mut msg = w.region("b").poll_transmit(at_ms(100));
     msg.view_expired = true;
@@ -1013,7 +1214,7 @@ fn time_open_grows_live_while_an_open_region_is_silent() {
     let mut w = silent_b(open);
     let l = LimitId::from("l");
     // a stays in contact (a region this leader has not heard for view_ttl counts as silent).
-    for t in [1_000, 2_000, 3_000] {
+    for t in [0, 1_000, 2_000, 3_000] {
         w.up("a", at_ms(t));
     }
     let before = w.coord.bound(at_ms(2_000), &l, WindowIndex(100)).unwrap();

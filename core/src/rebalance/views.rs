@@ -19,6 +19,9 @@ pub(crate) struct RegionView {
     pub last_heard: Timestamp,
     /// Heard at least once by this leader.
     pub heard: bool,
+    /// When this leader first heard the region (its clock): what the region did before is
+    /// unknown to it.
+    pub first_heard_at: Option<Timestamp>,
     pub last_seq: Option<u64>,
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
@@ -33,6 +36,7 @@ impl RegionView {
         RegionView {
             last_heard: now,
             heard: false,
+            first_heard_at: None,
             last_seq: None,
             last_received_at: now,
             clock: None,

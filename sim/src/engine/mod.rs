@@ -646,6 +646,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 Ok(())
             }
             Event::CoordinatorDown => {
+                if self.spec.policy == Policy::Rebalancing {
+                    self.measure.leaderless(self.now);
+                }
                 let c = &mut self.coordinator;
                 c.node = None;
                 c.term += 1;
@@ -910,8 +913,14 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     fn settle(&mut self, s: PendingSettle) -> Result<()> {
         let (key, region) = (self.sources[s.source].key, self.sources[s.source].region);
         // The tokens were used whatever happens to the settle: measure what was consumed.
-        self.measure
-            .settled(key, region, s.admitted_at, s.reserved_units, s.actual_units);
+        self.measure.settled(
+            key,
+            region,
+            s.admitted_at,
+            s.reserved_units,
+            s.actual_units,
+            self.now,
+        );
         let local = self.regions[region].clock.local(self.now);
         let rt = &mut self.regions[region].gateways[s.gateway];
         let incarnation = rt.incarnation;
@@ -1233,8 +1242,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             node.observe(self.now, &mut obs);
             self.checker.coordinator(at_ms, &obs);
             for (limit, window, bound) in &obs.bounds {
-                self.measure.bound_sample(limit, *window, bound);
+                self.measure.bound_sample(limit, *window, bound, self.now);
             }
+        } else if judge {
+            self.measure.leaderless(self.now);
         }
         if judge {
             self.judge_allocation(&allowances);
