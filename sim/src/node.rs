@@ -45,6 +45,8 @@ pub struct CoordinatorSetup<'a> {
     pub scenario: &'a Scenario,
     pub policy: Policy,
     pub seed: u64,
+    /// Larger for every new leader (the engine counts leader losses).
+    pub leader_term: u64,
 }
 
 /// Builds the machines of one run. Shared by the threads that run seeds in parallel.

@@ -89,3 +89,102 @@ fn quiet_windows_deny_nothing_up_to_their_last_millisecond() {
         assert_eq!(w.denials, 0, "window at {} ms", w.start_ms);
     }
 }
+
+/// Overshoot of the worst window of a run, over all its seeds.
+fn overshoot_max(r: &Report) -> u64 {
+    r.per_seed
+        .iter()
+        .flat_map(|s| &s.windows)
+        .map(|w| w.overshoot_units)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Eventual mode, one busy region and two idle ones: the idle ones never admitted, so their
+/// entries stayed "acknowledged" at zero and were never sent; the busy region counted them at
+/// their default shares for ever and got the static split's utilization.
+const ONE_BUSY_TWO_IDLE: &str = r#"
+name: one-busy-two-idle
+duration: 30s
+sync_interval: 250ms
+view_ttl: 1s
+lease: {initial_units: 5, max_units: 50, ttl: 2s}
+regions:
+  - {id: a, weight: 0.34, latency: 10ms, gateways: 1}
+  - {id: b, weight: 0.33, latency: 10ms, gateways: 1}
+  - {id: c, weight: 0.33, latency: 10ms, gateways: 1}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 900}
+      allot: {window: 10s, consistency: eventual}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 200}, arrivals: uniform}
+"#;
+
+/// Mechanism 8 of issue 8: before the fix this scenario's windows had utilization 0.34 (region
+/// a held to its own default share, 306 of 900 units) where strict mode got 1.0 on the same
+/// traffic; 1.0 after. Fixed by every region reporting a zero entry for each counter it
+/// learns of from the coordinator, so the others count it as heard at 0 (D6).
+#[test]
+fn eventual_mode_uses_idle_regions_shares() {
+    let eventual = scenario::parse("one-busy-two-idle.yaml", ONE_BUSY_TWO_IDLE).unwrap();
+    let strict = scenario::parse(
+        "one-busy-two-idle-strict.yaml",
+        &ONE_BUSY_TWO_IDLE.replace("consistency: eventual", "consistency: strict"),
+    )
+    .unwrap();
+    let e = run(&eventual, 0..2);
+    let s = run(&strict, 0..2);
+    assert_eq!(e.figures.violations, 0, "{:?}", e.failing_seeds().next());
+    let (eu, su) = (
+        e.figures.utilization_min.unwrap(),
+        s.figures.utilization_min.unwrap(),
+    );
+    assert!(eu >= su - 0.1, "eventual {eu} against strict {su}");
+}
+
+/// Eventual mode: region b spends well past its default share early in the window and goes
+/// idle; the leader changes (its counter views are soft state); then region c restarts (its
+/// view of the others is memory only) and gets busy.
+const SPENT_THEN_LEADER_CHANGE: &str = r#"
+name: spent-then-leader-change
+duration: 10s
+sync_interval: 250ms
+view_ttl: 1s
+lease: {initial_units: 5, max_units: 20, ttl: 1s}
+regions:
+  - {id: a, weight: 0.45, latency: 10ms, gateways: 1}
+  - {id: b, weight: 0.1, latency: 10ms, gateways: 1}
+  - {id: c, weight: 0.45, latency: 10ms, gateways: 1}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 1000}
+      allot: {window: 10s, consistency: eventual}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 5}, arrivals: uniform}
+  - {region: b, limit: api/t, key: t=1, rate: {constant_per_sec: 150}, arrivals: uniform, end: 3s}
+  - {region: c, limit: api/t, key: t=1, rate: {constant_per_sec: 5}, arrivals: uniform, end: 5s}
+  - {region: c, limit: api/t, key: t=1, rate: {constant_per_sec: 300}, arrivals: uniform, start: 6s}
+faults:
+  - coordinator_outage: {start: 4s, end: 4500ms}
+  - agent_crash: {region: c, at: 5s, restart_after: 500ms}
+"#;
+
+/// Mechanism 3 of issue 8: before the fix the window admitted 311 units above L = 1,000 (both
+/// seeds; no violation, since without a rate cap the stated eventual term is far larger);
+/// 0 after. b's 450 units, confirmed by the old leader, were never resent, so the new leader
+/// did not know them and the restarted c counted b at its default share (100). Fixed by a
+/// leader term in every answer: a region that sees a new term resends everything it had
+/// confirmed.
+#[test]
+fn a_leader_change_keeps_what_an_idle_region_spent() {
+    let s = scenario::parse("spent-then-leader-change.yaml", SPENT_THEN_LEADER_CHANGE).unwrap();
+    let r = run(&s, 0..2);
+    assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
+    let over = overshoot_max(&r);
+    assert!(over <= 20, "overshoot {over} above L");
+}

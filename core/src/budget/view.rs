@@ -36,6 +36,15 @@ impl View {
             .is_none_or(|c| now.saturating_duration_since(c) > self.ttl)
     }
 
+    /// The oldest send time whose answer is still fresh at `now`: `now - ttl`.
+    pub fn fresh_since(&self, now: Timestamp) -> Timestamp {
+        Timestamp::from_unix_nanos(now.as_unix_nanos().saturating_sub(self.ttl_nanos()))
+    }
+
+    fn ttl_nanos(&self) -> u64 {
+        u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// The first instant at which the view is expired (while it is fresh).
     pub fn expires_at(&self) -> Option<Timestamp> {
         self.contact_at

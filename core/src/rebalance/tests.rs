@@ -78,7 +78,7 @@ struct World {
 
 fn world(spec: &LimitSpec) -> World {
     World {
-        coord: Coordinator::new(config(), table_with(spec), at_ms(0)),
+        coord: Coordinator::new(config(), table_with(spec), at_ms(0), 1),
         a: ModelRegion::new("a", &regions(), std::slice::from_ref(spec)),
         b: ModelRegion::new("b", &regions(), std::slice::from_ref(spec)),
     }
@@ -1185,7 +1185,7 @@ impl Sim {
             regions: ids.clone(),
         });
         Sim {
-            coord: Coordinator::new(config(), table, at_ms(0)),
+            coord: Coordinator::new(config(), table, at_ms(0), 1),
             regions: SIM_REGIONS
                 .iter()
                 .map(|r| {
@@ -1404,4 +1404,38 @@ fn demand_moves_quota_to_where_it_is_over_a_few_rounds() {
         sim.regions[1].allowance(&k) + sim.regions[2].allowance(&k),
         0
     );
+}
+
+// ---- restarts and leader changes ----------------------------------------------------------
+
+#[test]
+fn a_restart_from_an_old_copy_of_the_state_gets_every_grant_again() {
+    let mut w = hot_a_idle_b();
+    let now = at_ms(5_000);
+    w.up("a", now);
+    w.commit_all(now);
+    w.sync("b", now);
+    w.up("b", now);
+    w.commit_all(now);
+    let granted = w.sync("a", at_ms(5_100));
+    assert_eq!(granted.grants.len(), 1);
+    assert_eq!(granted.leader_term, 1);
+    assert!(w.sync("a", at_ms(5_350)).grants.is_empty(), "sent already");
+    // a starts again from a copy of its state older than the grant: a larger boot, an older
+    // seq. Its demand counts again at once and the grant goes again.
+    let mut up = w.a.poll_transmit(at_ms(5_600));
+    up.boot = 2;
+    up.seq = 1;
+    w.coord.handle_sync_up(at_ms(5_600), up).unwrap();
+    w.commit_all(at_ms(5_600));
+    let again = w.down("a", at_ms(5_600), 1);
+    assert_eq!(again.grants, granted.grants);
+    // The answer carries a's own entry too, for a to recover what its old copy lost.
+    let own: Vec<_> = again
+        .entries
+        .iter()
+        .filter(|e| e.region == RegionId::from("a"))
+        .map(|e| e.granted_units)
+        .collect();
+    assert_eq!(own, vec![40]);
 }

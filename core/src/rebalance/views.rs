@@ -19,6 +19,8 @@ pub(crate) struct RegionView {
     pub last_heard: Timestamp,
     /// Heard at least once by this leader.
     pub heard: bool,
+    /// `boot` and `seq` of the newest SyncUp: a message is newer when the pair is larger.
+    pub boot: u64,
     pub last_seq: Option<u64>,
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
@@ -33,6 +35,7 @@ impl RegionView {
         RegionView {
             last_heard: now,
             heard: false,
+            boot: 0,
             last_seq: None,
             last_received_at: now,
             clock: None,

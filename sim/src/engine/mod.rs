@@ -500,6 +500,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             scenario: self.scenario,
             policy: self.spec.policy,
             seed: derive_seed(self.spec.seed, 99),
+            leader_term: self.coordinator.term,
         }
     }
 
