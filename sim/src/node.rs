@@ -89,8 +89,9 @@ pub enum LeaseAnswer {
 /// `handle_sync_down`/`poll_timeout`/`handle_timeout` one to one, and `persist` to
 /// `drain_dirty`.
 pub trait RegionNode: Send {
-    /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts.
-    type Store: Default + Send;
+    /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts,
+    /// and copies it for a restart from an earlier copy (`agent_restore`).
+    type Store: Clone + Default + Send;
 
     fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer;
     fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease);
