@@ -12,7 +12,10 @@ use super::model::ModelRegion;
 use super::*;
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, RateCap, RegionWeights};
-use crate::sync::{BoundFigures, ClockSample, CounterRef, LimitWindowStats, ReleaseAck, SyncDown};
+use crate::sync::{
+    BoundFigures, ClockSample, CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE,
+    ReleaseAck, SyncDown, SyncUp,
+};
 use crate::time::{Timestamp, WindowIndex};
 
 const START_MS: u64 = 1_000_000;
@@ -1438,4 +1441,75 @@ fn a_restart_from_an_old_copy_of_the_state_gets_every_grant_again() {
         .map(|e| e.granted_units)
         .collect();
     assert_eq!(own, vec![40]);
+}
+
+/// A SyncUp from `region` with one entry of `granted` units per counter.
+fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> SyncUp {
+    SyncUp {
+        region: RegionId::from(region),
+        boot: 1,
+        seq,
+        sent_at: at_ms(0),
+        config_version: 1,
+        entries: counters
+            .iter()
+            .map(|c| CounterEntry {
+                counter: c.clone(),
+                region: RegionId::from(region),
+                granted_units: granted,
+                refunded_units: 0,
+            })
+            .collect(),
+        demand: Vec::new(),
+        release_acks: Vec::new(),
+        clock: None,
+        stats: Vec::new(),
+        view_expired: false,
+    }
+}
+
+#[test]
+fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
+    // 2,100 counters with entries from both regions: 4,200 entries, more than one answer holds.
+    let cfg = CoordinatorConfig {
+        max_tracked_counters: 4_000,
+        ..config()
+    };
+    let mut coord = Coordinator::new(cfg, table_with(&spec()), at_ms(0), 1);
+    let counters: Vec<CounterRef> = (0..2_100)
+        .map(|i| CounterRef {
+            key: KeyId::from(format!("k{i:04}").as_str()),
+            ..counter(100)
+        })
+        .collect();
+    coord
+        .handle_sync_up(at_ms(0), up_with("b", 1, &counters, 7))
+        .unwrap();
+    coord
+        .handle_sync_up(at_ms(0), up_with("a", 1, &counters, 3))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(0), &RegionId::from("a"), 1);
+    assert!(down.entries.len() <= MAX_ITEMS_PER_MESSAGE);
+    // Every counter in the answer has both regions' entries, a's own included.
+    let mut per_counter: BTreeMap<&CounterRef, Vec<&str>> = BTreeMap::new();
+    for e in &down.entries {
+        per_counter
+            .entry(&e.counter)
+            .or_default()
+            .push(e.region.as_str());
+    }
+    assert!(per_counter.values().all(|r| r == &["a", "b"]));
+    assert_eq!(per_counter.len(), MAX_ITEMS_PER_MESSAGE / 2);
+    // The next SyncUp carries only the last counter, which the round-robin has not reached:
+    // its entries lead the answer.
+    let last = &counters[2_099..];
+    coord
+        .handle_sync_up(at_ms(250), up_with("a", 2, last, 4))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(250), &RegionId::from("a"), 2);
+    assert_eq!(down.entries[0].counter, last[0]);
+    assert_eq!(
+        (down.entries[0].granted_units, down.entries[1].granted_units),
+        (4, 7)
+    );
 }
