@@ -224,8 +224,11 @@ faults:
 /// it merges by max.
 #[test]
 fn a_region_restored_from_an_old_store_recovers_what_it_admitted_since() {
-    let s = scenario::parse("restored-from-an-old-store.yaml", RESTORED_FROM_AN_OLD_STORE)
-        .unwrap();
+    let s = scenario::parse(
+        "restored-from-an-old-store.yaml",
+        RESTORED_FROM_AN_OLD_STORE,
+    )
+    .unwrap();
     let r = run(&s, 0..2);
     assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
     assert_eq!(overshoot_max(&r), 0);

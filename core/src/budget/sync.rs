@@ -705,8 +705,8 @@ fn report_key(
     let values = (ks.granted_units, ks.refunded_units);
     // Zero included: a counter this region learnt of from the coordinator, where it has not
     // admitted, gets a zero entry, so the others count it as heard at 0, not at its default.
-    let unconfirmed = !hot.entry_confirmed
-        || values != (hot.acked_granted_units, hot.acked_refunded_units);
+    let unconfirmed =
+        !hot.entry_confirmed || values != (hot.acked_granted_units, hot.acked_refunded_units);
     if unconfirmed {
         up.entries.push(entry(region, kr, ks.window, values));
     }

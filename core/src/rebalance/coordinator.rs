@@ -210,7 +210,9 @@ impl Coordinator {
             .regions
             .entry(msg.region.clone())
             .or_insert_with(|| RegionView::new(started_at));
-        let newer = view.last_seq.is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
+        let newer = view
+            .last_seq
+            .is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
         let restarted = view.last_seq.is_some() && msg.boot > view.boot;
         // Even a late message proves the region answers: its view is aged from the message's
         // own send time, which is before now, so hearing it "now" is never optimistic.

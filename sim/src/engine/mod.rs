@@ -406,15 +406,12 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let gateway_config = gateway_config(scenario, key_count);
         let mut regions = Vec::with_capacity(scenario.regions.len());
         for (index, (r, clock)) in scenario.regions.iter().zip(clocks).enumerate() {
-            let keeps_store = scenario
-                .faults
-                .iter()
-                .any(|f| match *f {
-                    Fault::AgentCrash { region, .. } | Fault::AgentRestore { region, .. } => {
-                        region == index
-                    }
-                    _ => false,
-                });
+            let keeps_store = scenario.faults.iter().any(|f| match *f {
+                Fault::AgentCrash { region, .. } | Fault::AgentRestore { region, .. } => {
+                    region == index
+                }
+                _ => false,
+            });
             let gateways = (0..r.gateways)
                 .map(|_| {
                     Ok(GatewayRt {

@@ -686,7 +686,11 @@ fn a_confirmed_sync_whose_answer_left_the_counter_out_does_not_make_the_view_tru
     assert!(!acquire(&mut b, at(0), "api", "k", 1).allowed);
     let up = b.poll_transmit(at(0)).expect("sync");
     b.handle_sync_down(at(10), answer(&up, at(10)));
-    assert_eq!(allowance(&b, at(10), "api", "k"), 100, "the default share only");
+    assert_eq!(
+        allowance(&b, at(10), "api", "k"),
+        100,
+        "the default share only"
+    );
     // The next answer carries the counter: us spent 300, so nothing is left for eu.
     let up = b.poll_transmit(at(250)).expect("sync");
     let mut down = answer(&up, at(260));
@@ -716,7 +720,11 @@ fn a_counter_whose_entries_answers_leave_out_past_the_view_ttl_holds_at_its_use(
     assert!(!acquire(&mut b, at(2_260), "api", "k", 1).allowed);
     let up = b.poll_transmit(at(2_500)).expect("sync");
     let mut down = answer(&up, at(2_510));
-    down.entries = vec![entry_of("us", "k", 60), entry_of("ap", "k", 0), entry_of("sa", "k", 0)];
+    down.entries = vec![
+        entry_of("us", "k", 60),
+        entry_of("ap", "k", 0),
+        entry_of("sa", "k", 0),
+    ];
     b.handle_sync_down(at(2_510), down);
     assert_eq!(allowance(&b, at(2_510), "api", "k"), 340);
 }
