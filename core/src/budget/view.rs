@@ -38,11 +38,8 @@ impl View {
 
     /// The oldest send time whose answer is still fresh at `now`: `now - ttl`.
     pub fn fresh_since(&self, now: Timestamp) -> Timestamp {
-        Timestamp::from_unix_nanos(now.as_unix_nanos().saturating_sub(self.ttl_nanos()))
-    }
-
-    fn ttl_nanos(&self) -> u64 {
-        u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
+        // Saturating: never before the epoch.
+        now - self.ttl
     }
 
     /// The first instant at which the view is expired (while it is fresh).
@@ -164,6 +161,13 @@ mod tests {
         v.on_answer(rt(5_000, 5_000, 5_000, 5_100));
         v.on_answer(rt(4_000, 4_000, 4_000, 5_200));
         assert_eq!(v.contact_at(), Some(ms(5_000)));
+    }
+
+    #[test]
+    fn answers_to_syncs_sent_a_ttl_ago_or_less_are_fresh() {
+        let v = View::new(Duration::from_secs(2));
+        assert_eq!(v.fresh_since(ms(10_000)), ms(8_000));
+        assert_eq!(v.fresh_since(ms(1_000)), Timestamp::ZERO, "never before the epoch");
     }
 
     #[test]
