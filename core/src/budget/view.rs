@@ -167,7 +167,11 @@ mod tests {
     fn answers_to_syncs_sent_a_ttl_ago_or_less_are_fresh() {
         let v = View::new(Duration::from_secs(2));
         assert_eq!(v.fresh_since(ms(10_000)), ms(8_000));
-        assert_eq!(v.fresh_since(ms(1_000)), Timestamp::ZERO, "never before the epoch");
+        assert_eq!(
+            v.fresh_since(ms(1_000)),
+            Timestamp::ZERO,
+            "never before the epoch"
+        );
     }
 
     #[test]
