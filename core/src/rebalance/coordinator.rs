@@ -771,6 +771,19 @@ impl Coordinator {
                     units: p.units,
                     epoch: p.epoch,
                 });
+                // The row as it was just before the request (a request changes only the
+                // epoch), unless sent: after a restart from an old copy of its state the
+                // region must release from the row, not from an allowance it held earlier.
+                // It leads the answer, so it is never cut while its release goes.
+                let before = Epoch(p.epoch.0.saturating_sub(1));
+                if before > Epoch(0) && self.sent.get(&key).is_none_or(|(e, _)| *e < before) {
+                    below_default.push(AllowanceGrant {
+                        counter: counter.clone(),
+                        region: region.clone(),
+                        allowance_units: row.allowance_units,
+                        epoch: before,
+                    });
+                }
                 continue;
             }
             let sent = self.sent.get(&key);
