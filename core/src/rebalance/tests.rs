@@ -1513,3 +1513,66 @@ fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
         (4, 7)
     );
 }
+
+#[test]
+fn a_pending_release_goes_with_the_row_it_is_taken_from_once_per_restart() {
+    // Defaults 50 and 50. a was grown to 80 (epoch 1) out of b's idle share (b released 30
+    // first), then asked to release 20 (epoch 2).
+    let mut table = table_with(&spec());
+    let b = RegionId::from("b");
+    let a = RegionId::from("a");
+    let cmds = [
+        TableCommand::RequestRelease {
+            counter: counter(100),
+            region: b.clone(),
+            expected_epoch: Epoch(0),
+            units: 30,
+        },
+        TableCommand::CompleteRelease {
+            counter: counter(100),
+            region: b.clone(),
+            id: 1,
+            released_units: 30,
+        },
+        TableCommand::Grow {
+            counter: counter(100),
+            region: a.clone(),
+            expected_epoch: Epoch(0),
+            allowance_units: 80,
+        },
+        TableCommand::RequestRelease {
+            counter: counter(100),
+            region: a.clone(),
+            expected_epoch: Epoch(1),
+            units: 20,
+        },
+    ];
+    for c in cmds {
+        let outcome = table.apply(c);
+        assert!(outcome.is_applied(), "{outcome:?}");
+    }
+    let mut coord = Coordinator::new(config(), table, at_ms(0), 1);
+    coord
+        .handle_sync_up(at_ms(0), up_with("a", 1, &[], 0))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(0), &a, 1);
+    // The grant of the row as it was before the request leads, then the request.
+    assert_eq!(
+        down.grants
+            .iter()
+            .map(|g| (g.allowance_units, g.epoch))
+            .collect::<Vec<_>>(),
+        vec![(80, Epoch(1))]
+    );
+    assert_eq!(down.release_requests[0].epoch, Epoch(2));
+    // Sent: the next answer carries the request only.
+    coord
+        .handle_sync_up(at_ms(250), up_with("a", 2, &[], 0))
+        .unwrap();
+    assert!(coord.poll_sync_down(at_ms(250), &a, 2).grants.is_empty());
+    // A restart (larger boot, older seq): the row goes again with the request.
+    let mut up = up_with("a", 1, &[], 0);
+    up.boot = 2;
+    coord.handle_sync_up(at_ms(500), up).unwrap();
+    assert_eq!(coord.poll_sync_down(at_ms(500), &a, 1).grants.len(), 1);
+}
