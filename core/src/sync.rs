@@ -134,6 +134,10 @@ impl BoundFigures {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncUp {
     pub region: RegionId,
+    /// This start of the region's agent: larger at every start (the agent-clock time of the
+    /// start's first SyncUp), so the coordinator tells a restart, even one from an old copy
+    /// of the agent's state whose `seq` went back, from a late message.
+    pub boot: u64,
     /// Increases by one per message from this region's state; the reply names it.
     pub seq: u64,
     /// t0, on the agent's clock.
@@ -157,11 +161,17 @@ pub struct SyncDown {
     /// The `seq` of the `SyncUp` this answers; the agent ages everything in this message from
     /// that message's `sent_at` on its own clock, never from the coordinator's clock.
     pub reply_to_seq: u64,
+    /// The leader that answers: larger for every new leader. A new leader starts with no
+    /// counter entries, demand or statistics (soft state), so a region that sees a larger term
+    /// resends everything the previous leader had confirmed.
+    pub leader_term: u64,
     /// t1 and t2, on the coordinator's clock.
     pub received_at: Timestamp,
     pub sent_at: Timestamp,
     pub config_version: u64,
-    /// Other regions' entries for counters this region takes part in.
+    /// Every region's entries (this region's own included, so that a region restarted from an
+    /// older copy of its state recovers them by max) for counters this region takes part in.
+    /// A counter is answered whole: all the entries the coordinator holds for it, or none.
     pub entries: Vec<CounterEntry>,
     pub grants: Vec<AllowanceGrant>,
     pub release_requests: Vec<ReleaseRequest>,

@@ -61,7 +61,7 @@ fn deployment(start: Timestamp) -> Deployment {
         })
         .collect();
     Deployment {
-        coordinator: Coordinator::new(ccfg, table, start),
+        coordinator: Coordinator::new(ccfg, table, start, 1),
         spec,
         regions,
     }

@@ -73,6 +73,7 @@ impl CoordinatorNode for NullCoordinator {
     fn poll_sync_down(&mut self, now: Timestamp, _: &RegionId, reply_to_seq: u64) -> SyncDown {
         SyncDown {
             reply_to_seq,
+            leader_term: 0,
             received_at: now,
             sent_at: now,
             config_version: 0,

@@ -145,6 +145,13 @@ impl Checker {
         self.at_crash.insert(region, obs.entries.clone());
     }
 
+    /// The region starts again from an older copy of its store (`agent_restore`): its entries
+    /// may go back, which is the fault itself, so invariants 3 and 6 start again for it.
+    pub fn forget_region(&mut self, region: usize) {
+        self.last.retain(|(r, _), _| *r != region);
+        self.at_crash.remove(&region);
+    }
+
     /// The region restarted: every counter it had at the crash that `is_current` still must
     /// be there, at least as large.
     pub fn restarted(

@@ -293,7 +293,7 @@ impl NodeFactory for CoreFactory {
         CoreCoordinator {
             tick: self.coordinator.sync_interval,
             next_tick: now + self.coordinator.sync_interval,
-            coordinator: Coordinator::new(self.coordinator.clone(), table, now),
+            coordinator: Coordinator::new(self.coordinator.clone(), table, now, setup.leader_term),
             active: setup.policy == Policy::Rebalancing,
             limits: self.limits.clone(),
             stated: BTreeMap::new(),
@@ -852,6 +852,7 @@ traffic:
             scenario: &s,
             policy: Policy::Rebalancing,
             seed: 0,
+            leader_term: 0,
         };
         let c = f.coordinator(&setup, s.start);
         let counter = |limit: &str| CounterRef {

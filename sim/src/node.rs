@@ -45,6 +45,8 @@ pub struct CoordinatorSetup<'a> {
     pub scenario: &'a Scenario,
     pub policy: Policy,
     pub seed: u64,
+    /// Larger for every new leader (the engine counts leader losses).
+    pub leader_term: u64,
 }
 
 /// Builds the machines of one run. Shared by the threads that run seeds in parallel.
@@ -87,8 +89,9 @@ pub enum LeaseAnswer {
 /// `handle_sync_down`/`poll_timeout`/`handle_timeout` one to one, and `persist` to
 /// `drain_dirty`.
 pub trait RegionNode: Send {
-    /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts.
-    type Store: Default + Send;
+    /// What survives a crash (the agent's sled tree). The simulator keeps it across restarts,
+    /// and copies it for a restart from an earlier copy (`agent_restore`).
+    type Store: Clone + Default + Send;
 
     fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer;
     fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease);

@@ -86,6 +86,7 @@ mod tests {
         };
         SyncUp {
             region: RegionId::from("eu"),
+            boot: 1,
             seq: 1,
             sent_at: Timestamp::ZERO,
             config_version: 1,

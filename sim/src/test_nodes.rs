@@ -189,6 +189,7 @@ impl RegionNode for TestRegion {
         self.seq += 1;
         Some(SyncUp {
             region: self.region.clone(),
+            boot: 1,
             seq: self.seq,
             sent_at: now,
             config_version: 1,
@@ -265,6 +266,7 @@ impl CoordinatorNode for TestCoordinator {
         );
         SyncDown {
             reply_to_seq,
+            leader_term: 0,
             received_at: now,
             sent_at: now,
             config_version: 1,

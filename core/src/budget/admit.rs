@@ -22,6 +22,9 @@ pub(crate) struct Ctx {
     pub coordinated: bool,
     /// Contact with the coordinator is older than `view_ttl` (or never happened).
     pub view_expired: bool,
+    /// Answers to SyncUps sent before this instant are older than `view_ttl`: a counter whose
+    /// entries came last in such an answer has a view too old to use.
+    pub fresh_since: Timestamp,
     pub sync_interval: Duration,
 }
 
@@ -84,6 +87,14 @@ pub(crate) fn allowance(
     } else if !ctx.view_expired {
         let hot = ks.hot.as_deref().filter(|_| ks.window == window);
         return match hot.filter(|h| h.known_to_coordinator) {
+            // Answers have left this counter's entries out (more counters than one answer
+            // holds) for longer than `view_ttl`: its view is too old to use, and the others
+            // count this region at its reported use, so it holds at what it uses until the
+            // entries come again.
+            Some(h) if h.entries_at.is_none_or(|t| t < ctx.fresh_since) => Allowance {
+                units: ks.net_units(),
+                ..default
+            },
             // In view mode the default share is no longer a floor: the others count this
             // region at its reported use, so it may only take what the view leaves.
             Some(h) => {

@@ -86,15 +86,24 @@ pub(crate) struct HotState {
     pub escalated: bool,
     /// The coordinator named this counter (entries, grant, release): report it too.
     pub mentioned: bool,
-    /// An answered SyncUp carried this counter, so the coordinator's answer includes every
-    /// other region's entries for it: eventual mode may trust the remote view.
+    /// An answer carried this counter's entries, and an answer carries a counter whole (every
+    /// entry the coordinator holds for it): eventual mode may trust the remote view. Only
+    /// entries set it, never the confirmation of a SyncUp, whose answer may have left the
+    /// counter out for lack of room.
     pub known_to_coordinator: bool,
+    /// Send time (agent clock) of the SyncUp whose answer last carried this counter's
+    /// entries: the view of this counter is as old as that, whatever the region's contact.
+    pub entries_at: Option<Timestamp>,
     /// Other regions' G-counter entries, merged by max.
     pub remote_granted: VClock<RegionId>,
     pub remote_refunded: VClock<RegionId>,
     /// Regions whose entry the view holds, zero entries included (a `VClock` does not keep
     /// zeros, and "reported zero" must not read as "never reported").
     pub remote_seen: BTreeSet<RegionId>,
+    /// The coordinator (its current leader) confirmed receiving an entry of this window from
+    /// this region, zero included: until then the entry is sent even at zero, so the other
+    /// regions count this one as heard (at its use) rather than at its default share.
+    pub entry_confirmed: bool,
     /// Own entries as far as the coordinator has confirmed receiving them.
     pub acked_granted_units: u64,
     pub acked_refunded_units: u64,
@@ -197,9 +206,11 @@ impl HotState {
         // A pre-issued grant means the coordinator follows this counter.
         self.mentioned = pre_issued.is_some();
         self.known_to_coordinator = false;
+        self.entries_at = None;
         self.remote_granted = VClock::new();
         self.remote_refunded = VClock::new();
         self.remote_seen.clear();
+        self.entry_confirmed = false;
         self.acked_granted_units = 0;
         self.acked_refunded_units = 0;
     }

@@ -395,6 +395,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
     Ctx {
         coordinated: cfg.coordinated,
         view_expired: cfg.coordinated && view.is_expired(now),
+        fresh_since: view.fresh_since(now),
         sync_interval: cfg.sync_interval,
     }
 }

@@ -23,7 +23,7 @@ use super::view::RoundTrip;
 use super::{RegionBudget, ctx_of};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::sync::{
-    AllowanceGrant, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
+    AllowanceGrant, BoundFigures, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
     MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, WindowIndex};
@@ -168,6 +168,12 @@ pub(crate) struct SyncState {
     /// The next SyncUp's sequence number (persisted, so answers are never confused across
     /// a restart).
     pub next_seq: u64,
+    /// This start's boot number ([`SyncUp::boot`]): the agent-clock time, in nanoseconds, of
+    /// the first SyncUp since the machine was built; 0 until then. Time, not a persisted
+    /// counter, so that a start from an old copy of the state still gets a larger one.
+    boot: u64,
+    /// The largest leader term an answer carried (soft: a restart resends everything anyway).
+    leader_term: Option<u64>,
     next_sync_at: Option<Timestamp>,
     inflight: VecDeque<Inflight>,
     /// Keys whose counters travel in SyncUps; cleaned lazily when they stop being reported.
@@ -222,8 +228,12 @@ impl RegionBudget {
         let seq = self.sync.next_seq;
         self.sync.next_seq += 1;
         self.dirty.mark(Dirty::Meta);
+        if self.sync.boot == 0 {
+            self.sync.boot = now.as_unix_nanos().max(1);
+        }
         let mut up = SyncUp {
             region: self.cfg.region.clone(),
+            boot: self.sync.boot,
             seq,
             sent_at: now,
             config_version: self.config_version,
@@ -354,20 +364,36 @@ impl RegionBudget {
     /// the clock sample, merge counter entries (by max), apply grants and release requests
     /// (by epoch). An answer to an unknown or forgotten SyncUp is still merged, but refreshes
     /// nothing: its send time, from which it would be aged, is unknown.
+    ///
+    /// An answer from a new leader (a larger term) first makes everything the previous one
+    /// confirmed unconfirmed again, since a new leader starts without it; an answer from an
+    /// earlier leader confirms nothing (that leader is gone, and what it received with it).
     pub fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown) {
         self.account_open_time(now);
         self.coordinator_config_version = Some(msg.config_version);
-        if let Some(f) = self.sync.take_inflight(msg.reply_to_seq) {
+        let known_term = self.sync.leader_term;
+        if known_term.is_some_and(|t| msg.leader_term > t) {
+            self.forget_confirmations();
+        }
+        let current_leader = known_term.is_none_or(|t| msg.leader_term >= t);
+        if current_leader {
+            self.sync.leader_term = Some(msg.leader_term);
+        }
+        let answered = self.sync.take_inflight(msg.reply_to_seq);
+        let sent_at = answered.as_ref().map(|f| f.sent_at);
+        if let Some(f) = answered {
             self.view.on_answer(RoundTrip {
                 sent_at: f.sent_at,
                 received_at: msg.received_at,
                 answered_at: msg.sent_at,
                 returned_at: now,
             });
-            self.confirm(&f);
+            if current_leader {
+                self.confirm(&f);
+            }
         }
         for e in msg.entries.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
-            self.merge_entry(now, e);
+            self.merge_entry(now, e, sent_at);
         }
         for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.apply_grant(now, g);
@@ -377,6 +403,35 @@ impl RegionBudget {
         }
     }
 
+    /// A new leader holds none of the entries, demand or statistics the previous one confirmed:
+    /// send them all again (reported counters of live windows, and the kept windows' stats;
+    /// demand of followed counters goes with every SyncUp anyway). Bounded by the reported
+    /// keys and the kept stats windows, and spread over SyncUps by their cursors.
+    fn forget_confirmations(&mut self) {
+        for kr in &self.sync.reported {
+            let hot = self
+                .limits
+                .get_mut(&kr.limit)
+                .and_then(|l| l.keys.get_mut(kr.key.as_str()))
+                .and_then(|ks| ks.hot.as_mut());
+            if let Some(hot) = hot {
+                hot.entry_confirmed = false;
+                hot.acked_granted_units = 0;
+                hot.acked_refunded_units = 0;
+            }
+        }
+        for lim in self.limits.values_mut() {
+            let windows: Vec<WindowIndex> = lim.stats.windows().map(|(w, _)| w).collect();
+            for window in windows {
+                if let Some(w) = lim.stats.window_mut_if_kept(window) {
+                    w.acked = BoundFigures::default();
+                }
+            }
+        }
+    }
+
+    /// The coordinator received what `f` carried. A counter it now holds is not yet "known"
+    /// here (see `HotState::known_to_coordinator`): that takes its entries in an answer.
     fn confirm(&mut self, f: &Inflight) {
         for c in &f.carried {
             let Some(ks) = self
@@ -388,12 +443,12 @@ impl RegionBudget {
             };
             let window = ks.window;
             let Some(hot) = ks.hot.as_mut() else { continue };
-            if c.window == window {
-                hot.known_to_coordinator = true;
-                if let Some((g, r)) = c.values {
-                    hot.acked_granted_units = hot.acked_granted_units.max(g);
-                    hot.acked_refunded_units = hot.acked_refunded_units.max(r);
-                }
+            if c.window == window
+                && let Some((g, r)) = c.values
+            {
+                hot.entry_confirmed = true;
+                hot.acked_granted_units = hot.acked_granted_units.max(g);
+                hot.acked_refunded_units = hot.acked_refunded_units.max(r);
             }
             if let (Some(cl), Some((g, r))) = (hot.closing, c.values)
                 && cl.window == c.window
@@ -418,8 +473,10 @@ impl RegionBudget {
     }
 
     /// A counter entry from the coordinator: another region's goes into the remote view, this
-    /// region's own (resent after a restart) is merged into its counters by max.
-    fn merge_entry(&mut self, now: Timestamp, e: CounterEntry) {
+    /// region's own (the coordinator's copy, more than the region's after a start from an old
+    /// copy of its state) is merged into its counters by max. `sent_at` is the send time of
+    /// the SyncUp the answer answers, if known: the counter's view is as old as that.
+    fn merge_entry(&mut self, now: Timestamp, e: CounterEntry, sent_at: Option<Timestamp>) {
         let own = e.region == self.cfg.region;
         let Some(lim) = self.limits.get_mut(&e.counter.limit) else {
             return;
@@ -452,6 +509,7 @@ impl RegionBudget {
             }
             hot.mentioned = true;
             hot.known_to_coordinator = true;
+            hot.entries_at = hot.entries_at.max(sent_at);
         });
         self.after_sync_item(done.is_ok(), &e.counter, touched);
     }
@@ -645,7 +703,10 @@ fn report_key(
     let (ctx, now) = (r.ctx, r.now);
     let Some(hot) = ks.hot.as_ref() else { return };
     let values = (ks.granted_units, ks.refunded_units);
-    let unconfirmed = values != (hot.acked_granted_units, hot.acked_refunded_units);
+    // Zero included: a counter this region learnt of from the coordinator, where it has not
+    // admitted, gets a zero entry, so the others count it as heard at 0, not at its default.
+    let unconfirmed =
+        !hot.entry_confirmed || values != (hot.acked_granted_units, hot.acked_refunded_units);
     if unconfirmed {
         up.entries.push(entry(region, kr, ks.window, values));
     }

@@ -36,6 +36,12 @@ impl View {
             .is_none_or(|c| now.saturating_duration_since(c) > self.ttl)
     }
 
+    /// The oldest send time whose answer is still fresh at `now`: `now - ttl`.
+    pub fn fresh_since(&self, now: Timestamp) -> Timestamp {
+        // Saturating: never before the epoch.
+        now - self.ttl
+    }
+
     /// The first instant at which the view is expired (while it is fresh).
     pub fn expires_at(&self) -> Option<Timestamp> {
         self.contact_at
@@ -155,6 +161,17 @@ mod tests {
         v.on_answer(rt(5_000, 5_000, 5_000, 5_100));
         v.on_answer(rt(4_000, 4_000, 4_000, 5_200));
         assert_eq!(v.contact_at(), Some(ms(5_000)));
+    }
+
+    #[test]
+    fn answers_to_syncs_sent_a_ttl_ago_or_less_are_fresh() {
+        let v = View::new(Duration::from_secs(2));
+        assert_eq!(v.fresh_since(ms(10_000)), ms(8_000));
+        assert_eq!(
+            v.fresh_since(ms(1_000)),
+            Timestamp::ZERO,
+            "never before the epoch"
+        );
     }
 
     #[test]

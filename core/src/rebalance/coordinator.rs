@@ -121,6 +121,8 @@ pub struct Coordinator {
     cfg: CoordinatorConfig,
     table: AllowanceTable,
     started_at: Timestamp,
+    /// This leader's term ([`SyncDown::leader_term`]): larger than every earlier leader's.
+    leader_term: u64,
     regions: BTreeMap<RegionId, RegionView>,
     counters: BTreeMap<CounterRef, CounterView>,
     /// Acks whose release is still pending in the table, waiting to be committed.
@@ -141,18 +143,29 @@ pub struct Coordinator {
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
+    /// Per region, the counters its newest SyncUp carried (sorted, at most
+    /// `2 * MAX_ITEMS_PER_MESSAGE`): their entries lead the answer to it.
+    carried: BTreeMap<RegionId, Vec<CounterRef>>,
     /// What regions measured for the bound, per limit and window (their clocks), merged by
     /// max; the last `STATS_WINDOWS_KEPT` windows of each limit.
     region_stats: BTreeMap<(LimitId, WindowIndex), BTreeMap<RegionId, BoundFigures>>,
 }
 
 impl Coordinator {
-    /// A leader starting at `now` over the committed `table`.
-    pub fn new(cfg: CoordinatorConfig, table: AllowanceTable, now: Timestamp) -> Self {
+    /// A leader starting at `now` over the committed `table`. `leader_term` must be larger
+    /// than every earlier leader's (the raft term it was elected in): regions resend their
+    /// soft state when they see it grow.
+    pub fn new(
+        cfg: CoordinatorConfig,
+        table: AllowanceTable,
+        now: Timestamp,
+        leader_term: u64,
+    ) -> Self {
         Coordinator {
             cfg,
             table,
             started_at: now,
+            leader_term,
             regions: BTreeMap::new(),
             counters: BTreeMap::new(),
             acks: BTreeMap::new(),
@@ -161,6 +174,7 @@ impl Coordinator {
             in_flight: BTreeMap::new(),
             confirmed: BTreeSet::new(),
             entry_cursor: BTreeMap::new(),
+            carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
         }
     }
@@ -185,7 +199,9 @@ impl Coordinator {
     }
 
     /// Record one SyncUp. Old or duplicated messages are harmless: entries merge by max,
-    /// acks are matched by id, and demand is taken only from a newer message.
+    /// acks are matched by id, and demand is taken only from a newer message: a larger
+    /// `(boot, seq)`. A larger boot is a restart, perhaps from an old copy of the region's
+    /// state: every grant of its rows is sent again and its rows count as unconfirmed.
     pub fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> Result<()> {
         if self.table.regions().binary_search(&msg.region).is_err() {
             return Err(Error::InvalidRequest(format!(
@@ -198,17 +214,24 @@ impl Coordinator {
             .regions
             .entry(msg.region.clone())
             .or_insert_with(|| RegionView::new(started_at));
-        let newer = view.last_seq.is_none_or(|s| msg.seq > s);
+        let newer = view
+            .last_seq
+            .is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
+        let restarted = view.last_seq.is_some() && msg.boot > view.boot;
         // Even a late message proves the region answers: its view is aged from the message's
         // own send time, which is before now, so hearing it "now" is never optimistic.
         view.last_heard = view.last_heard.max(now);
         view.heard = true;
         view.first_heard_at.get_or_insert(now);
         if newer {
+            view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
             view.clock = msg.clock.or(view.clock);
             view.view_expired = msg.view_expired;
+        }
+        if restarted {
+            self.forget_sent(&msg.region);
         }
         for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
             if e.region == msg.region
@@ -220,6 +243,7 @@ impl Coordinator {
         }
         if newer {
             self.record_demand(now, &msg);
+            self.record_carried(&msg);
         }
         for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.record_ack(&msg.region, ack);
@@ -228,6 +252,28 @@ impl Coordinator {
             self.record_stats(now, &msg.region, st);
         }
         Ok(())
+    }
+
+    /// The counters `msg` carried (entries and demand, both capped per message), whose
+    /// entries the answer sends first.
+    fn record_carried(&mut self, msg: &SyncUp) {
+        let entries = msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE);
+        let demand = msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE);
+        let mut counters: Vec<CounterRef> = entries
+            .map(|e| e.counter.clone())
+            .chain(demand.map(|d| d.counter.clone()))
+            .collect();
+        counters.sort();
+        counters.dedup();
+        self.carried.insert(msg.region.clone(), counters);
+    }
+
+    /// The region restarted: what was sent to it may be lost with its state, so every grant
+    /// goes again (its rows count as unsent) and below-default rows must be confirmed again.
+    fn forget_sent(&mut self, region: &RegionId) {
+        self.sent.retain(|(_, r), _| r != region);
+        self.confirmed.retain(|(_, r)| r != region);
+        self.resend.retain(|(_, r)| r != region);
     }
 
     /// Keep a region's bound figures for a window that is recent on our clock (its own clock
@@ -701,6 +747,7 @@ impl Coordinator {
         let entries = self.entries_for(now, region, budget);
         SyncDown {
             reply_to_seq,
+            leader_term: self.leader_term,
             received_at: view.last_received_at,
             sent_at: now,
             config_version: self.table.config_version(),
@@ -731,6 +778,19 @@ impl Coordinator {
                     units: p.units,
                     epoch: p.epoch,
                 });
+                // The row as it was just before the request (a request changes only the
+                // epoch), unless sent: after a restart from an old copy of its state the
+                // region must release from the row, not from an allowance it held earlier.
+                // It leads the answer, so it is never cut while its release goes.
+                let before = Epoch(p.epoch.0.saturating_sub(1));
+                if before > Epoch(0) && self.sent.get(&key).is_none_or(|(e, _)| *e < before) {
+                    below_default.push(AllowanceGrant {
+                        counter: counter.clone(),
+                        region: region.clone(),
+                        allowance_units: row.allowance_units,
+                        epoch: before,
+                    });
+                }
                 continue;
             }
             let sent = self.sent.get(&key);
@@ -765,15 +825,26 @@ impl Coordinator {
         (below_default, releases)
     }
 
-    /// Other regions' entries for the counters `region` takes part in: every tracked counter
-    /// of a live window (a mentioned counter is reported from then on, so every region's use
-    /// of an escalated key becomes known).
+    /// Every region's entries, `region`'s own included (it recovers them by max after a start
+    /// from an old copy of its state), for the counters it takes part in: every tracked
+    /// counter of a live window (a mentioned counter is reported from then on, so every
+    /// region's use of an escalated key becomes known). A counter goes whole or waits for the
+    /// next answer: the region trusts its view of a counter once it got its entries. The
+    /// counters the region's last SyncUp carried go first (it is using them), then the others
+    /// round-robin across answers, so no counter starves when there are more than fit.
     fn entries_for(
         &mut self,
         now: Timestamp,
         region: &RegionId,
         budget: usize,
     ) -> Vec<CounterEntry> {
+        let first = self.carried.remove(region).unwrap_or_default();
+        let mut out = Vec::new();
+        for counter in &first {
+            if !self.push_counter_entries(now, counter, budget, &mut out) {
+                break;
+            }
+        }
         let order: Vec<&CounterRef> = match self.entry_cursor.get(region) {
             Some(c) => self
                 .counters
@@ -783,28 +854,13 @@ impl Coordinator {
                 .collect(),
             None => self.counters.keys().collect(),
         };
-        let mut out = Vec::new();
         let mut last_fitted = None;
         for counter in order {
-            let live = self
-                .finite_window(&counter.limit)
-                .is_some_and(|w| counter.window >= w.index(now));
-            let Some(view) = self.counters.get(counter).filter(|_| live) else {
+            if first.binary_search(counter).is_ok() {
                 continue;
-            };
-            let others: Vec<&RegionId> =
-                view.reporting_regions().filter(|r| *r != region).collect();
-            if out.len() + others.len() > budget {
-                break;
             }
-            for other in others {
-                let (granted_units, refunded_units) = view.entry(other);
-                out.push(CounterEntry {
-                    counter: counter.clone(),
-                    region: other.clone(),
-                    granted_units,
-                    refunded_units,
-                });
+            if !self.push_counter_entries(now, counter, budget, &mut out) {
+                break;
             }
             last_fitted = Some(counter.clone());
         }
@@ -812,6 +868,36 @@ impl Coordinator {
             self.entry_cursor.insert(region.clone(), c);
         }
         out
+    }
+
+    /// Appends every entry held for `counter`, if tracked and of a live window. False when they
+    /// do not fit in `budget` (nothing appended).
+    fn push_counter_entries(
+        &self,
+        now: Timestamp,
+        counter: &CounterRef,
+        budget: usize,
+        out: &mut Vec<CounterEntry>,
+    ) -> bool {
+        let live = self
+            .finite_window(&counter.limit)
+            .is_some_and(|w| counter.window >= w.index(now));
+        let Some(view) = self.counters.get(counter).filter(|_| live) else {
+            return true;
+        };
+        if out.len() + view.reporters.len() > budget {
+            return false;
+        }
+        for r in view.reporting_regions() {
+            let (granted_units, refunded_units) = view.entry(r);
+            out.push(CounterEntry {
+                counter: counter.clone(),
+                region: r.clone(),
+                granted_units,
+                refunded_units,
+            });
+        }
+        true
     }
 
     /// The bound of `limit` for `window` (every key: see [`Coordinator::bound_inputs`]), from

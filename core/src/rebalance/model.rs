@@ -173,6 +173,7 @@ impl ModelRegion {
             .collect();
         SyncUp {
             region: self.id.clone(),
+            boot: 1,
             seq,
             sent_at: now,
             config_version: 0,

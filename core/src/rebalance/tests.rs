@@ -12,7 +12,10 @@ use super::model::ModelRegion;
 use super::*;
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, RateCap, RegionWeights};
-use crate::sync::{BoundFigures, ClockSample, CounterRef, LimitWindowStats, ReleaseAck, SyncDown};
+use crate::sync::{
+    BoundFigures, ClockSample, CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE,
+    ReleaseAck, SyncDown, SyncUp,
+};
 use crate::time::{Timestamp, WindowIndex};
 
 const START_MS: u64 = 1_000_000;
@@ -78,7 +81,7 @@ struct World {
 
 fn world(spec: &LimitSpec) -> World {
     World {
-        coord: Coordinator::new(config(), table_with(spec), at_ms(0)),
+        coord: Coordinator::new(config(), table_with(spec), at_ms(0), 1),
         a: ModelRegion::new("a", &regions(), std::slice::from_ref(spec)),
         b: ModelRegion::new("b", &regions(), std::slice::from_ref(spec)),
     }
@@ -522,7 +525,7 @@ fn no_floor_is_reclaimed_without_a_clock_sample() {
 #[test]
 fn a_new_leader_reclaims_nothing_from_a_region_it_never_heard() {
     let spec = with_policy(PartitionPolicy::Closed);
-    let mut coord = Coordinator::new(config(), table_with(&spec), at_ms(0));
+    let mut coord = Coordinator::new(config(), table_with(&spec), at_ms(0), 1);
     for t in (0..600_000).step_by(1_000) {
         assert!(
             reclaims(&coord.poll_proposals(at_ms(t))).is_empty(),
@@ -985,7 +988,7 @@ fn a_new_leader_is_conservative_about_what_it_did_not_see() {
     let l = LimitId::from("l");
     // Started at 4 s into window 100.
     let mut w = world(&spec);
-    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000));
+    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000), 2);
     let before = w.coord.bound(at_ms(4_000), &l, WindowIndex(99)).unwrap();
     assert!(before.unbounded.is_some());
     let now = w.coord.bound(at_ms(4_000), &l, WindowIndex(100)).unwrap();
@@ -1006,7 +1009,7 @@ fn a_new_leader_is_conservative_about_what_it_did_not_see() {
     // Open policy: time open from the window's start until heard (4.1 s): 2 * 4.1 + 3 = 12.
     let spec = with_policy(open);
     let mut w = world(&spec);
-    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000));
+    w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000), 2);
     w.up("a", at_ms(4_100));
     let b = w.coord.bound(at_ms(4_200), &l, WindowIndex(100)).unwrap();
     // a: 4.1 s -> ceil(8.2) + 3 = 12; b, never heard: 4.2 s -> ceil(8.4) + 3 = 12.
@@ -1386,7 +1389,7 @@ impl Sim {
             regions: ids.clone(),
         });
         Sim {
-            coord: Coordinator::new(config(), table, at_ms(0)),
+            coord: Coordinator::new(config(), table, at_ms(0), 1),
             regions: SIM_REGIONS
                 .iter()
                 .map(|r| {
@@ -1605,4 +1608,172 @@ fn demand_moves_quota_to_where_it_is_over_a_few_rounds() {
         sim.regions[1].allowance(&k) + sim.regions[2].allowance(&k),
         0
     );
+}
+
+// ---- restarts and leader changes ----------------------------------------------------------
+
+#[test]
+fn a_restart_from_an_old_copy_of_the_state_gets_every_grant_again() {
+    let mut w = hot_a_idle_b();
+    let now = at_ms(5_000);
+    w.up("a", now);
+    w.commit_all(now);
+    w.sync("b", now);
+    w.up("b", now);
+    w.commit_all(now);
+    let granted = w.sync("a", at_ms(5_100));
+    assert_eq!(granted.grants.len(), 1);
+    assert_eq!(granted.leader_term, 1);
+    assert!(w.sync("a", at_ms(5_350)).grants.is_empty(), "sent already");
+    // a starts again from a copy of its state older than the grant: a larger boot, an older
+    // seq. Its demand counts again at once and the grant goes again.
+    let mut up = w.a.poll_transmit(at_ms(5_600));
+    up.boot = 2;
+    up.seq = 1;
+    w.coord.handle_sync_up(at_ms(5_600), up).unwrap();
+    w.commit_all(at_ms(5_600));
+    let again = w.down("a", at_ms(5_600), 1);
+    assert_eq!(again.grants, granted.grants);
+    // The answer carries a's own entry too, for a to recover what its old copy lost.
+    let own: Vec<_> = again
+        .entries
+        .iter()
+        .filter(|e| e.region == RegionId::from("a"))
+        .map(|e| e.granted_units)
+        .collect();
+    assert_eq!(own, vec![40]);
+}
+
+/// A SyncUp from `region` with one entry of `granted` units per counter.
+fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> SyncUp {
+    SyncUp {
+        region: RegionId::from(region),
+        boot: 1,
+        seq,
+        sent_at: at_ms(0),
+        config_version: 1,
+        entries: counters
+            .iter()
+            .map(|c| CounterEntry {
+                counter: c.clone(),
+                region: RegionId::from(region),
+                granted_units: granted,
+                refunded_units: 0,
+            })
+            .collect(),
+        demand: Vec::new(),
+        release_acks: Vec::new(),
+        clock: None,
+        stats: Vec::new(),
+        view_expired: false,
+    }
+}
+
+#[test]
+fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
+    // 2,100 counters with entries from both regions: 4,200 entries, more than one answer holds.
+    let cfg = CoordinatorConfig {
+        max_tracked_counters: 4_000,
+        ..config()
+    };
+    let mut coord = Coordinator::new(cfg, table_with(&spec()), at_ms(0), 1);
+    let counters: Vec<CounterRef> = (0..2_100)
+        .map(|i| CounterRef {
+            key: KeyId::from(format!("k{i:04}").as_str()),
+            ..counter(100)
+        })
+        .collect();
+    coord
+        .handle_sync_up(at_ms(0), up_with("b", 1, &counters, 7))
+        .unwrap();
+    coord
+        .handle_sync_up(at_ms(0), up_with("a", 1, &counters, 3))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(0), &RegionId::from("a"), 1);
+    assert!(down.entries.len() <= MAX_ITEMS_PER_MESSAGE);
+    // Every counter in the answer has both regions' entries, a's own included.
+    let mut per_counter: BTreeMap<&CounterRef, Vec<&str>> = BTreeMap::new();
+    for e in &down.entries {
+        per_counter
+            .entry(&e.counter)
+            .or_default()
+            .push(e.region.as_str());
+    }
+    assert!(per_counter.values().all(|r| r == &["a", "b"]));
+    assert_eq!(per_counter.len(), MAX_ITEMS_PER_MESSAGE / 2);
+    // The next SyncUp carries only the last counter, which the round-robin has not reached:
+    // its entries lead the answer.
+    let last = &counters[2_099..];
+    coord
+        .handle_sync_up(at_ms(250), up_with("a", 2, last, 4))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(250), &RegionId::from("a"), 2);
+    assert_eq!(down.entries[0].counter, last[0]);
+    assert_eq!(
+        (down.entries[0].granted_units, down.entries[1].granted_units),
+        (4, 7)
+    );
+}
+
+#[test]
+fn a_pending_release_goes_with_the_row_it_is_taken_from_once_per_restart() {
+    // Defaults 50 and 50. a was grown to 80 (epoch 1) out of b's idle share (b released 30
+    // first), then asked to release 20 (epoch 2).
+    let mut table = table_with(&spec());
+    let b = RegionId::from("b");
+    let a = RegionId::from("a");
+    let cmds = [
+        TableCommand::RequestRelease {
+            counter: counter(100),
+            region: b.clone(),
+            expected_epoch: Epoch(0),
+            units: 30,
+        },
+        TableCommand::CompleteRelease {
+            counter: counter(100),
+            region: b.clone(),
+            id: 1,
+            released_units: 30,
+        },
+        TableCommand::Grow {
+            counter: counter(100),
+            region: a.clone(),
+            expected_epoch: Epoch(0),
+            allowance_units: 80,
+        },
+        TableCommand::RequestRelease {
+            counter: counter(100),
+            region: a.clone(),
+            expected_epoch: Epoch(1),
+            units: 20,
+        },
+    ];
+    for c in cmds {
+        let outcome = table.apply(c);
+        assert!(outcome.is_applied(), "{outcome:?}");
+    }
+    let mut coord = Coordinator::new(config(), table, at_ms(0), 1);
+    coord
+        .handle_sync_up(at_ms(0), up_with("a", 1, &[], 0))
+        .unwrap();
+    let down = coord.poll_sync_down(at_ms(0), &a, 1);
+    // The grant of the row as it was before the request leads, then the request.
+    assert_eq!(
+        down.grants
+            .iter()
+            .map(|g| (g.allowance_units, g.epoch))
+            .collect::<Vec<_>>(),
+        vec![(80, Epoch(1))]
+    );
+    assert_eq!(down.release_requests[0].epoch, Epoch(2));
+    // Sent: the next answer carries the request only.
+    coord
+        .handle_sync_up(at_ms(250), up_with("a", 2, &[], 0))
+        .unwrap();
+    assert!(coord.poll_sync_down(at_ms(250), &a, 2).grants.is_empty());
+    // A restart (larger boot, older seq): the row goes again with the request.
+    let mut up = up_with("a", 1, &[], 0);
+    up.boot = 2;
+    coord.handle_sync_up(at_ms(500), up).unwrap();
+    assert_eq!(coord.poll_sync_down(at_ms(500), &a, 1).grants.len(), 1);
 }

@@ -22,6 +22,8 @@ pub(crate) struct RegionView {
     /// When this leader first heard the region (its clock): what the region did before is
     /// unknown to it.
     pub first_heard_at: Option<Timestamp>,
+    /// `boot` and `seq` of the newest SyncUp: a message is newer when the pair is larger.
+    pub boot: u64,
     pub last_seq: Option<u64>,
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
@@ -37,6 +39,7 @@ impl RegionView {
             last_heard: now,
             heard: false,
             first_heard_at: None,
+            boot: 0,
             last_seq: None,
             last_received_at: now,
             clock: None,

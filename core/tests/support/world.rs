@@ -104,6 +104,8 @@ pub struct World {
     pub(super) limits: Vec<LimitSpec>,
     pub(super) agents: Vec<Agent>,
     pub(super) leader: Coordinator,
+    /// The current leader's term: one more for every new leader.
+    pub(super) leader_term: u64,
     /// The raft state machine: every committed command, applied in log order.
     pub(super) replica: AllowanceTable,
     /// Polled, not yet committed, in log order.
@@ -149,7 +151,8 @@ impl World {
             .collect::<Result<Vec<_>, TestCaseError>>()?;
         let mut world = World {
             now: START,
-            leader: Coordinator::new(coordinator_config(), table.clone(), START),
+            leader: Coordinator::new(coordinator_config(), table.clone(), START, 1),
+            leader_term: 1,
             replica: table,
             limits,
             agents,
@@ -242,8 +245,13 @@ impl World {
                         ));
                     }
                 }
-                self.leader =
-                    Coordinator::new(coordinator_config(), self.replica.clone(), self.now);
+                self.leader_term += 1;
+                self.leader = Coordinator::new(
+                    coordinator_config(),
+                    self.replica.clone(),
+                    self.now,
+                    self.leader_term,
+                );
                 self.seen.new_leader();
             }
             Step::Gateway {

@@ -132,6 +132,15 @@ enum Event<C> {
     AgentRestart {
         region: usize,
     },
+    /// Copy the region's store for the `agent_restore` fault numbered `fault`.
+    StoreCopy {
+        region: usize,
+        fault: usize,
+    },
+    AgentRestore {
+        region: usize,
+        fault: usize,
+    },
     GatewayCrash {
         region: usize,
         gateway: usize,
@@ -175,6 +184,8 @@ struct RegionRt<R: RegionNode> {
     /// The run restarts this region's agent, so its store is kept (otherwise nothing reads
     /// it: what the agent makes durable is drained and dropped).
     keeps_store: bool,
+    /// Copies of the store taken for `agent_restore` faults, by fault number.
+    store_copies: Vec<(usize, R::Store)>,
     timer: Option<Timestamp>,
     up: Link,
     down: Link,
@@ -395,10 +406,12 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let gateway_config = gateway_config(scenario, key_count);
         let mut regions = Vec::with_capacity(scenario.regions.len());
         for (index, (r, clock)) in scenario.regions.iter().zip(clocks).enumerate() {
-            let keeps_store = scenario
-                .faults
-                .iter()
-                .any(|f| matches!(*f, Fault::AgentCrash { region, .. } if region == index));
+            let keeps_store = scenario.faults.iter().any(|f| match *f {
+                Fault::AgentCrash { region, .. } | Fault::AgentRestore { region, .. } => {
+                    region == index
+                }
+                _ => false,
+            });
             let gateways = (0..r.gateways)
                 .map(|_| {
                     Ok(GatewayRt {
@@ -416,6 +429,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 node: None,
                 store: Default::default(),
                 keeps_store,
+                store_copies: Vec::new(),
                 timer: None,
                 up: Link { latency: r.latency },
                 down: Link { latency: r.latency },
@@ -500,6 +514,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             scenario: self.scenario,
             policy: self.spec.policy,
             seed: derive_seed(self.spec.seed, 99),
+            leader_term: self.coordinator.term,
         }
     }
 
@@ -531,7 +546,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     fn schedule_faults(&mut self) -> Result<()> {
         let at = |d: Duration| self.scenario.start + d;
         let mut events = Vec::new();
-        for f in &self.scenario.faults {
+        for (fault, f) in self.scenario.faults.iter().enumerate() {
             match *f {
                 Fault::CoordinatorOutage { start, end } => {
                     events.push((at(start), Event::CoordinatorDown));
@@ -544,6 +559,14 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 } => {
                     events.push((at(when), Event::AgentCrash { region }));
                     events.push((at(when + restart_after), Event::AgentRestart { region }));
+                }
+                Fault::AgentRestore {
+                    region,
+                    at: when,
+                    from,
+                } => {
+                    events.push((at(from), Event::StoreCopy { region, fault }));
+                    events.push((at(when), Event::AgentRestore { region, fault }));
                 }
                 Fault::GatewayCrash {
                     region,
@@ -628,6 +651,12 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 Ok(())
             }
             Event::AgentRestart { region } => self.agent_restart(region),
+            Event::StoreCopy { region, fault } => {
+                let r = &mut self.regions[region];
+                r.store_copies.push((fault, r.store.clone()));
+                Ok(())
+            }
+            Event::AgentRestore { region, fault } => self.agent_restore(region, fault),
             Event::GatewayCrash { region, gateway } => {
                 let g = &mut self.regions[region].gateways[gateway];
                 g.gateway = None;
@@ -1197,6 +1226,20 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             .restarted(self.offset_ms(), region, &obs, is_current);
         self.regions[region].node = Some(node);
         self.after_region_input(region)
+    }
+
+    /// The agent stops and starts again from the store copied at the fault's `from`: what it
+    /// wrote since is lost, so its counters may go back. That is the fault itself, not a
+    /// violation: invariants 3 and 6 start again for the region from what it has now.
+    fn agent_restore(&mut self, region: usize, fault: usize) -> Result<()> {
+        let r = &mut self.regions[region];
+        r.node = None;
+        r.timer = None;
+        if let Some(i) = r.store_copies.iter().position(|(f, _)| *f == fault) {
+            r.store = r.store_copies.swap_remove(i).1;
+        }
+        self.checker.forget_region(region);
+        self.agent_restart(region)
     }
 
     // ----- measurement -----

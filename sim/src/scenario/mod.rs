@@ -195,6 +195,13 @@ pub enum Fault {
         at: Duration,
         restart_after: Duration,
     },
+    /// The agent stops at `at` and restarts at once from its store as it was at `from`
+    /// (earlier): a restored backup, or a lost disk. What it wrote after `from` is gone.
+    AgentRestore {
+        region: usize,
+        at: Duration,
+        from: Duration,
+    },
     /// The gateway stops at `at` with its leases (they expire at the agent); its clients use
     /// the region's other gateways. It restarts empty `restart_after` later, if given.
     GatewayCrash {
@@ -223,6 +230,7 @@ impl Fault {
             Fault::AgentCrash {
                 at, restart_after, ..
             } => Some(*at + *restart_after),
+            Fault::AgentRestore { at, .. } => Some(*at),
             Fault::GatewayCrash {
                 at, restart_after, ..
             } => restart_after.map(|r| *at + r),

@@ -689,6 +689,19 @@ fn read_fault(node: &Node<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError
             at: ctx.at(&m.req("at")?)?,
             restart_after: m.req("restart_after")?.as_duration()?,
         },
+        "agent_restore" => {
+            let at = ctx.at(&m.req("at")?)?;
+            let from_node = m.req("from")?;
+            let from = ctx.at(&from_node)?;
+            if from >= at {
+                return Err(from_node.err("`from` must be before `at` (the store as it was then)"));
+            }
+            Fault::AgentRestore {
+                region: ctx.region(&m.req("region")?)?,
+                at,
+                from,
+            }
+        }
         "gateway_crash" => {
             let region = ctx.region(&m.req("region")?)?;
             let g = m.req("gateway")?;
@@ -722,7 +735,7 @@ fn read_fault(node: &Node<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError
         other => {
             return Err(node.err(format!(
                 "unknown fault {other:?} (partition, coordinator_outage, agent_crash, \
-                 gateway_crash or link)"
+                 agent_restore, gateway_crash or link)"
             )));
         }
     };

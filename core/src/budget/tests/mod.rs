@@ -142,6 +142,7 @@ pub(super) fn counter(limit: &str, k: &str, window: WindowIndex) -> CounterRef {
 pub(super) fn answer(up: &SyncUp, now: Timestamp) -> SyncDown {
     SyncDown {
         reply_to_seq: up.seq,
+        leader_term: 1,
         received_at: now,
         sent_at: now,
         config_version: 0,

@@ -600,3 +600,131 @@ fn units_a_gateway_holds_but_has_not_spent_are_not_demand_yet() {
     let up = b.poll_transmit(at(40_000)).expect("sync");
     assert_eq!(up.demand[0].demand_units_per_sec, 5);
 }
+
+fn entry_of(region: &str, k: &str, granted_units: u64) -> CounterEntry {
+    CounterEntry {
+        counter: counter("api", k, minute_window(0)),
+        region: RegionId::from(region),
+        granted_units,
+        refunded_units: 0,
+    }
+}
+
+fn eventual_budget() -> RegionBudget {
+    let mut spec = per_minute("api", 400);
+    spec.consistency = Consistency::Eventual;
+    budget(vec![spec])
+}
+
+#[test]
+fn a_region_that_learns_of_a_counter_reports_a_zero_entry_once() {
+    // eu never admits on `k`; another region's entry names it. eu tells the coordinator it
+    // used 0, so the others count it as heard at 0, not at its default share (D6).
+    let mut b = eventual_budget();
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = vec![entry_of("us", "k", 150)];
+    b.handle_sync_down(at(10), down);
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert_eq!(up.entries, vec![entry_of("eu", "k", 0)]);
+    b.handle_sync_down(at(260), answer(&up, at(260)));
+    let up = b.poll_transmit(at(500)).expect("sync");
+    assert!(up.entries.is_empty(), "confirmed: {up:?}");
+}
+
+#[test]
+fn a_new_leader_gets_every_confirmed_entry_again() {
+    let mut b = eventual_budget();
+    assert!(acquire(&mut b, at(0), "api", "k", 100).allowed);
+    assert!(!acquire(&mut b, at(0), "api", "k", 1).allowed); // escalates
+    let up = b.poll_transmit(at(0)).expect("sync");
+    b.handle_sync_down(at(10), answer(&up, at(10)));
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert!(up.entries.is_empty(), "confirmed by leader 1");
+    // Leader 2 starts with no counters: its first answer makes the entry unconfirmed again.
+    let mut down = answer(&up, at(260));
+    down.leader_term = 2;
+    b.handle_sync_down(at(260), down);
+    let up = b.poll_transmit(at(500)).expect("sync");
+    assert_eq!(up.entries, vec![entry_of("eu", "k", 100)]);
+    // A late answer of leader 1 confirms nothing: that leader is gone.
+    let late = answer(&up, at(510));
+    b.handle_sync_down(at(510), late);
+    let up = b.poll_transmit(at(750)).expect("sync");
+    assert_eq!(up.entries, vec![entry_of("eu", "k", 100)]);
+    let mut down = answer(&up, at(760));
+    down.leader_term = 2;
+    b.handle_sync_down(at(760), down);
+    assert!(b.poll_transmit(at(1_000)).expect("sync").entries.is_empty());
+}
+
+#[test]
+fn a_region_recovers_its_own_entries_from_an_answer_by_max() {
+    // A start from an older copy of the state: the coordinator holds more than the store.
+    let mut b = eventual_budget();
+    assert!(acquire(&mut b, at(0), "api", "k", 30).allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.entries = vec![entry_of("eu", "k", 80), entry_of("us", "k", 0)];
+    b.handle_sync_down(at(10), down);
+    assert_eq!(net(&b, "api", "k"), 80);
+    // An older copy at the coordinator never lowers what the region counts.
+    let up = b.poll_transmit(at(250)).expect("sync");
+    let mut down = answer(&up, at(260));
+    down.entries = vec![entry_of("eu", "k", 20)];
+    b.handle_sync_down(at(260), down);
+    assert_eq!(net(&b, "api", "k"), 80);
+}
+
+#[test]
+fn a_confirmed_sync_whose_answer_left_the_counter_out_does_not_make_the_view_trusted() {
+    // The answer confirms the SyncUp that carried `k` but had no room for `k`'s entries
+    // (the coordinator answers a counter whole or not at all): `us` may have spent 300 and
+    // eu must not take it as "never reported" (its default share, 100).
+    let mut b = eventual_budget();
+    assert!(acquire(&mut b, at(0), "api", "k", 100).allowed);
+    assert!(!acquire(&mut b, at(0), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    b.handle_sync_down(at(10), answer(&up, at(10)));
+    assert_eq!(
+        allowance(&b, at(10), "api", "k"),
+        100,
+        "the default share only"
+    );
+    // The next answer carries the counter: us spent 300, so nothing is left for eu.
+    let up = b.poll_transmit(at(250)).expect("sync");
+    let mut down = answer(&up, at(260));
+    down.entries = vec![
+        entry_of("eu", "k", 100),
+        entry_of("us", "k", 300),
+        entry_of("ap", "k", 0),
+        entry_of("sa", "k", 0),
+    ];
+    b.handle_sync_down(at(260), down);
+    assert_eq!(allowance(&b, at(260), "api", "k"), 100);
+    assert!(!acquire(&mut b, at(260), "api", "k", 1).allowed);
+}
+
+#[test]
+fn a_counter_whose_entries_answers_leave_out_past_the_view_ttl_holds_at_its_use() {
+    // More counters than one answer holds: answers keep coming (the view is fresh) but leave
+    // `k` out. Its view dates from its last entries: past `view_ttl` (2 s) it is too old to
+    // use, so eu admits no more on `k` until its entries come again.
+    let mut b = eventual_region_with_view(&[("us", 50, 0), ("ap", 0, 0), ("sa", 0, 0)]);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 350);
+    for t in [250, 500, 750, 1_000, 1_250, 1_500, 1_750, 2_000, 2_250] {
+        let up = b.poll_transmit(at(t)).expect("sync");
+        b.handle_sync_down(at(t + 10), answer(&up, at(t + 10)));
+    }
+    assert_eq!(allowance(&b, at(2_260), "api", "k"), 100, "held at its use");
+    assert!(!acquire(&mut b, at(2_260), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(2_500)).expect("sync");
+    let mut down = answer(&up, at(2_510));
+    down.entries = vec![
+        entry_of("us", "k", 60),
+        entry_of("ap", "k", 0),
+        entry_of("sa", "k", 0),
+    ];
+    b.handle_sync_down(at(2_510), down);
+    assert_eq!(allowance(&b, at(2_510), "api", "k"), 340);
+}
