@@ -7,7 +7,7 @@ use crate::budget::Reason;
 use crate::limit::{Consistency, PartitionPolicy, RateCap};
 
 fn with_policy(policy: PartitionPolicy) -> RegionBudget {
-    let mut spec = per_minute("api", 400);
+    let mut spec = per_minute_settling("api", 400, 100);
     spec.partition_policy = policy;
     budget(vec![spec])
 }
