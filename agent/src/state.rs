@@ -482,7 +482,9 @@ impl Agent {
         if out.clamped_units > 0 {
             let limits = self.limits();
             if let Some(rule) = limit.as_ref().and_then(|l| limits.rule(l)) {
-                rule.metrics.settle_clamped_units.increment(out.clamped_units);
+                rule.metrics
+                    .settle_clamped_units
+                    .increment(out.clamped_units);
             }
         }
         Ok(out)

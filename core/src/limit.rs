@@ -128,7 +128,9 @@ impl RateCap {
     pub fn max_units_over(&self, time: Duration) -> u64 {
         let per_nanos = self.per.as_nanos().max(1);
         let n = (u128::from(self.units) * time.as_nanos()).div_ceil(per_nanos);
-        u64::try_from(n).unwrap_or(u64::MAX).saturating_add(self.burst)
+        u64::try_from(n)
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.burst)
     }
 }
 

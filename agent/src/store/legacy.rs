@@ -8,12 +8,12 @@
 
 use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::persist::{
-    AckRecord, AllowanceRecord, IdempotencyRecord, KeyRecord, LeaseRecord, MetaRecord,
-    SlotRecord, StatsRecord,
+    AckRecord, AllowanceRecord, IdempotencyRecord, KeyRecord, LeaseRecord, MetaRecord, SlotRecord,
+    StatsRecord,
 };
 use allot_core::budget::{
-    Decision, LeaseOutcome, Outcome, PersistRecord, ReleaseOutcome, RenewOutcome,
-    SettleOutcome, SlotOutcome,
+    Decision, LeaseOutcome, Outcome, PersistRecord, ReleaseOutcome, RenewOutcome, SettleOutcome,
+    SlotOutcome,
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::time::{Timestamp, WindowIndex};

@@ -285,7 +285,9 @@ fn open_cap(
     else {
         return None;
     };
-    let accounted = stats.window(ks.window).map_or(Duration::ZERO, |s| s.time_open);
+    let accounted = stats
+        .window(ks.window)
+        .map_or(Duration::ZERO, |s| s.time_open);
     let pending = ctx.open_from.map_or(Duration::ZERO, |from| {
         now.saturating_duration_since(from.max(p.window_start(ks.window)))
     });
@@ -305,7 +307,9 @@ fn open_budget_retry(p: &LimitParams, short_units: u64) -> Option<Duration> {
     };
     let nanos = u128::from(short_units) * rate.per.as_nanos();
     let wait = nanos.div_ceil(u128::from(rate.units.max(1)));
-    Some(Duration::from_nanos(u64::try_from(wait).unwrap_or(u64::MAX)))
+    Some(Duration::from_nanos(
+        u64::try_from(wait).unwrap_or(u64::MAX),
+    ))
 }
 
 fn plan_exact(
@@ -328,7 +332,10 @@ fn plan_exact(
     if cost > head {
         let beyond = cost - head;
         match open {
-            Some(OpenCap { gcra: g, left_units }) => {
+            Some(OpenCap {
+                gcra: g,
+                left_units,
+            }) => {
                 if beyond > left_units {
                     let retry = open_budget_retry(p, beyond - left_units);
                     return Plan::refused(Reason::PartitionOpen, retry);
@@ -380,7 +387,11 @@ fn plan_up_to(
     }
     let within = cap.min(head);
     let mut beyond = 0;
-    if let Some(OpenCap { gcra: g, left_units }) = open {
+    if let Some(OpenCap {
+        gcra: g,
+        left_units,
+    }) = open
+    {
         let by_rate = g.remaining(&open_state(ks), now);
         beyond = (cap - within).min(by_rate).min(left_units);
         if within + beyond < min {

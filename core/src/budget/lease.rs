@@ -521,9 +521,9 @@ impl RegionBudget {
 
     /// Most a settle may charge above a reservation of `reserved_units` of `limit`.
     fn max_overage_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
-        self.limits
-            .get(limit)
-            .map_or(0, |l| l.params.spec.max_settle_overage_units(reserved_units))
+        self.limits.get(limit).map_or(0, |l| {
+            l.params.spec.max_settle_overage_units(reserved_units)
+        })
     }
 
     /// Split a settle's `over_units` into what its cap lets it charge and what is clamped;

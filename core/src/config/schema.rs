@@ -559,7 +559,9 @@ impl Walk<'_> {
                 quoted: false,
             } if matches!(resolve_plain(text), Plain::Int(_) | Plain::Float) => {
                 parse_weight_ppm(text).map_err(|_| {
-                    format!("max_settle_overage must be {help} (at most six decimals), found {text}")
+                    format!(
+                        "max_settle_overage must be {help} (at most six decimals), found {text}"
+                    )
                 })
             }
             _ => Err(format!(

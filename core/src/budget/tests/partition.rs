@@ -231,5 +231,8 @@ fn open_spans_share_one_budget_per_window_however_often_the_view_recovers() {
         .cloned()
         .expect("stats");
     assert_eq!(w.time_open, Duration::from_millis(800));
-    assert_eq!(w.fail_open_units, 18, "ceil(10/s * 0.8 s) + 10, the bound's term");
+    assert_eq!(
+        w.fail_open_units, 18,
+        "ceil(10/s * 0.8 s) + 10, the bound's term"
+    );
 }

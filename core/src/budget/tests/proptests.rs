@@ -429,8 +429,12 @@ impl Harness {
     }
 
     fn check_restore(&self) {
-        let restored = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], self.log.clone())
-            .expect("restore");
+        let restored = RegionBudget::restore(
+            cfg(),
+            vec![per_minute_settling("api", 400, 100)],
+            self.log.clone(),
+        )
+        .expect("restore");
         assert_eq!(restored.snapshot(), self.b.snapshot());
     }
 }

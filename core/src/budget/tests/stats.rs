@@ -124,7 +124,8 @@ fn summed_figures_survive_a_restart_and_the_peak_starts_again() {
             .any(|r| matches!(r, PersistRecord::Stats(s) if s.settle_overage_units == 30)),
         "the overage is written before the answer"
     );
-    let mut r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log).expect("restore");
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log)
+        .expect("restore");
     let w = r
         .stats(&lim("api"))
         .and_then(|s| s.window(minute_window(0)))
@@ -153,7 +154,8 @@ fn windows_dropped_from_the_stats_are_erased_from_the_store() {
         b.settle(at(t + 1), g.lease, 11, None).expect("settle");
         log.extend(b.drain_dirty());
     }
-    let r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log).expect("restore");
+    let r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log)
+        .expect("restore");
     assert_eq!(r.snapshot(), b.snapshot());
     let kept: Vec<WindowIndex> = r
         .stats(&lim("api"))
