@@ -93,9 +93,10 @@ fn quiet_windows_deny_nothing_up_to_their_last_millisecond() {
 /// Issue 8, mechanism 5. A region whose answers are lost often (70% of SyncDowns to `a`)
 /// sees its view expire and recover many times a window; under the open policy its GCRA
 /// refilled while the view was fresh, so every open span started with a new burst, and a
-/// window's fail-open admissions passed the bound's `ceil(rate * time open) + burst`. Before
-/// the fix, seeds 0..2 broke the bound on the regions' clocks 9 times (seed 0, second window:
-/// 1,149 admitted against L 1,000 + a fail_open term of 106). Fixed by holding each window's
+/// window's fail-open admissions passed the bound's `ceil(rate * time open) + burst` (up to
+/// 1.7 times it). Before the fix, seeds 0..2 broke the bound on the regions' clocks 7 times
+/// (seed 1, second window: 1,171 admitted against L 1,000 + a bound of 116, nearly all of it
+/// the fail_open term). Fixed by holding each window's
 /// fail-open units to that budget at admission (`budget::admit::open_cap`): now the overshoot
 /// reaches the term and never passes it (300 seeds tried). The lossy link heals 5 s before
 /// the end, so that the last window's time open is reported within the run.
@@ -144,8 +145,9 @@ faults:
 /// Issue 8, mechanism 6. Reservations settle 1 to 30 s after they were admitted (1 s windows),
 /// and a gateway crash drops the settles it held. The settle_overage term was the overage the
 /// regions measured, and most of it never reached them in time (kept 4 windows) or at all:
-/// before the fix, seeds 0..2 broke the bound 72 times (seed 0, first window: 1,472 admitted
-/// against 1,060). Fixed by capping what a settle may charge above its reservation
+/// before the fix (the same scenario without `max_settle_overage`, which did not exist),
+/// seeds 0..2 broke the bound on the regions' clocks 72 times (seed 0, first window: 1,472
+/// admitted against 1,060). Fixed by capping what a settle may charge above its reservation
 /// (`max_settle_overage`, here 1: up to the reservation again) and stating the term from the
 /// cap, `ratio * (L + other terms)`, whatever reaches the regions.
 #[test]
@@ -193,8 +195,9 @@ faults:
 
 /// Issue 8, mechanism 7. Settles charge their overage past the allowance (invariant 1 allows
 /// exactly the recorded excess), then the agent crashes twice. The excess was not persisted:
-/// before the fix the restarted region was above its allowance with nothing recorded, 92
-/// violations a seed on seeds 0..2 (at 15.5 s: net use 3,981 above allowance 2,000). Fixed by
+/// before the fix (without `max_settle_overage`, which did not exist: every overage was
+/// charged) the restarted region was above its allowance with nothing recorded, 92 violations
+/// a seed on seeds 0..2 (at 15.5 s: net use 3,981 above allowance 2,000). Fixed by
 /// persisting each key's excess (`KeyRecord::excess_units`).
 #[test]
 fn a_restarted_agent_keeps_the_excess_it_recorded() {
