@@ -13,7 +13,7 @@ use super::key::KeyState;
 use super::limits::LimitParams;
 use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
-use crate::limit::PartitionPolicy;
+use crate::limit::{PartitionPolicy, RateCap};
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
 
 /// The region-wide inputs of an admission.
@@ -43,8 +43,21 @@ pub(crate) struct Allowance {
 #[derive(Clone, Copy, Debug)]
 struct OpenCap {
     gcra: Gcra,
+    rate: RateCap,
     /// Fail-open units the window may still take.
     left_units: u64,
+}
+
+impl OpenCap {
+    /// When the window's budget, growing at the open rate while the region stays open, will
+    /// have `short_units` more than it has left.
+    fn budget_retry(&self, short_units: u64) -> Option<Duration> {
+        let nanos = u128::from(short_units) * self.rate.per.as_nanos();
+        let wait = nanos.div_ceil(u128::from(self.rate.units.max(1)));
+        Some(Duration::from_nanos(
+            u64::try_from(wait).unwrap_or(u64::MAX),
+        ))
+    }
 }
 
 /// How much a request wants: an acquire is all or nothing, a lease takes what there is but
@@ -295,21 +308,9 @@ fn open_cap(
     let budget = rate.max_units_over(accounted.saturating_add(pending));
     Some(OpenCap {
         gcra,
+        rate,
         left_units: budget.saturating_sub(spent),
     })
-}
-
-/// When the window's fail-open budget, growing at the open rate, covers `units` more than it
-/// has left.
-fn open_budget_retry(p: &LimitParams, short_units: u64) -> Option<Duration> {
-    let PartitionPolicy::Open { rate } = p.spec.partition_policy else {
-        return None;
-    };
-    let nanos = u128::from(short_units) * rate.per.as_nanos();
-    let wait = nanos.div_ceil(u128::from(rate.units.max(1)));
-    Some(Duration::from_nanos(
-        u64::try_from(wait).unwrap_or(u64::MAX),
-    ))
 }
 
 fn plan_exact(
@@ -332,16 +333,14 @@ fn plan_exact(
     if cost > head {
         let beyond = cost - head;
         match open {
-            Some(OpenCap {
-                gcra: g,
-                left_units,
-            }) => {
-                if beyond > left_units {
-                    let retry = open_budget_retry(p, beyond - left_units);
+            Some(o) => {
+                if beyond > o.left_units {
+                    let retry = o.budget_retry(beyond - o.left_units);
                     return Plan::refused(Reason::PartitionOpen, retry);
                 }
                 let mut s = open_state(ks);
-                if let GcraDecision::Denied { retry_after, .. } = g.check(&mut s, now, beyond) {
+                if let GcraDecision::Denied { retry_after, .. } = o.gcra.check(&mut s, now, beyond)
+                {
                     return Plan::refused(Reason::PartitionOpen, retry_after);
                 }
                 plan.open_state = Some(s);
@@ -387,20 +386,16 @@ fn plan_up_to(
     }
     let within = cap.min(head);
     let mut beyond = 0;
-    if let Some(OpenCap {
-        gcra: g,
-        left_units,
-    }) = open
-    {
-        let by_rate = g.remaining(&open_state(ks), now);
-        beyond = (cap - within).min(by_rate).min(left_units);
+    if let Some(o) = open {
+        let by_rate = o.gcra.remaining(&open_state(ks), now);
+        beyond = (cap - within).min(by_rate).min(o.left_units);
         if within + beyond < min {
             // The open caps are what falls short: they must pass what the allowance cannot.
             let short = min - within;
-            let retry = if short > left_units {
-                open_budget_retry(p, short - left_units)
+            let retry = if short > o.left_units {
+                o.budget_retry(short - o.left_units)
             } else {
-                gcra_retry(&g, open_state(ks), now, short)
+                gcra_retry(&o.gcra, open_state(ks), now, short)
             };
             return Plan::refused(Reason::PartitionOpen, retry);
         }
