@@ -141,7 +141,17 @@ mod tests {
         let mut batch = vec![POSTCARD_V1, 2];
         batch.extend(key_record_v1_bytes(&key));
         batch.extend(&encode_record(&meta).expect("encoded")[1..]);
-        assert_eq!(decode_batch(&batch).expect("decoded"), vec![key, meta]);
+        assert_eq!(
+            decode_batch(&batch).expect("decoded"),
+            vec![key.clone(), meta]
+        );
+        // And in JSON, the missing fields take their defaults.
+        let mut json = serde_json::to_value(&key).expect("json");
+        let fields = json["Key"].as_object_mut().expect("a key record");
+        fields.remove("excess_units");
+        fields.remove("fail_open_units");
+        let json = serde_json::to_vec(&json).expect("json");
+        assert_eq!(decode_record(&json).expect("decoded"), key);
     }
 
     #[test]
