@@ -259,6 +259,8 @@ domain: shop
 descriptors:
   - key: tenant
     rate_limit: {unit: day, requests_per_unit: 10}
+    allot:
+      max_settle_overage: 0.5
   - key: worker
     rate_limit: {unit: day, requests_per_unit: 1000}
     allot:
@@ -388,7 +390,8 @@ async fn the_lease_api_end_to_end() {
         Some(8.0)
     );
 
-    // Reserve 2, use 3: the extra unit is charged as overage (3 - 3 = 0 left).
+    // Reserve 2, use 3: the extra unit is charged as overage (3 - 3 = 0 left); the rule lets a
+    // settle charge up to half its reservation above it, 1 unit here.
     let lease = c
         .lease(pb::LeaseRequest {
             min_units: 2,
@@ -418,7 +421,14 @@ async fn the_lease_api_end_to_end() {
         .await
         .expect("settle")
         .into_inner();
-    assert_eq!((settled.refunded_units, settled.overage_units), (0, 1));
+    assert_eq!(
+        (
+            settled.refunded_units,
+            settled.overage_units,
+            settled.clamped_units
+        ),
+        (0, 1, 0)
+    );
     assert_eq!(agent.key("shop", "tenant=acme")["remaining_units"], 0);
     let gone = c
         .release(release_request(lease.lease_id, 0))

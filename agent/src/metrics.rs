@@ -20,6 +20,7 @@ pub const LEASE_GRANTS: &str = "allot_lease_grants_total";
 pub const LEASE_GRANTED_UNITS: &str = "allot_lease_granted_units_total";
 pub const LEASE_RETURNS: &str = "allot_lease_returns_total";
 pub const LEASE_RETURNED_UNITS: &str = "allot_lease_returned_units_total";
+pub const SETTLE_CLAMPED_UNITS: &str = "allot_settle_clamped_units_total";
 pub const KEYS_REFUSED: &str = "allot_keys_refused_total";
 pub const KEYS_EVICTED: &str = "allot_keys_evicted_total";
 pub const KEYS: &str = "allot_keys";
@@ -73,6 +74,10 @@ fn describe() {
     describe_counter!(
         LEASE_RETURNED_UNITS,
         "Units refunded by releases and settles, by rule."
+    );
+    describe_counter!(
+        SETTLE_CLAMPED_UNITS,
+        "Units settles claimed above their rule's max_settle_overage, not charged: use the bound does not cover."
     );
     describe_counter!(
         KEYS_REFUSED,
@@ -132,6 +137,7 @@ pub struct RuleMetrics {
     pub lease_releases: Counter,
     pub lease_settles: Counter,
     pub lease_returned_units: Counter,
+    pub settle_clamped_units: Counter,
     pub keys_refused: Counter,
     pub keys: Gauge,
 }
@@ -156,6 +162,7 @@ impl RuleMetrics {
             lease_releases: counter!(LEASE_RETURNS, "rule" => rule.clone(), "kind" => "release"),
             lease_settles: counter!(LEASE_RETURNS, "rule" => rule.clone(), "kind" => "settle"),
             lease_returned_units: counter!(LEASE_RETURNED_UNITS, "rule" => rule.clone()),
+            settle_clamped_units: counter!(SETTLE_CLAMPED_UNITS, "rule" => rule.clone()),
             keys_refused: counter!(KEYS_REFUSED, "rule" => rule.clone()),
             keys: gauge!(KEYS, "rule" => rule),
         }

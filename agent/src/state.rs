@@ -488,6 +488,14 @@ impl Agent {
             })
             .await??;
         self.refunded(Returned::Settle, limit.as_ref(), out.refunded_units);
+        if out.clamped_units > 0 {
+            let limits = self.limits();
+            if let Some(rule) = limit.as_ref().and_then(|l| limits.rule(l)) {
+                rule.metrics
+                    .settle_clamped_units
+                    .increment(out.clamped_units);
+            }
+        }
         Ok(out)
     }
 

@@ -37,6 +37,12 @@ pub struct LimitSpec {
     /// envoyproxy/ratelimit `name` and `replaces`: a matched rule drops the rules it replaces.
     pub name: Option<String>,
     pub replaces: Vec<String>,
+    /// Most a settle may charge above its reservation, in parts per million of the
+    /// reservation ([`WEIGHT_SCALE_PPM`] is a ratio of 1); more is clamped and counted. It
+    /// makes the bound's settle-overage term a guarantee (docs/bound.md). A limit written
+    /// before the field existed reads as 0.
+    #[serde(default)]
+    pub max_settle_overage_ppm: u64,
 }
 
 impl LimitSpec {
@@ -59,8 +65,21 @@ impl LimitSpec {
             detailed_metric: false,
             name: None,
             replaces: Vec::new(),
+            max_settle_overage_ppm: 0,
         }
     }
+
+    /// Most a settle may charge above a reservation of `reserved_units`:
+    /// `floor(ratio * reserved)`.
+    pub fn max_settle_overage_units(&self, reserved_units: u64) -> u64 {
+        scale_ppm(reserved_units, self.max_settle_overage_ppm)
+    }
+}
+
+/// `floor(units * ppm / 1,000,000)`, saturating.
+pub fn scale_ppm(units: u64, ppm: u64) -> u64 {
+    let scaled = u128::from(units) * u128::from(ppm) / u128::from(WEIGHT_SCALE_PPM);
+    u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +119,19 @@ pub struct RateCap {
     pub units: u64,
     pub per: Duration,
     pub burst: u64,
+}
+
+impl RateCap {
+    /// Most units the cap admits over `time`: `ceil(units * time / per) + burst`. A GCRA with
+    /// this rate and burst never admits more in any interval of that length; the open
+    /// partition policy also holds a window's fail-open units to it over the time open.
+    pub fn max_units_over(&self, time: Duration) -> u64 {
+        let per_nanos = self.per.as_nanos().max(1);
+        let n = (u128::from(self.units) * time.as_nanos()).div_ceil(per_nanos);
+        u64::try_from(n)
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.burst)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -128,6 +128,7 @@ impl LeaseService for LeaseApi {
         Ok(Response::new(pb::SettleResponse {
             refunded_units: out.refunded_units,
             overage_units: out.overage_units,
+            clamped_units: out.clamped_units,
         }))
     }
 

@@ -1,15 +1,21 @@
 //! How records are laid out in the log and in the tree: postcard (compact, no field names)
 //! behind a format byte. JSON, which earlier versions of the store wrote, always starts with
-//! `[`, `{` or `"` and never with a format byte, so a store written by them still reads.
+//! `[`, `{` or `"` and never with a format byte, so a store written by them still reads (a
+//! field added since reads as its default). Postcard has no defaults: a record whose layout
+//! changed gets a new format byte, and the older layouts read through mirrors (`legacy`).
 
 use allot_core::budget::PersistRecord;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::legacy::RecordV1;
 use crate::error::{Error, Result};
 
-/// The first byte of every encoding written now.
+/// The first postcard layout: key records without their excess units.
 const POSTCARD_V1: u8 = 0x01;
+
+/// The first byte of every encoding written now.
+const POSTCARD_V2: u8 = 0x02;
 
 /// Appends the encoding of one batch of records to `out`.
 pub(crate) fn encode_batch_into(out: Vec<u8>, batch: &[PersistRecord]) -> Result<Vec<u8>> {
@@ -17,6 +23,10 @@ pub(crate) fn encode_batch_into(out: Vec<u8>, batch: &[PersistRecord]) -> Result
 }
 
 pub(crate) fn decode_batch(bytes: &[u8]) -> Result<Vec<PersistRecord>> {
+    if bytes.first() == Some(&POSTCARD_V1) {
+        let old: Vec<RecordV1> = decode_postcard(&bytes[1..], "batch")?;
+        return Ok(old.into_iter().map(PersistRecord::from).collect());
+    }
     decode(bytes, "batch")
 }
 
@@ -25,19 +35,22 @@ pub(crate) fn encode_record(record: &PersistRecord) -> Result<Vec<u8>> {
 }
 
 pub(crate) fn decode_record(bytes: &[u8]) -> Result<PersistRecord> {
+    if bytes.first() == Some(&POSTCARD_V1) {
+        let old: RecordV1 = decode_postcard(&bytes[1..], "record")?;
+        return Ok(old.into());
+    }
     decode(bytes, "record")
 }
 
 fn encode_into<T: Serialize + ?Sized>(mut out: Vec<u8>, value: &T, what: &str) -> Result<Vec<u8>> {
-    out.push(POSTCARD_V1);
+    out.push(POSTCARD_V2);
     postcard::to_extend(value, out)
         .map_err(|e| Error::Corrupt(format!("cannot encode {what}: {e}")))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
     match bytes.first() {
-        Some(&POSTCARD_V1) => postcard::from_bytes(&bytes[1..])
-            .map_err(|e| Error::Corrupt(format!("undecodable {what}: {e}"))),
+        Some(&POSTCARD_V2) => decode_postcard(&bytes[1..], what),
         Some(b'[' | b'{' | b'"') => serde_json::from_slice(bytes)
             .map_err(|e| Error::Corrupt(format!("undecodable {what} (JSON): {e}"))),
         Some(other) => Err(Error::Corrupt(format!(
@@ -45,6 +58,10 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
         ))),
         None => Err(Error::Corrupt(format!("empty {what}"))),
     }
+}
+
+fn decode_postcard<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
+    postcard::from_bytes(bytes).map_err(|e| Error::Corrupt(format!("undecodable {what}: {e}")))
 }
 
 #[cfg(test)]
@@ -88,6 +105,53 @@ mod tests {
             let json = serde_json::to_vec(r).expect("json");
             assert_eq!(&decode_record(&json).expect("decoded"), r);
         }
+    }
+
+    /// A key record as the first postcard layout wrote it: today's encoding without the two
+    /// excess fields it ends with (both 0 here, one byte each).
+    fn key_record_v1_bytes(record: &PersistRecord) -> Vec<u8> {
+        let mut bytes = encode_record(record).expect("encoded");
+        assert_eq!(bytes.split_off(bytes.len() - 2), vec![0, 0]);
+        bytes.remove(0);
+        bytes
+    }
+
+    #[test]
+    fn a_store_written_before_keys_kept_their_excess_still_reads() {
+        use allot_core::budget::persist::KeyRecord;
+        use allot_core::ids::{KeyId, LimitId};
+        use allot_core::time::WindowIndex;
+        let key = PersistRecord::Key(KeyRecord {
+            limit: LimitId::from("api"),
+            key: KeyId::from("t=1"),
+            window: WindowIndex(7),
+            granted_units: 130,
+            refunded_units: 20,
+            allowances: Vec::new(),
+            rate_tat: None,
+            open_rate_tat: None,
+            excess_units: 0,
+            fail_open_units: 0,
+        });
+        let mut record = vec![POSTCARD_V1];
+        record.extend(key_record_v1_bytes(&key));
+        assert_eq!(decode_record(&record).expect("decoded"), key);
+        // A batch: its length, then each record in the old layout.
+        let meta = records().remove(1);
+        let mut batch = vec![POSTCARD_V1, 2];
+        batch.extend(key_record_v1_bytes(&key));
+        batch.extend(&encode_record(&meta).expect("encoded")[1..]);
+        assert_eq!(
+            decode_batch(&batch).expect("decoded"),
+            vec![key.clone(), meta]
+        );
+        // And in JSON, the missing fields take their defaults.
+        let mut json = serde_json::to_value(&key).expect("json");
+        let fields = json["Key"].as_object_mut().expect("a key record");
+        fields.remove("excess_units");
+        fields.remove("fail_open_units");
+        let json = serde_json::to_vec(&json).expect("json");
+        assert_eq!(decode_record(&json).expect("decoded"), key);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 mod codec;
 mod keyed;
+mod legacy;
 mod memory;
 mod sled_store;
 mod wal;

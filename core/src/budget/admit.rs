@@ -13,7 +13,7 @@ use super::key::KeyState;
 use super::limits::LimitParams;
 use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
-use crate::limit::PartitionPolicy;
+use crate::limit::{PartitionPolicy, RateCap};
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
 
 /// The region-wide inputs of an admission.
@@ -26,6 +26,9 @@ pub(crate) struct Ctx {
     /// entries came last in such an answer has a view too old to use.
     pub fresh_since: Timestamp,
     pub sync_interval: Duration,
+    /// The view has been expired since this instant, and the time since is not yet in the
+    /// statistics' time open (`None` while fresh).
+    pub open_from: Option<Timestamp>,
 }
 
 /// The allowance `a_r` in force for a key, and where it comes from.
@@ -35,6 +38,29 @@ pub(crate) struct Allowance {
     pub reason: Reason,
     /// Open partition policy: beyond `units`, its rate cap may still admit (fail-open).
     pub open: bool,
+}
+
+/// The open policy's two limits on what it lets in beyond the allowance: its GCRA (no more
+/// than the rate and burst over any interval) and the window's budget (no more than the rate
+/// over the time open in the window, plus one burst: the bound's fail-open term).
+#[derive(Clone, Copy, Debug)]
+struct OpenCap {
+    gcra: Gcra,
+    rate: RateCap,
+    /// Fail-open units the window may still take.
+    left_units: u64,
+}
+
+impl OpenCap {
+    /// When the window's budget, growing at the open rate while the region stays open, will
+    /// have `short_units` more than it has left.
+    fn budget_retry(&self, short_units: u64) -> Option<Duration> {
+        let nanos = u128::from(short_units) * self.rate.per.as_nanos();
+        let wait = nanos.div_ceil(u128::from(self.rate.units.max(1)));
+        Some(Duration::from_nanos(
+            u64::try_from(wait).unwrap_or(u64::MAX),
+        ))
+    }
 }
 
 /// How much a request wants: an acquire is all or nothing, a lease takes what there is but
@@ -157,11 +183,12 @@ pub(crate) fn admit(
 ) -> Admission {
     let a = allowance(p, ks, ks.window, ctx);
     let head = a.units.saturating_sub(ks.net_units());
+    let open = open_cap(p, ks, stats, ctx, now).filter(|_| a.open);
     let (plan, wanted) = match want {
-        Want::Exact(cost) => (plan_exact(p, ks, &a, head, now, cost), cost),
+        Want::Exact(cost) => (plan_exact(p, ks, &a, open, now, cost), cost),
         Want::UpTo { units, min_units } => {
             let range = LeaseRange { units, min_units };
-            (plan_up_to(p, ks, &a, head, now, range), units)
+            (plan_up_to(p, ks, &a, open, now, range), units)
         }
     };
     let mut window_stats = stats.window_mut(ks.window);
@@ -227,7 +254,9 @@ fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut Wind
     let n_before = ks.net_units();
     ks.granted_units = ks.granted_units.saturating_add(plan.units);
     if plan.fail_open_units > 0 {
-        ks.hot_mut().excess_units += plan.fail_open_units;
+        let hot = ks.hot_mut();
+        hot.excess_units += plan.fail_open_units;
+        hot.fail_open_units += plan.fail_open_units;
         if let Some(s) = stats {
             s.add_fail_open(plan.fail_open_units);
         }
@@ -265,14 +294,45 @@ impl Plan {
     }
 }
 
+/// The open policy's caps for the key at `now`, if the limit has that policy. The window's
+/// time open is what the statistics hold plus the expired stretch not yet added to them, both
+/// on this region's clock: exactly what the region reports as its time open, so the budget is
+/// never above the bound's fail-open term for the window.
+fn open_cap(
+    p: &LimitParams,
+    ks: &KeyState,
+    stats: &LimitStats,
+    ctx: &Ctx,
+    now: Timestamp,
+) -> Option<OpenCap> {
+    let (PartitionPolicy::Open { rate }, Some(gcra)) = (p.spec.partition_policy, p.open_rate)
+    else {
+        return None;
+    };
+    let accounted = stats
+        .window(ks.window)
+        .map_or(Duration::ZERO, |s| s.time_open);
+    let pending = ctx.open_from.map_or(Duration::ZERO, |from| {
+        now.saturating_duration_since(from.max(p.window_start(ks.window)))
+    });
+    let spent = ks.hot.as_ref().map_or(0, |h| h.fail_open_units);
+    let budget = rate.max_units_over(accounted.saturating_add(pending));
+    Some(OpenCap {
+        gcra,
+        rate,
+        left_units: budget.saturating_sub(spent),
+    })
+}
+
 fn plan_exact(
     p: &LimitParams,
     ks: &KeyState,
     a: &Allowance,
-    head: u64,
+    open: Option<OpenCap>,
     now: Timestamp,
     cost: u64,
 ) -> Plan {
+    let head = a.units.saturating_sub(ks.net_units());
     let mut plan = Plan {
         units: cost,
         fail_open_units: 0,
@@ -283,17 +343,22 @@ fn plan_exact(
     };
     if cost > head {
         let beyond = cost - head;
-        match (a.open, p.open_rate) {
-            (true, Some(g)) => {
+        match open {
+            Some(o) => {
+                if beyond > o.left_units {
+                    let retry = o.budget_retry(beyond - o.left_units);
+                    return Plan::refused(Reason::PartitionOpen, retry);
+                }
                 let mut s = open_state(ks);
-                if let GcraDecision::Denied { retry_after, .. } = g.check(&mut s, now, beyond) {
+                if let GcraDecision::Denied { retry_after, .. } = o.gcra.check(&mut s, now, beyond)
+                {
                     return Plan::refused(Reason::PartitionOpen, retry_after);
                 }
                 plan.open_state = Some(s);
                 plan.fail_open_units = beyond;
                 plan.reason = Reason::PartitionOpen;
             }
-            _ => return Plan::refused(a.reason, allowance_retry_after(p, ks, now, cost)),
+            None => return Plan::refused(a.reason, allowance_retry_after(p, ks, now, cost)),
         }
     }
     if let Some(g) = p.rate {
@@ -317,10 +382,11 @@ fn plan_up_to(
     p: &LimitParams,
     ks: &KeyState,
     a: &Allowance,
-    head: u64,
+    open: Option<OpenCap>,
     now: Timestamp,
     want: LeaseRange,
 ) -> Plan {
+    let head = a.units.saturating_sub(ks.net_units());
     let min = want.min_units.max(1);
     let mut cap = want.units;
     if let Some(g) = p.rate {
@@ -331,11 +397,17 @@ fn plan_up_to(
     }
     let within = cap.min(head);
     let mut beyond = 0;
-    if let (true, Some(g)) = (a.open, p.open_rate) {
-        beyond = (cap - within).min(g.remaining(&open_state(ks), now));
+    if let Some(o) = open {
+        let by_rate = o.gcra.remaining(&open_state(ks), now);
+        beyond = (cap - within).min(by_rate).min(o.left_units);
         if within + beyond < min {
-            // The open cap is what falls short: it must pass what the allowance cannot.
-            let retry = gcra_retry(&g, open_state(ks), now, min - within);
+            // The open caps are what falls short: they must pass what the allowance cannot.
+            let short = min - within;
+            let retry = if short > o.left_units {
+                o.budget_retry(short - o.left_units)
+            } else {
+                gcra_retry(&o.gcra, open_state(ks), now, short)
+            };
             return Plan::refused(Reason::PartitionOpen, retry);
         }
     }

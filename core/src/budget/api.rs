@@ -147,8 +147,13 @@ pub struct SettleOutcome {
     /// `reserved - actual` when the lease was not all used.
     pub refunded_units: u64,
     /// `actual - reserved` when it used more: charged even beyond the allowance, and recorded
-    /// as settle overage for the bound.
+    /// as settle overage for the bound; at most the limit's `max_settle_overage` times the
+    /// reservation.
     pub overage_units: u64,
+    /// Used beyond the reservation and above the cap: not charged, counted in the statistics
+    /// (`settle_clamped_units`). A spender that stops at the cap never sees it above 0.
+    #[serde(default)]
+    pub clamped_units: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

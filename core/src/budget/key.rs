@@ -82,6 +82,9 @@ pub(crate) struct HotState {
     /// Units above the allowance that policy let in this window (settle overage, fail-open,
     /// shadow): invariant 1 allows exactly these.
     pub excess_units: u64,
+    /// The part of `excess_units` the open partition policy let in: at most what its rate
+    /// admits over the time the region has been open in this window (docs/bound.md).
+    pub fail_open_units: u64,
     /// Demand exceeded the allowance, or a request was refused: report to the coordinator.
     pub escalated: bool,
     /// The coordinator named this counter (entries, grant, release): report it too.
@@ -202,6 +205,7 @@ impl HotState {
         self.denied_units = 0;
         self.refused_this_window = false;
         self.excess_units = 0;
+        self.fail_open_units = 0;
         self.escalated = false;
         // A pre-issued grant means the coordinator follows this counter.
         self.mentioned = pre_issued.is_some();
@@ -221,6 +225,8 @@ impl HotState {
             && self.future.is_empty()
             && self.leases.is_empty()
             && self.slots.is_empty()
+            // Invariant 1 and the fail-open budget count these until the window ends.
+            && self.excess_units == 0
             && !self.is_reported()
             && self.closing.is_none()
             && !pacing(&self.rate)

@@ -40,6 +40,9 @@ pub(crate) struct Lease {
     /// is probably still unspent, for the demand estimate. Not persisted (a restored lease
     /// counts as spent).
     pub spend: Option<LeaseSpend>,
+    /// Settle overage charged against it so far (late settles of reservations paid from it):
+    /// at most `max_settle_overage` times its units. Not persisted.
+    pub overage_units: u64,
 }
 
 /// What a lease's holder told the agent about its pace when it asked for the lease.
@@ -91,6 +94,9 @@ pub(crate) struct EndedLease {
     pub target: LeaseTarget,
     /// Units still charged for it: no late refund may give back more.
     pub refundable_units: u64,
+    /// Settle overage late settles may still charge: `max_settle_overage` times the units it
+    /// kept, less what was charged already.
+    pub overage_left_units: u64,
 }
 
 /// Every outstanding lease of the region, with an expiry index.
@@ -146,6 +152,13 @@ impl LeaseTable {
     pub fn shrink(&mut self, id: LeaseId, units: u64) {
         if let Some(l) = self.by_id.get_mut(&id) {
             l.units = l.units.saturating_sub(units);
+        }
+    }
+
+    /// Count `units` of settle overage charged against live lease `id`.
+    pub fn add_overage(&mut self, id: LeaseId, units: u64) {
+        if let Some(l) = self.by_id.get_mut(&id) {
+            l.overage_units = l.overage_units.saturating_add(units);
         }
     }
 
@@ -466,7 +479,9 @@ impl RegionBudget {
     }
 
     /// End a lease at its true cost: refund `reserved - actual`, or charge `actual - reserved`
-    /// even beyond the allowance (recorded as settle overage for the bound).
+    /// even beyond the allowance (recorded as settle overage for the bound), but no more than
+    /// the limit's `max_settle_overage` times the reservation: the rest is clamped, counted
+    /// (`settle_clamped_units`) and answered in `clamped_units`.
     pub fn settle(
         &mut self,
         now: Timestamp,
@@ -483,18 +498,56 @@ impl RegionBudget {
         lease: LeaseId,
         actual_units: u64,
     ) -> Result<SettleOutcome> {
-        let reserved = self.live_lease(now, lease)?.units;
+        let live = self.live_lease(now, lease)?;
+        let reserved = live.units;
+        let over = actual_units.saturating_sub(reserved);
+        let cap = self
+            .max_overage_units(&live.limit, reserved)
+            .saturating_sub(live.overage_units);
+        let (charged, clamped) = self.clamp_overage(&live.target(), over, cap);
         let out = SettleOutcome {
             refunded_units: reserved.saturating_sub(actual_units),
-            overage_units: actual_units.saturating_sub(reserved),
+            overage_units: charged,
+            clamped_units: clamped,
         };
-        let settlement = if out.overage_units > 0 {
-            Settlement::Overage(out.overage_units)
+        let settlement = if over > 0 {
+            Settlement::Overage(charged)
         } else {
             Settlement::Refund(out.refunded_units)
         };
         self.end_lease(now, lease, settlement);
         Ok(out)
+    }
+
+    /// Most a settle may charge above a reservation of `reserved_units` of `limit`.
+    fn max_overage_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
+        self.limits.get(limit).map_or(0, |l| {
+            l.params.spec.max_settle_overage_units(reserved_units)
+        })
+    }
+
+    /// Split a settle's `over_units` into what its cap lets it charge and what is clamped;
+    /// the clamped part is counted in the lease window's statistics and the region's.
+    fn clamp_overage(
+        &mut self,
+        target: &LeaseTarget,
+        over_units: u64,
+        cap_units: u64,
+    ) -> (u64, u64) {
+        let charged = over_units.min(cap_units);
+        let clamped = over_units - charged;
+        if clamped > 0 {
+            self.stats.settle_clamped_units =
+                self.stats.settle_clamped_units.saturating_add(clamped);
+            let window = self
+                .limits
+                .get_mut(&target.limit)
+                .and_then(|l| l.stats.window_mut(target.window));
+            if let Some(w) = window {
+                w.settle_clamped_units = w.settle_clamped_units.saturating_add(clamped);
+            }
+        }
+        (charged, clamped)
     }
 
     /// The lease, if it is still live at `now`; a lease past its time is expired on the spot.
@@ -512,7 +565,9 @@ impl RegionBudget {
     /// A reservation paid from `lease` settled at a size other than reserved, after the
     /// gateway stopped holding the lease (it released it, or let it expire). A refund gives
     /// the units back and an overage charges them (even past the allowance, recorded as settle
-    /// overage), on the lease's counter while its window lasts. Once the window is over a
+    /// overage), on the lease's counter while its window lasts. The overages charged against
+    /// one lease add up to at most `max_settle_overage` times its units (the reservations paid
+    /// from it); the rest is clamped, counted and answered in `clamped_units`. Once the window is over a
     /// refund changes nothing (the units stay spent in it) and an overage is still recorded in
     /// that window's statistics for the bound (the units were used in it), but charges no
     /// counter. Ended leases are remembered for a while (`ENDED_LEASES_KEPT`, not across a
@@ -541,6 +596,7 @@ impl RegionBudget {
         }
         let ended = self.leases.ended_mut(id).ok_or(Error::UnknownLease(id))?;
         let target = ended.target.clone();
+        let mut clamped = 0;
         let how = match delta {
             ReservationDelta::Refund { units } if units > ended.refundable_units => {
                 return Err(Error::InvalidRequest(format!(
@@ -552,10 +608,17 @@ impl RegionBudget {
                 ended.refundable_units -= units;
                 Settlement::Refund(units)
             }
-            ReservationDelta::Overage { units } => Settlement::Overage(units),
+            ReservationDelta::Overage { units } => {
+                let cap = ended.overage_left_units;
+                let charged = units.min(cap);
+                ended.overage_left_units -= charged;
+                let (charged, over_cap) = self.clamp_overage(&target, units, charged);
+                clamped = over_cap;
+                Settlement::Overage(charged)
+            }
         };
         let on_counter = self.settle_on_key(now, &target, how, None);
-        Ok(settle_outcome(delta, on_counter))
+        Ok(settle_outcome(how, on_counter, clamped))
     }
 
     /// A late settle for a lease the agent still holds (the gateway let it go a little early):
@@ -567,6 +630,7 @@ impl RegionBudget {
         live: &Lease,
         delta: ReservationDelta,
     ) -> Result<SettleOutcome> {
+        let mut clamped = 0;
         let how = match delta {
             ReservationDelta::Refund { units } if units > live.units => {
                 return Err(Error::InvalidRequest(format!(
@@ -579,10 +643,18 @@ impl RegionBudget {
                 self.dirty.mark(Dirty::Lease(id));
                 Settlement::Refund(units)
             }
-            ReservationDelta::Overage { units } => Settlement::Overage(units),
+            ReservationDelta::Overage { units } => {
+                let cap = self
+                    .max_overage_units(&live.limit, live.units)
+                    .saturating_sub(live.overage_units);
+                let (charged, over_cap) = self.clamp_overage(&live.target(), units, cap);
+                self.leases.add_overage(id, charged);
+                clamped = over_cap;
+                Settlement::Overage(charged)
+            }
         };
         let on_counter = self.settle_on_key(now, &live.target(), how, None);
-        Ok(settle_outcome(delta, on_counter))
+        Ok(settle_outcome(how, on_counter, clamped))
     }
 
     /// Remove a lease and apply its settlement to its key.
@@ -591,17 +663,26 @@ impl RegionBudget {
             return;
         };
         self.dirty.mark(Dirty::Lease(id));
-        let refundable_units = match how {
-            Settlement::Expired => lease.units,
-            Settlement::Refund(units) => lease.units.saturating_sub(units),
-            Settlement::Overage(_) => 0,
+        let (refundable_units, charged) = match how {
+            Settlement::Expired => (lease.units, 0),
+            Settlement::Refund(units) => (lease.units.saturating_sub(units), 0),
+            Settlement::Overage(units) => (0, units),
         };
+        // Reservations settled later were paid from the units it kept.
+        let kept = match how {
+            Settlement::Refund(units) => lease.units.saturating_sub(units),
+            _ => lease.units,
+        };
+        let overage_left_units = self
+            .max_overage_units(&lease.limit, kept)
+            .saturating_sub(lease.overage_units.saturating_add(charged));
         let target = lease.target();
         self.leases.remember_ended(
             id,
             EndedLease {
                 target: target.clone(),
                 refundable_units,
+                overage_left_units,
             },
         );
         self.settle_on_key(now, &target, how, Some(id));
@@ -681,17 +762,18 @@ fn apply_settlement(
     debug_assert!(ks.refunded_units <= ks.granted_units);
 }
 
-/// What a late settle did: the refund or overage, if it reached the counter.
-fn settle_outcome(delta: ReservationDelta, on_counter: bool) -> SettleOutcome {
-    match delta {
-        ReservationDelta::Refund { units } => SettleOutcome {
-            refunded_units: if on_counter { units } else { 0 },
-            overage_units: 0,
-        },
-        ReservationDelta::Overage { units } => SettleOutcome {
-            refunded_units: 0,
-            overage_units: units,
-        },
+/// What a late settle did: the refund, if it reached the counter, or the overage charged
+/// (to the counter, or to the ended window's statistics) and what its cap clamped.
+fn settle_outcome(how: Settlement, on_counter: bool, clamped_units: u64) -> SettleOutcome {
+    let (refunded_units, overage_units) = match how {
+        Settlement::Refund(units) if on_counter => (units, 0),
+        Settlement::Overage(units) => (0, units),
+        Settlement::Refund(_) | Settlement::Expired => (0, 0),
+    };
+    SettleOutcome {
+        refunded_units,
+        overage_units,
+        clamped_units,
     }
 }
 
@@ -785,6 +867,7 @@ fn lease_in_key(
             rate_units_per_sec,
             unspent_at_grant: adm.units,
         }),
+        overage_units: 0,
     };
     (LeaseOutcome::Granted(grant), Some(lease), adm.escalated)
 }

@@ -15,7 +15,7 @@ use crate::algo::concurrency::Concurrency;
 use crate::algo::gcra::Gcra;
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LimitId, RegionId};
-use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::limit::{ConcurrencyCap, Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::time::{Timestamp, Window, WindowIndex};
 
 /// A limit's parameters, derived once from its spec.
@@ -58,7 +58,9 @@ impl LimitParams {
         LimitParams {
             rate: spec.rate_cap.map(Gcra::new),
             open_rate,
-            concurrency: spec.concurrency.map(Concurrency::new),
+            concurrency: spec
+                .concurrency
+                .map(|cap| Concurrency::new(regional_slots(&spec, cfg, cap))),
             quota,
             default_units,
             others,
@@ -95,6 +97,23 @@ impl LimitParams {
     pub fn window_len(&self) -> Duration {
         self.quota.map_or(Duration::MAX, |(_, w)| w.len())
     }
+}
+
+/// The region's part of a concurrency cap. Slots are held per region and never rebalanced,
+/// so a coordinated region takes its default share `max(1, floor(w_r * max_slots))`: the
+/// parts add up to at most `max_slots`, plus one for every region whose share rounds to
+/// zero (a region is never left without a slot). A region alone holds all of them
+/// (docs/decisions.md, D16).
+fn regional_slots(spec: &LimitSpec, cfg: &BudgetConfig, cap: ConcurrencyCap) -> ConcurrencyCap {
+    if !cfg.coordinated {
+        return cap;
+    }
+    let share = spec
+        .weights
+        .default_allowance(&cfg.region, &cfg.regions, u64::from(cap.max_slots));
+    // At most `max_slots`, so it fits.
+    let max_slots = u32::try_from(share.max(1)).unwrap_or(cap.max_slots);
+    ConcurrencyCap { max_slots, ..cap }
 }
 
 /// One limit in a region.

@@ -392,11 +392,16 @@ impl RegionBudget {
 }
 
 fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
+    let coordinated = cfg.coordinated;
     Ctx {
-        coordinated: cfg.coordinated,
-        view_expired: cfg.coordinated && view.is_expired(now),
+        coordinated,
+        view_expired: coordinated && view.is_expired(now),
         fresh_since: view.fresh_since(now),
         sync_interval: cfg.sync_interval,
+        open_from: view
+            .expired_span(now)
+            .filter(|_| coordinated)
+            .map(|(from, _)| from),
     }
 }
 

@@ -5,7 +5,8 @@
 //! the current state of each touched item (or a tombstone when it is gone). Applying drained
 //! batches in order, or a `snapshot`, through `restore` rebuilds the same durable state.
 //! Soft state is not persisted: the remote view and escalation come back with the next sync,
-//! and statistics restart.
+//! and statistics restart. A key's excess over its allowance (settle overage, fail-open) is
+//! durable: a restarted region is above its allowance by exactly what it was before.
 //!
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
@@ -103,6 +104,15 @@ pub struct KeyRecord {
     pub allowances: Vec<AllowanceRecord>,
     pub rate_tat: Option<Timestamp>,
     pub open_rate_tat: Option<Timestamp>,
+    /// Units policy let in beyond the allowance in `window` (settle overage, fail-open,
+    /// shadow): a restarted region may still be above its allowance by exactly these
+    /// (invariant 1). Absent from records written before it was kept: 0.
+    #[serde(default)]
+    pub excess_units: u64,
+    /// The fail-open part of `excess_units`: the open policy's budget for the window is
+    /// spent by these, restart or not.
+    #[serde(default)]
+    pub fail_open_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -397,6 +407,7 @@ impl RegionBudget {
                     units: l.units,
                     expires_at: l.expires_at,
                     spend: None,
+                    overage_units: 0,
                 };
                 self.leases.insert(l.lease, lease);
             }
@@ -491,6 +502,12 @@ impl RegionBudget {
         if let Some(t) = rec.open_rate_tat {
             ks.hot_mut().open_rate = Some(GcraState::from_tat(t));
         }
+        // Like the entries, these only grow within a window: merged by max.
+        if rec.excess_units > 0 || rec.fail_open_units > 0 {
+            let hot = ks.hot_mut();
+            hot.excess_units = hot.excess_units.max(rec.excess_units);
+            hot.fail_open_units = hot.fail_open_units.max(rec.fail_open_units);
+        }
     }
 
     /// Per-key lease lists and slot sets, and the set of reported keys, from the tables.
@@ -580,6 +597,8 @@ fn key_record(lim: &LimitState, name: &str, ks: &KeyState) -> KeyRecord {
         allowances: current.into_iter().chain(future).collect(),
         rate_tat: hot.and_then(|h| h.rate).map(|s| s.tat()),
         open_rate_tat: hot.and_then(|h| h.open_rate).map(|s| s.tat()),
+        excess_units: hot.map_or(0, |h| h.excess_units),
+        fail_open_units: hot.map_or(0, |h| h.fail_open_units),
     }
 }
 

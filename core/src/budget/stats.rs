@@ -18,6 +18,10 @@ use crate::time::{Timestamp, WindowIndex, duration_nanos};
 pub struct WindowStats {
     /// Units settled above their reservation (charged even beyond the allowance).
     pub settle_overage_units: u64,
+    /// Units settles claimed above their cap (`max_settle_overage`): not charged. Not
+    /// persisted; the region-wide total is in [`RegionStats`].
+    #[serde(default)]
+    pub settle_clamped_units: u64,
     /// Units admitted beyond the allowance by the open partition policy.
     pub fail_open_units: u64,
     /// Time the open partition policy was in force (contact with the coordinator expired).
@@ -184,6 +188,10 @@ pub struct RegionStats {
     pub sync_items_skipped: u64,
     /// Times the dirty tracker overflowed and the next drain became a full snapshot.
     pub dirty_overflows: u64,
+    /// Units settles claimed above their limit's `max_settle_overage`, clamped (not charged):
+    /// use a spender let through beyond the cap the bound assumes.
+    #[serde(default)]
+    pub settle_clamped_units: u64,
 }
 
 #[cfg(test)]

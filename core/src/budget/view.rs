@@ -66,8 +66,15 @@ impl View {
     /// The expired stretch of time between the last call and `now`, if any: the span during
     /// which an open partition policy was in force.
     pub fn take_expired_span(&mut self, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let span = self.expired_span(now);
+        self.open_accounted_until = Some(self.open_accounted_until.unwrap_or(now).max(now));
+        span
+    }
+
+    /// What [`Self::take_expired_span`] would hand out at `now`, without handing it out: the
+    /// time open not yet in the statistics.
+    pub fn expired_span(&self, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
         let from = self.open_accounted_until.unwrap_or(now);
-        self.open_accounted_until = Some(from.max(now));
         let expired_from = match self.contact_at {
             None => from,
             Some(c) => from.max(c + self.ttl),

@@ -36,6 +36,13 @@ pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(30);
 /// Burst of a rate cap without `burst`: one unit, so the cap is a pure rate.
 pub const DEFAULT_BURST_UNITS: u64 = 1;
 
+/// `max_settle_overage` without the setting: a settle charges nothing above its reservation,
+/// so the bound's settle-overage term is 0 unless a rule allows more.
+pub const DEFAULT_MAX_SETTLE_OVERAGE_PPM: u64 = 0;
+
+/// Largest `max_settle_overage` accepted: a settle may charge 100 times its reservation.
+pub const MAX_SETTLE_OVERAGE_PPM: u64 = 100 * WEIGHT_SCALE_PPM;
+
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -57,6 +64,7 @@ const ALLOT_KEYS: &[&str] = &[
     "concurrency",
     "failure_mode",
     "enabled",
+    "max_settle_overage",
 ];
 /// `allot` settings that still mean something on an unlimited rule.
 const ALLOT_KEYS_FOR_UNLIMITED: &[&str] = &["failure_mode", "enabled"];
@@ -337,6 +345,7 @@ impl Walk<'_> {
             detailed_metric: flags.detailed_metric,
             name,
             replaces: replaces_at.iter().map(|(n, _, _)| n.clone()).collect(),
+            max_settle_overage_ppm: s.max_settle_overage_ppm,
         };
         Some(RuleDef { spec, replaces_at })
     }
@@ -495,6 +504,7 @@ struct Settings {
     concurrency: Option<ConcurrencyCap>,
     failure_mode: FailureMode,
     enabled: bool,
+    max_settle_overage_ppm: u64,
 }
 
 impl Walk<'_> {
@@ -522,6 +532,9 @@ impl Walk<'_> {
             self.choice(f, &options)
         });
         let enabled = allot.get("enabled").and_then(|f| self.boolean(f));
+        let max_settle_overage_ppm = allot
+            .get("max_settle_overage")
+            .and_then(|f| self.settle_overage(f));
         Settings {
             window,
             consistency: consistency.unwrap_or_default(),
@@ -531,7 +544,42 @@ impl Walk<'_> {
             concurrency,
             failure_mode: failure_mode.unwrap_or_default(),
             enabled: enabled.unwrap_or(true),
+            max_settle_overage_ppm: max_settle_overage_ppm
+                .unwrap_or(DEFAULT_MAX_SETTLE_OVERAGE_PPM),
         }
+    }
+
+    /// `max_settle_overage: 0.5`: a ratio of the reservation with at most six decimals, kept
+    /// in parts per million.
+    fn settle_overage(&mut self, f: &Field<'_>) -> Option<u64> {
+        let help = "a ratio of the reservation such as 0.5";
+        let ppm = match &f.value.kind {
+            Kind::Scalar {
+                text,
+                quoted: false,
+            } if matches!(resolve_plain(text), Plain::Int(_) | Plain::Float) => {
+                parse_weight_ppm(text).map_err(|_| {
+                    format!(
+                        "max_settle_overage must be {help} (at most six decimals), found {text}"
+                    )
+                })
+            }
+            _ => Err(format!(
+                "max_settle_overage must be {help}, found {}",
+                f.value.describe()
+            )),
+        };
+        let problem = match ppm {
+            Ok(ppm) if ppm <= MAX_SETTLE_OVERAGE_PPM => return Some(ppm),
+            Ok(ppm) => format!(
+                "max_settle_overage {} is above {}",
+                format_ppm(ppm),
+                format_ppm(MAX_SETTLE_OVERAGE_PPM)
+            ),
+            Err(message) => message,
+        };
+        self.err(f.value.pos, &f.path, problem);
+        None
     }
 
     fn window(&mut self, f: &Field<'_>) -> Option<Duration> {

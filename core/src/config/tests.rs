@@ -1287,6 +1287,7 @@ mod properties {
         "concurrency",
         "failure_mode",
         "enabled",
+        "max_settle_overage",
         "open",
         "rate",
         "burst",
@@ -1370,6 +1371,7 @@ mod properties {
             ("concurrency", Y::Map(vec![("max_slots", Y::Plain("3"))])),
             ("failure_mode", Y::Plain("closed")),
             ("enabled", Y::Plain("false")),
+            ("max_settle_overage", Y::Plain("0.5")),
         ];
         let len = options.len();
         proptest::sample::subsequence(options, 0..=len).prop_map(Y::Map)
@@ -1553,4 +1555,46 @@ descriptors:
         Quota::Units { units, .. } => assert_eq!(units, 0),
         Quota::Unlimited => panic!("a zero quota is not unlimited"),
     }
+}
+
+#[test]
+fn max_settle_overage_is_a_ratio_of_the_reservation_defaulting_to_none() {
+    let text = "\
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {requests_per_unit: 1000, unit: minute}
+    allot:
+      max_settle_overage: 0.25
+  - key: team
+    rate_limit: {requests_per_unit: 1000, unit: minute}
+";
+    let config = load_ok(text);
+    assert_eq!(spec(&config, "llm/tenant").max_settle_overage_ppm, 250_000);
+    assert_eq!(
+        spec(&config, "llm/tenant").max_settle_overage_units(2_000),
+        500
+    );
+    assert_eq!(spec(&config, "llm/team").max_settle_overage_ppm, 0);
+    let bad = |value: &str| {
+        only_error(&format!(
+            "domain: llm\ndescriptors:\n  - key: t\n    rate_limit: {{requests_per_unit: 1, \
+             unit: second}}\n    allot:\n      max_settle_overage: {value}\n"
+        ))
+    };
+    assert_eq!(
+        bad("lots"),
+        "limits.yaml:6:27: descriptors[0].allot.max_settle_overage: max_settle_overage must \
+         be a ratio of the reservation such as 0.5, found the string \"lots\""
+    );
+    assert_eq!(
+        bad("101"),
+        "limits.yaml:6:27: descriptors[0].allot.max_settle_overage: max_settle_overage 101 is \
+         above 100"
+    );
+    assert_eq!(
+        bad("-1"),
+        "limits.yaml:6:27: descriptors[0].allot.max_settle_overage: max_settle_overage must \
+         be a ratio of the reservation such as 0.5 (at most six decimals), found -1"
+    );
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{LimitId, RegionId};
-use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RateCap};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RateCap, scale_ppm};
 use crate::time::{WindowIndex, duration_nanos};
 
 /// What a region measured for the limit and window (from its stats).
@@ -165,15 +165,22 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn terms(&self) -> Vec<BoundTerm> {
-        vec![
+        let mut terms = vec![
             self.coordination(),
             self.eventual(),
             self.skew(),
             self.fail_open(),
             self.crash(),
-            self.settle_overage(),
-            self.partition_floor(),
-        ]
+        ];
+        let floor = self.partition_floor();
+        let others = terms
+            .iter()
+            .chain([&floor])
+            .map(|t| t.units)
+            .fold(0, u64::saturating_add);
+        terms.push(self.settle_overage(others));
+        terms.push(floor);
+        terms
     }
 
     fn eventual_mode(&self) -> bool {
@@ -293,6 +300,8 @@ impl Ctx<'_> {
         spendable_from_neighbours(&held, reach)
     }
 
+    /// `sum_j ceil(rate * T_j) + burst` over regions open for `T_j > 0`: exactly the budget
+    /// each region holds its fail-open units of a window to (`budget::admit`).
     fn fail_open(&self) -> BoundTerm {
         let PartitionPolicy::Open { rate } = self.spec.partition_policy else {
             return term("fail_open", 0, "partition policy is not open".to_string());
@@ -306,7 +315,7 @@ impl Ctx<'_> {
             if s.time_open.is_zero() {
                 continue;
             }
-            let units = capped_units(&rate, s.time_open);
+            let units = rate.max_units_over(s.time_open);
             total = total.saturating_add(units);
             let _ = write!(detail, "{r}: {:?} -> {units}; ", s.time_open);
         }
@@ -335,14 +344,29 @@ impl Ctx<'_> {
         term("crash", total, detail)
     }
 
-    fn settle_overage(&self) -> BoundTerm {
-        let mut detail = String::from("measured: ");
-        let mut total = 0u64;
-        for (r, s) in &self.inputs.stats {
-            total = total.saturating_add(s.settle_overage_units);
-            let _ = write!(detail, "{r}: {}; ", s.settle_overage_units);
+    /// `floor(ratio * (L + others))`, `ratio` the limit's `max_settle_overage` and `others`
+    /// every other term: a settle charges at most `ratio` times its reservation above it, and
+    /// the reservations that settle above are units the regions admitted and kept, at most
+    /// `L` plus the other terms (docs/bound.md). The settles the regions measured are
+    /// reported beside it (`measured_units`): they can arrive late or never, the cap cannot.
+    fn settle_overage(&self, others_units: u64) -> BoundTerm {
+        let ratio_ppm = self.spec.max_settle_overage_ppm;
+        let kept_units = self.quota_units.saturating_add(others_units);
+        let units = scale_ppm(kept_units, ratio_ppm);
+        let measured = self
+            .inputs
+            .stats
+            .values()
+            .map(|s| s.settle_overage_units)
+            .fold(0, u64::saturating_add);
+        let detail = format!(
+            "max_settle_overage {ratio_ppm} ppm * (L {} + other terms {others_units}) = {units}; measured {measured}",
+            self.quota_units
+        );
+        BoundTerm {
+            measured_units: Some(measured),
+            ..term("settle_overage", units, detail)
         }
-        term("settle_overage", total, detail)
     }
 
     /// Eventual mode, floor policy: a partitioned region may admit up to its default while

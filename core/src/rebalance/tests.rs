@@ -878,10 +878,11 @@ fn capped(spec: LimitSpec) -> LimitSpec {
 }
 
 #[test]
-fn strict_bound_is_skew_plus_measured_terms() {
+fn strict_bound_is_skew_plus_the_settle_cap() {
     // a_a = 60, a_b = 40; cap 10/s burst 5. Offsets: a 200 ms (rtt 100 ms -> 250 ms of
     // uncertainty: 10 * 0.25 = 2.5 -> 3, + 5 = 8, below 60); b unmeasured -> all of a_b = 40.
-    // Skew = 8 + 40 = 48. b settled 7 over its reservations. Total 55.
+    // Skew = 8 + 40 = 48. Settles may charge 10% above their reservations: the term is
+    // floor(0.1 * (L 100 + 48)) = 14, whatever was measured (b reported 7). Total 62.
     let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
     inputs.allowance_units.insert(RegionId::from("a"), 60);
     inputs.allowance_units.insert(RegionId::from("b"), 40);
@@ -898,13 +899,24 @@ fn strict_bound_is_skew_plus_measured_terms() {
             settle_overage_units: 7,
         },
     );
-    let b = bound(&capped(spec()), WindowIndex(100), &inputs);
+    let settling = LimitSpec {
+        max_settle_overage_ppm: 100_000,
+        ..capped(spec())
+    };
+    let b = bound(&settling, WindowIndex(100), &inputs);
     assert_eq!(term(&b, "coordination").units, 0);
     assert_eq!(term(&b, "eventual").units, 0);
     assert_eq!(term(&b, "skew").units, 48);
     assert_eq!(term(&b, "crash").units, 0);
-    assert_eq!(term(&b, "settle_overage").units, 7);
-    assert_eq!(b.total_units, 55);
+    assert_eq!(term(&b, "settle_overage").units, 14);
+    assert_eq!(term(&b, "settle_overage").measured_units, Some(7));
+    assert_eq!(b.total_units, 62);
+    let b = bound(&capped(spec()), WindowIndex(100), &inputs);
+    assert_eq!(
+        term(&b, "settle_overage").units,
+        0,
+        "no settle may charge above its reservation by default"
+    );
 }
 
 /// A region whose clock is shifted spends, inside the judged window, its neighbouring
@@ -1157,7 +1169,7 @@ fn the_bound_sums_what_the_regions_reported_merging_repeats_by_max() {
     let mut w = world(&spec());
     let l = LimitId::from("l");
     // Window 100: a reports 5 units of settle overage, then the same again (a duplicate or a
-    // resend), then 9; b reports 3. The term is 9 + 3 = 12, not 5 + 5 + 9 + 3.
+    // resend), then 9; b reports 3. The measured term is 9 + 3 = 12, not 5 + 5 + 9 + 3.
     report_figures(&mut w, "a", at_ms(100), 100, overage(5));
     report_figures(&mut w, "a", at_ms(200), 100, overage(5));
     report_figures(&mut w, "b", at_ms(300), 100, overage(3));
@@ -1166,12 +1178,13 @@ fn the_bound_sums_what_the_regions_reported_merging_repeats_by_max() {
     // ten back (long forgotten by the regions too) is dropped.
     report_figures(&mut w, "b", at_ms(500), 99, overage(4));
     report_figures(&mut w, "b", at_ms(600), 90, overage(50));
-    let b = w.coord.bound(at_ms(700), &l, WindowIndex(100)).unwrap();
-    assert_eq!(term(&b, "settle_overage").units, 12);
-    let b = w.coord.bound(at_ms(700), &l, WindowIndex(99)).unwrap();
-    assert_eq!(term(&b, "settle_overage").units, 4);
-    let b = w.coord.bound(at_ms(700), &l, WindowIndex(90)).unwrap();
-    assert_eq!(term(&b, "settle_overage").units, 0);
+    let measured = |window| {
+        let b = w.coord.bound(at_ms(700), &l, WindowIndex(window)).unwrap();
+        term(&b, "settle_overage").measured_units
+    };
+    assert_eq!(measured(100), Some(12));
+    assert_eq!(measured(99), Some(4));
+    assert_eq!(measured(90), Some(0));
     assert!(
         w.coord
             .bound(at_ms(700), &LimitId::from("x"), WindowIndex(100))

@@ -42,6 +42,8 @@ fn limit(id: &str, consistency: Consistency, policy: PartitionPolicy) -> LimitSp
         },
         consistency,
         partition_policy: policy,
+        // The runs settle reservations at up to twice their size (`world`).
+        max_settle_overage_ppm: 1_000_000,
         ..LimitSpec::simple(id, QUOTA_UNITS, WINDOW_LEN)
     }
 }

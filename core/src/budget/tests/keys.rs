@@ -134,7 +134,7 @@ fn reloading_with_a_new_window_length_starts_the_limit_afresh() {
 #[test]
 fn key_views_show_each_counter_against_its_allowance() {
     // Default share 100 per key: a uses 30 and settles a lease 20 over its 50, b uses 5.
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     acquire(&mut b, at(0), "api", "a", 30);
     let g = granted(
         b.lease(at(0), lease_req("api", "a", 50, 30))

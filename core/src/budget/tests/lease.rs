@@ -152,7 +152,8 @@ fn settling_refunds_an_overestimate() {
         out,
         SettleOutcome {
             refunded_units: 15,
-            overage_units: 0
+            overage_units: 0,
+            clamped_units: 0
         }
     );
     assert_eq!(net(&b, "api", "k"), 35);
@@ -161,7 +162,7 @@ fn settling_refunds_an_overestimate() {
 #[test]
 fn settling_above_the_reservation_charges_it_even_past_the_allowance() {
     // Default share 100: reserve all 100, then the request turns out to cost 130.
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 100, 10))
             .expect("lease"),
@@ -171,7 +172,8 @@ fn settling_above_the_reservation_charges_it_even_past_the_allowance() {
         out,
         SettleOutcome {
             refunded_units: 0,
-            overage_units: 30
+            overage_units: 30,
+            clamped_units: 0
         }
     );
     assert_eq!(net(&b, "api", "k"), 130);

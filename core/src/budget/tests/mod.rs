@@ -45,6 +45,14 @@ pub(super) fn per_minute(id: &str, units: u64) -> LimitSpec {
     LimitSpec::simple(id, units, Duration::from_secs(60))
 }
 
+/// [`per_minute`], whose settles may charge up to `ratio_percent` of a reservation above it.
+pub(super) fn per_minute_settling(id: &str, units: u64, ratio_percent: u64) -> LimitSpec {
+    LimitSpec {
+        max_settle_overage_ppm: ratio_percent * 10_000,
+        ..per_minute(id, units)
+    }
+}
+
 /// A rate cap of `units` a second with `burst`.
 pub(super) fn per_second_cap(units: u64, burst: u64) -> Option<crate::limit::RateCap> {
     Some(crate::limit::RateCap {

@@ -7,7 +7,7 @@ use crate::budget::Reason;
 use crate::limit::{Consistency, PartitionPolicy, RateCap};
 
 fn with_policy(policy: PartitionPolicy) -> RegionBudget {
-    let mut spec = per_minute("api", 400);
+    let mut spec = per_minute_settling("api", 400, 100);
     spec.partition_policy = policy;
     budget(vec![spec])
 }
@@ -190,5 +190,49 @@ fn the_poll_timeout_wakes_the_region_when_its_view_expires() {
         b.poll_timeout(),
         Some(at(10_000)),
         "an expiry already handled is not asked for again"
+    );
+}
+
+#[test]
+fn open_spans_share_one_budget_per_window_however_often_the_view_recovers() {
+    // Open at 10 per second, burst 10; view TTL 2 s. Each span used to start with a refilled
+    // GCRA burst. The window's fail-open units now stay within ceil(10/s * time open) + 10.
+    let mut b = with_policy(PartitionPolicy::Open {
+        rate: RateCap {
+            units: 10,
+            per: Duration::from_secs(1),
+            burst: 10,
+        },
+    });
+    round_trip(&mut b, at(0));
+    assert!(acquire(&mut b, at(1_000), "api", "k", 100).allowed);
+    // Open from 2 s; at 2.1 s the budget is ceil(10 * 0.1) + 10 = 11: the burst of 10 fits.
+    assert!(acquire(&mut b, at(2_100), "api", "k", 10).allowed);
+    // Contact at 2.2 s, expired again from 4.2 s. At 4.3 s the GCRA has refilled, but the
+    // window has been open 0.3 s: 3 + 10 = 13 units in all, so 3 more.
+    round_trip(&mut b, at(2_200));
+    for _ in 0..3 {
+        assert!(acquire(&mut b, at(4_300), "api", "k", 1).allowed);
+    }
+    let d = acquire(&mut b, at(4_300), "api", "k", 1);
+    assert!(!d.allowed);
+    assert_eq!(d.reason, Reason::PartitionOpen);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
+    // A lease takes what the budget grew by since: 0.5 s more open, 5 units.
+    let g = granted(
+        b.lease(at(4_800), lease_req("api", "k", 50, 30))
+            .expect("lease"),
+    );
+    assert_eq!(g.units, 5);
+    b.handle_timeout(at(4_800));
+    let w = b
+        .stats(&lim("api"))
+        .and_then(|s| s.window(minute_window(0)))
+        .cloned()
+        .expect("stats");
+    assert_eq!(w.time_open, Duration::from_millis(800));
+    assert_eq!(
+        w.fail_open_units, 18,
+        "ceil(10/s * 0.8 s) + 10, the bound's term"
     );
 }

@@ -185,3 +185,27 @@ fn discarded_changes_are_not_drained_later_and_tracking_goes_on() {
     b.discard_dirty();
     assert!(b.drain_dirty().is_empty());
 }
+
+#[test]
+fn a_restarted_region_keeps_the_excess_it_recorded() {
+    // Default share 100: a lease of 100 settled at 130 takes use 30 past the allowance, all of
+    // it recorded excess. A restart must find use and excess as they were (invariant 1), both
+    // from the drained records and from a snapshot.
+    let spec = per_minute_settling("api", 400, 100);
+    let mut b = budget(vec![spec.clone()]);
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 100, 30))
+            .expect("lease"),
+    );
+    b.settle(at(10), g.lease, 130, None).expect("settle");
+    let log = b.drain_dirty();
+    let excess = |r: &RegionBudget| {
+        let v = r.key_views(at(20));
+        (v[0].granted_units - v[0].refunded_units, v[0].excess_units)
+    };
+    assert_eq!(excess(&b), (130, 30));
+    let restored = RegionBudget::restore(cfg(), vec![spec.clone()], log).expect("restore");
+    assert_eq!(excess(&restored), (130, 30));
+    let from_snapshot = RegionBudget::restore(cfg(), vec![spec], b.snapshot()).expect("restore");
+    assert_eq!(excess(&from_snapshot), (130, 30));
+}

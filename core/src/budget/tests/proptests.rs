@@ -130,7 +130,7 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         Harness {
-            b: budget(vec![per_minute("api", 400)]),
+            b: budget(vec![per_minute_settling("api", 400, 100)]),
             now: at(45_000),
             expected_net: BTreeMap::new(),
             leases: Vec::new(),
@@ -300,8 +300,12 @@ impl Harness {
         }
         assert!(self.ended.insert(l.id), "lease {:?} ended twice", l.id);
         assert_eq!(out.refunded_units, l.units.saturating_sub(actual));
-        assert_eq!(out.overage_units, actual.saturating_sub(l.units));
-        self.expect(l.key, l.window, i128::from(actual) - i128::from(l.units));
+        // The limit lets a settle charge up to its reservation again above it.
+        let over = actual.saturating_sub(l.units);
+        assert_eq!(out.overage_units, over.min(l.units));
+        assert_eq!(out.clamped_units, over - out.overage_units);
+        let charged = actual.min(l.units + out.overage_units);
+        self.expect(l.key, l.window, i128::from(charged) - i128::from(l.units));
     }
 
     fn sync(&mut self, answer: Answer) {
@@ -425,8 +429,12 @@ impl Harness {
     }
 
     fn check_restore(&self) {
-        let restored = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], self.log.clone())
-            .expect("restore");
+        let restored = RegionBudget::restore(
+            cfg(),
+            vec![per_minute_settling("api", 400, 100)],
+            self.log.clone(),
+        )
+        .expect("restore");
         assert_eq!(restored.snapshot(), self.b.snapshot());
     }
 }

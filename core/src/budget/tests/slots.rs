@@ -6,10 +6,12 @@ use super::*;
 use crate::budget::SlotOutcome;
 use crate::limit::ConcurrencyCap;
 
+/// A budget whose region (one of four, equal weights) holds `max_slots` slots per key: a
+/// quarter of the limit's cap.
 fn capped(max_slots: u32, shadow: bool) -> RegionBudget {
     let mut spec = per_minute("api", 400);
     spec.concurrency = Some(ConcurrencyCap {
-        max_slots,
+        max_slots: 4 * max_slots,
         slot_ttl: Duration::from_secs(10),
     });
     spec.shadow_mode = shadow;
@@ -93,4 +95,36 @@ fn limits_without_a_concurrency_cap_are_unmetered() {
             .expect("slot"),
         SlotOutcome::Unmetered
     );
+}
+
+#[test]
+fn each_region_holds_its_weighted_part_of_the_slots_and_at_least_one() {
+    // Four equal regions: 10 slots split as floor(10 / 4) = 2 each (8 worldwide, never above
+    // 10); 2 slots would round to 0, so each region keeps 1 (4 worldwide: one per region).
+    for (max_slots, part) in [(10, 2), (2, 1)] {
+        let mut spec = per_minute("api", 400);
+        spec.concurrency = Some(ConcurrencyCap {
+            max_slots,
+            slot_ttl: Duration::from_secs(10),
+        });
+        let mut b = budget(vec![spec.clone()]);
+        let (l, k) = (lim("api"), key("k"));
+        for _ in 0..part {
+            slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+        }
+        match b.acquire_slot(at(0), &l, &k, None).expect("slot") {
+            SlotOutcome::Denied { max_slots, .. } => assert_eq!(max_slots, part),
+            other => panic!("expected a denial after {part} slots, got {other:?}"),
+        }
+        // A region alone holds the whole cap.
+        let alone = BudgetConfig::new(RegionId::from("eu"), vec![RegionId::from("eu")]);
+        let mut b = RegionBudget::new(alone, vec![spec]).expect("valid config");
+        for _ in 0..max_slots {
+            slot(b.acquire_slot(at(0), &l, &k, None).expect("slot"));
+        }
+        assert!(matches!(
+            b.acquire_slot(at(0), &l, &k, None).expect("slot"),
+            SlotOutcome::Denied { .. }
+        ));
+    }
 }

@@ -19,7 +19,7 @@ fn figures_in(up: &SyncUp, window: WindowIndex) -> Option<BoundFigures> {
 
 #[test]
 fn the_peak_grant_rate_is_the_busiest_second_of_the_window() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     // Second 0: 10 + 20 units on two keys; second 1: 5; second 2: 25 (not yet over).
     acquire(&mut b, at(100), "api", "a", 10);
     acquire(&mut b, at(900), "api", "b", 20);
@@ -44,7 +44,7 @@ fn the_peak_grant_rate_is_the_busiest_second_of_the_window() {
 
 #[test]
 fn figures_are_reported_until_an_answer_confirms_them() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let w = minute_window(0);
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 50, 30))
@@ -82,7 +82,7 @@ fn figures_are_reported_until_an_answer_confirms_them() {
 
 #[test]
 fn time_open_is_accounted_up_to_the_syncup_that_reports_it() {
-    let mut spec = per_minute("api", 400);
+    let mut spec = per_minute_settling("api", 400, 100);
     spec.partition_policy = PartitionPolicy::Open {
         rate: RateCap {
             units: 10,
@@ -111,7 +111,7 @@ fn time_open_is_accounted_up_to_the_syncup_that_reports_it() {
 
 #[test]
 fn summed_figures_survive_a_restart_and_the_peak_starts_again() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let mut log = Vec::new();
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 50, 30))
@@ -124,7 +124,8 @@ fn summed_figures_survive_a_restart_and_the_peak_starts_again() {
             .any(|r| matches!(r, PersistRecord::Stats(s) if s.settle_overage_units == 30)),
         "the overage is written before the answer"
     );
-    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log)
+        .expect("restore");
     let w = r
         .stats(&lim("api"))
         .and_then(|s| s.window(minute_window(0)))
@@ -142,7 +143,7 @@ fn summed_figures_survive_a_restart_and_the_peak_starts_again() {
 
 #[test]
 fn windows_dropped_from_the_stats_are_erased_from_the_store() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let mut log = Vec::new();
     for minute in 0..6u64 {
         let t = minute * 60_000;
@@ -153,7 +154,8 @@ fn windows_dropped_from_the_stats_are_erased_from_the_store() {
         b.settle(at(t + 1), g.lease, 11, None).expect("settle");
         log.extend(b.drain_dirty());
     }
-    let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+    let r = RegionBudget::restore(cfg(), vec![per_minute_settling("api", 400, 100)], log)
+        .expect("restore");
     assert_eq!(r.snapshot(), b.snapshot());
     let kept: Vec<WindowIndex> = r
         .stats(&lim("api"))
@@ -179,7 +181,7 @@ fn refund(units: u64) -> ReservationDelta {
 
 #[test]
 fn a_late_settle_within_the_window_moves_the_counter() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 50, 30))
             .expect("lease"),
@@ -212,7 +214,7 @@ fn a_late_settle_within_the_window_moves_the_counter() {
 
 #[test]
 fn a_late_settle_after_the_window_changes_no_counter_but_an_overage_counts_for_the_bound() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let g = granted(
         b.lease(at(59_000), lease_req("api", "k", 50, 30))
             .expect("lease"),
@@ -251,7 +253,7 @@ fn a_late_settle_after_the_window_changes_no_counter_but_an_overage_counts_for_t
 
 #[test]
 fn a_late_settle_for_a_lease_the_agent_still_holds_shrinks_it() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     let g = granted(
         b.lease(at(0), lease_req("api", "k", 50, 30))
             .expect("lease"),
@@ -270,7 +272,7 @@ fn a_late_settle_for_a_lease_the_agent_still_holds_shrinks_it() {
 
 #[test]
 fn a_late_settle_for_an_unknown_lease_is_refused() {
-    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
     assert!(matches!(
         b.settle_reservation(at(0), crate::ids::LeaseId(77), overage(1), None),
         Err(Error::UnknownLease(_))
