@@ -65,6 +65,7 @@ use view::View;
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LimitId, RegionId, RequestId};
 use crate::limit::LimitSpec;
+use crate::rebalance::table::allocation_changed;
 use crate::sync::{ClockSample, CounterRef};
 use crate::time::{Timestamp, WindowIndex};
 
@@ -145,7 +146,12 @@ impl RegionBudget {
 
     /// Configuration reload. Limits that still exist keep their keys (unless their window
     /// length changed: then the old counters count for different windows and are dropped);
-    /// removed limits lose their keys, leases and slots.
+    /// removed limits lose their keys, leases and slots. A limit whose allocation changed
+    /// ([`allocation_changed`]: quota, weights, consistency, partition policy) keeps its
+    /// counters, since those units were admitted, but drops what the coordinator gave under
+    /// the old parameters (explicit and pre-issued allowances, release acks not yet taken):
+    /// it enforces its default under the new ones until granted again. Epochs are kept, so
+    /// they never go back and later grants still apply (docs/budget.md, reload).
     pub fn set_limits(&mut self, now: Timestamp, limits: impl IntoIterator<Item = LimitSpec>) {
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
@@ -154,7 +160,11 @@ impl RegionBudget {
             let id = params.spec.id.clone();
             let state = match old.remove(&id) {
                 Some(mut s) if s.params.quota.map(|q| q.1) == params.quota.map(|q| q.1) => {
+                    let changed = allocation_changed(&s.params.spec, &params.spec);
                     s.params = params;
+                    if changed {
+                        self.drop_grants(&id, &mut s);
+                    }
                     s
                 }
                 Some(_) => {
@@ -167,6 +177,32 @@ impl RegionBudget {
         }
         for id in old.into_keys() {
             self.forget_limit(&id);
+        }
+    }
+
+    /// Forget what the coordinator gave a limit's keys under parameters that changed; keep
+    /// counters and epochs (a grant made under the new ones has a larger epoch).
+    fn drop_grants(&mut self, id: &LimitId, lim: &mut LimitState) {
+        for (name, ks) in lim.keys.iter_mut() {
+            let Some(hot) = ks.hot.as_mut() else { continue };
+            if hot.allowance.is_none() && hot.future.is_empty() {
+                continue;
+            }
+            hot.allowance = None;
+            hot.future.clear();
+            self.dirty
+                .mark(Dirty::Key(id.clone(), KeyId::new(name.as_ref())));
+        }
+        let stale: Vec<u64> = self
+            .sync
+            .acks
+            .iter()
+            .filter(|e| e.pending && &e.ack.counter.limit == id)
+            .map(|e| e.ack.id)
+            .collect();
+        for ack in stale {
+            self.sync.acks.remove(ack);
+            self.dirty.mark(Dirty::Ack(ack));
         }
     }
 

@@ -184,7 +184,8 @@ pub struct RegionStats {
     pub idempotency_evicted_early: u64,
     /// Release requests not applied because too many acks were pending (resent later).
     pub release_requests_deferred: u64,
-    /// Grants and release requests skipped: unknown limit, or no room for the key.
+    /// Grants and release requests skipped: unknown limit, no room for the key, or sent under
+    /// another configuration version than the region's.
     pub sync_items_skipped: u64,
     /// Times the dirty tracker overflowed and the next drain became a full snapshot.
     pub dirty_overflows: u64,

@@ -395,6 +395,13 @@ impl RegionBudget {
         for e in msg.entries.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.merge_entry(now, e, sent_at);
         }
+        // Grants and release requests were computed under the coordinator's configuration:
+        // under another one they mean nothing here. A request not applied is not acked, so
+        // the coordinator asks again once both sides agree.
+        if msg.config_version != self.config_version {
+            self.stats.sync_items_skipped += (msg.grants.len() + msg.release_requests.len()) as u64;
+            return;
+        }
         for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.apply_grant(now, g);
         }

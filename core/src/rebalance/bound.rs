@@ -49,6 +49,11 @@ pub struct BoundInputs {
     pub partitioned: BTreeMap<RegionId, u64>,
     /// Some when agents persist grants after answering, every this often.
     pub deferred_flush_interval: Option<Duration>,
+    /// While regions report different configuration versions (a reload rolling out): what
+    /// each region may enforce under the version it reports (its default there, or the
+    /// largest grant it held under it). Empty while every region reports the table's version.
+    #[serde(default)]
+    pub reload_held_units: BTreeMap<RegionId, u64>,
 }
 
 impl BoundInputs {
@@ -64,6 +69,7 @@ impl BoundInputs {
             stats: BTreeMap::new(),
             partitioned: BTreeMap::new(),
             deferred_flush_interval: None,
+            reload_held_units: BTreeMap::new(),
         }
     }
 }
@@ -180,7 +186,30 @@ impl Ctx<'_> {
             .fold(0, u64::saturating_add);
         terms.push(self.settle_overage(others));
         terms.push(floor);
+        terms.push(self.reload());
         terms
+    }
+
+    /// While a reload rolls out, each region enforces its allowance under the version it
+    /// reports: their sum may exceed `L` (a share that grows before another shrinks), by
+    /// `sum_j held_j - L` (docs/bound.md, reload).
+    fn reload(&self) -> BoundTerm {
+        let held = &self.inputs.reload_held_units;
+        if held.is_empty() {
+            return term(
+                "reload",
+                0,
+                "every region enforces the table's version".to_string(),
+            );
+        }
+        let sum = held.values().fold(0u64, |s, u| s.saturating_add(*u));
+        let mut detail = String::from("sum_j held_j under its version - L: ");
+        for (r, u) in held {
+            let _ = write!(detail, "{r} {u} + ");
+        }
+        let excess = sum.saturating_sub(self.quota_units);
+        let _ = write!(detail, "= {sum} - {} = {excess}", self.quota_units);
+        term("reload", excess, detail)
     }
 
     fn eventual_mode(&self) -> bool {

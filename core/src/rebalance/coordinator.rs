@@ -27,6 +27,7 @@ use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound, skew_reach_windows};
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
+use crate::rebalance::reload::{Held, KeptConfigs};
 use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, RegionView};
 use crate::sync::{
@@ -149,6 +150,8 @@ pub struct Coordinator {
     /// What regions measured for the bound, per limit and window (their clocks), merged by
     /// max; the last `STATS_WINDOWS_KEPT` windows of each limit.
     region_stats: BTreeMap<(LimitId, WindowIndex), BTreeMap<RegionId, BoundFigures>>,
+    /// Configurations this leader replaced, for the bound while regions still enforce them.
+    kept_configs: KeptConfigs,
 }
 
 impl Coordinator {
@@ -176,6 +179,7 @@ impl Coordinator {
             entry_cursor: BTreeMap::new(),
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
+            kept_configs: KeptConfigs::default(),
         }
     }
 
@@ -229,6 +233,7 @@ impl Coordinator {
             view.last_received_at = now;
             view.clock = msg.clock.or(view.clock);
             view.view_expired = msg.view_expired;
+            view.config_version = Some(msg.config_version);
         }
         if restarted {
             self.forget_sent(&msg.region);
@@ -389,11 +394,37 @@ impl Coordinator {
             } => self.acks.remove(&(counter.clone(), region.clone())),
             _ => None,
         };
+        let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
         let outcome = self.table.apply(cmd.clone());
         if let (Some(ack), true) = (ack, outcome.is_applied()) {
             self.confirm_from_ack(&ack, cmd);
         }
+        if let (Some(before), true) = (before, outcome.is_applied()) {
+            self.kept_configs.remember(&before);
+            self.forget_dropped_rows();
+        }
         outcome
+    }
+
+    /// After a configuration change: what was sent, confirmed or acked for rows the table
+    /// dropped belongs to the old parameters.
+    fn forget_dropped_rows(&mut self) {
+        let table = &self.table;
+        let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
+        self.sent.retain(|k, _| kept(k));
+        self.resend.retain(kept);
+        self.confirmed.retain(kept);
+        self.acks.retain(|k, _| kept(k));
+    }
+
+    /// Every region this leader heard reports the table's configuration version: only then
+    /// is a counter planned, since a region on another version neither takes the grants nor
+    /// enforces the defaults the plan counts it at.
+    fn versions_agree(&self) -> bool {
+        let current = self.table.config_version();
+        self.regions
+            .values()
+            .all(|v| v.config_version.is_none_or(|c| c == current))
     }
 
     fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
@@ -544,6 +575,7 @@ impl Coordinator {
                 continue;
             };
             let planable = spec.consistency == Consistency::Strict
+                && self.versions_agree()
                 && !self.is_in_flight(&ProposalKey::Counter(counter.clone()))
                 && !self.reclaim_ending(&counter.limit, now);
             if !planable || view.demand.is_empty() {
@@ -615,11 +647,7 @@ impl Coordinator {
         // (one at a time, the first region in order would take every round's share), and the
         // counter is planned again only from the committed result of the whole batch, so no
         // two rounds count on the same free quota.
-        let epoch_of = |region: &RegionId| {
-            self.table
-                .row(counter, region)
-                .map_or(Epoch(0), |row| row.epoch)
-        };
+        let epoch_of = |region: &RegionId| self.table.epoch_of(counter, region);
         out.extend(actions.into_iter().map(|action| match action {
             PlanAction::Grow {
                 region,
@@ -767,6 +795,8 @@ impl Coordinator {
         let mut releases = Vec::new();
         let mut grants = Vec::new();
         for (counter, rows) in self.table.counters() {
+            // Rows start at the limit's epoch floor: one still at it is no news to the region.
+            let floor = self.table.epoch_floor(&counter.limit);
             let Some(row) = rows.get(region) else {
                 continue;
             };
@@ -783,7 +813,7 @@ impl Coordinator {
                 // region must release from the row, not from an allowance it held earlier.
                 // It leads the answer, so it is never cut while its release goes.
                 let before = Epoch(p.epoch.0.saturating_sub(1));
-                if before > Epoch(0) && self.sent.get(&key).is_none_or(|(e, _)| *e < before) {
+                if before > floor && self.sent.get(&key).is_none_or(|(e, _)| *e < before) {
                     below_default.push(AllowanceGrant {
                         counter: counter.clone(),
                         region: region.clone(),
@@ -801,7 +831,7 @@ impl Coordinator {
                 .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= self.cfg.sync_interval);
             let lost = self.resend.contains(&key) && overdue;
             let must_deliver = self.unconfirmed_below_default(counter, region);
-            if row.epoch > Epoch(0) && (unsent || lost || must_deliver) {
+            if row.epoch > floor && (unsent || lost || must_deliver) {
                 let g = AllowanceGrant {
                     counter: counter.clone(),
                     region: region.clone(),
@@ -907,8 +937,12 @@ impl Coordinator {
     /// regions still report are known to it.
     pub fn bound(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> Option<Bound> {
         let spec = self.table.limit(limit)?;
-        let inputs = self.bound_inputs(now, limit, window, None);
+        let mut inputs = self.bound_inputs(now, limit, window, None);
+        let unknown = self.reload_inputs(limit, window, &mut inputs);
         let mut b = bound(spec, window, &inputs);
+        if let Some(why) = unknown {
+            b.unbounded = Some(why);
+        }
         if let Some(w) = self.finite_window(limit)
             && w.end(window) <= self.started_at
         {
@@ -971,6 +1005,42 @@ impl Coordinator {
             self.add_region_stats(now, limit, window, r, &mut inputs);
         }
         inputs
+    }
+
+    /// While regions report different configuration versions: what each may enforce under the
+    /// version it reports (docs/bound.md, reload). Returns why the window is unbounded when a
+    /// region reports a version this leader does not know, or one under which the limit
+    /// admits everything.
+    fn reload_inputs(
+        &self,
+        limit: &LimitId,
+        window: WindowIndex,
+        inputs: &mut BoundInputs,
+    ) -> Option<String> {
+        if self.versions_agree() {
+            return None;
+        }
+        let current = self.table.config_version();
+        for r in self.table.regions() {
+            let version = self.region_view(r).config_version.unwrap_or(current);
+            let held = if version == current {
+                Held::Units(self.largest_allowance(limit, window, None, r))
+            } else {
+                self.kept_configs.held(version, limit, r)
+            };
+            match held {
+                Held::Units(u) => {
+                    inputs.reload_held_units.insert(r.clone(), u);
+                }
+                Held::Unmetered => {
+                    return Some(format!("{r} enforces version {version}, unmetered there"));
+                }
+                Held::UnknownVersion => {
+                    return Some(format!("{r} reports version {version}, unknown here"));
+                }
+            }
+        }
+        None
     }
 
     /// The window started before this leader first heard the region: what it did from the

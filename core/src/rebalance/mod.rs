@@ -15,6 +15,7 @@
 pub mod bound;
 pub mod coordinator;
 pub mod plan;
+pub mod reload;
 pub mod table;
 pub mod waterfill;
 

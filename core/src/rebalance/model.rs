@@ -176,7 +176,7 @@ impl ModelRegion {
             boot: 1,
             seq,
             sent_at: now,
-            config_version: 0,
+            config_version: 1,
             entries,
             demand,
             release_acks,

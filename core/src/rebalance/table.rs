@@ -10,7 +10,9 @@
 //!
 //! Epochs: each command that changes what a region should enforce (grow, release request,
 //! release completion, a reclaimed zero) bumps the row's epoch; grants and release requests share
-//! that sequence, so a region that has seen a newer one ignores an older one.
+//! that sequence, so a region that has seen a newer one ignores an older one. Epochs never go
+//! back: rows dropped by a [`TableCommand::SetConfig`] leave their largest epoch as the limit's
+//! floor, and a row created later starts there.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -54,8 +56,9 @@ pub struct Reclaim {
 /// A mutation of the table, as committed through raft.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TableCommand {
-    /// A new limits configuration and region membership. Rows of limits that are gone, no
-    /// longer strict or whose window length changed are dropped.
+    /// A new limits configuration and region membership. Rows of limits that are gone or
+    /// whose allocation changed ([`allocation_changed`], or the membership changed) are
+    /// dropped: they were computed under the old parameters, and regions drop theirs too.
     SetConfig {
         version: u64,
         limits: Vec<LimitSpec>,
@@ -173,6 +176,11 @@ pub struct AllowanceTable {
     reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
     /// Windows below this were collected; no row may be created for them again.
     collected_below: BTreeMap<LimitId, WindowIndex>,
+    /// Per limit, the largest epoch of the rows a configuration change dropped: a row created
+    /// later starts at it, so a region that applied one of the dropped rows still takes the
+    /// next grant (at most one entry per limit ever configured).
+    #[serde(default)]
+    epoch_floor: BTreeMap<LimitId, Epoch>,
     next_release_id: u64,
     row_count: usize,
 }
@@ -229,6 +237,18 @@ impl AllowanceTable {
 
     pub fn reclaim(&self, limit: &LimitId, region: &RegionId) -> Option<&Reclaim> {
         self.reclaims.get(&(limit.clone(), region.clone()))
+    }
+
+    /// The epoch a row of `limit` starts at: the floor left by dropped rows, else 0.
+    pub fn epoch_floor(&self, limit: &LimitId) -> Epoch {
+        self.epoch_floor.get(limit).copied().unwrap_or_default()
+    }
+
+    /// The epoch of (`counter`, `region`): its row's, or the floor where it has none. A
+    /// command on the row is proposed with it.
+    pub fn epoch_of(&self, counter: &CounterRef, region: &RegionId) -> Epoch {
+        self.row(counter, region)
+            .map_or_else(|| self.epoch_floor(&counter.limit), |r| r.epoch)
     }
 
     /// `region`'s default for `counter`: `floor(w_r * L)`, or zero where reclaimed.
@@ -428,11 +448,16 @@ impl AllowanceTable {
         if self.row_count + new_rows.len() > MAX_TABLE_ROWS {
             return Err(RejectReason::TableFull);
         }
+        let floor = self.epoch_floor(&counter.limit);
         for r in new_rows {
             let allowance_units = self.default_allowance(counter, &r);
             // A reclaimed zero is news to its region (its own default is its floor), so it gets
             // an epoch to be sent with; a row at the region's own default is not news.
-            let epoch = if &r == region { Epoch(0) } else { Epoch(1) };
+            let epoch = if &r == region {
+                floor
+            } else {
+                Epoch(floor.0 + 1)
+            };
             self.counters.entry(counter.clone()).or_default().insert(
                 r,
                 AllowanceRow {
@@ -459,7 +484,7 @@ impl AllowanceTable {
         let quota = self.check_row_target(counter, region)?;
         let current = self.allowance(counter, region);
         let row = self.row(counter, region);
-        let epoch = row.map_or(Epoch(0), |r| r.epoch);
+        let epoch = self.epoch_of(counter, region);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,
@@ -498,7 +523,7 @@ impl AllowanceTable {
         self.check_row_target(counter, region)?;
         let current = self.allowance(counter, region);
         let row = self.row(counter, region);
-        let epoch = row.map_or(Epoch(0), |r| r.epoch);
+        let epoch = self.epoch_of(counter, region);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,
@@ -592,12 +617,13 @@ impl AllowanceTable {
     }
 
     fn insert_zero_row(&mut self, counter: &CounterRef, region: &RegionId) {
+        let epoch = Epoch(self.epoch_floor(&counter.limit).0 + 1);
         let rows = self.counters.entry(counter.clone()).or_default();
         rows.insert(
             region.clone(),
             AllowanceRow {
                 allowance_units: 0,
-                epoch: Epoch(1),
+                epoch,
                 pending: None,
             },
         );
@@ -645,19 +671,31 @@ impl AllowanceTable {
         let mut next = self.clone();
         next.config_version = version;
         next.limits = limits.into_iter().map(|l| (l.id.clone(), l)).collect();
+        let members_changed = next.regions != regions;
         next.regions = regions;
-        next.drop_rows_of_changed_limits(&self.limits);
+        next.drop_rows_of_changed_limits(&self.limits, members_changed);
+        // Only rows of unchanged limits and members are left, and they fit as they did: a
+        // change is never refused for rows computed under a quota that no longer applies.
         next.check_invariants()?;
         *self = next;
         Ok(())
     }
 
-    fn drop_rows_of_changed_limits(&mut self, old: &BTreeMap<LimitId, LimitSpec>) {
+    /// Drop the rows (and so their pending releases) of limits that are gone, not strict, or
+    /// whose allocation changed, or of every limit when the membership changed (defaults are
+    /// shares among the members); their largest epoch becomes the limit's floor.
+    fn drop_rows_of_changed_limits(
+        &mut self,
+        old: &BTreeMap<LimitId, LimitSpec>,
+        members_changed: bool,
+    ) {
         let keeps = |id: &LimitId, table: &AllowanceTable| {
-            let (Ok(new), Some(old)) = (table.strict_quota(id), old.get(id)) else {
+            let (Ok(_), Some(old), Some(new)) =
+                (table.strict_quota(id), old.get(id), table.limits.get(id))
+            else {
                 return false;
             };
-            matches!(old.quota, Quota::Units { window, .. } if window == new.window)
+            !members_changed && !allocation_changed(old, new)
         };
         let dropped: Vec<CounterRef> = self
             .counters
@@ -668,6 +706,9 @@ impl AllowanceTable {
         for counter in dropped {
             if let Some(rows) = self.counters.remove(&counter) {
                 self.row_count -= rows.len();
+                let top = rows.values().map(|r| r.epoch).max().unwrap_or_default();
+                let floor = self.epoch_floor.entry(counter.limit.clone()).or_default();
+                *floor = (*floor).max(top);
             }
         }
         let limits = &self.limits;
@@ -690,4 +731,16 @@ impl AllowanceTable {
     pub fn window_of(&self, limit: &LimitId) -> Option<Window> {
         self.strict_quota(limit).ok().map(|q| q.window)
     }
+}
+
+/// The parameters a region's allocation is computed from differ: the quota (units or window),
+/// the weights, the consistency mode or the partition policy. Grants and rows made under the
+/// old ones do not hold under the new ones, on either side (`RegionBudget::set_limits`,
+/// [`TableCommand::SetConfig`]).
+pub fn allocation_changed(old: &LimitSpec, new: &LimitSpec) -> bool {
+    old.quota != new.quota
+        || old.weights != new.weights
+        || old.consistency != new.consistency
+        || old.partition_policy != new.partition_policy
+        || old.enabled != new.enabled
 }

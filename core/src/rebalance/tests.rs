@@ -790,29 +790,124 @@ fn the_table_refuses_what_would_break_the_quota_or_the_protocol() {
     assert!(t.check_invariants().is_ok());
 }
 
+/// A change of weights under which the old rows would sum above `L` (70 + 50 > 100) is not
+/// refused: rows computed under the old weights are dropped (the regions drop their grants too),
+/// and the next row starts above every epoch the dropped ones reached.
 #[test]
-fn a_config_change_that_would_overcommit_a_counter_is_refused() {
+fn a_config_change_drops_the_rows_of_changed_limits_and_keeps_epochs_rising() {
     let mut t = table_with(&weighted(spec(), 300_000, 300_000));
-    assert!(
-        t.apply(TableCommand::Grow {
+    for allowance_units in [50, 70] {
+        let expected_epoch = t.epoch_of(&counter(100), &RegionId::from("a"));
+        let grow = TableCommand::Grow {
             counter: counter(100),
             region: RegionId::from("a"),
-            expected_epoch: Epoch(0),
-            allowance_units: 70,
-        })
-        .is_applied()
+            expected_epoch,
+            allowance_units,
+        };
+        assert!(t.apply(grow).is_applied());
+    }
+    assert_eq!(
+        t.row(&counter(100), &RegionId::from("a")).unwrap().epoch,
+        Epoch(2)
     );
-    // Raising b's weight to 50% would make 70 + 50 = 120 > 100.
     let outcome = t.apply(TableCommand::SetConfig {
         version: 2,
         limits: vec![weighted(spec(), 300_000, 500_000)],
         regions: regions(),
     });
-    assert!(matches!(
-        outcome,
-        ApplyOutcome::Rejected(RejectReason::AboveQuota { sum_units: 120, .. })
-    ));
-    assert_eq!(t.config_version(), 1);
+    assert!(outcome.is_applied(), "{outcome:?}");
+    assert_eq!(t.config_version(), 2);
+    assert_eq!(t.row_count(), 0, "rows of the old weights are gone");
+    assert!(t.check_invariants().is_ok());
+    assert_eq!(t.allowance(&counter(100), &RegionId::from("a")), 30);
+    // The next grow starts from the floor the dropped rows left, not from 0.
+    assert_eq!(t.epoch_of(&counter(100), &RegionId::from("a")), Epoch(2));
+    let stale = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(0),
+        allowance_units: 40,
+    };
+    assert!(
+        !t.apply(stale).is_applied(),
+        "a proposal from before the change"
+    );
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(2),
+        allowance_units: 40,
+    };
+    assert!(t.apply(grow).is_applied());
+    assert_eq!(
+        t.row(&counter(100), &RegionId::from("a")).unwrap().epoch,
+        Epoch(3)
+    );
+}
+
+/// Strict -> eventual -> strict: the rows go with the first change, and the epochs of rows
+/// made after the second are above those the regions saw before the first.
+#[test]
+fn epochs_never_go_back_across_a_strict_eventual_strict_round_trip() {
+    let base = weighted(spec(), 300_000, 300_000);
+    let mut t = table_with(&base);
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(0),
+        allowance_units: 60,
+    };
+    assert!(t.apply(grow).is_applied());
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..base.clone()
+    };
+    for (version, limit) in [(2, eventual), (3, base.clone())] {
+        let set = TableCommand::SetConfig {
+            version,
+            limits: vec![limit],
+            regions: regions(),
+        };
+        assert!(t.apply(set).is_applied());
+    }
+    assert_eq!(t.row_count(), 0);
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(1),
+        allowance_units: 60,
+    };
+    assert!(t.apply(grow).is_applied());
+    assert!(t.row(&counter(100), &RegionId::from("a")).unwrap().epoch > Epoch(1));
+}
+
+/// A configuration change that leaves a limit's allocation alone keeps its rows and epochs.
+#[test]
+fn a_config_change_elsewhere_keeps_a_limit_s_rows() {
+    let base = weighted(spec(), 300_000, 300_000);
+    let mut t = table_with(&base);
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(0),
+        allowance_units: 60,
+    };
+    assert!(t.apply(grow).is_applied());
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![LimitSpec {
+            detailed_metric: true,
+            ..base
+        }],
+        regions: regions(),
+    };
+    assert!(t.apply(set).is_applied());
+    assert_eq!(
+        t.row(&counter(100), &RegionId::from("a"))
+            .unwrap()
+            .allowance_units,
+        60
+    );
 }
 
 // ---- eventual mode ------------------------------------------------------------------------

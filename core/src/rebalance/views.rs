@@ -31,6 +31,8 @@ pub(crate) struct RegionView {
     /// The newest SyncUp said the region's view had expired: it admits by its partition
     /// policy though this leader hears it.
     pub view_expired: bool,
+    /// The configuration version the newest SyncUp reported: the one the region enforces.
+    pub config_version: Option<u64>,
 }
 
 impl RegionView {
@@ -44,6 +46,7 @@ impl RegionView {
             last_received_at: now,
             clock: None,
             view_expired: false,
+            config_version: None,
         }
     }
 

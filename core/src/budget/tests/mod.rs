@@ -6,6 +6,7 @@ mod lease;
 mod partition;
 mod persist;
 mod proptests;
+mod reload;
 mod slots;
 mod stats;
 mod sync;
