@@ -35,7 +35,7 @@ use crate::node::{
     AllowanceView, Bound, BoundTerm, CoordinatorNode, CoordinatorObservation, CoordinatorSetup,
     LeaseAnswer, NodeFactory, Policy, RegionNode, RegionObservation, RegionSetup, TableRow,
 };
-use crate::scenario::Scenario;
+use crate::scenario::{Fault, LimitsSection, Scenario};
 
 /// Records an agent's store holds before it is rewritten as one snapshot (what a sled tree
 /// does by upserting keys; here the log of drained batches is compacted instead).
@@ -53,6 +53,16 @@ pub struct CoreFactory {
     budgets: Vec<BudgetConfig>,
     coordinator: CoordinatorConfig,
     lease_ttl: Duration,
+    /// The limits of each `config_reload` fault, in order.
+    reloads: Vec<Vec<LimitSpec>>,
+}
+
+/// The configuration version of the scenario's own `limits:`; the n-th reload (from 0) is
+/// version `FIRST_CONFIG_VERSION + 1 + n`.
+const FIRST_CONFIG_VERSION: u64 = 1;
+
+fn reload_version(reload: usize) -> u64 {
+    FIRST_CONFIG_VERSION + 1 + reload as u64
 }
 
 impl CoreFactory {
@@ -60,7 +70,15 @@ impl CoreFactory {
     /// scenario file and the line of the problem.
     pub fn new(scenario: &Scenario) -> Result<Self, SimError> {
         let regions = scenario.region_ids();
-        let limits = load_limits(scenario)?;
+        let limits = load_limits(scenario, &scenario.limits)?;
+        let reloads = scenario
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::ConfigReload { limits, .. } => Some(load_limits(scenario, limits)),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let budgets = scenario
             .regions
             .iter()
@@ -72,6 +90,7 @@ impl CoreFactory {
             limits,
             budgets,
             lease_ttl: scenario.lease.ttl,
+            reloads,
         };
         for r in 0..factory.regions.len() {
             for policy in [Policy::Rebalancing, Policy::StaticSplit] {
@@ -89,14 +108,10 @@ impl CoreFactory {
 
     fn region_settings(&self, region: usize, policy: Policy) -> (BudgetConfig, Vec<LimitSpec>) {
         let cfg = self.budgets[region].clone();
+        let limits = self.region_limits(&cfg.region, policy, &self.limits);
         match policy {
-            Policy::Rebalancing => (cfg, self.limits.clone()),
+            Policy::Rebalancing => (cfg, limits),
             Policy::StaticSplit => {
-                let limits = self
-                    .limits
-                    .iter()
-                    .map(|l| fixed_share(l, &cfg.region, &self.regions))
-                    .collect();
                 let cfg = BudgetConfig {
                     coordinated: false,
                     ..cfg
@@ -106,11 +121,29 @@ impl CoreFactory {
         }
     }
 
+    /// `limits` as `region` enforces them under `policy`.
+    fn region_limits(
+        &self,
+        region: &RegionId,
+        policy: Policy,
+        limits: &[LimitSpec],
+    ) -> Vec<LimitSpec> {
+        match policy {
+            Policy::Rebalancing => limits.to_vec(),
+            Policy::StaticSplit => limits
+                .iter()
+                .map(|l| fixed_share(l, region, &self.regions))
+                .collect(),
+        }
+    }
+
     fn budget(&self, setup: &RegionSetup<'_>, records: Vec<PersistRecord>) -> RegionBudget {
         let (cfg, limits) = self.region_settings(setup.region_index, setup.policy);
-        RegionBudget::restore(cfg, limits, records)
+        let mut budget = RegionBudget::restore(cfg, limits, records)
             // Every region's settings were built once in `new`, which returns their error.
-            .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"))
+            .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"));
+        budget.set_config_version(FIRST_CONFIG_VERSION);
+        budget
     }
 
     fn core_region(&self, setup: &RegionSetup<'_>, budget: RegionBudget) -> CoreRegion {
@@ -121,6 +154,12 @@ impl CoreFactory {
             sync_interval: self.coordinator.sync_interval,
             last_now: Timestamp::ZERO,
             refused_calls: 0,
+            used_at_reload: BTreeMap::new(),
+            reloads: self
+                .reloads
+                .iter()
+                .map(|l| self.region_limits(&self.regions[setup.region_index], setup.policy, l))
+                .collect(),
         }
     }
 }
@@ -165,8 +204,7 @@ fn coordinator_config(scenario: &Scenario) -> CoordinatorConfig {
 
 /// The scenario's `limits:` text through the product's loader, one source per YAML document;
 /// limits configured without weights take the scenario's region weights.
-fn load_limits(scenario: &Scenario) -> Result<Vec<LimitSpec>, SimError> {
-    let section = &scenario.limits;
+fn load_limits(scenario: &Scenario, section: &LimitsSection) -> Result<Vec<LimitSpec>, SimError> {
     let docs = documents(&section.yaml);
     let names: Vec<String> = (0..docs.len())
         .map(|i| format!("{}#limits[{i}]", scenario.file))
@@ -177,7 +215,7 @@ fn load_limits(scenario: &Scenario) -> Result<Vec<LimitSpec>, SimError> {
         .map(|(d, name)| SourceFile::new(name, &d.text))
         .collect();
     let config = LimitsConfig::load(&files, &LoadOptions::default())
-        .map_err(|e| config_error(scenario, &docs, &names, &e))?;
+        .map_err(|e| config_error(scenario, section, &docs, &names, &e))?;
     let weights = scenario_weights(scenario);
     Ok(config
         .rules()
@@ -232,11 +270,11 @@ fn documents(yaml: &str) -> Vec<Document> {
 /// The loader's first error, placed in the scenario file.
 fn config_error(
     scenario: &Scenario,
+    section: &LimitsSection,
     docs: &[Document],
     names: &[String],
     errors: &ConfigErrors,
 ) -> SimError {
-    let section = &scenario.limits;
     let Some(e) = errors.iter().next() else {
         return SimError::Core(allot_core::Error::Config(errors.clone()));
     };
@@ -285,7 +323,7 @@ impl NodeFactory for CoreFactory {
         // The configuration is the first entry of every leader's table; later commands are
         // replayed on top by the engine.
         let outcome = table.apply(TableCommand::SetConfig {
-            version: 1,
+            version: FIRST_CONFIG_VERSION,
             limits: self.limits.clone(),
             regions: self.regions.clone(),
         });
@@ -308,6 +346,14 @@ impl NodeFactory for CoreFactory {
             .find(|l| &l.id == limit)
             .map_or(FailureMode::default(), |l| l.failure_mode)
     }
+
+    fn reload_command(&self, reload: usize) -> Option<TableCommand> {
+        Some(TableCommand::SetConfig {
+            version: reload_version(reload),
+            limits: self.reloads.get(reload)?.clone(),
+            regions: self.regions.clone(),
+        })
+    }
 }
 
 /// One region's agent over `RegionBudget`.
@@ -321,6 +367,11 @@ pub struct CoreRegion {
     /// Gateway messages the machine refused (a release of a lease that already expired at the
     /// agent, a settle for one it forgot): expected in small numbers, never a panic.
     pub refused_calls: u64,
+    /// The limits of each `config_reload`, as this region enforces them.
+    reloads: Vec<Vec<LimitSpec>>,
+    /// Net use per counter when the last reload was taken: the new allowance may be below it
+    /// (the units were admitted under the old one), which invariant 1 allows.
+    used_at_reload: BTreeMap<CounterRef, u64>,
 }
 
 impl CoreRegion {
@@ -458,6 +509,10 @@ impl RegionNode for CoreRegion {
 
     fn observe(&self, out: &mut RegionObservation) {
         let region = self.budget.region();
+        let same_version = self
+            .budget
+            .coordinator_config_version()
+            .is_none_or(|v| v == self.budget.config_version());
         for k in self.budget.key_views(self.last_now) {
             let strict = self.coordinated && self.is_strict(&k.counter.limit);
             let quota = self.quota_units(&k.counter.limit);
@@ -476,13 +531,34 @@ impl RegionNode for CoreRegion {
             } else {
                 k.allowance_units
             };
+            // A reload may lower the allowance below what was admitted under the old one.
+            let admitted_before_reload = self.used_at_reload.get(&k.counter).copied();
             out.allowances.push(AllowanceView {
-                counter: k.counter,
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
-                limit_units: allowance.saturating_add(k.excess_units),
-                strict_allowance_units: strict.then_some(k.allowance_units),
+                limit_units: allowance
+                    .max(admitted_before_reload.unwrap_or(0))
+                    .saturating_add(k.excess_units),
+                // Held against the table only under the version the table answered with last
+                // (the coordinator side skips a region it has heard on another version).
+                strict_allowance_units: (strict && same_version).then_some(k.allowance_units),
+                counter: k.counter,
             });
         }
+    }
+
+    fn reload(&mut self, now: Timestamp, reload: usize) {
+        let Some(limits) = self.reloads.get(reload).cloned() else {
+            return;
+        };
+        self.saw(now);
+        self.used_at_reload = self
+            .budget
+            .key_views(now)
+            .into_iter()
+            .map(|k| (k.counter, k.granted_units.saturating_sub(k.refunded_units)))
+            .collect();
+        self.budget.set_limits(now, limits);
+        self.budget.set_config_version(reload_version(reload));
     }
 }
 
@@ -593,6 +669,9 @@ impl CoordinatorNode for CoreCoordinator {
     fn handle_committed(&mut self, now: Timestamp, cmd: &TableCommand) {
         if !self.coordinator.handle_committed(now, cmd).is_applied() {
             self.rejected_commands += 1;
+        } else if let TableCommand::SetConfig { limits, .. } = cmd {
+            // The bound is stated for the limits in force.
+            self.limits = limits.clone();
         }
     }
 
@@ -640,6 +719,16 @@ impl CoordinatorNode for CoreCoordinator {
 
     fn table_allowance(&self, counter: &CounterRef, region: &RegionId) -> Option<u64> {
         let table = self.coordinator.table();
+        // Invariant 2 holds between a region and the table of the version it enforces; while
+        // a reload rolls out the difference is the bound's reload term.
+        let current = table.config_version();
+        if self
+            .coordinator
+            .region_config_version(region)
+            .is_some_and(|v| v != current)
+        {
+            return None;
+        }
         let spec = table.limit(&counter.limit)?;
         let strict = self.active && spec.consistency == Consistency::Strict;
         strict.then(|| table.allowance(counter, region))

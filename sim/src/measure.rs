@@ -286,10 +286,11 @@ impl Measure {
     /// are judged.
     fn false_share(&self, k: usize, row: usize) -> (u64, u64) {
         let table = &self.true_windows[k];
-        let quota = self.limits[self.keys[k].limit_index].quota_units;
         let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
         let denied: u64 = cells.iter().map(|c| c.denied_units).sum();
         let start = (table.first_index + row as u64) * table.window_nanos;
+        let quota =
+            self.limits[self.keys[k].limit_index].quota_units_in(start, start + table.window_nanos);
         let complete = start >= self.start_nanos && start + table.window_nanos <= self.end_nanos;
         if !complete {
             return (0, denied);
@@ -416,10 +417,11 @@ impl Measure {
 
     fn window_report(&self, k: usize, row: usize) -> WindowReport {
         let meta = &self.keys[k];
-        let quota = self.limits[meta.limit_index].quota_units;
         let table = &self.true_windows[k];
         let cells = &table.cells[row * self.regions..(row + 1) * self.regions];
         let index = table.first_index + row as u64;
+        let quota = self.limits[meta.limit_index]
+            .quota_units_in(index * table.window_nanos, (index + 1) * table.window_nanos);
         let bound = self.window_bound(meta.limit_index, row).cloned();
         let admitted: u64 = cells.iter().map(|c| c.admitted_units).sum();
         let demand: u64 = cells.iter().map(|c| c.demand_units).sum();
@@ -467,11 +469,13 @@ impl Measure {
         let mut out = Vec::new();
         for (k, table) in self.local_windows.iter().enumerate() {
             let meta = &self.keys[k];
-            let quota = self.limits[meta.limit_index].quota_units;
             let first_true = self.true_windows[k].first_index;
             for row in 0..table.windows {
                 let admitted = table.admitted_total[row];
                 let index = table.first_index + row as u64;
+                // Windows of a region's clock, judged against the quota of the same index.
+                let quota = self.limits[meta.limit_index]
+                    .quota_units_in(index * table.window_nanos, (index + 1) * table.window_nanos);
                 // Bounds are kept per true window; the same index on a region's clock uses
                 // the bound stated for that index.
                 let bound = match index.checked_sub(first_true).map(|r| r as usize) {

@@ -72,6 +72,16 @@ pub trait NodeFactory: Sync {
     /// What a gateway does for `limit` when it cannot reach its agent (the limit's
     /// `failure_mode`).
     fn failure_mode(&self, limit: &LimitId) -> FailureMode;
+
+    /// The table change that installs the configuration of the scenario's `reload`-th
+    /// `config_reload` (from 0), committed through the log like any other; `None` where the
+    /// machines have no such command.
+    fn reload_command(
+        &self,
+        _reload: usize,
+    ) -> Option<<Self::Coordinator as CoordinatorNode>::Command> {
+        None
+    }
 }
 
 /// The agent's answer to a gateway's lease request.
@@ -115,6 +125,10 @@ pub trait RegionNode: Send {
 
     /// The machine's counters and allowances, for the invariant checks (not a hot path).
     fn observe(&self, out: &mut RegionObservation);
+
+    /// Take the configuration of the scenario's `reload`-th `config_reload` (from 0), as the
+    /// agent does on a configuration reload.
+    fn reload(&mut self, _now: Timestamp, _reload: usize) {}
 }
 
 /// The coordinator leader: rebalancer, allowance table and bound calculator. Its clock is the

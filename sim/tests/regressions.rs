@@ -734,3 +734,152 @@ faults:
         "overage took use past the allowance"
     );
 }
+
+/// Two regions, 1,000 units per 10 s window: `a` busy (300 requests/s), `b` light. `limits`
+/// is the section's text with `MODE` and `UNITS` to fill in.
+const RELOAD_BASE: &str = r#"
+name: NAME
+duration: 30s
+lease: {initial_units: 5, max_units: 50, ttl: 2s}
+regions:
+  - {id: a, weight: 0.5, latency: 10ms, gateways: 1}
+  - {id: b, weight: 0.5, latency: 30ms, gateways: 1}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 1000}
+      allot: {window: 10s, consistency: strict}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 300}, arrivals: uniform}
+  - {region: b, limit: api/t, key: t=1, rate: {constant_per_sec: 20}, arrivals: uniform}
+faults:
+"#;
+
+fn reload_scenario(name: &str, faults: &str) -> Scenario {
+    let text = RELOAD_BASE.replace("NAME", name) + faults;
+    scenario::parse(&format!("{name}.yaml"), &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn assert_no_violations(r: &Report) {
+    assert_eq!(
+        r.figures.violations,
+        0,
+        "{:?}",
+        r.failing_seeds().next().map(|s| &s.violation_details)
+    );
+}
+
+/// Issue 8, config reload: strict -> eventual -> strict in the middle of a window, after the
+/// coordinator moved most of `b`'s share to `a`. The table dropped the rows when the limit
+/// stopped being strict and started their epochs again when it came back, while the regions
+/// kept their grants and epochs (the window length had not changed): `a` kept enforcing its
+/// old grant and ignored the table's new, smaller rows. Before the fix, seeds 0..2 showed 39
+/// violations each (`region_allowance_above_table`, from 6.1 s: `a` enforces 764, the table
+/// gives it 500; the window admitted 1,080). Now 0 (1,026 admitted, within its bound).
+/// Fixed by regions dropping grants made under other parameters, the table's epoch floor,
+/// and grants applied only under the same configuration version.
+#[test]
+fn strict_eventual_strict_mid_window_leaves_no_old_grant_in_force() {
+    let s = reload_scenario(
+        "strict-eventual-strict",
+        r#"
+  - config_reload:
+      at: 4s
+      limits: |
+        domain: api
+        descriptors:
+          - key: t
+            rate_limit: {requests_per_unit: 1000}
+            allot: {window: 10s, consistency: eventual}
+  - config_reload:
+      at: 6s
+      stagger: {b: 500ms}
+      limits: |
+        domain: api
+        descriptors:
+          - key: t
+            rate_limit: {requests_per_unit: 1000}
+            allot: {window: 10s, consistency: strict}
+"#,
+    );
+    let r = run(&s, 0..2);
+    assert_no_violations(&r);
+}
+
+/// Issue 8, config reload: the quota cut from 1,000 to 400 in the middle of a window, `b`
+/// reloading 1 s after the coordinator. The table refused the new configuration (its rows
+/// summed above the new quota) and went on granting under the old one, and the regions kept
+/// those grants: before the fix, seeds 0..2 admitted 995 and 1,000 in the two windows after
+/// the cut against L = 400 (a violation each on the regions' clocks). Now 400 and 400, and
+/// the window of the cut states a reload term of 300 (`b`'s old 500 + `a`'s new 200 - 400).
+/// Fixed by dropping rows and grants of a changed limit on both sides (a change is never
+/// refused for old rows).
+#[test]
+fn a_quota_cut_mid_window_holds_from_the_next_window() {
+    let s = reload_scenario(
+        "quota-cut",
+        r#"
+  - config_reload:
+      at: 4s
+      stagger: {b: 1s}
+      limits: |
+        domain: api
+        descriptors:
+          - key: t
+            rate_limit: {requests_per_unit: 400}
+            allot: {window: 10s, consistency: strict}
+"#,
+    );
+    let r = run(&s, 0..2);
+    assert_no_violations(&r);
+}
+
+/// Issue 8, config reload: new weights rolled out region by region. Both regions busy; the
+/// weights go from 0.5 / 0.5 to 0.8 / 0.2 at 2 s, `a` at once and `b` 3 s later: for those
+/// 3 s `a` enforces its new default (800) and `b` its old one (500), 1,300 against L = 1,000.
+/// No bound said so: before the fix the first window admitted 1,300 with no reload term (its
+/// bound of 2,000 covered it only through the skew term, which without a rate cap is every
+/// region's whole allowance), and the later windows 1,182 with 100 violations a seed on
+/// seeds 0..2 (`net_use_above_allowance`: 800 above 618). Now the first window states a
+/// reload term of 300, the overshoot exactly, and the later windows admit 1,000. Fixed by the
+/// bound's `reload` term (what each region enforces under the version it reports, minus L)
+/// and the rows and grants of the old weights dropped on both sides.
+#[test]
+fn a_staggered_weights_change_is_covered_by_the_reload_term() {
+    let text = RELOAD_BASE
+        .replace("NAME", "staggered-weights")
+        .replace("constant_per_sec: 20}", "constant_per_sec: 300}")
+        + r#"
+  - config_reload:
+      at: 2s
+      stagger: {b: 3s}
+      limits: |
+        domain: api
+        descriptors:
+          - key: t
+            rate_limit: {requests_per_unit: 1000}
+            allot: {window: 10s, consistency: strict, weights: {a: 0.8, b: 0.2}}
+"#;
+    let s = scenario::parse("staggered-weights.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&s, 0..2);
+    assert_no_violations(&r);
+    for seed in &r.per_seed {
+        let first = seed
+            .windows
+            .iter()
+            .find(|w| w.start_ms == 0)
+            .expect("the first window");
+        assert!(first.overshoot_units > 0, "the rollout went above L");
+        let reload = first
+            .bound
+            .as_ref()
+            .and_then(|b| b.terms.iter().find(|t| t.name == "reload"))
+            .map_or(0, |t| t.units);
+        assert!(
+            reload >= first.overshoot_units,
+            "reload term {reload} covers overshoot {}",
+            first.overshoot_units
+        );
+    }
+}

@@ -211,6 +211,11 @@ impl RegionBudget {
         self.config_version = version;
     }
 
+    /// The configuration version in force here.
+    pub fn config_version(&self) -> u64 {
+        self.config_version
+    }
+
     /// The coordinator's configuration version, from its latest SyncDown.
     pub fn coordinator_config_version(&self) -> Option<u64> {
         self.coordinator_config_version

@@ -151,6 +151,11 @@ enum Event<C> {
     },
     CoordinatorDown,
     CoordinatorUp,
+    /// `config_reload` number `reload` at the coordinator (`None`) or at one region.
+    ConfigReload {
+        reload: usize,
+        region: Option<usize>,
+    },
     Sample,
 }
 
@@ -580,9 +585,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         events.push((at(when + after), Event::GatewayRestart { region, gateway }));
                     }
                 }
-                Fault::Partition { .. } | Fault::Link { .. } => {}
+                Fault::Partition { .. } | Fault::Link { .. } | Fault::ConfigReload { .. } => {}
             }
         }
+        events.extend(self.reload_events());
         for (t, e) in events {
             self.push(t, e)?;
         }
@@ -690,6 +696,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 Ok(())
             }
             Event::CoordinatorUp => self.coordinator_up(),
+            Event::ConfigReload { reload, region } => self.config_reload(reload, region),
             Event::Sample => self.sample(),
         }
     }
@@ -1225,6 +1232,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         self.checker
             .restarted(self.offset_ms(), region, &obs, is_current);
         self.regions[region].node = Some(node);
+        self.reload_restarted(region);
         self.after_region_input(region)
     }
 
@@ -1429,3 +1437,5 @@ pub fn marks(scenario: &Scenario) -> Vec<Mark> {
 
 #[cfg(test)]
 mod tests;
+
+mod reload;

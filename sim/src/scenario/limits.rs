@@ -21,8 +21,44 @@ const MAX_DESCRIPTOR_DEPTH: usize = 8;
 pub struct LimitInfo {
     /// `domain/key[=value]/...`, the id the configuration loader gives the rule.
     pub id: LimitId,
+    /// The quota of the scenario's own section (before any `config_reload`).
     pub quota_units: u64,
     pub window: Window,
+    /// The quota's changes by `config_reload` faults, in time order.
+    pub reloads: Vec<QuotaReload>,
+}
+
+/// A `config_reload` as it changes one limit's quota: from the coordinator's reload to the
+/// last region's (unix nanoseconds, true clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaReload {
+    pub from_nanos: u64,
+    pub until_nanos: u64,
+    pub quota_units: u64,
+}
+
+impl LimitInfo {
+    /// The quota a window `[start, end)` (unix nanoseconds) is judged against: the one in
+    /// force, or while a reload rolls out during it the larger of the quotas before and after
+    /// (units admitted under the old quota before the change were within it).
+    pub fn quota_units_in(&self, start_nanos: u64, end_nanos: u64) -> u64 {
+        let mut in_force = self.quota_units;
+        let mut rolling: Option<u64> = None;
+        for r in &self.reloads {
+            if end_nanos <= r.from_nanos {
+                break;
+            }
+            if start_nanos >= r.until_nanos {
+                in_force = r.quota_units;
+                rolling = None;
+                continue;
+            }
+            let before = rolling.unwrap_or(in_force).max(in_force);
+            rolling = Some(before.max(r.quota_units));
+            in_force = r.quota_units;
+        }
+        rolling.unwrap_or(in_force)
+    }
 }
 
 /// Reads the embedded limits YAML of `section`; `src` places its lines inside the scenario file.
@@ -155,6 +191,7 @@ fn read_rate_limit(
         id: LimitId::new(id),
         quota_units,
         window: Window::new(window),
+        reloads: Vec::new(),
     }))
 }
 

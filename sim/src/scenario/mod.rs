@@ -16,7 +16,7 @@ use std::time::Duration;
 use allot_core::ids::{KeyId, LimitId, RegionId};
 use allot_core::time::Timestamp;
 
-pub use limits::LimitInfo;
+pub use limits::{LimitInfo, QuotaReload};
 pub use parse::{MAX_SAMPLES, load, parse};
 
 use crate::clock::ClockSpec;
@@ -210,6 +210,16 @@ pub enum Fault {
         at: Duration,
         restart_after: Option<Duration>,
     },
+    /// A new limits configuration: the coordinator's table takes it at `at` (a new version),
+    /// each region `stagger[r]` later (a rollout). Reloads come in time order; the n-th (from
+    /// 0) is configuration version n + 2, the scenario's own `limits:` being version 1. The
+    /// same limits with the same windows: quotas, weights, modes and policies may change.
+    ConfigReload {
+        at: Duration,
+        limits: LimitsSection,
+        /// Per region (by index), how long after `at` it reloads.
+        stagger: Vec<Duration>,
+    },
     /// Loss, duplication, reordering and delay on links during `[start, end)`.
     Link {
         regions: RegionSel,
@@ -231,6 +241,9 @@ impl Fault {
                 at, restart_after, ..
             } => Some(*at + *restart_after),
             Fault::AgentRestore { at, .. } => Some(*at),
+            Fault::ConfigReload { at, stagger, .. } => {
+                Some(*at + stagger.iter().copied().max().unwrap_or_default())
+            }
             Fault::GatewayCrash {
                 at, restart_after, ..
             } => restart_after.map(|r| *at + r),

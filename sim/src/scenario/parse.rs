@@ -7,6 +7,7 @@ use allot_core::ids::{KeyId, LimitId, RegionId};
 use allot_core::limit::WEIGHT_SCALE_PPM;
 use allot_core::time::Timestamp;
 
+use super::limits::QuotaReload;
 use super::yaml::{Map, Node, Source};
 use super::{
     ArrivalProcess, CoordinatorSettings, Direction, Fault, LeaseSettings, LimitsSection,
@@ -81,11 +82,16 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
         Some(f) => read_faults(&f, &ctx)?,
         None => Vec::new(),
     };
+    let start = Timestamp::from_unix_nanos(start_secs.saturating_mul(1_000_000_000));
+    let mut limits = limits;
+    if let Some(f) = map.opt("faults") {
+        note_reloads(&f, start, &faults, &mut limits)?;
+    }
     Ok(Scenario {
         name,
         description,
         file: file.to_string(),
-        start: Timestamp::from_unix_nanos(start_secs.saturating_mul(1_000_000_000)),
+        start,
         duration,
         sync_interval,
         view_ttl,
@@ -732,15 +738,89 @@ fn read_fault(node: &Node<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError
                 faults: read_link_faults(&m)?,
             }
         }
+        "config_reload" => read_config_reload(&m, ctx)?,
         other => {
             return Err(node.err(format!(
                 "unknown fault {other:?} (partition, coordinator_outage, agent_crash, \
-                 agent_restore, gateway_crash or link)"
+                 agent_restore, gateway_crash, config_reload or link)"
             )));
         }
     };
     m.finish()?;
     Ok(fault)
+}
+
+/// Reloads must come in time order (their versions follow it); each limit's quota changes
+/// are noted on it, for judging its windows.
+fn note_reloads(
+    node: &Node<'_, '_>,
+    start: Timestamp,
+    faults: &[Fault],
+    limits: &mut LimitsSection,
+) -> Result<(), ScenarioError> {
+    let mut last = None;
+    for f in faults {
+        let Fault::ConfigReload {
+            at, limits: new, ..
+        } = f
+        else {
+            continue;
+        };
+        if last.is_some_and(|l| *at <= l) {
+            return Err(node.err("config_reload faults must be listed in time order"));
+        }
+        last = Some(*at);
+        let from_nanos = (start + *at).as_unix_nanos();
+        let until_nanos = f
+            .heals_at()
+            .map_or(from_nanos, |h| (start + h).as_unix_nanos());
+        for l in &mut limits.limits {
+            if let Some(n) = new.limits.iter().find(|n| n.id == l.id) {
+                l.reloads.push(QuotaReload {
+                    from_nanos,
+                    until_nanos,
+                    quota_units: n.quota_units,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `config_reload: {at, limits: |..., stagger: {region: delay, ...}}`: the same limits (ids
+/// and windows) as the scenario's own section, with other quotas, weights, modes or policies.
+fn read_config_reload(m: &Map<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError> {
+    let at = ctx.at(&m.req("at")?)?;
+    let limits_node = m.req("limits")?;
+    let limits = read_limits(&limits_node)?;
+    let same = limits.limits.len() == ctx.limits.limits.len()
+        && limits.limits.iter().all(|l| {
+            ctx.limits
+                .limits
+                .iter()
+                .any(|o| o.id == l.id && o.window == l.window)
+        });
+    if !same {
+        return Err(limits_node.err(
+            "a reload must keep the same limits with the same windows (the simulator measures \
+             each limit's windows from the start of the run)",
+        ));
+    }
+    let mut stagger = vec![Duration::ZERO; ctx.regions.len()];
+    if let Some(node) = m.opt("stagger") {
+        let sm = node.as_map()?;
+        for (i, r) in ctx.regions.iter().enumerate() {
+            if let Some(d) = sm.opt(r.id.as_str()) {
+                stagger[i] = d.as_duration()?;
+            }
+        }
+        sm.finish()?;
+    }
+    Ok(Fault::ConfigReload {
+        at,
+        limits,
+        stagger,
+    })
 }
 
 fn read_direction(m: &Map<'_, '_>) -> Result<Direction, ScenarioError> {

@@ -1,0 +1,92 @@
+//! The `config_reload` fault: the coordinator's table takes a new limits configuration (a
+//! `SetConfig` through the replicated log, so a later leader replays it), then each region's
+//! agent at its own delay, as a rollout does.
+
+use allot_core::time::Timestamp;
+
+use super::{Engine, Event};
+use crate::error::Result;
+use crate::node::{NodeFactory, RegionNode};
+use crate::scenario::Fault;
+
+impl<F: NodeFactory> Engine<'_, F> {
+    /// Reload number `reload` (from 0) at the coordinator (`region` None) or at one region.
+    /// Without a leader the change is appended to the log, which the next leader replays.
+    pub(super) fn config_reload(&mut self, reload: usize, region: Option<usize>) -> Result<()> {
+        match region {
+            Some(r) => {
+                let local = self.regions[r].clock.local(self.now);
+                if let Some(node) = self.regions[r].node.as_mut() {
+                    node.reload(local, reload);
+                }
+                self.after_region_input(r)
+            }
+            None => {
+                let Some(cmd) = self.factory.reload_command(reload) else {
+                    return Ok(());
+                };
+                if self.coordinator.node.is_none() {
+                    self.coordinator.log.push(cmd);
+                    return Ok(());
+                }
+                let term = self.coordinator.term;
+                self.coordinator.proposed += 1;
+                let at = self.now + self.scenario.coordinator.commit_latency;
+                self.push(at, Event::Commit { term, cmd })
+            }
+        }
+    }
+
+    /// A region's agent restarted: it reads the configuration in force for it, the last
+    /// reload whose turn for this region has come.
+    pub(super) fn reload_restarted(&mut self, region: usize) {
+        let start = self.scenario.start;
+        let now = self.now;
+        let in_force = reloads(self.scenario.faults.iter())
+            .filter(|(_, at, stagger)| start + *at + stagger[region] <= now)
+            .map(|(n, _, _)| n)
+            .last();
+        let local = self.regions[region].clock.local(now);
+        if let (Some(n), Some(node)) = (in_force, self.regions[region].node.as_mut()) {
+            node.reload(local, n);
+        }
+    }
+
+    /// The events of every `config_reload`: the coordinator's, then each region's.
+    pub(super) fn reload_events(
+        &self,
+    ) -> Vec<(
+        Timestamp,
+        Event<<F::Coordinator as crate::node::CoordinatorNode>::Command>,
+    )> {
+        let start = self.scenario.start;
+        let mut out = Vec::new();
+        for (reload, at, stagger) in reloads(self.scenario.faults.iter()) {
+            out.push((
+                start + at,
+                Event::ConfigReload {
+                    reload,
+                    region: None,
+                },
+            ));
+            for (r, delay) in stagger.iter().enumerate() {
+                let region = Some(r);
+                out.push((start + at + *delay, Event::ConfigReload { reload, region }));
+            }
+        }
+        out
+    }
+}
+
+/// The `config_reload` faults, numbered from 0 in order, with their time and stagger.
+fn reloads<'a>(
+    faults: impl Iterator<Item = &'a Fault>,
+) -> impl Iterator<Item = (usize, std::time::Duration, &'a [std::time::Duration])> {
+    faults
+        .filter_map(|f| match f {
+            Fault::ConfigReload { at, stagger, .. } => Some((*at, stagger.as_slice())),
+            _ => None,
+        })
+        .enumerate()
+        .map(|(n, (at, stagger))| (n, at, stagger))
+}
