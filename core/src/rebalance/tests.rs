@@ -1885,3 +1885,58 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_once_per_restart() {
     coord.handle_sync_up(at_ms(500), up).unwrap();
     assert_eq!(coord.poll_sync_down(at_ms(500), &a, 1).grants.len(), 1);
 }
+
+// ---- configuration reload ------------------------------------------------------------------
+
+/// Weights 0.5 / 0.5 to 0.8 / 0.2 of L = 100, `a` reloaded and `b` not yet: `a` enforces 80,
+/// `b` 50, and the bound says so; a version the leader does not know makes the window
+/// unbounded; planning waits until every region reports the table's version.
+#[test]
+fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
+    let old = weighted(spec(), 500_000, 500_000);
+    let mut c = Coordinator::new(config(), table_with(&old), at_ms(0), 1);
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![weighted(spec(), 800_000, 200_000)],
+        regions: regions(),
+    };
+    assert!(c.handle_committed(at_ms(0), &set).is_applied());
+    let window = WindowIndex(START_MS / 10_000);
+    let mut up_a = up_with("a", 1, &[], 0);
+    up_a.config_version = 2;
+    let mut up_b = up_with("b", 1, &[], 0);
+    up_b.config_version = 1;
+    up_b.demand = vec![crate::sync::DemandReport {
+        counter: CounterRef {
+            window,
+            ..counter(0)
+        },
+        demand_units_per_sec: 1_000,
+        allowance_units: 50,
+    }];
+    c.handle_sync_up(at_ms(10), up_a.clone()).unwrap();
+    c.handle_sync_up(at_ms(10), up_b.clone()).unwrap();
+    let b = c.bound(at_ms(20), &LimitId::from("l"), window).unwrap();
+    let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
+    assert_eq!(reload.units, 80 + 50 - 100, "{}", reload.detail);
+    assert!(b.unbounded.is_none());
+    assert!(
+        c.poll_proposals(at_ms(20)).is_empty(),
+        "no plan while the versions disagree"
+    );
+    up_b.seq = 2;
+    up_b.config_version = 7;
+    c.handle_sync_up(at_ms(30), up_b.clone()).unwrap();
+    let b = c.bound(at_ms(40), &LimitId::from("l"), window).unwrap();
+    assert!(b.unbounded.is_some(), "a version the leader does not know");
+    up_b.seq = 3;
+    up_b.config_version = 2;
+    c.handle_sync_up(at_ms(50), up_b).unwrap();
+    let b = c.bound(at_ms(60), &LimitId::from("l"), window).unwrap();
+    let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
+    assert_eq!(reload.units, 0);
+    assert!(
+        !c.poll_proposals(at_ms(60)).is_empty(),
+        "one version again: b's demand is planned"
+    );
+}
