@@ -216,6 +216,7 @@ mod tests {
         RegionObservation {
             entries,
             allowances: Vec::new(),
+            config_version: None,
         }
     }
 

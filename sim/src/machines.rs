@@ -95,6 +95,10 @@ impl CoreFactory {
         for r in 0..factory.regions.len() {
             for policy in [Policy::Rebalancing, Policy::StaticSplit] {
                 let (cfg, limits) = factory.region_settings(r, policy);
+                for reload in &factory.reloads {
+                    let limits = factory.region_limits(&cfg.region, policy, reload);
+                    RegionBudget::new(cfg.clone(), limits)?;
+                }
                 RegionBudget::new(cfg, limits)?;
             }
         }
@@ -509,10 +513,7 @@ impl RegionNode for CoreRegion {
 
     fn observe(&self, out: &mut RegionObservation) {
         let region = self.budget.region();
-        let same_version = self
-            .budget
-            .coordinator_config_version()
-            .is_none_or(|v| v == self.budget.config_version());
+        out.config_version = Some(self.budget.config_version());
         for k in self.budget.key_views(self.last_now) {
             let strict = self.coordinated && self.is_strict(&k.counter.limit);
             let quota = self.quota_units(&k.counter.limit);
@@ -538,12 +539,23 @@ impl RegionNode for CoreRegion {
                 limit_units: allowance
                     .max(admitted_before_reload.unwrap_or(0))
                     .saturating_add(k.excess_units),
-                // Held against the table only under the version the table answered with last
-                // (the coordinator side skips a region it has heard on another version).
-                strict_allowance_units: (strict && same_version).then_some(k.allowance_units),
+                strict_allowance_units: strict.then_some(k.allowance_units),
                 counter: k.counter,
             });
         }
+    }
+
+    fn restarted_under(&mut self, now: Timestamp, reload: usize) {
+        let Some(limits) = self.reloads.get(reload).cloned() else {
+            return;
+        };
+        self.saw(now);
+        let cfg = self.budget.config().clone();
+        let records = self.budget.snapshot();
+        self.budget = RegionBudget::restore(cfg, limits, records)
+            // The reload's limits were loaded and checked when the factory was built.
+            .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"));
+        self.budget.set_config_version(reload_version(reload));
     }
 
     fn reload(&mut self, now: Timestamp, reload: usize) {
@@ -717,18 +729,12 @@ impl CoordinatorNode for CoreCoordinator {
         }
     }
 
+    fn config_version(&self) -> Option<u64> {
+        Some(self.coordinator.table().config_version())
+    }
+
     fn table_allowance(&self, counter: &CounterRef, region: &RegionId) -> Option<u64> {
         let table = self.coordinator.table();
-        // Invariant 2 holds between a region and the table of the version it enforces; while
-        // a reload rolls out the difference is the bound's reload term.
-        let current = table.config_version();
-        if self
-            .coordinator
-            .region_config_version(region)
-            .is_some_and(|v| v != current)
-        {
-            return None;
-        }
         let spec = table.limit(&counter.limit)?;
         let strict = self.active && spec.consistency == Consistency::Strict;
         strict.then(|| table.allowance(counter, region))

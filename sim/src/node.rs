@@ -129,6 +129,10 @@ pub trait RegionNode: Send {
     /// Take the configuration of the scenario's `reload`-th `config_reload` (from 0), as the
     /// agent does on a configuration reload.
     fn reload(&mut self, _now: Timestamp, _reload: usize) {}
+
+    /// Just restarted from its store after that reload: take its configuration as the agent
+    /// reads it at a start, with the state as stored (what was granted under it stays).
+    fn restarted_under(&mut self, _now: Timestamp, _reload: usize) {}
 }
 
 /// The coordinator leader: rebalancer, allowance table and bound calculator. Its clock is the
@@ -160,6 +164,11 @@ pub trait CoordinatorNode: Send {
     /// its default), or `None` where the table has no say (eventual or unknown limits). A
     /// region's own allowance must never exceed it (invariant 2).
     fn table_allowance(&self, counter: &CounterRef, region: &RegionId) -> Option<u64>;
+
+    /// The table's configuration version, where it has one.
+    fn config_version(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A region's state as the checker sees it.
@@ -169,6 +178,9 @@ pub struct RegionObservation {
     pub entries: Vec<CounterEntry>,
     /// Per counter: net use against what the region may use (invariant 1).
     pub allowances: Vec<AllowanceView>,
+    /// The configuration version the region enforces, where it has one: invariant 2 holds
+    /// between a region and a table of the same version (a rollout is the bound's reload term).
+    pub config_version: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1284,7 +1284,13 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                     .limit(&c.limit)
                     .is_some_and(|l| c.window == l.window.index(local))
             };
-            let table = |c: &CounterRef| coordinator.table_allowance(c, &r.id);
+            let same_version = obs.config_version.zip(coordinator.config_version());
+            let same_version = same_version.is_none_or(|(region, table)| region == table);
+            let table = |c: &CounterRef| {
+                same_version
+                    .then(|| coordinator.table_allowance(c, &r.id))
+                    .flatten()
+            };
             self.checker
                 .region_against_table(at_ms, r.id.as_str(), &obs, table, is_current);
         }

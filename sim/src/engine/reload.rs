@@ -48,7 +48,7 @@ impl<F: NodeFactory> Engine<'_, F> {
             .last();
         let local = self.regions[region].clock.local(now);
         if let (Some(n), Some(node)) = (in_force, self.regions[region].node.as_mut()) {
-            node.reload(local, n);
+            node.restarted_under(local, n);
         }
     }
 
