@@ -421,13 +421,17 @@ traffic:
 /// learns of from the coordinator, so the others count it as heard at 0 (D6).
 #[test]
 fn eventual_mode_uses_idle_regions_shares() {
-    let eventual = scenario::parse("one-busy-two-idle.yaml", ONE_BUSY_TWO_IDLE).unwrap();
     let strict = scenario::parse(
         "one-busy-two-idle-strict.yaml",
         &ONE_BUSY_TWO_IDLE.replace("consistency: eventual", "consistency: strict"),
     )
     .unwrap();
-    let e = run(&eventual, 0..2);
+    let e = run_tiers(
+        "one-busy-two-idle.yaml",
+        ONE_BUSY_TWO_IDLE,
+        0..2,
+        SLOW_SEEDS,
+    );
     let s = run(&strict, 0..2);
     assert_eq!(e.figures.violations, 0, "{:?}", e.failing_seeds().next());
     let (eu, su) = (
@@ -474,8 +478,12 @@ faults:
 /// confirmed.
 #[test]
 fn a_leader_change_keeps_what_an_idle_region_spent() {
-    let s = scenario::parse("spent-then-leader-change.yaml", SPENT_THEN_LEADER_CHANGE).unwrap();
-    let r = run(&s, 0..2);
+    let r = run_tiers(
+        "spent-then-leader-change.yaml",
+        SPENT_THEN_LEADER_CHANGE,
+        0..2,
+        SLOW_SEEDS,
+    );
     assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
     let over = overshoot_max(&r);
     assert!(over <= 20, "overshoot {over} above L");
@@ -516,12 +524,12 @@ faults:
 /// it merges by max.
 #[test]
 fn a_region_restored_from_an_old_store_recovers_what_it_admitted_since() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "restored-from-an-old-store.yaml",
         RESTORED_FROM_AN_OLD_STORE,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS,
+    );
     assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
     assert_eq!(overshoot_max(&r), 0);
 }
@@ -567,7 +575,15 @@ fn a_region_restored_from_before_a_release_enforces_the_release() {
         RESTORED_FROM_BEFORE_A_RELEASE,
     )
     .unwrap();
-    let r = run(&s, 0..2);
+    let mut r = run(&s, 0..2);
+    if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
+        let poisson = parsed(
+            "restored-from-before-a-release.yaml",
+            &RESTORED_FROM_BEFORE_A_RELEASE.replace("arrivals: uniform", "arrivals: poisson"),
+        );
+        let slow = run(&poisson, SLOW_SEEDS);
+        r.per_seed.extend(slow.per_seed);
+    }
     for seed in &r.per_seed {
         for v in &seed.violation_details {
             let before_first_answer =
@@ -590,7 +606,7 @@ fn a_region_restored_from_before_a_release_enforces_the_release() {
 /// the end, so that the last window's time open is reported within the run.
 #[test]
 fn open_spans_admit_no_more_than_the_fail_open_term() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "open-spans.yaml",
         r#"
 name: open-spans
@@ -615,9 +631,9 @@ traffic:
 faults:
   - link: {region: a, direction: down, loss: 0.7, end: 55s}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
@@ -640,7 +656,7 @@ faults:
 /// cap, `ratio * (L + other terms)`, whatever reaches the regions.
 #[test]
 fn late_and_lost_settles_stay_within_the_settle_cap() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "late-settles.yaml",
         r#"
 name: late-settles
@@ -668,9 +684,9 @@ traffic:
 faults:
   - gateway_crash: {region: a, gateway: 0, at: 10s, restart_after: 1s}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
@@ -689,7 +705,7 @@ faults:
 /// persisting each key's excess (`KeyRecord::excess_units`).
 #[test]
 fn a_restarted_agent_keeps_the_excess_it_recorded() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "crash-after-overage.yaml",
         r#"
 name: crash-after-overage
@@ -720,9 +736,9 @@ faults:
   - agent_crash: {region: a, at: 15s, restart_after: 500ms}
   - agent_crash: {region: a, at: 25s, restart_after: 500ms}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
