@@ -13,13 +13,14 @@ use crate::plot::write_svg;
 use crate::report::Report;
 use crate::runner::{RunOptions, run_scenario};
 use crate::scenario::{self, Scenario};
+use crate::swarm::{self, cli::SwarmCommand};
 
 /// Arguments of `allot sim`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimArgs {
     /// The scenario file (YAML; see docs/sim.md).
-    #[arg(long)]
-    pub scenario: PathBuf,
+    #[arg(long, required_unless_present = "swarm", conflicts_with = "swarm")]
+    pub scenario: Option<PathBuf>,
     /// Seeds to run: `A..B` runs A to B - 1; a single number runs that seed.
     #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
     pub seeds: Range<u64>,
@@ -30,8 +31,25 @@ pub struct SimArgs {
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Write an SVG plot of the first seed here.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "swarm")]
     pub plot: Option<PathBuf>,
+    /// Swarm mode: each seed draws its own world (regions, limits, traffic, faults) and runs
+    /// it under the product's policy (docs/sim.md, "Swarm mode").
+    #[arg(long)]
+    pub swarm: bool,
+    /// With --swarm: write each failing seed's world to DIR/swarm-SEED.yaml, not to stderr.
+    #[arg(long, value_name = "DIR", requires = "swarm")]
+    pub dump_failing: Option<PathBuf>,
+    /// With --swarm and one seed: shrink its failure to the smallest world that still fails
+    /// with the same violation kind, and write that world as a scenario.
+    #[arg(long, requires = "swarm")]
+    pub shrink: bool,
+    /// With --shrink: the violation kind to keep (default: the seed's first).
+    #[arg(long, requires = "shrink")]
+    pub kind: Option<String>,
+    /// With --shrink: write the shrunk scenario here (default: standard output).
+    #[arg(long, value_name = "FILE", requires = "shrink")]
+    pub out: Option<PathBuf>,
 }
 
 /// `A..B` (B excluded, A < B) or a single seed.
@@ -67,13 +85,18 @@ where
     F: NodeFactory,
     B: FnOnce(&Scenario) -> Result<F>,
 {
-    let scenario = scenario::load(&args.scenario)?;
+    // clap requires one of the two; a caller building the arguments itself may not.
+    let path = args.scenario.as_ref().ok_or_else(|| SimError::Read {
+        path: PathBuf::from("--scenario"),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "give --scenario FILE, or --swarm",
+        ),
+    })?;
+    let scenario = scenario::load(path)?;
     let factory = factory(&scenario)?;
-    let jobs = args.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
     let options = RunOptions {
-        jobs,
+        jobs: jobs(args),
         wall_clock: true,
     };
     let report = run_scenario(&scenario, args.seeds.clone(), options, &factory)?;
@@ -101,17 +124,52 @@ where
     Ok(report)
 }
 
-/// [`run_cli`] on the process's standard streams, as an exit status: success when every
-/// invariant held on every seed.
+fn jobs(args: &SimArgs) -> usize {
+    args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    })
+}
+
+/// `allot sim --swarm`: [`crate::swarm::cli::run`] with the arguments. `Ok(true)` when every
+/// seed held.
+pub fn run_swarm_cli<F, B>(
+    args: &SimArgs,
+    factory: &B,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<bool>
+where
+    F: NodeFactory,
+    B: Fn(&Scenario) -> Result<F> + Sync,
+{
+    let cmd = SwarmCommand {
+        seeds: args.seeds.clone(),
+        jobs: jobs(args),
+        report: args.report.as_deref(),
+        dump_failing: args.dump_failing.as_deref(),
+        shrink: args.shrink,
+        kind: args.kind.as_deref(),
+        out: args.out.as_deref(),
+    };
+    swarm::cli::run(&cmd, factory, out, err)
+}
+
+/// [`run_cli`] (or [`run_swarm_cli`] with `--swarm`) on the process's standard streams, as an
+/// exit status: success when every invariant held on every seed.
 pub fn cli_main<F, B>(args: &SimArgs, factory: B) -> std::process::ExitCode
 where
     F: NodeFactory,
-    B: FnOnce(&Scenario) -> Result<F>,
+    B: Fn(&Scenario) -> Result<F> + Sync,
 {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match run_cli(args, factory, &mut out, &mut err) {
-        Ok(report) if report.figures.violations == 0 => std::process::ExitCode::SUCCESS,
-        Ok(_) => std::process::ExitCode::FAILURE,
+    let held = if args.swarm {
+        run_swarm_cli(args, &factory, &mut out, &mut err)
+    } else {
+        run_cli(args, factory, &mut out, &mut err).map(|r| r.figures.violations == 0)
+    };
+    match held {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
             let _ = writeln!(err, "allot sim: {e}");
             std::process::ExitCode::FAILURE
@@ -216,11 +274,16 @@ traffic:
 
         fn args(&self, seeds: Range<u64>) -> SimArgs {
             SimArgs {
-                scenario: self.dir.join("s.yaml"),
+                scenario: Some(self.dir.join("s.yaml")),
                 seeds,
                 jobs: Some(2),
                 report: Some(self.dir.join("r.json")),
                 plot: Some(self.dir.join("p.svg")),
+                swarm: false,
+                dump_failing: None,
+                shrink: false,
+                kind: None,
+                out: None,
             }
         }
     }

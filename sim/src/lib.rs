@@ -36,6 +36,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sizes;
+pub mod swarm;
 pub mod traffic;
 
 #[cfg(test)]
