@@ -361,6 +361,85 @@ traffic:
         assert!(err.contains(&replay), "{err}");
     }
 
+    fn swarm_args(seeds: Range<u64>, dir: &std::path::Path) -> SimArgs {
+        SimArgs {
+            scenario: None,
+            seeds,
+            jobs: Some(2),
+            report: Some(dir.join("swarm.json")),
+            plot: None,
+            swarm: true,
+            dump_failing: Some(dir.join("failing")),
+            shrink: false,
+            kind: None,
+            out: None,
+        }
+    }
+
+    /// The first seed whose world fails (or holds) over the test machines.
+    fn first_seed(failing: bool) -> u64 {
+        (0..100)
+            .find(|&seed| {
+                let world = swarm::draw::world(seed);
+                let o = swarm::run_world(&world, &|_: &Scenario| Ok(TestFactory::default()));
+                o.unwrap().failed() == failing
+            })
+            .expect("among 100 worlds some fail and some hold over the test machines")
+    }
+
+    #[test]
+    fn a_failing_swarm_seed_is_printed_with_its_replay_command_and_world() {
+        let files = Files::new("swarm-fail");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let seed = first_seed(true);
+        let args = swarm_args(seed..seed + 1, &files.dir);
+        let test = |_: &Scenario| Ok(TestFactory::default());
+        assert!(!run_swarm_cli(&args, &test, &mut out, &mut err).unwrap());
+        let err = String::from_utf8(err).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let replay = format!("replay: allot sim --swarm --seeds {seed}..{}", seed + 1);
+        assert!(err.contains(&replay), "{err}");
+        let dumped = files.dir.join("failing").join(format!("swarm-{seed}.yaml"));
+        assert!(err.contains(&dumped.display().to_string()), "{err}");
+        assert_eq!(std::fs::read_to_string(&dumped).unwrap(), swarm::draw(seed));
+        assert!(out.contains("failing seeds         1"), "{out}");
+        assert!(out.contains("windows judged"), "{out}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(files.dir.join("swarm.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["runs"], 1);
+        assert_eq!(json["failing"][0]["seed"], seed);
+        // Without --dump-failing the world is printed.
+        let mut args = args;
+        args.dump_failing = None;
+        let mut err = Vec::new();
+        run_swarm_cli(&args, &test, &mut Vec::new(), &mut err).unwrap();
+        let err = String::from_utf8(err).unwrap();
+        assert!(err.contains(&format!("name: swarm-{seed}")), "{err}");
+    }
+
+    #[test]
+    fn a_swarm_that_holds_exits_clean_and_shrink_takes_one_seed() {
+        let files = Files::new("swarm-ok");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let seed = first_seed(false);
+        let args = swarm_args(seed..seed + 1, &files.dir);
+        let test = |_: &Scenario| Ok(TestFactory::default());
+        assert!(run_swarm_cli(&args, &test, &mut out, &mut err).unwrap());
+        assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
+        let mut shrink = swarm_args(seed..seed + 2, &files.dir);
+        shrink.shrink = true;
+        assert!(run_swarm_cli(&shrink, &test, &mut out, &mut err).is_err());
+        shrink.seeds = seed..seed + 1;
+        let mut out = Vec::new();
+        assert!(run_swarm_cli(&shrink, &test, &mut out, &mut err).unwrap());
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .contains("nothing to shrink")
+        );
+    }
+
     #[test]
     fn seeds_are_a_half_open_range_or_one_seed() {
         assert_eq!(parse_seeds("0..100"), Ok(0..100));

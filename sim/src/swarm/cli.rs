@@ -101,7 +101,10 @@ where
         return Ok(true);
     };
     let Some(shrunk) = shrink(&world, &kind, build)? else {
-        let _ = writeln!(out, "seed {seed} does not fail with {kind}: nothing to shrink");
+        let _ = writeln!(
+            out,
+            "seed {seed} does not fail with {kind}: nothing to shrink"
+        );
         return Ok(true);
     };
     let text = format!(

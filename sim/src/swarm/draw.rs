@@ -8,8 +8,8 @@
 use super::faults::{FAULT_KINDS, Frame, MAX_DRAWN_FAULTS};
 use super::rng::Dice;
 use super::world::{
-    Consistency, CostDraw, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw, RegionDraw,
-    RetryDraw, Shape, SourceDraw, World,
+    Consistency, CostDraw, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw, RegionDraw, RetryDraw,
+    Shape, SourceDraw, World,
 };
 
 /// Requests a world asks for at its drawn load, all sources together (flash crowds and
@@ -27,6 +27,8 @@ pub const MAX_WINDOW_SECS: f64 = 60.0;
 pub const MAX_WINDOWS_PER_RUN: u64 = 6;
 /// Clock offsets reach this many windows of the shortest window, either sign.
 pub const MAX_OFFSET_WINDOWS: f64 = 3.0;
+/// Samples (bound readings, invariant checks) per window of the shortest window, at least.
+pub const SAMPLES_PER_WINDOW: u64 = 10;
 /// Largest drawn clock drift.
 pub const MAX_DRAWN_DRIFT_PPM: f64 = 5_000.0;
 
@@ -55,7 +57,8 @@ pub fn world(seed: u64) -> World {
         duration_ms,
         sync_interval_ms,
         commit_latency_ms: d.log(1.0, 50.0).round() as u64,
-        sample_interval_ms: (longest_ms / 20).max(100),
+        // The bound is read and the invariants checked at samples: several a window.
+        sample_interval_ms: (shortest_ms / SAMPLES_PER_WINDOW).clamp(100, 500),
         lease: draw_lease(d),
         regions,
         limits,
@@ -169,10 +172,14 @@ fn draw_lease(d: &mut Dice) -> LeaseDraw {
 }
 
 fn draw_traffic(d: &mut Dice, w: &mut World) {
-    let keys: Vec<u64> = w.limits.iter().map(|_| d.int(1, MAX_KEYS_PER_LIMIT)).collect();
+    let keys: Vec<u64> = w
+        .limits
+        .iter()
+        .map(|_| d.int(1, MAX_KEYS_PER_LIMIT))
+        .collect();
     let counters: u64 = keys.iter().sum();
     let duration_secs = w.duration_ms as f64 / 1_000.0;
-    for limit in 0..w.limits.len() {
+    for (limit, &limit_keys) in keys.iter().enumerate() {
         let cost = draw_cost(d, w.limits[limit].window_secs);
         let mean_cost = match cost {
             CostDraw::Units(u) => u as f64,
@@ -184,7 +191,7 @@ fn draw_traffic(d: &mut Dice, w: &mut World) {
         let window_secs = w.limits[limit].window_secs as f64;
         w.limits[limit].quota_units = (at_quota_per_sec * window_secs * mean_cost).ceil() as u64;
         limit_terms(d, &mut w.limits[limit]);
-        for key in 0..keys[limit] {
+        for key in 0..limit_keys {
             let demand_per_sec = load * at_quota_per_sec;
             draw_key_sources(d, w, limit, key as u32, demand_per_sec, &cost);
         }

@@ -14,6 +14,7 @@
 //! [`world`] the drawn world and its YAML, [`run`] running and judging seeds, [`shrink`](mod@shrink)
 //! the shrinker, [`summary`] the figures over a swarm.
 
+pub mod cli;
 pub mod draw;
 pub mod faults;
 mod rng;
@@ -21,7 +22,6 @@ pub mod run;
 pub mod shrink;
 pub mod summary;
 pub mod world;
-pub mod cli;
 
 pub use run::{SeedOutcome, replay_command, run_seeds, run_world, scenario_of};
 pub use shrink::{Shrunk, shrink};

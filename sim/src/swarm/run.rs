@@ -43,6 +43,10 @@ pub struct SeedOutcome {
     pub features: BTreeSet<String>,
     /// Requests the run made.
     pub requests: u64,
+    /// Windows that admitted more than their quota (within their bound or not).
+    pub windows_over_quota: u64,
+    /// Windows whose stated bound was at least their quota (a bound of `L` or more above `L`).
+    pub windows_bound_at_least_quota: u64,
 }
 
 impl SeedOutcome {
@@ -150,6 +154,8 @@ where
         windows_judged: 0,
         features: features(world),
         requests: 0,
+        windows_over_quota: 0,
+        windows_bound_at_least_quota: 0,
     };
     let run = catch_unwind(AssertUnwindSafe(|| engine::run(&scenario, &factory, spec)));
     let run = match run {
@@ -167,6 +173,12 @@ where
         outcome.violations = seed.figures.violations;
         outcome.windows_judged = seed.windows.len() as u64;
         outcome.requests = seed.stats.requests;
+        let windows = seed.windows.iter();
+        outcome.windows_over_quota =
+            windows.clone().filter(|w| w.overshoot_units > 0).count() as u64;
+        outcome.windows_bound_at_least_quota = windows
+            .filter(|w| w.bound_units.is_some_and(|b| b >= w.quota_units))
+            .count() as u64;
         for v in &seed.violation_details {
             let count = outcome.kinds.entry(v.kind.to_string()).or_insert(0);
             if *count == 0 {

@@ -1,12 +1,13 @@
 //! Shrinking: the smallest world that still fails the same way.
 //!
 //! Greedy, one simplification at a time: shorten the run, remove a fault, a traffic source, a
-//! region or a limit, set a clock right, drop a rate cap. A simplification is kept when the
+//! region or a limit, set a clock right or halve its offset, drop a rate cap, make a
+//! partition policy `floor`, make a source's rate constant without retries. A simplification is kept when the
 //! world still shows the violation kind it is shrunk for; the passes repeat until none is
 //! kept, or [`MAX_SHRINK_RUNS`] runs were spent. The seed stays the same throughout.
 
 use super::run::run_world;
-use super::world::{FaultSpec, Shape, SourceDraw, World};
+use super::world::{FaultSpec, PartitionPolicy, RetryDraw, Shape, SourceDraw, World};
 use crate::error::Result;
 use crate::node::NodeFactory;
 use crate::scenario::Scenario;
@@ -118,12 +119,39 @@ fn simplification(w: &World, step: usize) -> Option<World> {
         c.regions[i].drift_ppm = 0;
         return Some(c);
     }
+    if let Some(i) = take(w.regions.len()) {
+        let mut c = w.clone();
+        c.regions[i].offset_ms /= 2;
+        return Some(c);
+    }
     if let Some(i) = take(w.limits.len()) {
         let mut c = w.clone();
         c.limits[i].rate_cap = None;
         return Some(c);
     }
+    if let Some(i) = take(w.limits.len()) {
+        let mut c = w.clone();
+        c.limits[i].policy = PartitionPolicy::Floor;
+        return Some(c);
+    }
+    if let Some(i) = take(w.sources.len()) {
+        let mut c = w.clone();
+        c.sources[i].retry = RetryDraw::None;
+        c.sources[i].shape = Shape::Constant {
+            per_sec: mean_rate(&w.sources[i].shape),
+        };
+        return Some(c);
+    }
     None
+}
+
+/// A constant rate standing in for `shape` (its base, or its first step).
+fn mean_rate(shape: &Shape) -> f64 {
+    match shape {
+        Shape::Constant { per_sec } => *per_sec,
+        Shape::Steps(steps) => steps.first().map_or(0.0, |s| s.1),
+        Shape::Flash { base_per_sec, .. } | Shape::Diurnal { base_per_sec, .. } => *base_per_sec,
+    }
 }
 
 /// `w` cut to a run of `duration_ms`: what started later goes, what lasted longer ends there.

@@ -18,6 +18,10 @@ pub struct Summary {
     /// Per violation kind: seeds that showed it, and the violations described.
     pub kinds: BTreeMap<String, KindCount>,
     pub windows_judged: u64,
+    /// Windows that admitted more than their quota, within their bound or not.
+    pub windows_over_quota: u64,
+    /// Windows whose stated bound was the quota or more: a bound that promises little.
+    pub windows_bound_at_least_quota: u64,
     pub requests: u64,
     /// Worlds containing each feature (modes, policies, fault kinds; see `run::features`).
     pub worlds_with: BTreeMap<String, u64>,
@@ -45,6 +49,8 @@ impl Summary {
         };
         for o in outcomes {
             s.windows_judged += o.windows_judged;
+            s.windows_over_quota += o.windows_over_quota;
+            s.windows_bound_at_least_quota += o.windows_bound_at_least_quota;
             s.requests += o.requests;
             s.violations += o.violations;
             for f in &o.features {
@@ -81,6 +87,11 @@ impl Summary {
             )?;
         }
         writeln!(out, "  windows judged        {}", self.windows_judged)?;
+        writeln!(
+            out,
+            "    over their quota    {} (bound of L or more: {})",
+            self.windows_over_quota, self.windows_bound_at_least_quota
+        )?;
         writeln!(out, "  requests              {}", self.requests)?;
         writeln!(out, "  worlds with")?;
         for (feature, n) in &self.worlds_with {

@@ -292,7 +292,12 @@ impl World {
             if let Some(w) = r.weight_ppm {
                 write!(y, ", weight: {}", num(f64::from(w) / 1e6))?;
             }
-            write!(y, ", latency: {}, gateways: {}", ms(r.latency_ms), r.gateways)?;
+            write!(
+                y,
+                ", latency: {}, gateways: {}",
+                ms(r.latency_ms),
+                r.gateways
+            )?;
             if r.offset_ms != 0 || r.drift_ppm != 0 {
                 let sign = if r.offset_ms < 0 { "-" } else { "" };
                 write!(
@@ -314,7 +319,11 @@ impl World {
         for l in &self.limits {
             let w = format!("{}s", l.window_secs);
             writeln!(y, "    - key: {}", l.key)?;
-            writeln!(y, "      rate_limit: {{requests_per_unit: {}}}", l.quota_units)?;
+            writeln!(
+                y,
+                "      rate_limit: {{requests_per_unit: {}}}",
+                l.quota_units
+            )?;
             writeln!(y, "      allot:")?;
             writeln!(y, "        window: {w}")?;
             let consistency = match l.consistency {
