@@ -242,8 +242,8 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
 /// fit `ALLOT_SWARM_SECONDS` (default 120), from `ALLOT_SWARM_FIRST_SEED` (default 0). Every
 /// seed must hold; each failing one is printed with its replay command.
 ///
-/// Ignored until the mechanisms of issue 8 are fixed: today seeds 2 and 19 of the first 20
-/// fail (`region_allowance_above_table`), and about one seed in seven of the first thousand
+/// Ignored until the mechanisms of issue 8 are fixed: today seed 2 of the first 20 fails
+/// (`region_allowance_above_table`), and 272 of the first 2,000 fail
 /// (sim/swarm-findings/README.md). Run it with `cargo test -p allot-sim --test swarm --
 /// --ignored`; remove the attribute once it passes.
 #[test]

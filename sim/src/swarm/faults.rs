@@ -53,16 +53,26 @@ pub const FAULT_KINDS: &[FaultKind] = &[
     },
 ];
 
+/// Share of spans that start at the beginning of the run.
+const EARLY_SPANS: f64 = 0.2;
+
 /// Most faults a world draws.
 pub const MAX_DRAWN_FAULTS: u64 = 6;
 
-/// A span of the run: from a sync interval to several windows long, anywhere in it.
+/// A span of the run: from a sync interval to several windows long, anywhere in it, or
+/// (one time in five) starting within the first two sync intervals, before the first
+/// exchanges with the coordinator have settled.
 fn span(dice: &mut Dice, frame: &Frame) -> FaultTime {
     let shortest = frame.sync_interval_ms.min(frame.duration_ms / 2).max(1);
     let longest = (frame.window_ms * 3).clamp(shortest, frame.duration_ms);
     let len_ms = dice.log(shortest as f64, longest as f64).round() as u64;
     let len_ms = len_ms.clamp(1, frame.duration_ms);
-    let start_ms = dice.int(0, frame.duration_ms - len_ms);
+    let latest_start_ms = frame.duration_ms - len_ms;
+    let start_ms = if dice.chance(EARLY_SPANS) {
+        dice.int(0, (2 * frame.sync_interval_ms).min(latest_start_ms))
+    } else {
+        dice.int(0, latest_start_ms)
+    };
     FaultTime::Span {
         start_ms,
         end_ms: start_ms + len_ms.max(1),
