@@ -243,7 +243,7 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
 /// seed must hold; each failing one is printed with its replay command.
 ///
 /// Ignored until the mechanisms of issue 8 are fixed: today seed 2 of the first 20 fails
-/// (`region_allowance_above_table`), and 272 of the first 2,000 fail
+/// (`region_allowance_above_table`), and 271 of the first 2,000 fail
 /// (sim/swarm-findings/README.md). Run it with `cargo test -p allot-sim --test swarm --
 /// --ignored`; remove the attribute once it passes.
 #[test]

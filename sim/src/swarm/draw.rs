@@ -27,6 +27,11 @@ pub const MAX_WINDOW_SECS: f64 = 60.0;
 pub const MAX_WINDOWS_PER_RUN: u64 = 6;
 /// Clock offsets reach this many windows of the shortest window, either sign.
 pub const MAX_OFFSET_WINDOWS: f64 = 3.0;
+/// Sync intervals, by weight.
+const SYNC_INTERVALS_MS: [(u32, u64); 4] = [(1, 50), (2, 100), (3, 250), (1, 500)];
+/// Most sync intervals a run lasts: a long run syncs less often, so that every seed stays
+/// short to run (a 6-minute run at 50 ms would cost more than all else in it).
+pub const MAX_SYNC_ROUNDS: u64 = 2_000;
 /// Samples (bound readings, invariant checks) per window of the shortest window, at least.
 pub const SAMPLES_PER_WINDOW: u64 = 10;
 /// Largest drawn clock drift.
@@ -50,7 +55,13 @@ pub fn world(seed: u64) -> World {
         .max()
         .unwrap_or(1_000);
     let duration_ms = longest_ms * d.int(3, MAX_WINDOWS_PER_RUN);
-    let sync_interval_ms = d.weighted(&[(1, 50), (2, 100), (3, 250), (1, 500)]);
+    let sync_interval_ms = d.weighted(&SYNC_INTERVALS_MS).max(
+        SYNC_INTERVALS_MS
+            .iter()
+            .map(|(_, ms)| *ms)
+            .find(|ms| duration_ms / ms <= MAX_SYNC_ROUNDS)
+            .unwrap_or(500),
+    );
     let regions = draw_regions(d, shortest_ms);
     let mut world = World {
         seed,
