@@ -67,6 +67,7 @@ pub fn world(seed: u64) -> World {
         seed,
         duration_ms,
         sync_interval_ms,
+        view_ttl_ms: None,
         commit_latency_ms: d.log(1.0, 50.0).round() as u64,
         // The bound is read and the invariants checked at samples: several a window.
         sample_interval_ms: (shortest_ms / SAMPLES_PER_WINDOW).clamp(100, 500),
@@ -78,7 +79,26 @@ pub fn world(seed: u64) -> World {
     };
     draw_traffic(d, &mut world);
     draw_faults(d, &mut world, shortest_ms);
+    // Drawn last: a draw added at the end leaves every earlier draw of a seed as it was.
+    draw_timings(d, &mut world);
     world
+}
+
+/// Half the worlds keep each default: the view lifetime (1 to 8 sync intervals otherwise),
+/// the lease target, idle release and leases per key.
+fn draw_timings(d: &mut Dice, w: &mut World) {
+    if d.chance(0.5) {
+        w.view_ttl_ms = Some(w.sync_interval_ms * d.int(1, 8));
+    }
+    if d.chance(0.5) {
+        w.lease.target_ms = Some(d.log(50.0, 2_000.0).round() as u64);
+    }
+    if d.chance(0.5) {
+        w.lease.idle_release_after_ms = Some(d.log(200.0, 5_000.0).round() as u64);
+    }
+    if d.chance(0.5) {
+        w.lease.max_leases_per_key = Some(d.int(1, 4));
+    }
 }
 
 fn limit_shape(d: &mut Dice, i: u64) -> LimitDraw {
@@ -179,6 +199,9 @@ fn draw_lease(d: &mut Dice) -> LeaseDraw {
         initial_units,
         max_units: d.log(20.0, 1_000.0).round().max(initial_units as f64) as u64,
         ttl_ms: d.log(500.0, 5_000.0).round() as u64,
+        target_ms: None,
+        idle_release_after_ms: None,
+        max_leases_per_key: None,
     }
 }
 

@@ -70,7 +70,7 @@ pub fn replay_command(seed: u64) -> String {
 
 /// What a world is made of, as words a summary counts: `strict`, `eventual`, `floor`,
 /// `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
-/// `weights`, `failure_open`, `retries`, `regions_N`, `shape:<rate shape>`, and
+/// `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
 /// `fault:<kind>` for each fault kind present.
 pub fn features(w: &World) -> BTreeSet<String> {
     let mut f = BTreeSet::new();
@@ -118,6 +118,9 @@ pub fn features(w: &World) -> BTreeSet<String> {
     }
     if w.regions.iter().any(|r| r.weight_ppm.is_some()) {
         add("weights");
+    }
+    if w.view_ttl_ms.is_some() {
+        add("view_ttl");
     }
     add(&format!("regions_{}", w.regions.len()));
     for fault in &w.faults {

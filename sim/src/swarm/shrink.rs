@@ -2,7 +2,8 @@
 //!
 //! Greedy, one simplification at a time: shorten the run, remove a fault, a traffic source, a
 //! region or a limit, set a clock right or halve its offset, drop a rate cap, make a
-//! partition policy `floor`, make a source's rate constant without retries. A simplification is kept when the
+//! partition policy `floor`, put the view and lease timings back to their defaults, make a
+//! source's rate constant without retries. A simplification is kept when the
 //! world still shows the violation kind it is shrunk for; the passes repeat until none is
 //! kept, or [`MAX_SHRINK_RUNS`] runs were spent. The seed stays the same throughout.
 
@@ -132,6 +133,14 @@ fn simplification(w: &World, step: usize) -> Option<World> {
     if let Some(i) = take(w.limits.len()) {
         let mut c = w.clone();
         c.limits[i].policy = PartitionPolicy::Floor;
+        return Some(c);
+    }
+    if take(1).is_some() {
+        let mut c = w.clone();
+        c.view_ttl_ms = None;
+        c.lease.target_ms = None;
+        c.lease.idle_release_after_ms = None;
+        c.lease.max_leases_per_key = None;
         return Some(c);
     }
     if let Some(i) = take(w.sources.len()) {

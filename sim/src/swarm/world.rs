@@ -15,6 +15,8 @@ pub struct World {
     pub seed: u64,
     pub duration_ms: u64,
     pub sync_interval_ms: u64,
+    /// Eventual mode's view lifetime; `None`: the default (4 sync intervals).
+    pub view_ttl_ms: Option<u64>,
     pub commit_latency_ms: u64,
     pub sample_interval_ms: u64,
     pub lease: LeaseDraw,
@@ -30,6 +32,10 @@ pub struct LeaseDraw {
     pub initial_units: u64,
     pub max_units: u64,
     pub ttl_ms: u64,
+    /// The rest: `None` keeps the scenario format's default.
+    pub target_ms: Option<u64>,
+    pub idle_release_after_ms: Option<u64>,
+    pub max_leases_per_key: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -261,6 +267,9 @@ impl World {
         )?;
         writeln!(y, "duration: {}", ms(self.duration_ms))?;
         writeln!(y, "sync_interval: {}", ms(self.sync_interval_ms))?;
+        if let Some(v) = self.view_ttl_ms {
+            writeln!(y, "view_ttl: {}", ms(v))?;
+        }
         writeln!(
             y,
             "coordinator: {{commit_latency: {}}}",
@@ -272,13 +281,23 @@ impl World {
             ms(self.sample_interval_ms)
         )?;
         let l = &self.lease;
-        writeln!(
+        write!(
             y,
-            "lease: {{initial_units: {}, max_units: {}, ttl: {}}}",
+            "lease: {{initial_units: {}, max_units: {}, ttl: {}",
             l.initial_units,
             l.max_units,
             ms(l.ttl_ms)
         )?;
+        if let Some(v) = l.target_ms {
+            write!(y, ", target: {}", ms(v))?;
+        }
+        if let Some(v) = l.idle_release_after_ms {
+            write!(y, ", idle_release_after: {}", ms(v))?;
+        }
+        if let Some(v) = l.max_leases_per_key {
+            write!(y, ", max_leases_per_key: {v}")?;
+        }
+        writeln!(y, "}}")?;
         self.write_regions(y)?;
         self.write_limits(y)?;
         self.write_traffic(y)?;
