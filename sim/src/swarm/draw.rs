@@ -340,6 +340,7 @@ fn draw_faults(d: &mut Dice, w: &mut World, window_ms: u64) {
         window_ms,
         sync_interval_ms: w.sync_interval_ms,
         gateways: w.regions.iter().map(|r| r.gateways).collect(),
+        limit_windows_ms: w.limits.iter().map(|l| l.window_secs * 1_000).collect(),
     };
     let count = if d.chance(0.1) {
         0

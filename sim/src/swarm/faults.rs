@@ -16,6 +16,8 @@ pub struct Frame {
     pub sync_interval_ms: u64,
     /// Gateways of each region.
     pub gateways: Vec<u32>,
+    /// Each limit's window, in the order of the world's limits.
+    pub limit_windows_ms: Vec<u64>,
 }
 
 /// One fault kind: its name in the scenario format, how often it is drawn, and how.

@@ -163,11 +163,14 @@ pub enum FaultTime {
 }
 
 /// A fault's other parameters, printed in order after its target and time.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Param {
     Ms(u64),
     Prob(f64),
     Word(&'static str),
+    /// Printed as it is (a number, or a flow mapping or list). It must not name a region or a
+    /// limit: the shrinker renames neither inside it.
+    Raw(String),
 }
 
 /// One fault of the scenario's `faults:` list, kind-agnostic, so that a new fault kind is a
@@ -419,6 +422,7 @@ impl World {
                     Param::Ms(v) => ms(*v),
                     Param::Prob(p) => num(*p),
                     Param::Word(w) => (*w).to_string(),
+                    Param::Raw(r) => r.clone(),
                 };
                 fields.push(format!("{name}: {v}"));
             }
