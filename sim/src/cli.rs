@@ -209,6 +209,12 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
+        "  bound / quota p50/max {} / {}",
+        opt(r.figures.bound_to_quota_p50),
+        opt(r.figures.bound_to_quota_max)
+    )?;
+    writeln!(
+        out,
         "  utilization p50/min   {} / {} (static split p50 {})",
         opt(r.figures.utilization_p50),
         opt(r.figures.utilization_min),
@@ -320,6 +326,8 @@ traffic:
             "bound_min_slack",
             "overshoot_max_on_region_clocks",
             "bound_min_slack_on_region_clocks",
+            "bound_to_quota_p50",
+            "bound_to_quota_max",
             "windows_unbounded",
             "windows_cut_off",
             "utilization_p50",
