@@ -8,12 +8,45 @@ use allot_core::gateway::{Gateway, Spend, ToAgent};
 use allot_core::limit::FailureMode;
 use allot_core::time::Timestamp;
 
+use crate::clock::{ClockSpec, RegionClock};
 use crate::error::Result;
 use crate::node::{LeaseAnswer, NodeFactory, RegionNode};
 use crate::traffic::Cost;
 
 use super::faults::persist;
 use super::{Engine, Event, MAX_PENDING_RETRIES_PER_SOURCE, PendingSettle, Served};
+
+/// A region's gateways' clock: their agent's clock read through the scenario's
+/// `gateway_clock` (an offset and a drift relative to the agent's clock), as a gateway host's
+/// clock differs from its agent host's.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GatewayClock {
+    agent: RegionClock,
+    /// From the agent's clock to the gateways'; `None` when they are the same (the default).
+    relative: Option<RegionClock>,
+}
+
+impl GatewayClock {
+    pub(super) fn new(run_start: Timestamp, agent: RegionClock, spec: ClockSpec) -> Self {
+        // The relative drift accumulates from the agent's reading of the run's start.
+        let relative =
+            (spec != ClockSpec::default()).then(|| RegionClock::new(agent.local(run_start), spec));
+        GatewayClock { agent, relative }
+    }
+
+    /// What the gateways' clock reads at true time `t`. Never decreases as `t` grows.
+    #[inline]
+    pub(super) fn local(&self, t: Timestamp) -> Timestamp {
+        let agent = self.agent.local(t);
+        self.relative.map_or(agent, |c| c.local(agent))
+    }
+
+    /// The earliest true time at which the gateways' clock reads `local` or later.
+    pub(super) fn true_time_of(&self, local: Timestamp) -> Timestamp {
+        let agent = self.relative.map_or(local, |c| c.true_time_of(local));
+        self.agent.true_time_of(agent)
+    }
+}
 
 impl<'s, F: NodeFactory> Engine<'s, F> {
     pub(super) fn arrival(&mut self, s: usize) -> Result<()> {
@@ -116,10 +149,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(Served::Denied { retry_after: None });
         };
         let local = self.regions[region].clock.local(self.now);
-        let mut outcome = self.spend(region, g, key, local, units);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
+        let mut outcome = self.spend(region, g, key, at_gateway, units);
         if outcome == Spend::Wait {
             self.pump_gateway(region, g, local)?;
-            outcome = self.spend(region, g, key, local, units);
+            outcome = self.spend(region, g, key, at_gateway, units);
         }
         self.pump_gateway(region, g, local)?;
         self.arm_gateway_timer(region, g)?;
@@ -146,7 +180,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         })
     }
 
-    /// One spend at gateway `g`, looking the key up (again) when needed.
+    /// One spend at gateway `g` at `local` on the gateway's clock, looking the key up (again)
+    /// when needed.
     #[inline]
     pub(super) fn spend(
         &mut self,
@@ -180,14 +215,16 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         Spend::UnknownKey
     }
 
-    /// Delivers gateway `g`'s messages to its agent and the answers back.
+    /// Delivers gateway `g`'s messages to its agent and the answers back. `local` is the
+    /// agent's clock; the gateway reads its own.
     pub(super) fn pump_gateway(&mut self, region: usize, g: usize, local: Timestamp) -> Result<()> {
         let r = &mut self.regions[region];
+        let at_gateway = r.gateway_clock.local(self.now);
         let Some(gateway) = r.gateways[g].gateway.as_mut() else {
             return Ok(());
         };
         let mut touched = false;
-        while let Some(msg) = gateway.poll_transmit(local) {
+        while let Some(msg) = gateway.poll_transmit(at_gateway) {
             touched |= r.node.is_some();
             match (msg, r.node.as_mut()) {
                 (ToAgent::LeaseWanted(w), Some(node)) => {
@@ -196,15 +233,15 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                     persist(node, &mut r.store, r.keeps_store);
                     match answer {
                         LeaseAnswer::Granted(grant) => {
-                            gateway.handle_lease_granted(local, w.ticket, grant)
+                            gateway.handle_lease_granted(at_gateway, w.ticket, grant)
                         }
                         LeaseAnswer::Denied(denial) => {
-                            gateway.handle_lease_denied(local, w.ticket, denial)
+                            gateway.handle_lease_denied(at_gateway, w.ticket, denial)
                         }
                     }
                 }
                 (ToAgent::LeaseWanted(w), None) => {
-                    gateway.handle_agent_unavailable(local, w.ticket)
+                    gateway.handle_agent_unavailable(at_gateway, w.ticket)
                 }
                 (ToAgent::Release(release), Some(node)) => {
                     node.handle_release(local, &release);
@@ -235,7 +272,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         }
         rt.timer_local = wanted_local;
-        let wanted = wanted_local.map(|local| r.clock.true_time_of(local).max(self.now));
+        let wanted = wanted_local.map(|local| r.gateway_clock.true_time_of(local).max(self.now));
         rt.timer = wanted;
         match wanted {
             Some(at) => self.push(
@@ -258,8 +295,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         rt.timer = None;
         rt.timer_local = None;
         let local = self.regions[region].clock.local(self.now);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
         if let Some(gateway) = self.regions[region].gateways[g].gateway.as_mut() {
-            gateway.handle_timeout(local);
+            gateway.handle_timeout(at_gateway);
         }
         self.pump_gateway(region, g, local)?;
         self.arm_gateway_timer(region, g)
@@ -277,6 +315,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             self.now,
         );
         let local = self.regions[region].clock.local(self.now);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
         let rt = &mut self.regions[region].gateways[s.gateway];
         let incarnation = rt.incarnation;
         let Some(receipt) = s.receipt else {
@@ -287,7 +326,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             self.stats.settles_lost += 1;
             return Ok(());
         };
-        gateway.settle(local, receipt, s.actual_units);
+        gateway.settle(at_gateway, receipt, s.actual_units);
         self.pump_gateway(region, s.gateway, local)
     }
 }

@@ -45,6 +45,7 @@ mod messages;
 mod sampling;
 mod setup;
 
+use gateways::GatewayClock;
 use messages::LinkPlan;
 use setup::gateway_config;
 pub use setup::{derive_seed, marks};
@@ -190,6 +191,7 @@ struct GatewayRt {
 struct RegionRt<R: RegionNode> {
     id: RegionId,
     clock: RegionClock,
+    gateway_clock: GatewayClock,
     node: Option<R>,
     store: R::Store,
     /// The run restarts this region's agent, so its store is kept (otherwise nothing reads

@@ -20,6 +20,7 @@ use crate::queue::EventQueue;
 use crate::scenario::{Direction, Fault, Scenario};
 use crate::traffic::ArrivalGen;
 
+use super::gateways::GatewayClock;
 use super::messages::link_plans;
 use super::{
     CoordinatorRt, Engine, Event, GatewayRt, LINK_STREAM, MAX_QUEUED_EVENTS, RegionRt, RunSpec,
@@ -164,6 +165,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             regions.push(RegionRt {
                 id: r.id.clone(),
                 clock,
+                gateway_clock: GatewayClock::new(scenario.start, clock, r.gateway_clock),
                 node: None,
                 store: Default::default(),
                 keeps_store,
