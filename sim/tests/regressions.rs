@@ -750,3 +750,136 @@ faults:
         "overage took use past the allowance"
     );
 }
+
+/// Two regions, 1 s windows, L = 200 split 100/100, two gateways each; each region's demand
+/// steps between 20/s and 400/s, and leases are sized to last 2 s, so a gateway often still
+/// holds units when its agent's window ends. `GCA`/`GCB`: the gateways' clocks relative to
+/// their agents' (`regions[].gateway_clock`); `CONS`: the limit's consistency.
+const GATEWAY_CLOCKS: &str = r#"
+name: gateway-clocks
+duration: 12s
+lease: {initial_units: 50, max_units: 100, ttl: 2s, target: 2s, idle_release_after: 5s}
+regions:
+  - {id: a, weight: 0.5, latency: 5ms, gateways: 2, gateway_clock: GCA}
+  - {id: b, weight: 0.5, latency: 5ms, gateways: 2, gateway_clock: GCB}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 200}
+      allot: {consistency: CONS}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 20}, {at: 3s, per_sec: 400}, {at: 5s, per_sec: 20}, {at: 8s, per_sec: 400}]}
+    arrivals: uniform
+  - region: b
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 400}, {at: 4s, per_sec: 20}, {at: 6s, per_sec: 400}, {at: 9s, per_sec: 20}, {at: 10s, per_sec: 400}]}
+    arrivals: uniform
+"#;
+
+fn gateway_clocks(gca: &str, gcb: &str, consistency: &str) -> String {
+    GATEWAY_CLOCKS
+        .replace("GCA", gca)
+        .replace("GCB", gcb)
+        .replace("CONS", consistency)
+}
+
+/// Issue 8, gateway clock against agent clock: a lease expires at an absolute time on the
+/// agent's clock, so a gateway whose clock lags was suspected of spending window W's units in
+/// W+1. It does not: the gateway counts a grant's TTL from its own send time, so an offset
+/// does nothing, and its expiry margin (a twentieth of a lease that ends with its 1 s window)
+/// covers the drift. Region a's gateways 2.5 s behind and 2,000 ppm slow, b's 1.5 s ahead and
+/// 2,000 ppm fast: 0 violations, strict 0 units above L per window index on the agents'
+/// clocks, eventual within its bound. The same run with gateways 10% slow (beyond the margin)
+/// is caught: 6 violations over 2 seeds, 203 admitted against L = 200.
+#[test]
+fn gateway_clocks_off_by_more_than_a_window_spend_no_unit_outside_its_window() {
+    let (behind, ahead) = (
+        "{offset: -2500ms, drift_ppm: -2000}",
+        "{offset: 1500ms, drift_ppm: 2000}",
+    );
+    let strict = run_tiers(
+        "gateway-clocks-strict.yaml",
+        &gateway_clocks(behind, ahead, "strict"),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&strict);
+    assert_eq!(strict.figures.overshoot_max_on_region_clocks, 0);
+    let eventual = run_tiers(
+        "gateway-clocks-eventual.yaml",
+        &gateway_clocks(behind, ahead, "eventual"),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&eventual);
+    assert!(eventual.figures.bound_min_slack.is_some_and(|s| s >= 0));
+    let broken = "{drift_ppm: -100000}";
+    let caught = run(
+        &parsed(
+            "gateway-clocks-broken.yaml",
+            &gateway_clocks(broken, broken, "strict"),
+        ),
+        0..2,
+    );
+    assert!(
+        caught.figures.overshoot_max_on_region_clocks > 0,
+        "the case is exercised: leases cross window ends"
+    );
+}
+
+/// One region, 60 s windows of L = 6,000, 60 s leases sized for 100 s: at 1 request/s a
+/// gateway still holds most of a lease when the window ends, and demand then jumps to 400/s.
+/// The gateways' clock is 90 s behind the agent's and runs 1,500 ppm slow. `CONS`: the
+/// limit's consistency.
+const SLOW_GATEWAY_LONG_LEASE: &str = r#"
+name: slow-gateway-long-lease
+duration: 200s
+lease: {initial_units: 100, max_units: 100, ttl: 60s, target: 100s, idle_release_after: 10s}
+regions:
+  - {id: a, latency: 5ms, gateways: 1, gateway_clock: {offset: -90s, drift_ppm: -1500}}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 6000}
+      allot: {window: 60s, consistency: CONS}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 1}, {at: 60s, per_sec: 400}, {at: 80s, per_sec: 1}, {at: 120s, per_sec: 400}]}
+    arrivals: uniform
+"#;
+
+/// Issue 8, gateway clock against agent clock, drift over a long lease: the gateway's expiry
+/// margin was min(50 ms, TTL / 20), so a 60 s lease had 50 ms, 833 ppm of drift, less than
+/// two hosts' NTP slewing apart (500 ppm each). A gateway 1,500 ppm slow spent its window-0
+/// lease 90 ms into window 1 on the agent's clock: strict admitted 6,015 against L = 6,000
+/// there (1 violation; 1,000 ppm slow: 6,003), eventual overshot by 15. Fixed: the margin is
+/// at least the TTL times `GATEWAY_CLOCK_DRIFT_PPM` (2,000): 120 ms here, and 0 over L.
+#[test]
+fn a_gateway_clock_slow_by_1500_ppm_spends_no_60s_lease_past_its_window() {
+    let strict = run_tiers(
+        "slow-gateway-strict.yaml",
+        &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "strict"),
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&strict);
+    assert_eq!(strict.figures.overshoot_max_on_region_clocks, 0);
+    let eventual = run_tiers(
+        "slow-gateway-eventual.yaml",
+        &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "eventual"),
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&eventual);
+    // One region sees every unit it admits: nothing may pass L on any clock.
+    assert_eq!(eventual.figures.overshoot_max, 0);
+    assert_eq!(eventual.figures.overshoot_max_on_region_clocks, 0);
+}
