@@ -41,7 +41,8 @@ enum Command {
     ///
     /// Runs each seed under the product's policy and the static-split baseline, prints a
     /// summary, and exits 1 if any invariant broke (printing each failing seed's replay
-    /// command). See docs/sim.md.
+    /// command). With --swarm, each seed draws its own world instead (and --shrink reduces a
+    /// failing one to the smallest world that still fails). See docs/sim.md.
     Sim(allot_sim::SimArgs),
 }
 

@@ -13,13 +13,14 @@ use crate::plot::write_svg;
 use crate::report::Report;
 use crate::runner::{RunOptions, run_scenario};
 use crate::scenario::{self, Scenario};
+use crate::swarm::{self, cli::SwarmCommand};
 
 /// Arguments of `allot sim`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimArgs {
     /// The scenario file (YAML; see docs/sim.md).
-    #[arg(long)]
-    pub scenario: PathBuf,
+    #[arg(long, required_unless_present = "swarm", conflicts_with = "swarm")]
+    pub scenario: Option<PathBuf>,
     /// Seeds to run: `A..B` runs A to B - 1; a single number runs that seed.
     #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
     pub seeds: Range<u64>,
@@ -30,8 +31,25 @@ pub struct SimArgs {
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Write an SVG plot of the first seed here.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "swarm")]
     pub plot: Option<PathBuf>,
+    /// Swarm mode: each seed draws its own world (regions, limits, traffic, faults) and runs
+    /// it under the product's policy (docs/sim.md, "Swarm mode").
+    #[arg(long)]
+    pub swarm: bool,
+    /// With --swarm: write each failing seed's world to DIR/swarm-SEED.yaml, not to stderr.
+    #[arg(long, value_name = "DIR", requires = "swarm")]
+    pub dump_failing: Option<PathBuf>,
+    /// With --swarm and one seed: shrink its failure to the smallest world that still fails
+    /// with the same violation kind, and write that world as a scenario.
+    #[arg(long, requires = "swarm")]
+    pub shrink: bool,
+    /// With --shrink: the violation kind to keep (default: the seed's first).
+    #[arg(long, requires = "shrink")]
+    pub kind: Option<String>,
+    /// With --shrink: write the shrunk scenario here (default: standard output).
+    #[arg(long, value_name = "FILE", requires = "shrink")]
+    pub out: Option<PathBuf>,
 }
 
 /// `A..B` (B excluded, A < B) or a single seed.
@@ -67,13 +85,18 @@ where
     F: NodeFactory,
     B: FnOnce(&Scenario) -> Result<F>,
 {
-    let scenario = scenario::load(&args.scenario)?;
+    // clap requires one of the two; a caller building the arguments itself may not.
+    let path = args.scenario.as_ref().ok_or_else(|| SimError::Read {
+        path: PathBuf::from("--scenario"),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "give --scenario FILE, or --swarm",
+        ),
+    })?;
+    let scenario = scenario::load(path)?;
     let factory = factory(&scenario)?;
-    let jobs = args.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
     let options = RunOptions {
-        jobs,
+        jobs: jobs(args),
         wall_clock: true,
     };
     let report = run_scenario(&scenario, args.seeds.clone(), options, &factory)?;
@@ -101,17 +124,52 @@ where
     Ok(report)
 }
 
-/// [`run_cli`] on the process's standard streams, as an exit status: success when every
-/// invariant held on every seed.
+fn jobs(args: &SimArgs) -> usize {
+    args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    })
+}
+
+/// `allot sim --swarm`: [`crate::swarm::cli::run`] with the arguments. `Ok(true)` when every
+/// seed held.
+pub fn run_swarm_cli<F, B>(
+    args: &SimArgs,
+    factory: &B,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<bool>
+where
+    F: NodeFactory,
+    B: Fn(&Scenario) -> Result<F> + Sync,
+{
+    let cmd = SwarmCommand {
+        seeds: args.seeds.clone(),
+        jobs: jobs(args),
+        report: args.report.as_deref(),
+        dump_failing: args.dump_failing.as_deref(),
+        shrink: args.shrink,
+        kind: args.kind.as_deref(),
+        out: args.out.as_deref(),
+    };
+    swarm::cli::run(&cmd, factory, out, err)
+}
+
+/// [`run_cli`] (or [`run_swarm_cli`] with `--swarm`) on the process's standard streams, as an
+/// exit status: success when every invariant held on every seed.
 pub fn cli_main<F, B>(args: &SimArgs, factory: B) -> std::process::ExitCode
 where
     F: NodeFactory,
-    B: FnOnce(&Scenario) -> Result<F>,
+    B: Fn(&Scenario) -> Result<F> + Sync,
 {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match run_cli(args, factory, &mut out, &mut err) {
-        Ok(report) if report.figures.violations == 0 => std::process::ExitCode::SUCCESS,
-        Ok(_) => std::process::ExitCode::FAILURE,
+    let held = if args.swarm {
+        run_swarm_cli(args, &factory, &mut out, &mut err)
+    } else {
+        run_cli(args, factory, &mut out, &mut err).map(|r| r.figures.violations == 0)
+    };
+    match held {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
             let _ = writeln!(err, "allot sim: {e}");
             std::process::ExitCode::FAILURE
@@ -148,6 +206,12 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         "  on region clocks      overshoot max {} units, min slack {} (bound without skew)",
         r.figures.overshoot_max_on_region_clocks,
         slack(r.figures.bound_min_slack_on_region_clocks)
+    )?;
+    writeln!(
+        out,
+        "  bound / quota p50/max {} / {}",
+        opt(r.figures.bound_to_quota_p50),
+        opt(r.figures.bound_to_quota_max)
     )?;
     writeln!(
         out,
@@ -221,11 +285,16 @@ traffic:
 
         fn args(&self, seeds: Range<u64>) -> SimArgs {
             SimArgs {
-                scenario: self.dir.join("s.yaml"),
+                scenario: Some(self.dir.join("s.yaml")),
                 seeds,
                 jobs: Some(2),
                 report: Some(self.dir.join("r.json")),
                 plot: Some(self.dir.join("p.svg")),
+                swarm: false,
+                dump_failing: None,
+                shrink: false,
+                kind: None,
+                out: None,
             }
         }
     }
@@ -257,6 +326,8 @@ traffic:
             "bound_min_slack",
             "overshoot_max_on_region_clocks",
             "bound_min_slack_on_region_clocks",
+            "bound_to_quota_p50",
+            "bound_to_quota_max",
             "windows_unbounded",
             "windows_cut_off",
             "utilization_p50",
@@ -303,6 +374,85 @@ traffic:
         let file = files.dir.join("s.yaml");
         let replay = format!("allot sim --scenario {} --seeds 4..5", file.display());
         assert!(err.contains(&replay), "{err}");
+    }
+
+    fn swarm_args(seeds: Range<u64>, dir: &std::path::Path) -> SimArgs {
+        SimArgs {
+            scenario: None,
+            seeds,
+            jobs: Some(2),
+            report: Some(dir.join("swarm.json")),
+            plot: None,
+            swarm: true,
+            dump_failing: Some(dir.join("failing")),
+            shrink: false,
+            kind: None,
+            out: None,
+        }
+    }
+
+    /// The first seed whose world fails (or holds) over the test machines.
+    fn first_seed(failing: bool) -> u64 {
+        (0..100)
+            .find(|&seed| {
+                let world = swarm::draw::world(seed);
+                let o = swarm::run_world(&world, &|_: &Scenario| Ok(TestFactory::default()));
+                o.unwrap().failed() == failing
+            })
+            .expect("among 100 worlds some fail and some hold over the test machines")
+    }
+
+    #[test]
+    fn a_failing_swarm_seed_is_printed_with_its_replay_command_and_world() {
+        let files = Files::new("swarm-fail");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let seed = first_seed(true);
+        let args = swarm_args(seed..seed + 1, &files.dir);
+        let test = |_: &Scenario| Ok(TestFactory::default());
+        assert!(!run_swarm_cli(&args, &test, &mut out, &mut err).unwrap());
+        let err = String::from_utf8(err).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let replay = format!("replay: allot sim --swarm --seeds {seed}..{}", seed + 1);
+        assert!(err.contains(&replay), "{err}");
+        let dumped = files.dir.join("failing").join(format!("swarm-{seed}.yaml"));
+        assert!(err.contains(&dumped.display().to_string()), "{err}");
+        assert_eq!(std::fs::read_to_string(&dumped).unwrap(), swarm::draw(seed));
+        assert!(out.contains("failing seeds         1"), "{out}");
+        assert!(out.contains("windows judged"), "{out}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(files.dir.join("swarm.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["runs"], 1);
+        assert_eq!(json["failing"][0]["seed"], seed);
+        // Without --dump-failing the world is printed.
+        let mut args = args;
+        args.dump_failing = None;
+        let mut err = Vec::new();
+        run_swarm_cli(&args, &test, &mut Vec::new(), &mut err).unwrap();
+        let err = String::from_utf8(err).unwrap();
+        assert!(err.contains(&format!("name: swarm-{seed}")), "{err}");
+    }
+
+    #[test]
+    fn a_swarm_that_holds_exits_clean_and_shrink_takes_one_seed() {
+        let files = Files::new("swarm-ok");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let seed = first_seed(false);
+        let args = swarm_args(seed..seed + 1, &files.dir);
+        let test = |_: &Scenario| Ok(TestFactory::default());
+        assert!(run_swarm_cli(&args, &test, &mut out, &mut err).unwrap());
+        assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
+        let mut shrink = swarm_args(seed..seed + 2, &files.dir);
+        shrink.shrink = true;
+        assert!(run_swarm_cli(&shrink, &test, &mut out, &mut err).is_err());
+        shrink.seeds = seed..seed + 1;
+        let mut out = Vec::new();
+        assert!(run_swarm_cli(&shrink, &test, &mut out, &mut err).unwrap());
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .contains("nothing to shrink")
+        );
     }
 
     #[test]

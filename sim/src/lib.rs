@@ -16,6 +16,8 @@
 //!   checker; message size estimates.
 //! - [`report`], [`plot`], [`runner`], [`cli`]: the JSON report, the SVG plot, seeds in
 //!   parallel, and `allot sim`.
+//! - [`swarm`]: swarm mode: every seed draws its own world (regions, limits, traffic, faults),
+//!   runs it, and a failing one shrinks to the smallest world that still fails.
 //!
 //! Randomness comes only from the run's seed (ChaCha8 streams); the wall clock is read only by
 //! the runner, to report the simulation's speed.
@@ -36,12 +38,13 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sizes;
+pub mod swarm;
 pub mod traffic;
 
 #[cfg(test)]
 mod test_nodes;
 
-pub use cli::{SimArgs, cli_main, run_cli};
+pub use cli::{SimArgs, cli_main, run_cli, run_swarm_cli};
 pub use error::{Result, ScenarioError, SimError};
 pub use machines::CoreFactory;
 pub use report::Report;

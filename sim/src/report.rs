@@ -50,6 +50,10 @@ pub struct Figures {
     /// skew term: where strict mode must hold exactly (0 beyond the measured terms).
     pub overshoot_max_on_region_clocks: u64,
     pub bound_min_slack_on_region_clocks: Option<i64>,
+    /// The stated bound as a share of the quota over the judged windows (lower median, and
+    /// largest): how much the bound promises. A bound of `L` or more promises little.
+    pub bound_to_quota_p50: Option<f64>,
+    pub bound_to_quota_max: Option<f64>,
     pub utilization_p50: Option<f64>,
     pub utilization_min: Option<f64>,
     /// The same seeds under the static-split baseline.
@@ -133,6 +137,7 @@ impl Report {
         let plot = primary.first().map(|r| plot_data(scenario, &r.outcome));
         let mut per_seed = Vec::with_capacity(primary.len());
         let mut all_util = Vec::new();
+        let mut all_bound_ratios = Vec::new();
         let mut all_base_util = Vec::new();
         let (mut requests, mut false_denials) = (0u64, 0u64);
         let (mut sim_requests, mut wall) = (0u64, Duration::ZERO);
@@ -143,6 +148,7 @@ impl Report {
                 .map(|i| baseline.swap_remove(i));
             let seed = SeedReport::build(scenario, &run, base.as_ref());
             all_util.extend(utilizations(&seed.windows));
+            all_bound_ratios.extend(bound_ratios(&seed.windows));
             if let Some(b) = &base {
                 all_base_util.extend(utilizations(&b.outcome.measure.windows()));
                 sim_requests += b.outcome.stats.requests;
@@ -176,6 +182,8 @@ impl Report {
                 .iter()
                 .filter_map(|s| s.figures.bound_min_slack_on_region_clocks)
                 .min(),
+            bound_to_quota_max: all_bound_ratios.iter().copied().reduce(f64::max),
+            bound_to_quota_p50: median(&mut all_bound_ratios),
             utilization_p50: median(&mut all_util),
             utilization_min: all_util.iter().copied().reduce(f64::min),
             baseline_utilization_p50: median(&mut all_base_util),
@@ -271,6 +279,8 @@ impl SeedReport {
                     bound as i64 - region_clock_overshoot(w) as i64
                 })
                 .min(),
+            bound_to_quota_max: bound_ratios(&windows).into_iter().reduce(f64::max),
+            bound_to_quota_p50: median(&mut bound_ratios(&windows)),
             utilization_min: util.iter().copied().reduce(f64::min),
             utilization_p50: median(&mut util),
             baseline_utilization_p50: baseline
@@ -362,6 +372,15 @@ fn region_clock_overshoot(w: &WindowReport) -> u64 {
 
 fn utilizations(windows: &[WindowReport]) -> Vec<f64> {
     windows.iter().filter_map(|w| w.utilization).collect()
+}
+
+/// `bound / quota` of every judged window with a quota.
+fn bound_ratios(windows: &[WindowReport]) -> Vec<f64> {
+    windows
+        .iter()
+        .filter(|w| is_judged(w) && w.quota_units > 0)
+        .filter_map(|w| w.bound_units.map(|b| b as f64 / w.quota_units as f64))
+        .collect()
 }
 
 /// The lower median (nearest rank), or `None` for no values.

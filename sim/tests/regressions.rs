@@ -421,13 +421,17 @@ traffic:
 /// learns of from the coordinator, so the others count it as heard at 0 (D6).
 #[test]
 fn eventual_mode_uses_idle_regions_shares() {
-    let eventual = scenario::parse("one-busy-two-idle.yaml", ONE_BUSY_TWO_IDLE).unwrap();
     let strict = scenario::parse(
         "one-busy-two-idle-strict.yaml",
         &ONE_BUSY_TWO_IDLE.replace("consistency: eventual", "consistency: strict"),
     )
     .unwrap();
-    let e = run(&eventual, 0..2);
+    let e = run_tiers(
+        "one-busy-two-idle.yaml",
+        ONE_BUSY_TWO_IDLE,
+        0..2,
+        SLOW_SEEDS,
+    );
     let s = run(&strict, 0..2);
     assert_eq!(e.figures.violations, 0, "{:?}", e.failing_seeds().next());
     let (eu, su) = (
@@ -474,8 +478,12 @@ faults:
 /// confirmed.
 #[test]
 fn a_leader_change_keeps_what_an_idle_region_spent() {
-    let s = scenario::parse("spent-then-leader-change.yaml", SPENT_THEN_LEADER_CHANGE).unwrap();
-    let r = run(&s, 0..2);
+    let r = run_tiers(
+        "spent-then-leader-change.yaml",
+        SPENT_THEN_LEADER_CHANGE,
+        0..2,
+        SLOW_SEEDS,
+    );
     assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
     let over = overshoot_max(&r);
     assert!(over <= 20, "overshoot {over} above L");
@@ -516,12 +524,12 @@ faults:
 /// it merges by max.
 #[test]
 fn a_region_restored_from_an_old_store_recovers_what_it_admitted_since() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "restored-from-an-old-store.yaml",
         RESTORED_FROM_AN_OLD_STORE,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS,
+    );
     assert_eq!(r.figures.violations, 0, "{:?}", r.failing_seeds().next());
     assert_eq!(overshoot_max(&r), 0);
 }
@@ -567,7 +575,15 @@ fn a_region_restored_from_before_a_release_enforces_the_release() {
         RESTORED_FROM_BEFORE_A_RELEASE,
     )
     .unwrap();
-    let r = run(&s, 0..2);
+    let mut r = run(&s, 0..2);
+    if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
+        let poisson = parsed(
+            "restored-from-before-a-release.yaml",
+            &RESTORED_FROM_BEFORE_A_RELEASE.replace("arrivals: uniform", "arrivals: poisson"),
+        );
+        let slow = run(&poisson, SLOW_SEEDS);
+        r.per_seed.extend(slow.per_seed);
+    }
     for seed in &r.per_seed {
         for v in &seed.violation_details {
             let before_first_answer =
@@ -590,7 +606,7 @@ fn a_region_restored_from_before_a_release_enforces_the_release() {
 /// the end, so that the last window's time open is reported within the run.
 #[test]
 fn open_spans_admit_no_more_than_the_fail_open_term() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "open-spans.yaml",
         r#"
 name: open-spans
@@ -615,9 +631,9 @@ traffic:
 faults:
   - link: {region: a, direction: down, loss: 0.7, end: 55s}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
@@ -640,7 +656,7 @@ faults:
 /// cap, `ratio * (L + other terms)`, whatever reaches the regions.
 #[test]
 fn late_and_lost_settles_stay_within_the_settle_cap() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "late-settles.yaml",
         r#"
 name: late-settles
@@ -668,9 +684,9 @@ traffic:
 faults:
   - gateway_crash: {region: a, gateway: 0, at: 10s, restart_after: 1s}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
@@ -689,7 +705,7 @@ faults:
 /// persisting each key's excess (`KeyRecord::excess_units`).
 #[test]
 fn a_restarted_agent_keeps_the_excess_it_recorded() {
-    let s = scenario::parse(
+    let r = run_tiers(
         "crash-after-overage.yaml",
         r#"
 name: crash-after-overage
@@ -720,9 +736,9 @@ faults:
   - agent_crash: {region: a, at: 15s, restart_after: 500ms}
   - agent_crash: {region: a, at: 25s, restart_after: 500ms}
 "#,
-    )
-    .unwrap();
-    let r = run(&s, 0..2);
+        0..2,
+        SLOW_SEEDS_LONG_RUNS,
+    );
     assert_eq!(
         r.figures.violations,
         0,
@@ -735,8 +751,141 @@ faults:
     );
 }
 
+/// Two regions, 1 s windows, L = 200 split 100/100, two gateways each; each region's demand
+/// steps between 20/s and 400/s, and leases are sized to last 2 s, so a gateway often still
+/// holds units when its agent's window ends. `GCA`/`GCB`: the gateways' clocks relative to
+/// their agents' (`regions[].gateway_clock`); `CONS`: the limit's consistency.
+const GATEWAY_CLOCKS: &str = r#"
+name: gateway-clocks
+duration: 12s
+lease: {initial_units: 50, max_units: 100, ttl: 2s, target: 2s, idle_release_after: 5s}
+regions:
+  - {id: a, weight: 0.5, latency: 5ms, gateways: 2, gateway_clock: GCA}
+  - {id: b, weight: 0.5, latency: 5ms, gateways: 2, gateway_clock: GCB}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 200}
+      allot: {consistency: CONS}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 20}, {at: 3s, per_sec: 400}, {at: 5s, per_sec: 20}, {at: 8s, per_sec: 400}]}
+    arrivals: uniform
+  - region: b
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 400}, {at: 4s, per_sec: 20}, {at: 6s, per_sec: 400}, {at: 9s, per_sec: 20}, {at: 10s, per_sec: 400}]}
+    arrivals: uniform
+"#;
+
+fn gateway_clocks(gca: &str, gcb: &str, consistency: &str) -> String {
+    GATEWAY_CLOCKS
+        .replace("GCA", gca)
+        .replace("GCB", gcb)
+        .replace("CONS", consistency)
+}
+
+/// Issue 8, gateway clock against agent clock: a lease expires at an absolute time on the
+/// agent's clock, so a gateway whose clock lags was suspected of spending window W's units in
+/// W+1. It does not: the gateway counts a grant's TTL from its own send time, so an offset
+/// does nothing, and its expiry margin (a twentieth of a lease that ends with its 1 s window)
+/// covers the drift. Region a's gateways 2.5 s behind and 2,000 ppm slow, b's 1.5 s ahead and
+/// 2,000 ppm fast: 0 violations, strict 0 units above L per window index on the agents'
+/// clocks, eventual within its bound. The same run with gateways 10% slow (beyond the margin)
+/// is caught: 6 violations over 2 seeds, 203 admitted against L = 200.
+#[test]
+fn gateway_clocks_off_by_more_than_a_window_spend_no_unit_outside_its_window() {
+    let (behind, ahead) = (
+        "{offset: -2500ms, drift_ppm: -2000}",
+        "{offset: 1500ms, drift_ppm: 2000}",
+    );
+    let strict = run_tiers(
+        "gateway-clocks-strict.yaml",
+        &gateway_clocks(behind, ahead, "strict"),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&strict);
+    assert_eq!(strict.figures.overshoot_max_on_region_clocks, 0);
+    let eventual = run_tiers(
+        "gateway-clocks-eventual.yaml",
+        &gateway_clocks(behind, ahead, "eventual"),
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&eventual);
+    assert!(eventual.figures.bound_min_slack.is_some_and(|s| s >= 0));
+    let broken = "{drift_ppm: -100000}";
+    let caught = run(
+        &parsed(
+            "gateway-clocks-broken.yaml",
+            &gateway_clocks(broken, broken, "strict"),
+        ),
+        0..2,
+    );
+    assert!(
+        caught.figures.overshoot_max_on_region_clocks > 0,
+        "the case is exercised: leases cross window ends"
+    );
+}
+
+/// One region, 60 s windows of L = 6,000, 60 s leases sized for 100 s: at 1 request/s a
+/// gateway still holds most of a lease when the window ends, and demand then jumps to 400/s.
+/// The gateways' clock is 90 s behind the agent's and runs 1,500 ppm slow. `CONS`: the
+/// limit's consistency.
+const SLOW_GATEWAY_LONG_LEASE: &str = r#"
+name: slow-gateway-long-lease
+duration: 200s
+lease: {initial_units: 100, max_units: 100, ttl: 60s, target: 100s, idle_release_after: 10s}
+regions:
+  - {id: a, latency: 5ms, gateways: 1, gateway_clock: {offset: -90s, drift_ppm: -1500}}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 6000}
+      allot: {window: 60s, consistency: CONS}
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 1}, {at: 60s, per_sec: 400}, {at: 80s, per_sec: 1}, {at: 120s, per_sec: 400}]}
+    arrivals: uniform
+"#;
+
+/// Issue 8, gateway clock against agent clock, drift over a long lease: the gateway's expiry
+/// margin was min(50 ms, TTL / 20), so a 60 s lease had 50 ms, 833 ppm of drift, less than
+/// two hosts' NTP slewing apart (500 ppm each). A gateway 1,500 ppm slow spent its window-0
+/// lease 90 ms into window 1 on the agent's clock: strict admitted 6,015 against L = 6,000
+/// there (1 violation; 1,000 ppm slow: 6,003), eventual overshot by 15. Fixed: the margin is
+/// at least the TTL times `GATEWAY_CLOCK_DRIFT_PPM` (2,000): 120 ms here, and 0 over L.
+#[test]
+fn a_gateway_clock_slow_by_1500_ppm_spends_no_60s_lease_past_its_window() {
+    let strict = run_tiers(
+        "slow-gateway-strict.yaml",
+        &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "strict"),
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&strict);
+    assert_eq!(strict.figures.overshoot_max_on_region_clocks, 0);
+    let eventual = run_tiers(
+        "slow-gateway-eventual.yaml",
+        &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "eventual"),
+        0..1,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&eventual);
+    // One region sees every unit it admits: nothing may pass L on any clock.
+    assert_eq!(eventual.figures.overshoot_max, 0);
+    assert_eq!(eventual.figures.overshoot_max_on_region_clocks, 0);
+}
+
 /// Two regions, 1,000 units per 10 s window: `a` busy (300 requests/s), `b` light. `limits`
-/// is the section's text with `MODE` and `UNITS` to fill in.
+/// and a `faults:` list for the reloads to follow.
 const RELOAD_BASE: &str = r#"
 name: NAME
 duration: 30s
@@ -756,18 +905,10 @@ traffic:
 faults:
 "#;
 
-fn reload_scenario(name: &str, faults: &str) -> Scenario {
+/// The run of a reload scenario: [`RELOAD_BASE`] named `name` with `faults`, in both tiers.
+fn run_reload(name: &str, faults: &str) -> Report {
     let text = RELOAD_BASE.replace("NAME", name) + faults;
-    scenario::parse(&format!("{name}.yaml"), &text).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn assert_no_violations(r: &Report) {
-    assert_eq!(
-        r.figures.violations,
-        0,
-        "{:?}",
-        r.failing_seeds().next().map(|s| &s.violation_details)
-    );
+    run_tiers(&format!("{name}.yaml"), &text, 0..2, SLOW_SEEDS)
 }
 
 /// Issue 8, config reload: strict -> eventual -> strict in the middle of a window, after the
@@ -781,7 +922,7 @@ fn assert_no_violations(r: &Report) {
 /// and grants applied only under the same configuration version.
 #[test]
 fn strict_eventual_strict_mid_window_leaves_no_old_grant_in_force() {
-    let s = reload_scenario(
+    let r = run_reload(
         "strict-eventual-strict",
         r#"
   - config_reload:
@@ -803,8 +944,7 @@ fn strict_eventual_strict_mid_window_leaves_no_old_grant_in_force() {
             allot: {window: 10s, consistency: strict}
 "#,
     );
-    let r = run(&s, 0..2);
-    assert_no_violations(&r);
+    assert_no_violation(&r);
 }
 
 /// Issue 8, config reload: the quota cut from 1,000 to 400 in the middle of a window, `b`
@@ -817,7 +957,7 @@ fn strict_eventual_strict_mid_window_leaves_no_old_grant_in_force() {
 /// refused for old rows).
 #[test]
 fn a_quota_cut_mid_window_holds_from_the_next_window() {
-    let s = reload_scenario(
+    let r = run_reload(
         "quota-cut",
         r#"
   - config_reload:
@@ -831,8 +971,7 @@ fn a_quota_cut_mid_window_holds_from_the_next_window() {
             allot: {window: 10s, consistency: strict}
 "#,
     );
-    let r = run(&s, 0..2);
-    assert_no_violations(&r);
+    assert_no_violation(&r);
 }
 
 /// Issue 8, config reload: new weights rolled out region by region. Both regions busy; the
@@ -861,9 +1000,8 @@ fn a_staggered_weights_change_is_covered_by_the_reload_term() {
             rate_limit: {requests_per_unit: 1000}
             allot: {window: 10s, consistency: strict, weights: {a: 0.8, b: 0.2}}
 "#;
-    let s = scenario::parse("staggered-weights.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
-    let r = run(&s, 0..2);
-    assert_no_violations(&r);
+    let r = run_tiers("staggered-weights.yaml", &text, 0..2, SLOW_SEEDS);
+    assert_no_violation(&r);
     for seed in &r.per_seed {
         let first = seed
             .windows

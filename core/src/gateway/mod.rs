@@ -13,6 +13,11 @@
 //! limit ([`sizing`]). An expired lease is dropped unspent: the agent counts its units as spent,
 //! so spending it would admit units twice. A denied key is denied locally until the agent's
 //! `retry_after` (a negative cache), so a hot denied key does not flood the agent.
+//!
+//! A lease's expiry is counted on the gateway's clock from the moment it sent the request, for
+//! the grant's TTL, less a margin: never from the agent's absolute expiry, so the two clocks
+//! need not agree at all. The gateway's clock must not go back, and may run slow against the
+//! agent's by at most [`GATEWAY_CLOCK_DRIFT_PPM`] (docs/bound.md, gateway terms).
 
 mod sizing;
 mod types;
@@ -21,6 +26,7 @@ mod types;
 mod tests;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 pub use types::{
     GatewayConfig, GatewayStats, KeyHandle, LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle,
@@ -29,12 +35,20 @@ pub use types::{
 
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId};
-use crate::time::Timestamp;
+use crate::time::{Timestamp, duration_nanos};
 use sizing::{RateEstimate, SizeInputs, lease_size};
 
-/// The expiry margin is at most `ttl / EXPIRY_MARGIN_TTL_DIVISOR`: a 5% drift between the
-/// gateway's and the agent's clock rates, far beyond what NTP-disciplined clocks show.
+/// The fixed expiry margin is cut to at most `ttl / EXPIRY_MARGIN_TTL_DIVISOR`, so that a short
+/// lease (one that ends with its window) keeps most of its life; it still covers a 5% drift.
 pub const EXPIRY_MARGIN_TTL_DIVISOR: u32 = 20;
+
+/// The expiry margin is at least this share of the TTL, in parts per million: the most a
+/// gateway's clock may run slow against its agent's over a lease's life. NTP slews a clock by
+/// at most 500 ppm, so two hosts slewing apart differ by 1,000; this doubles it. Without it a
+/// long lease had the fixed margin alone (50 ms of a 60 s lease: 833 ppm).
+pub const GATEWAY_CLOCK_DRIFT_PPM: u64 = 2_000;
+
+const PPM: u128 = 1_000_000;
 
 /// One lease as the gateway holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,10 +350,7 @@ impl Gateway {
         if grant.units == 0 {
             return;
         }
-        let margin = config
-            .expiry_margin
-            .min(grant.ttl / EXPIRY_MARGIN_TTL_DIVISOR);
-        let expires_at = (sent_at + grant.ttl).saturating_sub(margin);
+        let expires_at = (sent_at + grant.ttl).saturating_sub(expiry_margin(config, grant.ttl));
         let mut released = Vec::new();
         if expires_at > now {
             // Leftovers too small for the request that waited would only expire unused.
@@ -534,6 +545,17 @@ impl Gateway {
         }
         self.outbox.push_back(msg);
     }
+}
+
+/// How much sooner than its TTL (counted from the request's send time, on the gateway's clock)
+/// the gateway lets a lease expire: the configured margin, at most a twentieth of the TTL, and
+/// at least the drift a gateway's clock may show over it (`GATEWAY_CLOCK_DRIFT_PPM`).
+fn expiry_margin(config: &GatewayConfig, ttl: Duration) -> Duration {
+    let fixed = config.expiry_margin.min(ttl / EXPIRY_MARGIN_TTL_DIVISOR);
+    let drift_nanos = u128::from(duration_nanos(ttl)) * u128::from(GATEWAY_CLOCK_DRIFT_PPM) / PPM;
+    // ttl fits in u64 nanoseconds and the product is below it, so the conversion never fails.
+    let drift = Duration::from_nanos(u64::try_from(drift_nanos).unwrap_or(u64::MAX));
+    fixed.max(drift)
 }
 
 /// The key's state and the time its request was sent, if it still waits for `ticket`.

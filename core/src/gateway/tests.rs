@@ -168,6 +168,31 @@ fn a_short_lease_keeps_most_of_its_life() {
 }
 
 #[test]
+fn a_long_lease_keeps_a_margin_for_clock_drift() {
+    // 60 s: the fixed 50 ms would cover 833 ppm; the margin is 2,000 ppm of it, 120 ms.
+    let (mut g, h) = gateway();
+    assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);
+    let w = next_wanted(&mut g, T0).unwrap();
+    g.handle_lease_granted(T0, w.ticket, grant(1, 10, ms(60_000), 100));
+    assert!(matches!(
+        g.try_spend(T0 + ms(59_879), h, 1),
+        Spend::Spent(_)
+    ));
+    assert_eq!(g.try_spend(T0 + ms(59_880), h, 1), Spend::Wait);
+}
+
+#[test]
+fn the_expiry_margin_is_fixed_between_its_two_proportional_limits() {
+    let c = config();
+    // A twentieth of a short lease, the fixed 50 ms in the middle, 2,000 ppm of a long one.
+    assert_eq!(expiry_margin(&c, ms(40)), ms(2));
+    assert_eq!(expiry_margin(&c, ms(1_000)), ms(50));
+    assert_eq!(expiry_margin(&c, ms(25_000)), ms(50));
+    assert_eq!(expiry_margin(&c, ms(60_000)), ms(120));
+    assert_eq!(expiry_margin(&c, Duration::ZERO), Duration::ZERO);
+}
+
+#[test]
 fn a_lease_already_expired_on_arrival_is_given_back() {
     let (mut g, h) = gateway();
     assert_eq!(g.try_spend(T0, h, 1), Spend::Wait);

@@ -39,7 +39,8 @@ pub struct GatewayConfig {
     /// clock runs slightly behind the agent's never spends a unit the agent counts as expired;
     /// at most a twentieth of the TTL, since the two clocks drift apart in proportion to the
     /// time measured (a short lease, such as one that ends with its window, keeps most of its
-    /// life).
+    /// life). Never less than [`super::GATEWAY_CLOCK_DRIFT_PPM`] of the TTL, which covers a
+    /// long lease.
     pub expiry_margin: Duration,
     /// A lease request with no answer after this long is abandoned and may be asked again;
     /// a late grant for it is released at once.

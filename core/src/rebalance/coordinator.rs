@@ -292,9 +292,9 @@ impl Coordinator {
         let Some(window) = self.finite_window(&st.limit) else {
             return;
         };
-        let current = window.index(now);
-        let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
-        if st.window.0 < oldest || st.window > current.next() {
+        let (first, last) = self.live_windows(window, now);
+        let oldest = first.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
+        if st.window.0 < oldest || st.window > last.next() {
             return;
         }
         let figures = self
@@ -360,8 +360,8 @@ impl Coordinator {
         let Some(window) = self.finite_window(&counter.limit) else {
             return false;
         };
-        let current = window.index(now);
-        let live = counter.window >= current && counter.window <= current.next();
+        let (first, last) = self.live_windows(window, now);
+        let live = counter.window >= first && counter.window <= last.next();
         if !live || self.counters.len() >= self.cfg.max_tracked_counters {
             return false;
         }
@@ -672,8 +672,30 @@ impl Coordinator {
         }));
     }
 
-    /// Rows of windows that ended (on our clock) more than `drift_margin` ago are collected:
-    /// late acks for them are then ignored, which only strands the released units.
+    /// How far from ours a region's clock may read now: the largest clock uncertainty measured
+    /// (`|offset| + rtt / 2`) plus the drift margin, at most [`MAX_SKEW_REACH_WINDOWS`] windows
+    /// of any limit (checked where it is used). Windows are aligned on each region's own clock,
+    /// so a window that ended on ours may still be a region's current one for this long.
+    fn clock_slack(&self) -> Duration {
+        let widest = self
+            .regions
+            .values()
+            .filter_map(RegionView::clock_uncertainty)
+            .max()
+            .unwrap_or_default();
+        widest + self.cfg.drift_margin
+    }
+
+    /// The first and last window of `window` that some region may be in at `now` (our clock):
+    /// its rows, views and statistics are kept, and its reports taken.
+    fn live_windows(&self, window: Window, now: Timestamp) -> (WindowIndex, WindowIndex) {
+        let slack = self.clock_slack();
+        let last = window.index(now + slack.min(window.len() * MAX_SKEW_REACH_WINDOWS as u32));
+        (first_live(window, now, slack), last)
+    }
+
+    /// Rows of windows that ended on every region's clock (ours less the clock slack) are
+    /// collected: late acks for them are then ignored, which only strands the released units.
     fn propose_gc(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
         let mut oldest: BTreeMap<&LimitId, WindowIndex> = BTreeMap::new();
         for (counter, _) in self.table.counters() {
@@ -684,7 +706,7 @@ impl Coordinator {
             let Some(window) = self.table.window_of(limit) else {
                 continue;
             };
-            let before = window.index(now - self.cfg.drift_margin);
+            let before = self.live_windows(window, now).0;
             if oldest_window < before && !self.is_in_flight(&ProposalKey::Gc(limit.clone())) {
                 out.push(TableCommand::CollectGarbage {
                     limit: limit.clone(),
@@ -696,10 +718,10 @@ impl Coordinator {
 
     /// Drop soft state of windows that have ended.
     fn forget_ended(&mut self, now: Timestamp) {
-        let drift = self.cfg.drift_margin;
+        let slack = self.clock_slack();
         let table = &self.table;
         let ended = |c: &CounterRef| match table.limit(&c.limit).map(|s| s.quota) {
-            Some(Quota::Units { window, .. }) => c.window < window.index(now - drift),
+            Some(Quota::Units { window, .. }) => c.window < first_live(window, now, slack),
             _ => true,
         };
         self.counters.retain(|c, _| !ended(c));
@@ -710,8 +732,8 @@ impl Coordinator {
         self.region_stats
             .retain(|(limit, w), _| match table.window_of(limit) {
                 Some(window) => {
-                    let current = window.index(now).0;
-                    w.0 >= current.saturating_sub(STATS_WINDOWS_KEPT as u64)
+                    let first = first_live(window, now, slack).0;
+                    w.0 >= first.saturating_sub(STATS_WINDOWS_KEPT as u64)
                 }
                 None => false,
             });
@@ -916,7 +938,7 @@ impl Coordinator {
     ) -> bool {
         let live = self
             .finite_window(&counter.limit)
-            .is_some_and(|w| counter.window >= w.index(now));
+            .is_some_and(|w| counter.window >= self.live_windows(w, now).0);
         let Some(view) = self.counters.get(counter).filter(|_| live) else {
             return true;
         };
@@ -1210,6 +1232,13 @@ fn need_units(units_per_sec: u64, time: Duration) -> u64 {
     let nanos = u128::from(duration_nanos(time));
     let need = (u128::from(units_per_sec) * nanos).div_ceil(1_000_000_000);
     u64::try_from(need).unwrap_or(u64::MAX)
+}
+
+/// The oldest window some region may still be in: the one `slack` ago on our clock, at most
+/// [`MAX_SKEW_REACH_WINDOWS`] windows back.
+fn first_live(window: Window, now: Timestamp, slack: Duration) -> WindowIndex {
+    let reach = slack.min(window.len() * MAX_SKEW_REACH_WINDOWS as u32);
+    window.index(now.saturating_sub(reach))
 }
 
 fn first_window_starting_at_or_after(window: Window, t: Timestamp) -> WindowIndex {

@@ -700,6 +700,26 @@ fn an_abandoned_reclaim_makes_its_end_a_refused_no_op() {
 
 // ---- garbage collection -------------------------------------------------------------------
 
+/// A region whose clock is 1.5 s behind ours is still in window 100 until 11.5 s on our clock:
+/// its rows (and the counter's views) are kept until the window has ended on every region's
+/// measured clock plus the drift margin. Collecting them at 10.5 s left the region enforcing a
+/// grant the table no longer held (found by the simulator's swarm mode, seed 2).
+#[test]
+fn rows_are_kept_until_the_window_ended_on_the_slowest_measured_clock() {
+    let mut w = hot_a_idle_b();
+    let mut msg = w.a.poll_transmit(at_ms(5_000));
+    msg.clock = Some(ClockSample {
+        offset_nanos: 1_500_000_000,
+        round_trip_nanos: 0,
+    });
+    w.coord.handle_sync_up(at_ms(5_000), msg).unwrap();
+    w.commit_all(at_ms(5_000));
+    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
+    assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
+    let cmds = w.coord.poll_proposals(at_ms(12_000));
+    assert!(cmds.iter().any(is_gc), "{cmds:?}");
+}
+
 #[test]
 fn rows_of_ended_windows_are_collected_and_never_recreated() {
     let mut w = hot_a_idle_b();

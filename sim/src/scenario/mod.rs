@@ -107,6 +107,9 @@ pub struct RegionSpec {
     /// One-way latency to the coordinator, each direction.
     pub latency: Duration,
     pub clock: ClockSpec,
+    /// The region's gateways' clock relative to their agent's (`regions[].gateway_clock`):
+    /// read from the agent's clock as the agent's is from the true clock. Default: the same.
+    pub gateway_clock: ClockSpec,
     pub gateways: u32,
 }
 

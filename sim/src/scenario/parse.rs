@@ -323,7 +323,8 @@ fn read_regions(node: &Node<'_, '_>) -> Result<Vec<RegionSpec>, ScenarioError> {
             id,
             weight_ppm: weight.map_or(0, |w| (w * WEIGHT_SCALE_PPM as f64).round() as u32),
             latency: m.req("latency")?.as_duration()?,
-            clock: read_clock(&m)?,
+            clock: read_clock(&m, "clock")?,
+            gateway_clock: read_clock(&m, "gateway_clock")?,
             gateways,
         });
         m.finish()?;
@@ -356,8 +357,9 @@ fn settle_weights(
     Ok(())
 }
 
-fn read_clock(m: &Map<'_, '_>) -> Result<ClockSpec, ScenarioError> {
-    let Some(node) = m.opt("clock") else {
+/// A clock error under `field` (`clock`, or `gateway_clock` relative to the agent's clock).
+fn read_clock(m: &Map<'_, '_>, field: &str) -> Result<ClockSpec, ScenarioError> {
+    let Some(node) = m.opt(field) else {
         return Ok(ClockSpec::default());
     };
     let c = node.as_map()?;
@@ -855,4 +857,48 @@ fn read_link_faults(m: &Map<'_, '_>) -> Result<LinkFaults, ScenarioError> {
             .err("`reorder` needs a `reorder_window` (how long a message may be held back)"));
     }
     Ok(faults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GATEWAY_CLOCKS: &str = r#"
+name: gateway-clocks
+duration: 10s
+regions:
+  - {id: a, latency: 5ms, clock: {offset: 1s}, gateway_clock: {offset: -2500ms, drift_ppm: -300}}
+  - {id: b, latency: 5ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {unit: second, requests_per_unit: 100}
+traffic:
+  - {region: a, limit: api/t, key: t=1, rate: {constant_per_sec: 10}}
+"#;
+
+    #[test]
+    fn a_gateway_clock_is_read_relative_to_the_agent_s_and_defaults_to_it() {
+        let s = parse("gateway-clocks.yaml", GATEWAY_CLOCKS).unwrap();
+        let expected = ClockSpec {
+            offset_nanos: -2_500_000_000,
+            drift_ppm: -300,
+        };
+        assert_eq!(s.regions[0].gateway_clock, expected);
+        assert_eq!(s.regions[0].clock.offset_nanos, 1_000_000_000);
+        assert_eq!(s.regions[1].gateway_clock, ClockSpec::default());
+    }
+
+    #[test]
+    fn a_gateway_clock_is_checked_as_a_clock_is() {
+        let text = GATEWAY_CLOCKS.replace("drift_ppm: -300", "drift_ppm: -300000");
+        let e = parse("gateway-clocks.yaml", &text).unwrap_err();
+        assert_eq!(e.field, "regions[0].gateway_clock.drift_ppm", "{e}");
+        assert!(e.message.contains("drift beyond"), "{e}");
+        let text = GATEWAY_CLOCKS.replace("drift_ppm: -300", "skew: 1");
+        let e = parse("gateway-clocks.yaml", &text).unwrap_err();
+        assert_eq!(e.field, "regions[0].gateway_clock", "{e}");
+        assert!(e.message.contains("unknown field `skew`"), "{e}");
+    }
 }

@@ -1,0 +1,332 @@
+//! Traffic and gateways: arrivals, attempts and retries, spends at the gateways, their trips to the
+//! agent, sweeps and settles. The hot path.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use allot_core::gateway::{Gateway, Spend, ToAgent};
+use allot_core::limit::FailureMode;
+use allot_core::time::Timestamp;
+
+use crate::clock::{ClockSpec, RegionClock};
+use crate::error::Result;
+use crate::node::{LeaseAnswer, NodeFactory, RegionNode};
+use crate::traffic::Cost;
+
+use super::faults::persist;
+use super::{Engine, Event, MAX_PENDING_RETRIES_PER_SOURCE, PendingSettle, Served};
+
+/// A region's gateways' clock: their agent's clock read through the scenario's
+/// `gateway_clock` (an offset and a drift relative to the agent's clock), as a gateway host's
+/// clock differs from its agent host's.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GatewayClock {
+    agent: RegionClock,
+    /// From the agent's clock to the gateways'; `None` when they are the same (the default).
+    relative: Option<RegionClock>,
+}
+
+impl GatewayClock {
+    pub(super) fn new(run_start: Timestamp, agent: RegionClock, spec: ClockSpec) -> Self {
+        // The relative drift accumulates from the agent's reading of the run's start.
+        let relative =
+            (spec != ClockSpec::default()).then(|| RegionClock::new(agent.local(run_start), spec));
+        GatewayClock { agent, relative }
+    }
+
+    /// What the gateways' clock reads at true time `t`. Never decreases as `t` grows.
+    #[inline]
+    pub(super) fn local(&self, t: Timestamp) -> Timestamp {
+        let agent = self.agent.local(t);
+        self.relative.map_or(agent, |c| c.local(agent))
+    }
+
+    /// The earliest true time at which the gateways' clock reads `local` or later.
+    pub(super) fn true_time_of(&self, local: Timestamp) -> Timestamp {
+        let agent = self.relative.map_or(local, |c| c.true_time_of(local));
+        self.agent.true_time_of(agent)
+    }
+}
+
+impl<'s, F: NodeFactory> Engine<'s, F> {
+    pub(super) fn arrival(&mut self, s: usize) -> Result<()> {
+        let start = self.scenario.start.as_unix_nanos();
+        let src = &mut self.sources[s];
+        let t = self.now.as_unix_nanos() - start;
+        if let Some(next) = src.arrivals.next_after(t, &mut src.arrival_rng) {
+            self.arrivals
+                .push(Reverse((Timestamp::from_unix_nanos(start + next), s)));
+        }
+        let cost = src.cost.sample(&mut src.client_rng);
+        self.attempt(s, cost, 0, true)
+    }
+
+    pub(super) fn attempt(
+        &mut self,
+        s: usize,
+        cost: Cost,
+        retries: u32,
+        fresh: bool,
+    ) -> Result<()> {
+        let (key, region) = (self.sources[s].key, self.sources[s].region);
+        let units = cost.reserve_units;
+        // Demand is what the client will really use: for a reservation, its actual count.
+        let demand_units = cost.settle.map_or(units, |s| s.actual_units);
+        self.measure
+            .request(key, region, self.now, demand_units, fresh);
+        self.stats.requests += 1;
+        match self.serve(region, key, units)? {
+            Served::Admitted {
+                gateway,
+                receipt,
+                local,
+            } => {
+                self.stats.admitted += 1;
+                self.measure.admitted(key, region, self.now, local, units);
+                if let Some(settle) = cost.settle {
+                    let incarnation = self.regions[region].gateways[gateway].incarnation;
+                    let pending = PendingSettle {
+                        source: s,
+                        gateway,
+                        incarnation,
+                        receipt,
+                        admitted_at: (self.now, local),
+                        reserved_units: units,
+                        actual_units: settle.actual_units,
+                    };
+                    self.push(self.now + settle.after, Event::Settle(pending))?;
+                }
+                Ok(())
+            }
+            Served::Denied { retry_after } => {
+                self.stats.denials += 1;
+                self.measure.denied(key, region, self.now, units);
+                self.schedule_retry(s, cost, retries, retry_after)
+            }
+        }
+    }
+
+    pub(super) fn schedule_retry(
+        &mut self,
+        s: usize,
+        cost: Cost,
+        retries: u32,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
+        let src = &mut self.sources[s];
+        let Some(delay) = src
+            .retry
+            .next_delay(retries, retry_after, &mut src.client_rng)
+        else {
+            return Ok(());
+        };
+        if src.pending_retries >= MAX_PENDING_RETRIES_PER_SOURCE {
+            self.stats.retries_dropped += 1;
+            return Ok(());
+        }
+        src.pending_retries += 1;
+        let event = Event::Retry {
+            source: s,
+            retries: retries + 1,
+            cost,
+        };
+        self.push(self.now + delay, event)
+    }
+
+    /// Picks the region's next gateway that is up (clients fail over between gateways).
+    pub(super) fn pick_gateway(&mut self, region: usize) -> Option<usize> {
+        let r = &mut self.regions[region];
+        let n = r.gateways.len();
+        (0..n)
+            .map(|i| (r.next_gateway + i) % n)
+            .find(|&g| r.gateways[g].gateway.is_some())
+            .inspect(|&g| r.next_gateway = (g + 1) % n)
+    }
+
+    pub(super) fn serve(&mut self, region: usize, key: usize, units: u64) -> Result<Served> {
+        let Some(g) = self.pick_gateway(region) else {
+            self.stats.unserved += 1;
+            return Ok(Served::Denied { retry_after: None });
+        };
+        let local = self.regions[region].clock.local(self.now);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
+        let mut outcome = self.spend(region, g, key, at_gateway, units);
+        if outcome == Spend::Wait {
+            self.pump_gateway(region, g, local)?;
+            outcome = self.spend(region, g, key, at_gateway, units);
+        }
+        self.pump_gateway(region, g, local)?;
+        self.arm_gateway_timer(region, g)?;
+        Ok(match outcome {
+            Spend::Spent(receipt) => Served::Admitted {
+                gateway: g,
+                receipt: Some(receipt),
+                local,
+            },
+            Spend::Denied { retry_after } => Served::Denied {
+                retry_after: Some(retry_after),
+            },
+            Spend::Unavailable if self.failure_modes[key] == FailureMode::Open => {
+                self.stats.fail_open_admits += 1;
+                Served::Admitted {
+                    gateway: g,
+                    receipt: None,
+                    local,
+                }
+            }
+            Spend::Unavailable | Spend::Wait | Spend::UnknownKey => {
+                Served::Denied { retry_after: None }
+            }
+        })
+    }
+
+    /// One spend at gateway `g` at `local` on the gateway's clock, looking the key up (again)
+    /// when needed.
+    #[inline]
+    pub(super) fn spend(
+        &mut self,
+        region: usize,
+        g: usize,
+        key: usize,
+        local: Timestamp,
+        units: u64,
+    ) -> Spend {
+        let rt = &mut self.regions[region].gateways[g];
+        let Some(gateway) = rt.gateway.as_mut() else {
+            return Spend::Unavailable;
+        };
+        for _ in 0..2 {
+            let handle = match rt.handles[key] {
+                Some(h) => h,
+                None => {
+                    let meta = &self.measure.keys[key];
+                    match gateway.key(local, &meta.limit, &meta.key) {
+                        Ok(h) => *rt.handles[key].insert(h),
+                        // Too many keys at this gateway: it cannot lease, as if unreachable.
+                        Err(_) => return Spend::Unavailable,
+                    }
+                }
+            };
+            match gateway.try_spend(local, handle, units) {
+                Spend::UnknownKey => rt.handles[key] = None,
+                outcome => return outcome,
+            }
+        }
+        Spend::UnknownKey
+    }
+
+    /// Delivers gateway `g`'s messages to its agent and the answers back. `local` is the
+    /// agent's clock; the gateway reads its own.
+    pub(super) fn pump_gateway(&mut self, region: usize, g: usize, local: Timestamp) -> Result<()> {
+        let r = &mut self.regions[region];
+        let at_gateway = r.gateway_clock.local(self.now);
+        let Some(gateway) = r.gateways[g].gateway.as_mut() else {
+            return Ok(());
+        };
+        let mut touched = false;
+        while let Some(msg) = gateway.poll_transmit(at_gateway) {
+            touched |= r.node.is_some();
+            match (msg, r.node.as_mut()) {
+                (ToAgent::LeaseWanted(w), Some(node)) => {
+                    self.stats.lease_requests += 1;
+                    let answer = node.handle_lease_wanted(local, &w);
+                    persist(node, &mut r.store, r.keeps_store);
+                    match answer {
+                        LeaseAnswer::Granted(grant) => {
+                            gateway.handle_lease_granted(at_gateway, w.ticket, grant)
+                        }
+                        LeaseAnswer::Denied(denial) => {
+                            gateway.handle_lease_denied(at_gateway, w.ticket, denial)
+                        }
+                    }
+                }
+                (ToAgent::LeaseWanted(w), None) => {
+                    gateway.handle_agent_unavailable(at_gateway, w.ticket)
+                }
+                (ToAgent::Release(release), Some(node)) => {
+                    node.handle_release(local, &release);
+                    persist(node, &mut r.store, r.keeps_store);
+                }
+                (ToAgent::Settle(settle), Some(node)) => {
+                    node.handle_settle(local, &settle);
+                    persist(node, &mut r.store, r.keeps_store);
+                }
+                (ToAgent::Release(_) | ToAgent::Settle(_), None) => {
+                    self.stats.gateway_messages_lost += 1;
+                }
+            }
+        }
+        if touched {
+            self.after_region_input(region)?;
+        }
+        Ok(())
+    }
+
+    /// Arms the gateway's sweep timer when its deadline changed. Called after every request,
+    /// so the common case (unchanged) is one comparison on the gateway's own clock.
+    pub(super) fn arm_gateway_timer(&mut self, region: usize, g: usize) -> Result<()> {
+        let r = &mut self.regions[region];
+        let rt = &mut r.gateways[g];
+        let wanted_local = rt.gateway.as_ref().and_then(Gateway::poll_timeout);
+        if wanted_local == rt.timer_local {
+            return Ok(());
+        }
+        rt.timer_local = wanted_local;
+        let wanted = wanted_local.map(|local| r.gateway_clock.true_time_of(local).max(self.now));
+        rt.timer = wanted;
+        match wanted {
+            Some(at) => self.push(
+                at,
+                Event::GatewayTimer {
+                    region,
+                    gateway: g,
+                    at,
+                },
+            ),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn gateway_timer(&mut self, region: usize, g: usize, at: Timestamp) -> Result<()> {
+        let rt = &mut self.regions[region].gateways[g];
+        if rt.timer != Some(at) {
+            return Ok(());
+        }
+        rt.timer = None;
+        rt.timer_local = None;
+        let local = self.regions[region].clock.local(self.now);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
+        if let Some(gateway) = self.regions[region].gateways[g].gateway.as_mut() {
+            gateway.handle_timeout(at_gateway);
+        }
+        self.pump_gateway(region, g, local)?;
+        self.arm_gateway_timer(region, g)
+    }
+
+    pub(super) fn settle(&mut self, s: PendingSettle) -> Result<()> {
+        let (key, region) = (self.sources[s.source].key, self.sources[s.source].region);
+        // The tokens were used whatever happens to the settle: measure what was consumed.
+        self.measure.settled(
+            key,
+            region,
+            s.admitted_at,
+            s.reserved_units,
+            s.actual_units,
+            self.now,
+        );
+        let local = self.regions[region].clock.local(self.now);
+        let at_gateway = self.regions[region].gateway_clock.local(self.now);
+        let rt = &mut self.regions[region].gateways[s.gateway];
+        let incarnation = rt.incarnation;
+        let Some(receipt) = s.receipt else {
+            return Ok(());
+        };
+        let gateway = rt.gateway.as_mut().filter(|_| incarnation == s.incarnation);
+        let Some(gateway) = gateway else {
+            self.stats.settles_lost += 1;
+            return Ok(());
+        };
+        gateway.settle(at_gateway, receipt, s.actual_units);
+        self.pump_gateway(region, s.gateway, local)
+    }
+}
