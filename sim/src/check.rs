@@ -6,7 +6,9 @@
 //!
 //! - 1: per counter, a region's net use never exceeds its allowance (plus policy terms);
 //! - 2: strict mode: the table's allowances for a counter sum to at most the quota, and a
-//!   region never enforces more than its table allowance;
+//!   region never enforces more than its table allowance (while both are on the same
+//!   configuration version: during a reload's rollout the difference is the bound's reload
+//!   term, judged with the overshoot);
 //! - 3: counter entries never decrease;
 //! - 4: overshoot never exceeds the reported bound (judged per window, see `measure`);
 //! - 6: a restarted agent sees every current counter at least as large as before its crash.

@@ -237,3 +237,51 @@ fn a_window_may_be_set_in_the_allot_block_instead_of_the_unit() {
         "both set the window",
     );
 }
+
+/// A `config_reload` with its limits at `units` per `unit`, at `at`, `b` `delay` later.
+fn reload(at: &str, units: u32, unit: &str, delay: &str) -> String {
+    format!(
+        "  - config_reload:
+      at: {at}
+      stagger: {{b: {delay}}}
+      limits: |
+        domain: api
+        descriptors:
+          - key: tenant
+            rate_limit: {{unit: {unit}, requests_per_unit: {units}}}
+"
+    )
+}
+
+#[test]
+fn a_config_reload_keeps_the_limits_and_their_windows_and_comes_in_time_order() {
+    let text = format!("{GOOD}faults:\n{}", reload("2s", 40, "second", "500ms"));
+    let s = scenario::parse("good.yaml", &text).unwrap();
+    let Fault::ConfigReload { at, stagger, .. } = &s.faults[0] else {
+        panic!("{:?}", s.faults[0]);
+    };
+    assert_eq!(at.as_millis(), 2_000);
+    assert_eq!(
+        stagger.iter().map(|d| d.as_millis()).collect::<Vec<_>>(),
+        [0, 500]
+    );
+    // Windows before the reload are judged at 100, those it overlaps at the larger quota,
+    // those after the last region's reload at 40.
+    let limit = &s.limits.limits[0];
+    let second = |at_s: u64| {
+        let start = s.start.as_unix_nanos() + at_s * 1_000_000_000;
+        limit.quota_units_in(start, start + 1_000_000_000)
+    };
+    assert_eq!((second(1), second(2), second(3)), (100, 100, 40));
+    let window_changed = format!("{GOOD}faults:\n{}", reload("2s", 40, "minute", "0s"));
+    assert!(parse_err(&window_changed).message.contains("same windows"));
+    let out_of_order = format!(
+        "{GOOD}faults:\n{}{}",
+        reload("5s", 40, "second", "0s"),
+        reload("2s", 60, "second", "0s")
+    );
+    assert!(parse_err(&out_of_order).message.contains("time order"));
+    let unknown = format!("{GOOD}faults:\n{}", reload("2s", 40, "second", "0s"))
+        .replace("stagger: {b: 0s}", "stagger: {c: 1s}");
+    parse_err(&unknown);
+}
