@@ -176,9 +176,10 @@ pub struct AllowanceTable {
     reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
     /// Windows below this were collected; no row may be created for them again.
     collected_below: BTreeMap<LimitId, WindowIndex>,
-    /// Per limit, the largest epoch of the rows a configuration change dropped: a row created
-    /// later starts at it, so a region that applied one of the dropped rows still takes the
-    /// next grant (at most one entry per limit ever configured).
+    /// Per limit, one above the largest epoch of the rows a configuration change dropped: a
+    /// row created later starts at it, so a region that applied one of the dropped rows still
+    /// takes the next grant, and a proposal from before the change is stale (at most one entry
+    /// per limit id ever configured: a limit removed and added back must still start above).
     #[serde(default)]
     epoch_floor: BTreeMap<LimitId, Epoch>,
     next_release_id: u64,
@@ -703,13 +704,23 @@ impl AllowanceTable {
             .filter(|c| !keeps(&c.limit, self))
             .cloned()
             .collect();
+        let mut top: BTreeMap<LimitId, Epoch> = BTreeMap::new();
         for counter in dropped {
             if let Some(rows) = self.counters.remove(&counter) {
                 self.row_count -= rows.len();
-                let top = rows.values().map(|r| r.epoch).max().unwrap_or_default();
-                let floor = self.epoch_floor.entry(counter.limit.clone()).or_default();
-                *floor = (*floor).max(top);
+                let e = rows.values().map(|r| r.epoch).max().unwrap_or_default();
+                let t = top.entry(counter.limit.clone()).or_default();
+                *t = (*t).max(e);
             }
+        }
+        // One above every epoch the old parameters used, rows or not: a proposal computed
+        // before the change (compare-and-set on the epoch) can then never apply after it.
+        let changed = old.keys().filter(|id| !keeps(id, self)).cloned();
+        let changed: Vec<LimitId> = changed.collect();
+        for id in changed {
+            let t = top.get(&id).copied().unwrap_or_default();
+            let floor = self.epoch_floor.entry(id).or_default();
+            *floor = Epoch((*floor).max(t).0 + 1);
         }
         let limits = &self.limits;
         self.reclaims.retain(|(limit, _), _| {

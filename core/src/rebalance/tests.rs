@@ -841,7 +841,7 @@ fn a_config_change_drops_the_rows_of_changed_limits_and_keeps_epochs_rising() {
     assert!(t.check_invariants().is_ok());
     assert_eq!(t.allowance(&counter(100), &RegionId::from("a")), 30);
     // The next grow starts from the floor the dropped rows left, not from 0.
-    assert_eq!(t.epoch_of(&counter(100), &RegionId::from("a")), Epoch(2));
+    assert_eq!(t.epoch_of(&counter(100), &RegionId::from("a")), Epoch(3));
     let stale = TableCommand::Grow {
         counter: counter(100),
         region: RegionId::from("a"),
@@ -852,16 +852,26 @@ fn a_config_change_drops_the_rows_of_changed_limits_and_keeps_epochs_rising() {
         !t.apply(stale).is_applied(),
         "a proposal from before the change"
     );
-    let grow = TableCommand::Grow {
+    let stale = TableCommand::Grow {
         counter: counter(100),
         region: RegionId::from("a"),
         expected_epoch: Epoch(2),
         allowance_units: 40,
     };
+    assert!(
+        !t.apply(stale).is_applied(),
+        "even one at the row's last epoch"
+    );
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(3),
+        allowance_units: 40,
+    };
     assert!(t.apply(grow).is_applied());
     assert_eq!(
         t.row(&counter(100), &RegionId::from("a")).unwrap().epoch,
-        Epoch(3)
+        Epoch(4)
     );
 }
 
@@ -895,6 +905,17 @@ fn epochs_never_go_back_across_a_strict_eventual_strict_round_trip() {
         counter: counter(100),
         region: RegionId::from("a"),
         expected_epoch: Epoch(1),
+        allowance_units: 60,
+    };
+    assert!(
+        !t.apply(grow).is_applied(),
+        "stale: computed before the changes"
+    );
+    assert_eq!(t.epoch_floor(&LimitId::from("l")), Epoch(3));
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: RegionId::from("a"),
+        expected_epoch: Epoch(3),
         allowance_units: 60,
     };
     assert!(t.apply(grow).is_applied());
