@@ -197,11 +197,6 @@ impl Coordinator {
         !self.in_flight.is_empty()
     }
 
-    /// The configuration version `region` last reported (the one it enforces).
-    pub fn region_config_version(&self, region: &RegionId) -> Option<u64> {
-        self.regions.get(region).and_then(|v| v.config_version)
-    }
-
     /// Net use of `region` on `counter` as last reported, if the counter is tracked.
     pub fn used_units(&self, counter: &CounterRef, region: &RegionId) -> Option<u64> {
         self.counters.get(counter).map(|v| v.used_units(region))
