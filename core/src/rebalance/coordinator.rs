@@ -152,6 +152,10 @@ pub struct Coordinator {
     region_stats: BTreeMap<(LimitId, WindowIndex), BTreeMap<RegionId, BoundFigures>>,
     /// Configurations this leader replaced, for the bound while regions still enforce them.
     kept_configs: KeptConfigs,
+    /// Per limit, the first window still live when views were last forgotten: never tracked
+    /// again, though a wider clock sample later widens the live range (a counter forgotten
+    /// and tracked anew from a late message would relay less than it relayed before).
+    forgotten_before: BTreeMap<LimitId, WindowIndex>,
 }
 
 impl Coordinator {
@@ -180,6 +184,7 @@ impl Coordinator {
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
             kept_configs: KeptConfigs::default(),
+            forgotten_before: BTreeMap::new(),
         }
     }
 
@@ -288,6 +293,10 @@ impl Coordinator {
             return;
         };
         let (first, last) = self.live_windows(window, now);
+        let first = self
+            .forgotten_before
+            .get(&st.limit)
+            .map_or(first, |f| first.max(*f));
         let oldest = first.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
         if st.window.0 < oldest || st.window > last.next() {
             return;
@@ -356,7 +365,11 @@ impl Coordinator {
             return false;
         };
         let (first, last) = self.live_windows(window, now);
-        let live = counter.window >= first && counter.window <= last.next();
+        let forgotten = self
+            .forgotten_before
+            .get(&counter.limit)
+            .is_some_and(|w| counter.window < *w);
+        let live = !forgotten && counter.window >= first && counter.window <= last.next();
         if !live || self.counters.len() >= self.cfg.max_tracked_counters {
             return false;
         }
@@ -714,9 +727,20 @@ impl Coordinator {
     /// Drop soft state of windows that have ended.
     fn forget_ended(&mut self, now: Timestamp) {
         let slack = self.clock_slack();
+        for spec in self.table.limits() {
+            if let Quota::Units { window, .. } = spec.quota {
+                let first = first_live(window, now, slack);
+                let mark = self
+                    .forgotten_before
+                    .entry(spec.id.clone())
+                    .or_insert(first);
+                *mark = (*mark).max(first);
+            }
+        }
         let table = &self.table;
+        let forgotten = &self.forgotten_before;
         let ended = |c: &CounterRef| match table.limit(&c.limit).map(|s| s.quota) {
-            Some(Quota::Units { window, .. }) => c.window < first_live(window, now, slack),
+            Some(Quota::Units { .. }) => forgotten.get(&c.limit).is_some_and(|w| c.window < *w),
             _ => true,
         };
         self.counters.retain(|c, _| !ended(c));
@@ -724,14 +748,13 @@ impl Coordinator {
         self.resend.retain(|(c, _)| !ended(c));
         self.acks.retain(|(c, _), _| !ended(c));
         self.confirmed.retain(|(c, _)| !ended(c));
-        self.region_stats
-            .retain(|(limit, w), _| match table.window_of(limit) {
-                Some(window) => {
-                    let first = first_live(window, now, slack).0;
-                    w.0 >= first.saturating_sub(STATS_WINDOWS_KEPT as u64)
-                }
-                None => false,
-            });
+        self.region_stats.retain(|(limit, w), _| {
+            forgotten
+                .get(limit)
+                .is_some_and(|f| w.0 >= f.0.saturating_sub(STATS_WINDOWS_KEPT as u64))
+        });
+        self.forgotten_before
+            .retain(|limit, _| self.table.limit(limit).is_some());
     }
 
     /// Near the end of a window, carry the demand of its hot counters over to the next one so
