@@ -702,8 +702,28 @@ impl Coordinator {
         (first_live(window, now, slack), last)
     }
 
-    /// Rows of windows that ended on every region's clock (ours less the clock slack) are
-    /// collected: late acks for them are then ignored, which only strands the released units.
+    /// How far back from ours a member region's clock may read, for collecting rows: the
+    /// clock slack once every member has sent this leader a clock sample, the full reach
+    /// ([`MAX_SKEW_REACH_WINDOWS`] windows, capped in `first_live`) while one has not. A new
+    /// leader holds no samples (they are soft state): collecting on the slack of the regions
+    /// heard so far would take the rows of a window that a region whose clock is behind is
+    /// still in, leaving it enforcing a grant the table no longer holds.
+    fn gc_slack(&self) -> Duration {
+        let all_sampled = self.table.regions().iter().all(|r| {
+            self.regions
+                .get(r)
+                .is_some_and(|v| v.clock_uncertainty().is_some())
+        });
+        if all_sampled {
+            self.clock_slack()
+        } else {
+            Duration::MAX
+        }
+    }
+
+    /// Rows of windows that ended on every region's clock (ours less the clock slack, or the
+    /// full reach while a member's clock is unknown, see `gc_slack`) are collected: late acks
+    /// for them are then ignored, which only strands the released units.
     fn propose_gc(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
         let mut oldest: BTreeMap<&LimitId, WindowIndex> = BTreeMap::new();
         for (counter, _) in self.table.counters() {
@@ -714,7 +734,7 @@ impl Coordinator {
             let Some(window) = self.table.window_of(limit) else {
                 continue;
             };
-            let before = self.live_windows(window, now).0;
+            let before = first_live(window, now, self.gc_slack());
             if oldest_window < before && !self.is_in_flight(&ProposalKey::Gc(limit.clone())) {
                 out.push(TableCommand::CollectGarbage {
                     limit: limit.clone(),

@@ -720,6 +720,57 @@ fn rows_are_kept_until_the_window_ended_on_the_slowest_measured_clock() {
     assert!(cmds.iter().any(is_gc), "{cmds:?}");
 }
 
+/// A new leader holds no clock samples (they are soft state). Collecting on the slack of the
+/// regions it has heard took, at 10.5 s, the rows of window 100 while b, 1.5 s behind and not
+/// yet heard, was still in it and enforcing its grant (the simulator's swarm mode, seeds 48,
+/// 199, 209, 214, 877, 957). Until every member has sent it a sample it collects only windows
+/// beyond the full reach ([`coordinator::MAX_SKEW_REACH_WINDOWS`] windows); then on the
+/// measured slack.
+#[test]
+fn a_new_leader_collects_rows_only_once_it_has_every_member_s_clock() {
+    let mut w = hot_a_idle_b();
+    w.up("a", at_ms(5_000));
+    w.commit_all(at_ms(5_000));
+    assert!(w.coord.table().row_count() > 0);
+    let table = w.coord.table().clone();
+    w.coord = Coordinator::new(config(), table, at_ms(10_000), 2);
+    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
+    w.up("a", at_ms(10_100));
+    assert!(!w.coord.poll_proposals(at_ms(10_600)).iter().any(is_gc));
+    let mut msg = w.b.poll_transmit(at_ms(11_000));
+    msg.clock = Some(ClockSample {
+        offset_nanos: 1_500_000_000,
+        round_trip_nanos: 0,
+    });
+    w.coord.handle_sync_up(at_ms(11_000), msg).unwrap();
+    assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
+    let cmds = w.coord.poll_proposals(at_ms(12_000));
+    assert!(cmds.iter().any(is_gc), "{cmds:?}");
+}
+
+/// A member that never reports holds collection back by the full reach only: 64 windows of
+/// 10 s after window 100 ended.
+#[test]
+fn a_silent_member_delays_collection_by_the_full_reach_at_most() {
+    let mut w = hot_a_idle_b();
+    w.up("a", at_ms(5_000));
+    w.commit_all(at_ms(5_000));
+    let table = w.coord.table().clone();
+    w.coord = Coordinator::new(config(), table, at_ms(10_000), 2);
+    w.up("a", at_ms(10_100));
+    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
+    let reach_ms = 10_000 * coordinator::MAX_SKEW_REACH_WINDOWS;
+    let end_ms = 10_000;
+    assert!(
+        !w.coord
+            .poll_proposals(at_ms(end_ms + reach_ms - 1))
+            .iter()
+            .any(is_gc)
+    );
+    let cmds = w.coord.poll_proposals(at_ms(end_ms + reach_ms));
+    assert!(cmds.iter().any(is_gc), "{cmds:?}");
+}
+
 #[test]
 fn rows_of_ended_windows_are_collected_and_never_recreated() {
     let mut w = hot_a_idle_b();
