@@ -412,6 +412,14 @@ async fn the_lease_api_end_to_end() {
         .expect("renew")
         .into_inner();
     assert!(renewed.expires_at_unix_ms >= lease.expires_at_unix_ms);
+    // A renewal says how long is left as a duration too, for a gateway whose clock is not the
+    // agent's: rounded down, and never more than the agent's 30 s maximum.
+    assert!(
+        (1..=30_000).contains(&renewed.ttl_ms),
+        "renewal ttl_ms {}",
+        renewed.ttl_ms
+    );
+    assert!(lease.ttl_ms <= 30_000, "lease ttl_ms {}", lease.ttl_ms);
     let settled = c
         .settle(pb::SettleRequest {
             lease_id: lease.lease_id,

@@ -136,7 +136,10 @@ impl LeaseService for NoopService {
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let ttl = Duration::from_millis(request.into_inner().ttl_ms);
         let expires_at_unix_ms = unix_ms_after(ttl.max(DEFAULT_LEASE_TTL));
-        Ok(Response::new(pb::RenewResponse { expires_at_unix_ms }))
+        Ok(Response::new(pb::RenewResponse {
+            expires_at_unix_ms,
+            ttl_ms: u64::try_from(ttl.max(DEFAULT_LEASE_TTL).as_millis()).unwrap_or(u64::MAX),
+        }))
     }
 
     async fn release(

@@ -32,8 +32,10 @@ fn err(e: crate::Error) -> Status {
     status(SERVICE, e)
 }
 
+/// Time left until `at`, rounded down: a gateway counts it from its own send time, so rounding
+/// up would let it spend up to a millisecond past the agent's expiry.
 fn until(now: Timestamp, at: Timestamp) -> u64 {
-    ceil_ms(at.saturating_duration_since(now))
+    u64::try_from(at.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
 }
 
 #[tonic::async_trait]
@@ -95,6 +97,7 @@ impl LeaseService for LeaseApi {
             .map_err(err)?;
         Ok(Response::new(pb::RenewResponse {
             expires_at_unix_ms: out.expires_at.as_unix_millis(),
+            ttl_ms: until(self.agent.now(), out.expires_at),
         }))
     }
 
