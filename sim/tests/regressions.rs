@@ -750,3 +750,56 @@ faults:
         "overage took use past the allowance"
     );
 }
+
+/// Swarm seeds 1, 19, 63, 66, 77, 107, 221, 331, 351, 353, 393, 418, 523, 590, 638, 725 and
+/// 929 of 0..1,000: LLM reservations whose drawn counts went up to four times the reservation,
+/// under limits without `max_settle_overage` (a cap of 0). The product clamped every settle to
+/// the cap and counted the rest (`settle_clamped_units`), as docs/bound.md states; but the
+/// simulated spenders used what they drew, and the checker charged it, though the
+/// `settle_overage` term is stated on the assumption that a spender stops at
+/// `R * (1 + max_settle_overage)` (`max_tokens`). Shrunk, seed 1 is one region, no fault, no
+/// clock offset: 9,616 used in a window against `L` = 7,826 and a bound of 1,240. This
+/// scenario, before the simulated spenders kept to the cap: 10 violations on seeds 0..2 (seed
+/// 0, window 2: 4,320 used against `L` = 2,000 and a bound of 2,000; on the regions' clocks
+/// 2,827 over `L`). After: 0, and the units the draws wanted beyond the cap are counted
+/// (`RunStats::settle_units_beyond_cap`). All 17 seeds' worlds pass with the spenders capped.
+#[test]
+fn spenders_stop_at_the_settle_cap_the_bound_assumes() {
+    let r = run_tiers(
+        "settles-beyond-the-cap.yaml",
+        r#"
+name: settles-beyond-the-cap
+duration: 8s
+lease: {initial_units: 10, max_units: 500, ttl: 2s}
+regions:
+  - {id: a, latency: 5ms, gateways: 2}
+limits: |
+  domain: llm
+  descriptors:
+    - key: tenant
+      rate_limit: {requests_per_unit: 2000}
+      allot:
+        window: 2s
+        failure_mode: closed
+traffic:
+  - region: a
+    limit: llm/tenant
+    key: tenant=acme
+    rate: {constant_per_sec: 20}
+    arrivals: uniform
+    cost:
+      llm:
+        reserve_units: 100
+        actual: {uniform_units: [50, 400]}
+        settle_after: {uniform: [100ms, 1500ms]}
+"#,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert!(
+        r.per_seed.iter().all(|s| s.stats.settle_units_beyond_cap > 0),
+        "the draws wanted more than the cap"
+    );
+    assert!(r.figures.utilization_min.is_some_and(|u| u > 0.9));
+}

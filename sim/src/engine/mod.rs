@@ -77,6 +77,9 @@ pub struct RunStats {
     pub gateway_messages_lost: u64,
     /// Settles that never happened because their gateway crashed first.
     pub settles_lost: u64,
+    /// Units reservations' drawn counts wanted above their settle cap, which the spenders
+    /// did not use (they stop at the cap the bound assumes).
+    pub settle_units_beyond_cap: u64,
     pub sync_up_messages: u64,
     pub sync_up_bytes: u64,
     pub sync_down_messages: u64,
@@ -705,7 +708,22 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 .push(Reverse((Timestamp::from_unix_nanos(start + next), s)));
         }
         let cost = src.cost.sample(&mut src.client_rng);
+        let cost = self.held_to_settle_cap(s, cost);
         self.attempt(s, cost, 0, true)
+    }
+
+    /// A reservation's spender stops at the most its limit lets a settle charge (for an LLM
+    /// call, `max_tokens`): the `settle_overage` term is stated on that assumption. What the
+    /// drawn count wanted beyond it is counted, not used.
+    fn held_to_settle_cap(&mut self, s: usize, mut cost: Cost) -> Cost {
+        if let Some(settle) = cost.settle.as_mut() {
+            let limit = &self.measure.keys[self.sources[s].key].limit;
+            let max_use = self.factory.max_use_units(limit, cost.reserve_units);
+            let beyond = settle.actual_units.saturating_sub(max_use);
+            settle.actual_units -= beyond;
+            self.stats.settle_units_beyond_cap += beyond;
+        }
+        cost
     }
 
     fn attempt(&mut self, s: usize, cost: Cost, retries: u32, fresh: bool) -> Result<()> {
