@@ -894,9 +894,17 @@ traffic:
             "weights: {a: 0.5, b: 0.5}\n        max_settle_overage: 0.25",
         );
         let f = CoreFactory::new(&scenario(&yaml)).unwrap();
-        assert_eq!(f.max_use_units(&LimitId::from("api/t"), 100), 100, "no cap: 0");
+        assert_eq!(
+            f.max_use_units(&LimitId::from("api/t"), 100),
+            100,
+            "no cap: 0"
+        );
         assert_eq!(f.max_use_units(&LimitId::from("other/u"), 100), 125);
-        assert_eq!(f.max_use_units(&LimitId::from("other/u"), 3), 3, "rounded down");
+        assert_eq!(
+            f.max_use_units(&LimitId::from("other/u"), 3),
+            3,
+            "rounded down"
+        );
         assert_eq!(f.max_use_units(&LimitId::from("unknown"), 7), 7);
     }
 }

@@ -345,7 +345,8 @@ faults:
 /// and the region's report of that overage leaves with its next sync, after the run's end:
 /// 510 admitted against L = 100 with a bound of 30 (2 violations). Fixed: a window that ends,
 /// or that a settle raises, within the time a statement takes to arrive before the run's end
-/// is not judged, and is counted as cut off.
+/// is not judged, and is counted as cut off. The limit lets a settle charge 49 times its
+/// reservation: simulated spenders stop at the settle cap, and the scenario needs 500 used.
 #[test]
 fn the_run_s_end_cuts_off_windows_whose_statements_cannot_arrive_in_time() {
     let r = run_tiers(
@@ -363,6 +364,7 @@ limits: |
       rate_limit: {unit: second, requests_per_unit: 100}
       allot:
         rate_cap: {rate: 1000/s, burst: 10}
+        max_settle_overage: 49
 traffic:
   - region: a
     limit: api/t
@@ -798,7 +800,9 @@ traffic:
     );
     assert_no_violation(&r);
     assert!(
-        r.per_seed.iter().all(|s| s.stats.settle_units_beyond_cap > 0),
+        r.per_seed
+            .iter()
+            .all(|s| s.stats.settle_units_beyond_cap > 0),
         "the draws wanted more than the cap"
     );
     assert!(r.figures.utilization_min.is_some_and(|u| u > 0.9));
