@@ -806,4 +806,45 @@ traffic:
         "the draws wanted more than the cap"
     );
     assert!(r.figures.utilization_min.is_some_and(|u| u > 0.9));
+    // Seed 638's world as the swarm shrank it (one region, strict, no fault): before, 3,276
+    // used in window index 883612801 on the region's clock against L = 3,109 (bound 0).
+    let shrunk = parsed("swarm-638-shrunk.yaml", SWARM_638_SHRUNK);
+    assert_no_violation(&run(&shrunk, 638..639));
 }
+
+const SWARM_638_SHRUNK: &str = r#"
+name: swarm-638
+description: drawn by `allot sim --swarm --seeds 638..639`
+duration: 6000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 44ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 11, max_units: 570, ttl: 1742ms}
+regions:
+  - {id: r1, latency: 2ms, gateways: 3, clock: {offset: -1412ms, drift_ppm: -2}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 3109}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {constant_per_sec: 3.334}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 236, actual: {lognormal: {median_units: 165, sigma: 0.42, max_units: 441}}, settle_after: {uniform: [104ms, 1866ms]}}}
+    retry: none
+  - region: r1
+    limit: swarm/l0
+    key: l0=k2
+    rate: {constant_per_sec: 8.157}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 236, actual: {lognormal: {median_units: 165, sigma: 0.42, max_units: 441}}, settle_after: {uniform: [104ms, 1866ms]}}}
+    retry: none
+"#;
