@@ -358,6 +358,15 @@ impl NodeFactory for CoreFactory {
             regions: self.regions.clone(),
         })
     }
+
+    fn max_use_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
+        let cap = self
+            .limits
+            .iter()
+            .find(|l| &l.id == limit)
+            .map_or(0, |l| l.max_settle_overage_units(reserved_units));
+        reserved_units.saturating_add(cap)
+    }
 }
 
 /// One region's agent over `RegionBudget`.
@@ -971,5 +980,26 @@ traffic:
             None,
             "the baseline's coordinator idles"
         );
+    }
+
+    #[test]
+    fn a_reservation_may_use_its_units_plus_its_limit_s_settle_cap() {
+        let yaml = YAML.replace(
+            "weights: {a: 0.5, b: 0.5}",
+            "weights: {a: 0.5, b: 0.5}\n        max_settle_overage: 0.25",
+        );
+        let f = CoreFactory::new(&scenario(&yaml)).unwrap();
+        assert_eq!(
+            f.max_use_units(&LimitId::from("api/t"), 100),
+            100,
+            "no cap: 0"
+        );
+        assert_eq!(f.max_use_units(&LimitId::from("other/u"), 100), 125);
+        assert_eq!(
+            f.max_use_units(&LimitId::from("other/u"), 3),
+            3,
+            "rounded down"
+        );
+        assert_eq!(f.max_use_units(&LimitId::from("unknown"), 7), 7);
     }
 }

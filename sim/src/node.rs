@@ -82,6 +82,15 @@ pub trait NodeFactory: Sync {
     ) -> Option<<Self::Coordinator as CoordinatorNode>::Command> {
         None
     }
+
+    /// Most units a reservation of `reserved_units` under `limit` may use: the reservation
+    /// plus the limit's settle cap (`max_settle_overage`). The bound's `settle_overage` term
+    /// assumes the spender stops there (for an LLM call, `max_tokens`), so the simulated
+    /// spenders do. A factory that states no cap lets them use what they drew.
+    fn max_use_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
+        let _ = (limit, reserved_units);
+        u64::MAX
+    }
 }
 
 /// The agent's answer to a gateway's lease request.

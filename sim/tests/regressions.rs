@@ -345,7 +345,8 @@ faults:
 /// and the region's report of that overage leaves with its next sync, after the run's end:
 /// 510 admitted against L = 100 with a bound of 30 (2 violations). Fixed: a window that ends,
 /// or that a settle raises, within the time a statement takes to arrive before the run's end
-/// is not judged, and is counted as cut off.
+/// is not judged, and is counted as cut off. The limit lets a settle charge 49 times its
+/// reservation: simulated spenders stop at the settle cap, and the scenario needs 500 used.
 #[test]
 fn the_run_s_end_cuts_off_windows_whose_statements_cannot_arrive_in_time() {
     let r = run_tiers(
@@ -363,6 +364,7 @@ limits: |
       rate_limit: {unit: second, requests_per_unit: 100}
       allot:
         rate_cap: {rate: 1000/s, burst: 10}
+        max_settle_overage: 49
 traffic:
   - region: a
     limit: api/t
@@ -1064,3 +1066,99 @@ faults:
     assert_no_violation(&r);
     assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
 }
+
+/// Swarm seeds 1, 19, 63, 66, 77, 107, 221, 331, 351, 353, 393, 418, 523, 590, 638, 725 and
+/// 929 of 0..1,000: LLM reservations whose drawn counts went up to four times the reservation,
+/// under limits without `max_settle_overage` (a cap of 0). The product clamped every settle to
+/// the cap and counted the rest (`settle_clamped_units`), as docs/bound.md states; but the
+/// simulated spenders used what they drew, and the checker charged it, though the
+/// `settle_overage` term is stated on the assumption that a spender stops at
+/// `R * (1 + max_settle_overage)` (`max_tokens`). Shrunk, seed 1 is one region, no fault, no
+/// clock offset: 9,616 used in a window against `L` = 7,826 and a bound of 1,240. This
+/// scenario, before the simulated spenders kept to the cap: 10 violations on seeds 0..2 (seed
+/// 0, window 2: 4,320 used against `L` = 2,000 and a bound of 2,000; on the regions' clocks
+/// 2,827 over `L`). After: 0, and the units the draws wanted beyond the cap are counted
+/// (`RunStats::settle_units_beyond_cap`). All 17 seeds' worlds pass with the spenders capped.
+#[test]
+fn spenders_stop_at_the_settle_cap_the_bound_assumes() {
+    let r = run_tiers(
+        "settles-beyond-the-cap.yaml",
+        r#"
+name: settles-beyond-the-cap
+duration: 8s
+lease: {initial_units: 10, max_units: 500, ttl: 2s}
+regions:
+  - {id: a, latency: 5ms, gateways: 2}
+limits: |
+  domain: llm
+  descriptors:
+    - key: tenant
+      rate_limit: {requests_per_unit: 2000}
+      allot:
+        window: 2s
+        failure_mode: closed
+traffic:
+  - region: a
+    limit: llm/tenant
+    key: tenant=acme
+    rate: {constant_per_sec: 20}
+    arrivals: uniform
+    cost:
+      llm:
+        reserve_units: 100
+        actual: {uniform_units: [50, 400]}
+        settle_after: {uniform: [100ms, 1500ms]}
+"#,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+    assert!(
+        r.per_seed
+            .iter()
+            .all(|s| s.stats.settle_units_beyond_cap > 0),
+        "the draws wanted more than the cap"
+    );
+    assert!(r.figures.utilization_min.is_some_and(|u| u > 0.9));
+    // Seed 638's world as the swarm shrank it (one region, strict, no fault): before, 3,276
+    // used in window index 883612801 on the region's clock against L = 3,109 (bound 0).
+    let shrunk = parsed("swarm-638-shrunk.yaml", SWARM_638_SHRUNK);
+    assert_no_violation(&run(&shrunk, 638..639));
+}
+
+const SWARM_638_SHRUNK: &str = r#"
+name: swarm-638
+description: drawn by `allot sim --swarm --seeds 638..639`
+duration: 6000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 44ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 11, max_units: 570, ttl: 1742ms}
+regions:
+  - {id: r1, latency: 2ms, gateways: 3, clock: {offset: -1412ms, drift_ppm: -2}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 3109}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {constant_per_sec: 3.334}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 236, actual: {lognormal: {median_units: 165, sigma: 0.42, max_units: 441}}, settle_after: {uniform: [104ms, 1866ms]}}}
+    retry: none
+  - region: r1
+    limit: swarm/l0
+    key: l0=k2
+    rate: {constant_per_sec: 8.157}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 236, actual: {lognormal: {median_units: 165, sigma: 0.42, max_units: 441}}, settle_after: {uniform: [104ms, 1866ms]}}}
+    retry: none
+"#;

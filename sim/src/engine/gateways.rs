@@ -58,7 +58,22 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 .push(Reverse((Timestamp::from_unix_nanos(start + next), s)));
         }
         let cost = src.cost.sample(&mut src.client_rng);
+        let cost = self.held_to_settle_cap(s, cost);
         self.attempt(s, cost, 0, true)
+    }
+
+    /// A reservation's spender stops at the most its limit lets a settle charge (for an LLM
+    /// call, `max_tokens`): the `settle_overage` term is stated on that assumption. What the
+    /// drawn count wanted beyond it is counted, not used.
+    fn held_to_settle_cap(&mut self, s: usize, mut cost: Cost) -> Cost {
+        if let Some(settle) = cost.settle.as_mut() {
+            let limit = &self.measure.keys[self.sources[s].key].limit;
+            let max_use = self.factory.max_use_units(limit, cost.reserve_units);
+            let beyond = settle.actual_units.saturating_sub(max_use);
+            settle.actual_units -= beyond;
+            self.stats.settle_units_beyond_cap += beyond;
+        }
+        cost
     }
 
     pub(super) fn attempt(

@@ -90,6 +90,9 @@ pub struct RunStats {
     pub gateway_messages_lost: u64,
     /// Settles that never happened because their gateway crashed first.
     pub settles_lost: u64,
+    /// Units reservations' drawn counts wanted above their settle cap, which the spenders
+    /// did not use (they stop at the cap the bound assumes).
+    pub settle_units_beyond_cap: u64,
     pub sync_up_messages: u64,
     pub sync_up_bytes: u64,
     pub sync_down_messages: u64,
