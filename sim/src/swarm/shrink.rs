@@ -1,14 +1,15 @@
 //! Shrinking: the smallest world that still fails the same way.
 //!
-//! Greedy, one simplification at a time: shorten the run, remove a fault, a traffic source, a
-//! region or a limit, set a clock right or halve its offset, drop a rate cap, make a
-//! partition policy `floor`, put the view and lease timings back to their defaults, make a
+//! Greedy, one simplification at a time: shorten the run, remove a fault (a reload or a
+//! restore among them), a traffic source, a region or a limit, set a clock right or halve its
+//! offset, put a region's gateways on their agent's clock, roll a reload out everywhere at
+//! once (no stagger), drop a rate cap, make a partition policy `floor`, put the view and lease timings back to their defaults, make a
 //! source's rate constant without retries. A simplification is kept when the
 //! world still shows the violation kind it is shrunk for; the passes repeat until none is
 //! kept, or [`MAX_SHRINK_RUNS`] runs were spent. The seed stays the same throughout.
 
 use super::run::run_world;
-use super::world::{FaultSpec, PartitionPolicy, RetryDraw, Shape, SourceDraw, World};
+use super::world::{FaultSpec, Param, PartitionPolicy, RetryDraw, Shape, SourceDraw, World};
 use crate::error::Result;
 use crate::node::NodeFactory;
 use crate::scenario::Scenario;
@@ -123,6 +124,21 @@ fn simplification(w: &World, step: usize) -> Option<World> {
     if let Some(i) = take(w.regions.len()) {
         let mut c = w.clone();
         c.regions[i].offset_ms /= 2;
+        return Some(c);
+    }
+    if let Some(i) = take(w.regions.len()) {
+        let mut c = w.clone();
+        c.regions[i].gateway_offset_ms = 0;
+        c.regions[i].gateway_drift_ppm = 0;
+        return Some(c);
+    }
+    if let Some(i) = take(w.faults.len()) {
+        let mut c = w.clone();
+        for (_, p) in &mut c.faults[i].params {
+            if let Param::Stagger(delays) = p {
+                delays.clear();
+            }
+        }
         return Some(c);
     }
     if let Some(i) = take(w.limits.len()) {
@@ -251,5 +267,6 @@ fn without_limit(w: &World, l: usize) -> Option<World> {
             ..s.clone()
         })
         .collect();
+    c.faults = w.faults.iter().map(|f| f.without_limit(l)).collect();
     (!c.sources.is_empty()).then_some(c)
 }
