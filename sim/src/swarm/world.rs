@@ -518,6 +518,8 @@ impl World {
                     Param::Prob(p) => num(*p),
                     Param::Word(w) => (*w).to_string(),
                     Param::Raw(r) => r.clone(),
+                    // No stagger: every region takes the reload with the coordinator.
+                    Param::Stagger(delays) if delays.is_empty() => continue,
                     Param::Stagger(delays) => {
                         let items: Vec<String> = delays
                             .iter()
