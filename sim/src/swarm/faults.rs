@@ -238,9 +238,12 @@ fn draw_agent_restore(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
 fn draw_config_reload(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
     let at_ms = moment(dice, frame).max(1);
     let regions = frame.gateways.len();
-    let stagger: Vec<(usize, u64)> = (0..regions)
-        .filter_map(|r| dice.chance(0.5).then(|| (r, down_time(dice, frame))))
-        .collect();
+    let mut stagger: Vec<(usize, u64)> = Vec::new();
+    for r in 0..regions {
+        if dice.chance(0.5) {
+            stagger.push((r, down_time(dice, frame)));
+        }
+    }
     let limits = frame
         .limits
         .iter()

@@ -291,6 +291,9 @@ impl FaultSpec {
     }
 }
 
+/// A limit as a limits text states it, with its region weights (`None`: the regions' own).
+type LimitText<'a> = (LimitDraw, Option<&'a [(usize, u32)]>);
+
 fn ms(v: u64) -> String {
     format!("{v}ms")
 }
@@ -408,8 +411,7 @@ impl World {
 
     fn write_limits(&self, y: &mut String) -> std::fmt::Result {
         writeln!(y, "limits: |")?;
-        let limits: Vec<(LimitDraw, Option<&[(usize, u32)]>)> =
-            self.limits.iter().map(|l| (l.clone(), None)).collect();
+        let limits: Vec<LimitText<'_>> = self.limits.iter().map(|l| (l.clone(), None)).collect();
         self.write_limits_text(y, "  ", &limits)
     }
 
@@ -419,7 +421,7 @@ impl World {
         &self,
         y: &mut String,
         indent: &str,
-        limits: &[(LimitDraw, Option<&[(usize, u32)]>)],
+        limits: &[LimitText<'_>],
     ) -> std::fmt::Result {
         writeln!(y, "{indent}domain: {DOMAIN}")?;
         writeln!(y, "{indent}descriptors:")?;
@@ -543,7 +545,7 @@ impl World {
                         writeln!(y, "      {field}")?;
                     }
                     writeln!(y, "      {name}: |")?;
-                    let limits: Vec<(LimitDraw, Option<&[(usize, u32)]>)> = limits
+                    let limits: Vec<LimitText<'_>> = limits
                         .iter()
                         .map(|r| (self.reloaded(r), r.weights_ppm.as_deref()))
                         .collect();
