@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use allot_sim::swarm::draw::MAX_OFFSET_WINDOWS;
-use allot_sim::swarm::faults::FAULT_KINDS;
+use allot_sim::swarm::draw::{MAX_GATEWAY_DRIFT_PPM, MAX_OFFSET_WINDOWS};
+use allot_sim::swarm::faults::{FAULT_KINDS, LAST_PASS, MAX_DRAWN_FAULTS, MAX_LATER_FAULTS};
 use allot_sim::swarm::run::features;
 use allot_sim::swarm::world::{
     Consistency, CostDraw, FaultSpec, FaultTime, LeaseDraw, LimitDraw, Param, PartitionPolicy,
@@ -31,7 +31,9 @@ fn the_draw_is_deterministic_and_every_world_loads() {
         let s = scenario::parse(&format!("swarm-{seed}.yaml"), &text)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
         CoreFactory::new(&s).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
-        assert!(s.faults.len() <= 6 && s.regions.len() <= 5 && s.regions.len() >= 2);
+        let most_faults = MAX_DRAWN_FAULTS + u64::from(LAST_PASS) * MAX_LATER_FAULTS;
+        assert!(s.faults.len() as u64 <= most_faults);
+        assert!(s.regions.len() <= 5 && s.regions.len() >= 2);
     }
     assert_ne!(swarm::draw(1), swarm::draw(2));
 }
@@ -41,10 +43,22 @@ fn drawn_worlds_vary() {
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     let (mut min_window, mut max_window) = (u64::MAX, 0);
     let (mut most_ahead, mut most_behind) = (0i64, 0i64);
+    let mut gateways_most_ahead = 0i64;
     for seed in 0..VARIETY_SEEDS {
         let w = swarm::draw::world(seed);
         for f in features(&w) {
             *seen.entry(f).or_insert(0) += 1;
+        }
+        for f in reload_changes(&w) {
+            *seen.entry(f).or_insert(0) += 1;
+        }
+        for r in &w.regions {
+            assert!(
+                r.gateway_drift_ppm.unsigned_abs() as f64 <= MAX_GATEWAY_DRIFT_PPM,
+                "seed {seed}: gateway drift {} ppm",
+                r.gateway_drift_ppm
+            );
+            gateways_most_ahead = gateways_most_ahead.max(r.gateway_offset_ms.abs());
         }
         for l in &w.limits {
             min_window = min_window.min(l.window_secs);
@@ -73,6 +87,14 @@ fn drawn_worlds_vary() {
         "retries",
         "clock_offset",
         "clock_drift",
+        "gateway_clock_offset",
+        "gateway_clock_drift",
+        "reload:quota",
+        "reload:consistency",
+        "reload:policy",
+        "reload:rate_cap",
+        "reload:weights",
+        "reload:stagger",
         "weights",
         "view_ttl",
         "regions_2",
@@ -97,6 +119,48 @@ fn drawn_worlds_vary() {
         most_behind < -200 && most_behind >= -reach,
         "{most_behind}%"
     );
+    // Gateway offsets are large too: beyond a second (the shortest window).
+    assert!(gateways_most_ahead > 1_000, "{gateways_most_ahead} ms");
+}
+
+/// What the reloads of `w` change, as words: `reload:quota`, `reload:consistency`,
+/// `reload:policy`, `reload:rate_cap`, `reload:weights`, and `reload:stagger` for a rollout
+/// that reaches some region later than the coordinator.
+fn reload_changes(w: &World) -> Vec<String> {
+    let mut words = Vec::new();
+    for f in w.faults.iter().filter(|f| f.kind == "config_reload") {
+        for (_, p) in &f.params {
+            match p {
+                Param::Stagger(delays) if delays.iter().any(|(_, d)| *d > 0) => {
+                    words.push("reload:stagger");
+                }
+                Param::Limits(limits) => {
+                    for r in limits {
+                        let l = &w.limits[r.limit];
+                        if r.quota_units != l.quota_units {
+                            words.push("reload:quota");
+                        }
+                        if r.consistency != l.consistency {
+                            words.push("reload:consistency");
+                        }
+                        if r.policy != l.policy {
+                            words.push("reload:policy");
+                        }
+                        if r.rate_cap != l.rate_cap {
+                            words.push("reload:rate_cap");
+                        }
+                        if r.weights_ppm.is_some() {
+                            words.push("reload:weights");
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    words.sort_unstable();
+    words.dedup();
+    words.into_iter().map(String::from).collect()
 }
 
 #[test]
@@ -126,6 +190,8 @@ fn fails_open_through_an_agent_crash() -> World {
         gateways,
         offset_ms: 0,
         drift_ppm: 0,
+        gateway_offset_ms: 0,
+        gateway_drift_ppm: 0,
     };
     let limit = |key: &str, consistency| LimitDraw {
         key: key.to_string(),

@@ -5,11 +5,11 @@
 //! its longest window, and about [`MAX_REQUESTS_PER_WORLD`] requests at most, so that one seed
 //! runs in a small fraction of a second in a release build.
 
-use super::faults::{FAULT_KINDS, Frame, MAX_DRAWN_FAULTS};
+use super::faults::{FAULT_KINDS, Frame, LAST_PASS, MAX_DRAWN_FAULTS, MAX_LATER_FAULTS};
 use super::rng::Dice;
 use super::world::{
-    Consistency, CostDraw, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw, RegionDraw, RetryDraw,
-    Shape, SourceDraw, World,
+    Consistency, CostDraw, FaultTime, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw, RegionDraw,
+    RetryDraw, Shape, SourceDraw, World,
 };
 
 /// Requests a world asks for at its drawn load, all sources together (flash crowds and
@@ -36,6 +36,9 @@ pub const MAX_SYNC_ROUNDS: u64 = 2_000;
 pub const SAMPLES_PER_WINDOW: u64 = 10;
 /// Largest drawn clock drift.
 pub const MAX_DRAWN_DRIFT_PPM: f64 = 5_000.0;
+/// Largest drawn drift of a gateway's clock against its agent's: the drift a gateway
+/// tolerates (`GATEWAY_CLOCK_DRIFT_PPM`, docs/bound.md, gateway terms).
+pub const MAX_GATEWAY_DRIFT_PPM: f64 = 2_000.0;
 
 /// Draws seed `seed`'s world.
 pub fn world(seed: u64) -> World {
@@ -81,7 +84,31 @@ pub fn world(seed: u64) -> World {
     draw_faults(d, &mut world, shortest_ms);
     // Drawn last: a draw added at the end leaves every earlier draw of a seed as it was.
     draw_timings(d, &mut world);
+    draw_gateway_clocks(d, &mut world, shortest_ms);
+    for pass in 1..=LAST_PASS {
+        draw_later_faults(d, &mut world, shortest_ms, pass);
+    }
     world
+}
+
+/// Half the worlds keep every gateway on its agent's clock; otherwise each region's gateways
+/// are off their agent's clock as a region's agent is off the true one (offsets up to several
+/// windows), with a drift of at most [`MAX_GATEWAY_DRIFT_PPM`].
+fn draw_gateway_clocks(d: &mut Dice, w: &mut World, shortest_ms: u64) {
+    if d.chance(0.5) {
+        return;
+    }
+    for r in &mut w.regions {
+        let (offset_ms, _) = draw_clock(d, shortest_ms);
+        let drift_ppm = if d.chance(0.6) {
+            0
+        } else {
+            let ppm = d.log(1.0, MAX_GATEWAY_DRIFT_PPM).round() as i64;
+            if d.chance(0.5) { -ppm } else { ppm }
+        };
+        r.gateway_offset_ms = offset_ms;
+        r.gateway_drift_ppm = drift_ppm;
+    }
 }
 
 /// Half the worlds keep each default: the view lifetime (1 to 8 sync intervals otherwise),
@@ -155,6 +182,8 @@ fn draw_regions(d: &mut Dice, shortest_ms: u64) -> Vec<RegionDraw> {
                 gateways: d.int(1, 3) as u32,
                 offset_ms,
                 drift_ppm,
+                gateway_offset_ms: 0,
+                gateway_drift_ppm: 0,
             }
         })
         .collect();
@@ -334,30 +363,63 @@ fn draw_retry(d: &mut Dice) -> RetryDraw {
     }
 }
 
-fn draw_faults(d: &mut Dice, w: &mut World, window_ms: u64) {
-    let frame = Frame {
+fn frame(w: &World, window_ms: u64) -> Frame {
+    Frame {
         duration_ms: w.duration_ms,
         window_ms,
         sync_interval_ms: w.sync_interval_ms,
         gateways: w.regions.iter().map(|r| r.gateways).collect(),
         limit_windows_ms: w.limits.iter().map(|l| l.window_secs * 1_000).collect(),
-    };
-    let count = if d.chance(0.1) {
-        0
-    } else {
-        d.int(1, MAX_DRAWN_FAULTS)
-    };
+        limits: w.limits.clone(),
+    }
+}
+
+/// `count` faults of the kinds of pass `pass`, by weight.
+fn draw_pass(d: &mut Dice, w: &mut World, window_ms: u64, pass: u32, count: u64) {
+    let frame = frame(w, window_ms);
     let kinds: Vec<(u32, usize)> = FAULT_KINDS
         .iter()
         .enumerate()
+        .filter(|(_, k)| k.pass == pass)
         .map(|(i, k)| (k.weight, i))
         .collect();
+    if kinds.is_empty() {
+        return;
+    }
     for _ in 0..count {
         let kind = &FAULT_KINDS[d.weighted(&kinds)];
         if let Some(f) = (kind.draw)(d, &frame) {
             w.faults.push(f);
         }
     }
+}
+
+/// A later pass: none (half the worlds) or up to [`MAX_LATER_FAULTS`] of its kinds. Reloads
+/// are versioned by their order in time, so no two are drawn at the same moment.
+fn draw_later_faults(d: &mut Dice, w: &mut World, window_ms: u64, pass: u32) {
+    let count = if d.chance(0.5) {
+        0
+    } else {
+        d.int(1, MAX_LATER_FAULTS)
+    };
+    draw_pass(d, w, window_ms, pass, count);
+    let mut taken = std::collections::BTreeSet::new();
+    for f in w.faults.iter_mut().filter(|f| f.kind == "config_reload") {
+        if let FaultTime::At { at_ms } = &mut f.time {
+            while !taken.insert(*at_ms) {
+                *at_ms += 1;
+            }
+        }
+    }
+}
+
+fn draw_faults(d: &mut Dice, w: &mut World, window_ms: u64) {
+    let count = if d.chance(0.1) {
+        0
+    } else {
+        d.int(1, MAX_DRAWN_FAULTS)
+    };
+    draw_pass(d, w, window_ms, 0, count);
     // Units a gateway admits failing open while its agent is down are counted by no agent,
     // so no bound can cover them (docs/sim.md): a world that crashes an agent fails closed.
     if w.faults.iter().any(|f| f.kind == "agent_crash") {

@@ -1,12 +1,19 @@
 //! The fault kinds the swarm draws from, one function each.
 //!
 //! To add a kind: write `fn draw_<kind>(dice, frame) -> Option<FaultSpec>` choosing its
-//! target, time and parameters, and add it to [`FAULT_KINDS`] with a weight. Nothing else
-//! changes: the world prints every [`FaultSpec`] the same way, and the shrinker removes it
-//! like any other.
+//! target, time and parameters, and add it to [`FAULT_KINDS`] with a weight and the pass it
+//! is drawn in. Nothing else changes: the world prints every [`FaultSpec`] the same way, and
+//! the shrinker removes it like any other.
+//!
+//! Passes keep old seeds' worlds: the faults of pass 0 are drawn among the world's first
+//! draws, those of each later pass after everything else (`super::draw`), so a kind added in a
+//! new pass leaves every earlier draw of a seed as it was. A new kind goes in a new pass.
 
 use super::rng::Dice;
-use super::world::{FaultSpec, FaultTime, Param, Target};
+use super::world::{
+    Consistency, FaultSpec, FaultTime, LimitDraw, Param, PartitionPolicy, RateDraw, ReloadLimit,
+    Target,
+};
 
 /// What a fault is drawn against: the world's shape, already drawn.
 pub struct Frame {
@@ -18,6 +25,8 @@ pub struct Frame {
     pub gateways: Vec<u32>,
     /// Each limit's window, in the order of the world's limits.
     pub limit_windows_ms: Vec<u64>,
+    /// The world's limits as drawn (what a reload changes).
+    pub limits: Vec<LimitDraw>,
 }
 
 /// One fault kind: its name in the scenario format, how often it is drawn, and how.
@@ -25,6 +34,8 @@ pub struct FaultKind {
     pub name: &'static str,
     pub weight: u32,
     pub draw: fn(&mut Dice, &Frame) -> Option<FaultSpec>,
+    /// The pass it is drawn in (see the module's docs).
+    pub pass: u32,
 }
 
 pub const FAULT_KINDS: &[FaultKind] = &[
@@ -32,34 +43,61 @@ pub const FAULT_KINDS: &[FaultKind] = &[
         name: "partition",
         weight: 4,
         draw: draw_partition,
+        pass: 0,
     },
     FaultKind {
         name: "coordinator_outage",
         weight: 2,
         draw: draw_coordinator_outage,
+        pass: 0,
     },
     FaultKind {
         name: "agent_crash",
         weight: 2,
         draw: draw_agent_crash,
+        pass: 0,
     },
     FaultKind {
         name: "gateway_crash",
         weight: 2,
         draw: draw_gateway_crash,
+        pass: 0,
     },
     FaultKind {
         name: "link",
         weight: 3,
         draw: draw_link,
+        pass: 0,
+    },
+    FaultKind {
+        name: "agent_restore",
+        weight: 2,
+        draw: draw_agent_restore,
+        pass: 1,
+    },
+    FaultKind {
+        name: "config_reload",
+        weight: 2,
+        draw: draw_config_reload,
+        pass: 1,
     },
 ];
+
+/// The last pass of [`FAULT_KINDS`].
+pub const LAST_PASS: u32 = 1;
 
 /// Share of spans that start at the beginning of the run.
 const EARLY_SPANS: f64 = 0.2;
 
-/// Most faults a world draws.
+/// Most faults a world draws in the first pass.
 pub const MAX_DRAWN_FAULTS: u64 = 6;
+/// Most faults a world draws in each later pass.
+pub const MAX_LATER_FAULTS: u64 = 2;
+/// Share of reloads that change each of a limit's terms (quota, mode, policy, rate cap,
+/// weights), each on its own.
+const RELOAD_CHANGE: f64 = 0.4;
+/// A reloaded quota: from this fraction of the old one to its inverse (log-uniform).
+const RELOAD_QUOTA_FACTOR: f64 = 0.3;
 
 /// A span of the run: from a sync interval to several windows long, anywhere in it, or
 /// (one time in five) starting within the first two sync intervals, before the first
@@ -174,4 +212,122 @@ fn draw_link(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
         time: span(dice, frame),
         params,
     })
+}
+
+/// The agent stops and restarts at once from its store as it was a while before: from a
+/// sync interval to two windows earlier, or the run's start (an empty store).
+fn draw_agent_restore(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
+    let region = dice.index(frame.gateways.len());
+    let at_ms = moment(dice, frame).max(1);
+    let from_ms = if dice.chance(0.2) {
+        0
+    } else {
+        at_ms.saturating_sub(down_time(dice, frame)).min(at_ms - 1)
+    };
+    Some(FaultSpec {
+        kind: "agent_restore",
+        target: Target::Region(region),
+        time: FaultTime::At { at_ms },
+        params: vec![("from", Param::Ms(from_ms))],
+    })
+}
+
+/// A new limits configuration: every limit keeps its id and window (the format's rule), and
+/// each of its quota, mode, partition policy, rate cap and region weights changes or not;
+/// each region takes it at once or up to two windows later (a staggered rollout).
+fn draw_config_reload(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
+    let at_ms = moment(dice, frame).max(1);
+    let regions = frame.gateways.len();
+    let mut stagger: Vec<(usize, u64)> = Vec::new();
+    for r in 0..regions {
+        if dice.chance(0.5) {
+            stagger.push((r, down_time(dice, frame)));
+        }
+    }
+    let limits = frame
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| reload_limit(dice, i, l, regions))
+        .collect();
+    Some(FaultSpec {
+        kind: "config_reload",
+        target: Target::Nothing,
+        time: FaultTime::At { at_ms },
+        params: vec![
+            ("stagger", Param::Stagger(stagger)),
+            ("limits", Param::Limits(limits)),
+        ],
+    })
+}
+
+fn reload_limit(dice: &mut Dice, i: usize, l: &LimitDraw, regions: usize) -> ReloadLimit {
+    let mut r = ReloadLimit {
+        limit: i,
+        quota_units: l.quota_units,
+        consistency: l.consistency,
+        policy: l.policy,
+        rate_cap: l.rate_cap,
+        weights_ppm: None,
+    };
+    if dice.chance(RELOAD_CHANGE) {
+        let factor = dice.log(RELOAD_QUOTA_FACTOR, 1.0 / RELOAD_QUOTA_FACTOR);
+        r.quota_units = ((l.quota_units as f64 * factor).round() as u64).max(1);
+    }
+    if dice.chance(RELOAD_CHANGE) {
+        r.consistency = match l.consistency {
+            Consistency::Strict => Consistency::Eventual,
+            Consistency::Eventual => Consistency::Strict,
+        };
+    }
+    let quota = r.quota_units as f64;
+    let part =
+        |dice: &mut Dice, lo: f64, hi: f64| ((quota * dice.real(lo, hi)).ceil() as u64).max(1);
+    if dice.chance(RELOAD_CHANGE) {
+        r.policy = match dice.weighted(&[(1, 0), (1, 1), (1, 2)]) {
+            0 => PartitionPolicy::Floor,
+            1 => PartitionPolicy::Closed,
+            _ => {
+                let units = part(dice, 0.05, 0.5);
+                PartitionPolicy::Open {
+                    units,
+                    burst_units: (units / 10).max(1),
+                }
+            }
+        };
+    }
+    if dice.chance(RELOAD_CHANGE) {
+        r.rate_cap = if dice.chance(0.5) {
+            None
+        } else {
+            Some(RateDraw {
+                units: part(dice, 0.5, 2.0),
+                burst_units: part(dice, 0.01, 0.3),
+            })
+        };
+    }
+    if dice.chance(RELOAD_CHANGE) {
+        r.weights_ppm = Some(weights(dice, regions));
+    }
+    r
+}
+
+/// Weights in thousandths for `regions` regions, adding up to 1 or a little less.
+fn weights(dice: &mut Dice, regions: usize) -> Vec<(usize, u32)> {
+    let raw: Vec<f64> = (0..regions).map(|_| dice.real(0.1, 1.0)).collect();
+    let total = if dice.chance(0.8) {
+        1.0
+    } else {
+        dice.real(0.7, 1.0)
+    };
+    let sum: f64 = raw.iter().sum();
+    raw.iter()
+        .enumerate()
+        .map(|(r, w)| {
+            (
+                r,
+                ((w / sum * total * 1_000.0).floor() as u32).max(1) * 1_000,
+            )
+        })
+        .collect()
 }

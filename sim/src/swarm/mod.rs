@@ -2,13 +2,14 @@
 //!
 //! Hand-written scenarios test what their authors thought of. Here a seed draws the whole
 //! scenario from distributions (as TigerBeetle's VOPR does): regions (2 to 5) with weights,
-//! latencies and clocks off by up to several windows with drift; limits strict or eventual,
-//! every partition policy, with and without a rate cap, windows from 1 s to a minute; keys
-//! and traffic shapes (constant, steps, flash crowds, diurnal), unit and LLM costs with
-//! settles, retries; and a fault schedule (partitions of every shape, leader losses, agent and
-//! gateway crashes, lossy links). The drawn world is a scenario file ([`draw`]): printable,
-//! replayable with `allot sim --scenario`, and a failing one shrinks ([`shrink()`]) to the
-//! smallest world that fails the same way, which becomes a regression test.
+//! latencies and clocks off by up to several windows with drift, gateways off their agent's
+//! clock; limits strict or eventual, every partition policy, with and without a rate cap,
+//! windows from 1 s to a minute; keys and traffic shapes (constant, steps, flash crowds,
+//! diurnal), unit and LLM costs with settles, retries; and a fault schedule (partitions of
+//! every shape, leader losses, agent and gateway crashes, lossy links, restarts from an old
+//! store, staggered config reloads). The drawn world is a scenario file ([`draw`]):
+//! printable, replayable with `allot sim --scenario`, and a failing one shrinks ([`shrink()`])
+//! to the smallest world that fails the same way, which becomes a regression test.
 //!
 //! Map: [`draw`](mod@draw) the distributions, [`faults`] the fault kinds (one function each),
 //! [`world`] the drawn world and its YAML, [`run`] running and judging seeds, [`shrink`](mod@shrink)

@@ -70,7 +70,7 @@ pub fn replay_command(seed: u64) -> String {
 
 /// What a world is made of, as words a summary counts: `strict`, `eventual`, `floor`,
 /// `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
-/// `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
+/// `gateway_clock_offset`, `gateway_clock_drift`, `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
 /// `fault:<kind>` for each fault kind present.
 pub fn features(w: &World) -> BTreeSet<String> {
     let mut f = BTreeSet::new();
@@ -115,6 +115,12 @@ pub fn features(w: &World) -> BTreeSet<String> {
     }
     if w.regions.iter().any(|r| r.drift_ppm != 0) {
         add("clock_drift");
+    }
+    if w.regions.iter().any(|r| r.gateway_offset_ms != 0) {
+        add("gateway_clock_offset");
+    }
+    if w.regions.iter().any(|r| r.gateway_drift_ppm != 0) {
+        add("gateway_clock_drift");
     }
     if w.regions.iter().any(|r| r.weight_ppm.is_some()) {
         add("weights");

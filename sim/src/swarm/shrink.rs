@@ -1,14 +1,15 @@
 //! Shrinking: the smallest world that still fails the same way.
 //!
-//! Greedy, one simplification at a time: shorten the run, remove a fault, a traffic source, a
-//! region or a limit, set a clock right or halve its offset, drop a rate cap, make a
-//! partition policy `floor`, put the view and lease timings back to their defaults, make a
+//! Greedy, one simplification at a time: shorten the run, remove a fault (a reload or a
+//! restore among them), a traffic source, a region or a limit, set a clock right or halve its
+//! offset, put a region's gateways on their agent's clock, roll a reload out everywhere at
+//! once (no stagger), drop a rate cap, make a partition policy `floor`, put the view and lease timings back to their defaults, make a
 //! source's rate constant without retries. A simplification is kept when the
 //! world still shows the violation kind it is shrunk for; the passes repeat until none is
 //! kept, or [`MAX_SHRINK_RUNS`] runs were spent. The seed stays the same throughout.
 
 use super::run::run_world;
-use super::world::{FaultSpec, PartitionPolicy, RetryDraw, Shape, SourceDraw, World};
+use super::world::{FaultSpec, Param, PartitionPolicy, RetryDraw, Shape, SourceDraw, World};
 use crate::error::Result;
 use crate::node::NodeFactory;
 use crate::scenario::Scenario;
@@ -123,6 +124,21 @@ fn simplification(w: &World, step: usize) -> Option<World> {
     if let Some(i) = take(w.regions.len()) {
         let mut c = w.clone();
         c.regions[i].offset_ms /= 2;
+        return Some(c);
+    }
+    if let Some(i) = take(w.regions.len()) {
+        let mut c = w.clone();
+        c.regions[i].gateway_offset_ms = 0;
+        c.regions[i].gateway_drift_ppm = 0;
+        return Some(c);
+    }
+    if let Some(i) = take(w.faults.len()) {
+        let mut c = w.clone();
+        for (_, p) in &mut c.faults[i].params {
+            if let Param::Stagger(delays) = p {
+                delays.clear();
+            }
+        }
         return Some(c);
     }
     if let Some(i) = take(w.limits.len()) {
@@ -251,5 +267,79 @@ fn without_limit(w: &World, l: usize) -> Option<World> {
             ..s.clone()
         })
         .collect();
+    c.faults = w.faults.iter().map(|f| f.without_limit(l)).collect();
     (!c.sources.is_empty()).then_some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario;
+    use crate::swarm::draw;
+
+    /// Every simplification of a drawn world is a scenario that loads: a reload keeps one
+    /// entry per remaining limit and names only remaining regions, a restore keeps `from`
+    /// before `at`.
+    #[test]
+    fn every_simplification_of_a_drawn_world_loads() {
+        let mut reloads_simplified = 0;
+        for seed in 0..150 {
+            let w = draw::world(seed);
+            let mut step = 0;
+            while let Some(c) = simplification(&w, step) {
+                let text = c.to_yaml();
+                scenario::parse("shrunk.yaml", &text)
+                    .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}\n{text}"));
+                if c != w && c.faults.iter().any(|f| f.kind == "config_reload") {
+                    reloads_simplified += 1;
+                }
+                step += 1;
+            }
+        }
+        assert!(reloads_simplified > 100, "{reloads_simplified}");
+    }
+
+    /// Zeroing a stagger and a gateway clock are steps of their own.
+    #[test]
+    fn staggers_and_gateway_clocks_are_simplified() {
+        let w = (0..200)
+            .map(draw::world)
+            .find(|w| {
+                w.regions.iter().any(|r| r.gateway_offset_ms != 0)
+                    && w.faults.iter().any(|f| {
+                        f.params
+                            .iter()
+                            .any(|(_, p)| matches!(p, Param::Stagger(d) if !d.is_empty()))
+                    })
+            })
+            .expect("a drawn world with a gateway clock and a staggered reload");
+        let candidates: Vec<World> = (0..).map_while(|step| simplification(&w, step)).collect();
+        assert!(candidates.iter().any(|c| {
+            c.regions
+                .iter()
+                .filter(|r| r.gateway_offset_ms != 0)
+                .count()
+                == w.regions
+                    .iter()
+                    .filter(|r| r.gateway_offset_ms != 0)
+                    .count()
+                    - 1
+                && c.faults.len() == w.faults.len()
+        }));
+        let staggered = |w: &World| {
+            w.faults
+                .iter()
+                .filter(|f| {
+                    f.params
+                        .iter()
+                        .any(|(_, p)| matches!(p, Param::Stagger(d) if !d.is_empty()))
+                })
+                .count()
+        };
+        assert!(
+            candidates
+                .iter()
+                .any(|c| staggered(c) == staggered(&w) - 1 && c.faults.len() == w.faults.len())
+        );
+    }
 }

@@ -47,6 +47,9 @@ pub struct RegionDraw {
     pub gateways: u32,
     pub offset_ms: i64,
     pub drift_ppm: i64,
+    /// The gateways' clock against their agent's (`gateway_clock`); 0 and 0: the agent's.
+    pub gateway_offset_ms: i64,
+    pub gateway_drift_ppm: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +174,24 @@ pub enum Param {
     /// Printed as it is (a number, or a flow mapping or list). It must not name a region or a
     /// limit: the shrinker renames neither inside it.
     Raw(String),
+    /// A delay per region (by index), printed as `{region: delay, ...}`.
+    Stagger(Vec<(usize, u64)>),
+    /// A limits section, one entry per limit of the world (by index), printed as a block of
+    /// limits text: a fault with it prints in block style.
+    Limits(Vec<ReloadLimit>),
+}
+
+/// A limit as a reload states it: the world's limit `limit` (same key, window and failure
+/// mode) with other terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadLimit {
+    pub limit: usize,
+    pub quota_units: u64,
+    pub consistency: Consistency,
+    pub policy: PartitionPolicy,
+    pub rate_cap: Option<RateDraw>,
+    /// Region weights in parts per million, by region index; `None`: the regions' weights.
+    pub weights_ppm: Option<Vec<(usize, u32)>>,
 }
 
 /// One fault of the scenario's `faults:` list, kind-agnostic, so that a new fault kind is a
@@ -224,9 +245,54 @@ impl FaultSpec {
             },
             t => t,
         };
+        for (_, p) in &mut f.params {
+            match p {
+                Param::Stagger(delays) => {
+                    delays.retain(|(r, _)| *r != removed);
+                    delays.iter_mut().for_each(|(r, _)| *r = shift(*r));
+                }
+                Param::Limits(limits) => {
+                    for w in limits.iter_mut().filter_map(|l| l.weights_ppm.as_mut()) {
+                        w.retain(|(r, _)| *r != removed);
+                        w.iter_mut().for_each(|(r, _)| *r = shift(*r));
+                    }
+                }
+                _ => {}
+            }
+        }
         f
     }
+
+    /// The same fault after limit `removed` left the list (indices above it shift down).
+    pub fn without_limit(&self, removed: usize) -> FaultSpec {
+        let mut f = self.clone();
+        for (_, p) in &mut f.params {
+            if let Param::Limits(limits) = p {
+                limits.retain(|l| l.limit != removed);
+                limits
+                    .iter_mut()
+                    .filter(|l| l.limit > removed)
+                    .for_each(|l| l.limit -= 1);
+            }
+        }
+        f
+    }
+
+    /// Its `at`, if it is a reload (reloads are printed in time order).
+    fn reload_at_ms(&self) -> Option<u64> {
+        let is_reload = self
+            .params
+            .iter()
+            .any(|(_, p)| matches!(p, Param::Limits(_)));
+        match self.time {
+            FaultTime::At { at_ms } if is_reload => Some(at_ms),
+            _ => None,
+        }
+    }
 }
+
+/// A limit as a limits text states it, with its region weights (`None`: the regions' own).
+type LimitText<'a> = (LimitDraw, Option<&'a [(usize, u32)]>);
 
 fn ms(v: u64) -> String {
     format!("{v}ms")
@@ -329,6 +395,15 @@ impl World {
                     r.drift_ppm
                 )?;
             }
+            if r.gateway_offset_ms != 0 || r.gateway_drift_ppm != 0 {
+                let sign = if r.gateway_offset_ms < 0 { "-" } else { "" };
+                write!(
+                    y,
+                    ", gateway_clock: {{offset: {sign}{}, drift_ppm: {}}}",
+                    ms(r.gateway_offset_ms.unsigned_abs()),
+                    r.gateway_drift_ppm
+                )?;
+            }
             writeln!(y, "}}")?;
         }
         Ok(())
@@ -336,40 +411,61 @@ impl World {
 
     fn write_limits(&self, y: &mut String) -> std::fmt::Result {
         writeln!(y, "limits: |")?;
-        writeln!(y, "  domain: {DOMAIN}")?;
-        writeln!(y, "  descriptors:")?;
-        for l in &self.limits {
+        let limits: Vec<LimitText<'_>> = self.limits.iter().map(|l| (l.clone(), None)).collect();
+        self.write_limits_text(y, "  ", &limits)
+    }
+
+    /// A limits section's text, each line indented by `indent`: `limits` with each one's
+    /// region weights (`None`: the regions' own).
+    fn write_limits_text(
+        &self,
+        y: &mut String,
+        indent: &str,
+        limits: &[LimitText<'_>],
+    ) -> std::fmt::Result {
+        writeln!(y, "{indent}domain: {DOMAIN}")?;
+        writeln!(y, "{indent}descriptors:")?;
+        for (l, weights) in limits {
             let w = format!("{}s", l.window_secs);
-            writeln!(y, "    - key: {}", l.key)?;
+            writeln!(y, "{indent}  - key: {}", l.key)?;
             writeln!(
                 y,
-                "      rate_limit: {{requests_per_unit: {}}}",
+                "{indent}    rate_limit: {{requests_per_unit: {}}}",
                 l.quota_units
             )?;
-            writeln!(y, "      allot:")?;
-            writeln!(y, "        window: {w}")?;
+            writeln!(y, "{indent}    allot:")?;
+            writeln!(y, "{indent}      window: {w}")?;
             let consistency = match l.consistency {
                 Consistency::Strict => "strict",
                 Consistency::Eventual => "eventual",
             };
-            writeln!(y, "        consistency: {consistency}")?;
+            writeln!(y, "{indent}      consistency: {consistency}")?;
             match l.policy {
-                PartitionPolicy::Floor => writeln!(y, "        partition_policy: floor")?,
-                PartitionPolicy::Closed => writeln!(y, "        partition_policy: closed")?,
+                PartitionPolicy::Floor => writeln!(y, "{indent}      partition_policy: floor")?,
+                PartitionPolicy::Closed => writeln!(y, "{indent}      partition_policy: closed")?,
                 PartitionPolicy::Open { units, burst_units } => writeln!(
                     y,
-                    "        partition_policy: {{open: {{rate: {units}/{w}, burst: {burst_units}}}}}"
+                    "{indent}      partition_policy: {{open: {{rate: {units}/{w}, burst: {burst_units}}}}}"
                 )?,
             }
             if let Some(c) = l.rate_cap {
                 writeln!(
                     y,
-                    "        rate_cap: {{rate: {}/{w}, burst: {}}}",
+                    "{indent}      rate_cap: {{rate: {}/{w}, burst: {}}}",
                     c.units, c.burst_units
                 )?;
             }
             let mode = if l.failure_closed { "closed" } else { "open" };
-            writeln!(y, "        failure_mode: {mode}")?;
+            writeln!(y, "{indent}      failure_mode: {mode}")?;
+            if let Some(weights) = weights.filter(|w| !w.is_empty()) {
+                let items: Vec<String> = weights
+                    .iter()
+                    .map(|(r, ppm)| {
+                        format!("{}: {}", self.regions[*r].id, num(f64::from(*ppm) / 1e6))
+                    })
+                    .collect();
+                writeln!(y, "{indent}      weights: {{{}}}", items.join(", "))?;
+            }
         }
         Ok(())
     }
@@ -399,7 +495,7 @@ impl World {
             return Ok(());
         }
         writeln!(y, "faults:")?;
-        for f in &self.faults {
+        for f in self.faults_in_order() {
             let mut fields: Vec<String> = Vec::new();
             match f.target {
                 Target::Nothing => {}
@@ -417,18 +513,77 @@ impl World {
                 }
                 FaultTime::At { at_ms } => fields.push(format!("at: {}", ms(at_ms))),
             }
+            let mut block = None;
             for (name, p) in &f.params {
                 let v = match p {
                     Param::Ms(v) => ms(*v),
                     Param::Prob(p) => num(*p),
                     Param::Word(w) => (*w).to_string(),
                     Param::Raw(r) => r.clone(),
+                    // No stagger: every region takes the reload with the coordinator.
+                    Param::Stagger(delays) if delays.is_empty() => continue,
+                    Param::Stagger(delays) => {
+                        let items: Vec<String> = delays
+                            .iter()
+                            .map(|(r, d)| format!("{}: {}", self.regions[*r].id, ms(*d)))
+                            .collect();
+                        format!("{{{}}}", items.join(", "))
+                    }
+                    Param::Limits(limits) => {
+                        block = Some((*name, limits));
+                        continue;
+                    }
                 };
                 fields.push(format!("{name}: {v}"));
             }
-            writeln!(y, "  - {}: {{{}}}", f.kind, fields.join(", "))?;
+            match block {
+                None => writeln!(y, "  - {}: {{{}}}", f.kind, fields.join(", "))?,
+                Some((name, limits)) => {
+                    // A block scalar cannot sit in a flow mapping: the fault goes in block style.
+                    writeln!(y, "  - {}:", f.kind)?;
+                    for field in &fields {
+                        writeln!(y, "      {field}")?;
+                    }
+                    writeln!(y, "      {name}: |")?;
+                    let limits: Vec<LimitText<'_>> = limits
+                        .iter()
+                        .map(|r| (self.reloaded(r), r.weights_ppm.as_deref()))
+                        .collect();
+                    self.write_limits_text(y, "        ", &limits)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The faults as listed, but reloads in time order among themselves (the scenario
+    /// format numbers their versions by it).
+    fn faults_in_order(&self) -> Vec<&FaultSpec> {
+        let mut reloads: Vec<&FaultSpec> = self
+            .faults
+            .iter()
+            .filter(|f| f.reload_at_ms().is_some())
+            .collect();
+        reloads.sort_by_key(|f| f.reload_at_ms());
+        let mut reloads = reloads.into_iter();
+        self.faults
+            .iter()
+            .map(|f| match f.reload_at_ms() {
+                Some(_) => reloads.next().unwrap_or(f),
+                None => f,
+            })
+            .collect()
+    }
+
+    /// The world's limit a reload names, with the reload's terms.
+    fn reloaded(&self, r: &ReloadLimit) -> LimitDraw {
+        LimitDraw {
+            quota_units: r.quota_units,
+            consistency: r.consistency,
+            policy: r.policy,
+            rate_cap: r.rate_cap,
+            ..self.limits[r.limit].clone()
+        }
     }
 }
 
