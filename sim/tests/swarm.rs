@@ -313,12 +313,12 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
 /// fit `ALLOT_SWARM_SECONDS` (default 120), from `ALLOT_SWARM_FIRST_SEED` (default 0). Every
 /// seed must hold; each failing one is printed with its replay command.
 ///
-/// Ignored until the mechanisms of issue 8 are fixed: today seed 2 of the first 20 fails
-/// (`region_allowance_above_table`), and 275 of the first 2,000 fail
-/// (sim/swarm-findings/README.md). Run it with `cargo test -p allot-sim --test swarm --
-/// --ignored`; remove the attribute once it passes.
+/// Ignored until the restart mechanisms of issue 8 are fixed: 78 of the first 2,000 seeds
+/// fail, every one with an `agent_restore` or a `config_reload` (a restart from an old store,
+/// or an agent restarting after a reload; sim/swarm-findings/README.md). Run it with
+/// `cargo test -p allot-sim --test swarm -- --ignored`; remove the attribute once it passes.
 #[test]
-#[ignore = "issue 8: drawn worlds still break invariants (sim/swarm-findings/)"]
+#[ignore = "issue 8: restarts from old stores and after reloads still break invariants (sim/swarm-findings/)"]
 fn swarm_seeds_hold() {
     let env_u64 = |name: &str, default: u64| {
         std::env::var(name)
