@@ -155,7 +155,9 @@ pub struct Coordinator {
     /// Per limit, the first window still live when views were last forgotten: never tracked
     /// again, though a wider clock sample later widens the live range (a counter forgotten
     /// and tracked anew from a late message would relay less than it relayed before).
-    forgotten_before: BTreeMap<LimitId, WindowIndex>,
+    /// Kept with the window length it counts in: a reload that changes the length starts a
+    /// new mark (indices of another length are not comparable).
+    forgotten_before: BTreeMap<LimitId, (Window, WindowIndex)>,
 }
 
 impl Coordinator {
@@ -293,10 +295,8 @@ impl Coordinator {
             return;
         };
         let (first, last) = self.live_windows(window, now);
-        let first = self
-            .forgotten_before
-            .get(&st.limit)
-            .map_or(first, |f| first.max(*f));
+        let first = forgotten_mark(&self.forgotten_before, &st.limit, window)
+            .map_or(first, |f| first.max(f));
         let oldest = first.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
         if st.window.0 < oldest || st.window > last.next() {
             return;
@@ -365,10 +365,8 @@ impl Coordinator {
             return false;
         };
         let (first, last) = self.live_windows(window, now);
-        let forgotten = self
-            .forgotten_before
-            .get(&counter.limit)
-            .is_some_and(|w| counter.window < *w);
+        let forgotten = forgotten_mark(&self.forgotten_before, &counter.limit, window)
+            .is_some_and(|w| counter.window < w);
         let live = !forgotten && counter.window >= first && counter.window <= last.next();
         if !live || self.counters.len() >= self.cfg.max_tracked_counters {
             return false;
@@ -753,14 +751,20 @@ impl Coordinator {
                 let mark = self
                     .forgotten_before
                     .entry(spec.id.clone())
-                    .or_insert(first);
-                *mark = (*mark).max(first);
+                    .or_insert((window, first));
+                *mark = if mark.0 == window {
+                    (window, mark.1.max(first))
+                } else {
+                    (window, first)
+                };
             }
         }
         let table = &self.table;
         let forgotten = &self.forgotten_before;
         let ended = |c: &CounterRef| match table.limit(&c.limit).map(|s| s.quota) {
-            Some(Quota::Units { .. }) => forgotten.get(&c.limit).is_some_and(|w| c.window < *w),
+            Some(Quota::Units { window, .. }) => {
+                forgotten_mark(forgotten, &c.limit, window).is_some_and(|w| c.window < w)
+            }
             _ => true,
         };
         self.counters.retain(|c, _| !ended(c));
@@ -771,7 +775,7 @@ impl Coordinator {
         self.region_stats.retain(|(limit, w), _| {
             forgotten
                 .get(limit)
-                .is_some_and(|f| w.0 >= f.0.saturating_sub(STATS_WINDOWS_KEPT as u64))
+                .is_some_and(|(_, f)| w.0 >= f.0.saturating_sub(STATS_WINDOWS_KEPT as u64))
         });
         self.forgotten_before
             .retain(|limit, _| self.table.limit(limit).is_some());
@@ -1270,6 +1274,18 @@ fn need_units(units_per_sec: u64, time: Duration) -> u64 {
     let nanos = u128::from(duration_nanos(time));
     let need = (u128::from(units_per_sec) * nanos).div_ceil(1_000_000_000);
     u64::try_from(need).unwrap_or(u64::MAX)
+}
+
+/// The forgotten-before mark of `limit`, if it was taken with windows of `window`'s length.
+fn forgotten_mark(
+    marks: &BTreeMap<LimitId, (Window, WindowIndex)>,
+    limit: &LimitId,
+    window: Window,
+) -> Option<WindowIndex> {
+    marks
+        .get(limit)
+        .filter(|(w, _)| *w == window)
+        .map(|(_, i)| *i)
 }
 
 /// The oldest window some region may still be in: the one `slack` ago on our clock, at most

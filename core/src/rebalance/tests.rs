@@ -700,6 +700,35 @@ fn an_abandoned_reclaim_makes_its_end_a_refused_no_op() {
 
 // ---- garbage collection -------------------------------------------------------------------
 
+/// The leader never tracks a window again once it forgot it, by index: a reload to a longer
+/// window restarts the count (indices of 60 s windows are far below those of 10 s windows,
+/// and read against the old mark every new window would look forgotten, its reports dropped).
+#[test]
+fn a_reload_to_a_longer_window_tracks_the_new_windows() {
+    let mut w = world(&spec());
+    w.commit_all(at_ms(5_000));
+    let longer = LimitSpec::simple("l", 100, Duration::from_secs(60));
+    let reload = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![longer.clone()],
+        regions: regions(),
+    };
+    assert!(w.coord.handle_committed(at_ms(5_000), &reload).is_applied());
+    w.commit_all(at_ms(5_100));
+    let window = crate::time::Window::new(Duration::from_secs(60)).index(at_ms(5_100));
+    let c = CounterRef {
+        window,
+        ..counter(0)
+    };
+    let mut a = ModelRegion::new("a", &regions(), std::slice::from_ref(&longer));
+    a.admit(&c, 7, at_ms(5_100));
+    a.set_demand(&c, 1);
+    let mut msg = a.poll_transmit(at_ms(5_100));
+    msg.config_version = 2;
+    w.coord.handle_sync_up(at_ms(5_100), msg).unwrap();
+    assert_eq!(w.coord.used_units(&c, &RegionId::from("a")), Some(7));
+}
+
 /// A region whose clock is 1.5 s behind ours is still in window 100 until 11.5 s on our clock:
 /// its rows (and the counter's views) are kept until the window has ended on every region's
 /// measured clock plus the drift margin. Collecting them at 10.5 s left the region enforcing a
