@@ -803,15 +803,7 @@ traffic:
             s.start.as_unix_nanos() / 1_000_000_000 + 1
         );
         // A bound of 30 units without a skew term covers 20 of excess.
-        let bound = Bound {
-            terms: vec![crate::node::BoundTerm {
-                name: "eventual".into(),
-                units: 30,
-                measured_units: None,
-            }],
-            total_units: 30,
-            unbounded: false,
-        };
+        let bound = one_term_bound("eventual", 30);
         m.bound_sample(
             &LimitId::from("api/t"),
             window_of(&s, 1_200),
@@ -821,20 +813,25 @@ traffic:
         assert!(m.local_window_excess().is_empty());
     }
 
+    /// A bound of one term, `name`, of `units`.
+    fn one_term_bound(name: &str, units: u64) -> Bound {
+        Bound {
+            terms: vec![crate::node::BoundTerm {
+                name: name.into(),
+                units,
+                measured_units: None,
+            }],
+            total_units: units,
+            unbounded: false,
+        }
+    }
+
     #[test]
     fn the_skew_term_covers_true_windows_but_not_windows_per_index() {
         let (s, mut m) = measure();
         m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
         m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
-        let bound = Bound {
-            terms: vec![crate::node::BoundTerm {
-                name: crate::node::SKEW_TERM.into(),
-                units: 30,
-                measured_units: None,
-            }],
-            total_units: 30,
-            unbounded: false,
-        };
+        let bound = one_term_bound(crate::node::SKEW_TERM, 30);
         m.bound_sample(
             &LimitId::from("api/t"),
             window_of(&s, 1_200),

@@ -122,6 +122,17 @@ impl World {
             .collect()
     }
 
+    /// Region `name` sends a SyncUp carrying a clock sample of `offset_nanos` (positive: the
+    /// leader's clock is ahead) and no round trip.
+    fn up_with_offset(&mut self, name: &str, now: Timestamp, offset_nanos: i64) {
+        let mut msg = self.region(name).poll_transmit(now);
+        msg.clock = Some(ClockSample {
+            offset_nanos,
+            round_trip_nanos: 0,
+        });
+        self.coord.handle_sync_up(now, msg).unwrap();
+    }
+
     /// One full exchange: up, commit everything proposed, answer, deliver.
     fn sync(&mut self, name: &str, now: Timestamp) -> SyncDown {
         let seq = self.up(name, now);
@@ -439,12 +450,7 @@ fn with_policy(policy: PartitionPolicy) -> LimitSpec {
 fn silent_b(policy: PartitionPolicy) -> World {
     let mut w = world(&with_policy(policy));
     w.up("b", at_ms(0));
-    let mut msg = w.b.poll_transmit(at_ms(1_000));
-    msg.clock = Some(ClockSample {
-        offset_nanos: 0,
-        round_trip_nanos: 0,
-    });
-    w.coord.handle_sync_up(at_ms(1_000), msg).unwrap();
+    w.up_with_offset("b", at_ms(1_000), 0);
     w
 }
 
@@ -700,6 +706,10 @@ fn an_abandoned_reclaim_makes_its_end_a_refused_no_op() {
 
 // ---- garbage collection -------------------------------------------------------------------
 
+fn is_gc(c: &TableCommand) -> bool {
+    matches!(c, TableCommand::CollectGarbage { .. })
+}
+
 /// The leader never tracks a window again once it forgot it, by index: a reload to a longer
 /// window restarts the count (indices of 60 s windows are far below those of 10 s windows,
 /// and read against the old mark every new window would look forgotten, its reports dropped).
@@ -736,14 +746,8 @@ fn a_reload_to_a_longer_window_tracks_the_new_windows() {
 #[test]
 fn rows_are_kept_until_the_window_ended_on_the_slowest_measured_clock() {
     let mut w = hot_a_idle_b();
-    let mut msg = w.a.poll_transmit(at_ms(5_000));
-    msg.clock = Some(ClockSample {
-        offset_nanos: 1_500_000_000,
-        round_trip_nanos: 0,
-    });
-    w.coord.handle_sync_up(at_ms(5_000), msg).unwrap();
+    w.up_with_offset("a", at_ms(5_000), 1_500_000_000);
     w.commit_all(at_ms(5_000));
-    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
     assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
     let cmds = w.coord.poll_proposals(at_ms(12_000));
     assert!(cmds.iter().any(is_gc), "{cmds:?}");
@@ -763,15 +767,9 @@ fn a_new_leader_collects_rows_only_once_it_has_every_member_s_clock() {
     assert!(w.coord.table().row_count() > 0);
     let table = w.coord.table().clone();
     w.coord = Coordinator::new(config(), table, at_ms(10_000), 2);
-    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
     w.up("a", at_ms(10_100));
     assert!(!w.coord.poll_proposals(at_ms(10_600)).iter().any(is_gc));
-    let mut msg = w.b.poll_transmit(at_ms(11_000));
-    msg.clock = Some(ClockSample {
-        offset_nanos: 1_500_000_000,
-        round_trip_nanos: 0,
-    });
-    w.coord.handle_sync_up(at_ms(11_000), msg).unwrap();
+    w.up_with_offset("b", at_ms(11_000), 1_500_000_000);
     assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
     let cmds = w.coord.poll_proposals(at_ms(12_000));
     assert!(cmds.iter().any(is_gc), "{cmds:?}");
@@ -787,7 +785,6 @@ fn a_silent_member_delays_collection_by_the_full_reach_at_most() {
     let table = w.coord.table().clone();
     w.coord = Coordinator::new(config(), table, at_ms(10_000), 2);
     w.up("a", at_ms(10_100));
-    let is_gc = |c: &TableCommand| matches!(c, TableCommand::CollectGarbage { .. });
     let reach_ms = 10_000 * coordinator::MAX_SKEW_REACH_WINDOWS;
     let end_ms = 10_000;
     assert!(
@@ -1180,13 +1177,8 @@ fn the_leader_reads_the_allowances_of_the_windows_a_clock_reaches() {
     let mut w = world(&spec());
     let l = LimitId::from("l");
     let b = RegionId::from("b");
-    let mut msg = w.b.poll_transmit(at_ms(0));
     // 25 s ahead of the leader with 10 s windows: three windows either side.
-    msg.clock = Some(ClockSample {
-        offset_nanos: -25_000_000_000,
-        round_trip_nanos: 0,
-    });
-    w.coord.handle_sync_up(at_ms(0), msg).unwrap();
+    w.up_with_offset("b", at_ms(0), -25_000_000_000);
     let inputs = w.coord.bound_inputs(at_ms(0), &l, WindowIndex(100), None);
     assert_eq!(inputs.neighbour_allowance_units.get(&b), Some(&vec![50; 6]));
     // a was never heard: its clock is unknown, any two windows may be the ones.
