@@ -198,8 +198,11 @@ fn write_summary(r: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "  not judged            {} windows unbounded, {} cut off by the run's end",
-        r.figures.windows_unbounded, r.figures.windows_cut_off
+        "  not judged            {} windows unbounded, {} cut off by the run's end, {} \
+         unbounded on region clocks before the run",
+        r.figures.windows_unbounded,
+        r.figures.windows_cut_off,
+        r.figures.region_clock_windows_unbounded
     )?;
     writeln!(
         out,
@@ -330,6 +333,7 @@ traffic:
             "bound_to_quota_max",
             "windows_unbounded",
             "windows_cut_off",
+            "region_clock_windows_unbounded",
             "utilization_p50",
             "utilization_min",
             "baseline_utilization_p50",

@@ -30,6 +30,7 @@ use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, Tabl
 use allot_core::sync::{CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
 
+use crate::clock::RegionClock;
 use crate::error::{ScenarioError, SimError};
 use crate::node::{
     AllowanceView, Bound, BoundTerm, CoordinatorNode, CoordinatorObservation, CoordinatorSetup,
@@ -339,7 +340,7 @@ impl NodeFactory for CoreFactory {
             active: setup.policy == Policy::Rebalancing,
             limits: self.limits.clone(),
             stated: BTreeMap::new(),
-            run_start: setup.scenario.start,
+            first_judged_at: earliest_local_reading(setup.scenario),
             rejected_commands: 0,
         }
     }
@@ -614,9 +615,11 @@ pub struct CoreCoordinator {
     /// The bound stated so far per limit and window, each term at its largest
     /// ([`Bound::merge`]); the last `STATS_WINDOWS_KEPT` windows of each limit.
     stated: BTreeMap<(LimitId, WindowIndex), Bound>,
-    /// Windows that ended before the run started are never judged: no bound is stated for
-    /// them.
-    run_start: Timestamp,
+    /// The earliest time any region's clock reads during the run (the run's start, or
+    /// earlier for a region behind): windows that ended before it are never judged, so no
+    /// bound is stated for them. Windows a region behind the true clock admits in before the
+    /// run started on the true clock are judged on its clock, and stated here.
+    first_judged_at: Timestamp,
     /// Committed commands the table refused (a stale proposal): expected, and harmless.
     pub rejected_commands: u64,
 }
@@ -634,7 +637,7 @@ impl CoreCoordinator {
             };
             let current = window.index(now);
             let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
-            let first_judged = window.index(self.run_start).0;
+            let first_judged = window.index(self.first_judged_at).0;
             for w in oldest.max(first_judged)..=current.0 {
                 let Some(b) = self.coordinator.bound(now, &spec.id, WindowIndex(w)) else {
                     continue;
@@ -652,6 +655,16 @@ impl CoreCoordinator {
                 .retain(|(l, w), _| l != &spec.id || w.0 >= oldest);
         }
     }
+}
+
+/// The earliest reading of any region's clock during the run: at its start, as the offsets
+/// are fixed and drifts are small (a clock behind reads earliest then).
+fn earliest_local_reading(scenario: &Scenario) -> Timestamp {
+    scenario
+        .regions
+        .iter()
+        .map(|r| RegionClock::new(scenario.start, r.clock).local(scenario.start))
+        .fold(scenario.start, Timestamp::min)
 }
 
 fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {

@@ -93,9 +93,13 @@ pub struct Measure {
     true_windows: Vec<WindowTable>,
     /// Admissions by window index on the admitting region's own clock.
     local_windows: Vec<WindowTable>,
-    /// Per limit and true window: the bound stated for the window, each term at the largest
-    /// it was reported.
+    /// Per limit and window: the bound stated for the window, each term at the largest
+    /// it was reported. Rows start at `bounds_first_index`, the earliest window any region's
+    /// clock reads during the run: a region behind the true clock admits in windows that
+    /// ended, on the true clock, before the run started, and those indexes are judged too.
     bounds: Vec<Vec<Option<Bound>>>,
+    /// Per limit: the window index of row 0 of `bounds` and `leaderless`.
+    bounds_first_index: Vec<u64>,
     /// Per limit and true window: a sample found no leader, and no leader stated the window's
     /// bound as the window in progress since (a new leader's statements cover, conservatively,
     /// what it did not see of the window it starts in).
@@ -148,15 +152,18 @@ impl Measure {
             true_windows.push(t);
             local_windows.push(l);
         }
-        let bounds: Vec<Vec<Option<Bound>>> = scenario
+        let bound_tables: Vec<WindowTable> = scenario
             .limits
             .limits
             .iter()
             .map(|l| {
-                let t = WindowTable::new(duration_nanos(l.window.len()), start, end - 1, 1);
-                vec![None; t.windows]
+                let first = local_first.min(start);
+                WindowTable::new(duration_nanos(l.window.len()), first, end - 1, 0)
             })
             .collect();
+        let bounds: Vec<Vec<Option<Bound>>> =
+            bound_tables.iter().map(|t| vec![None; t.windows]).collect();
+        let bounds_first_index = bound_tables.iter().map(|t| t.first_index).collect();
         let leaderless = bounds.iter().map(|b| vec![false; b.len()]).collect();
         let overage_settled_at = true_windows.iter().map(|t| vec![0; t.windows]).collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
@@ -176,6 +183,7 @@ impl Measure {
             true_windows,
             local_windows,
             bounds,
+            bounds_first_index,
             bucket_nanos,
             buckets,
             threshold_percent: u64::from(scenario.measure.false_denial_threshold_percent),
@@ -328,7 +336,7 @@ impl Measure {
             return;
         };
         let w = duration_nanos(self.limits[i].window.len());
-        let Some(row) = window.0.checked_sub(self.start_nanos / w) else {
+        let Some(row) = window.0.checked_sub(self.bounds_first_index[i]) else {
             return;
         };
         let row = row as usize;
@@ -353,17 +361,18 @@ impl Measure {
         let t = t.as_unix_nanos();
         for (i, limit) in self.limits.iter().enumerate() {
             let w = duration_nanos(limit.window.len());
-            let row = (t / w).saturating_sub(self.start_nanos / w) as usize;
+            let row = (t / w).saturating_sub(self.bounds_first_index[i]) as usize;
             if let Some(flag) = self.leaderless[i].get_mut(row) {
                 *flag = true;
             }
         }
     }
 
-    /// The bound of a limit's window (true clock), `None` when it is unbounded: nothing was
-    /// stated for it, a statement said so, or part of it had no leader and no leader covered
-    /// that time.
-    fn window_bound(&self, limit_index: usize, row: usize) -> Option<&Bound> {
+    /// The bound of a limit's window of index `index`, `None` when it is unbounded: nothing
+    /// was stated for it, a statement said so, or part of it had no leader and no leader
+    /// covered that time.
+    fn window_bound(&self, limit_index: usize, index: u64) -> Option<&Bound> {
+        let row = index.checked_sub(self.bounds_first_index[limit_index])? as usize;
         let stated = self.bounds[limit_index].get(row)?.as_ref()?;
         let leaderless = self.leaderless[limit_index]
             .get(row)
@@ -422,7 +431,7 @@ impl Measure {
         let index = table.first_index + row as u64;
         let quota = self.limits[meta.limit_index]
             .quota_units_in(index * table.window_nanos, (index + 1) * table.window_nanos);
-        let bound = self.window_bound(meta.limit_index, row).cloned();
+        let bound = self.window_bound(meta.limit_index, index).cloned();
         let admitted: u64 = cells.iter().map(|c| c.admitted_units).sum();
         let demand: u64 = cells.iter().map(|c| c.demand_units).sum();
         let local = &self.local_windows[k];
@@ -476,18 +485,19 @@ impl Measure {
                 // Windows of a region's clock, judged against the quota of the same index.
                 let quota = self.limits[meta.limit_index]
                     .quota_units_in(index * table.window_nanos, (index + 1) * table.window_nanos);
-                // Bounds are kept per true window; the same index on a region's clock uses
-                // the bound stated for that index.
-                let bound = match index.checked_sub(first_true).map(|r| r as usize) {
-                    // Before the run on the true clock: nothing was stated for it.
-                    None => 0,
-                    // After it: cut off by the run's end.
-                    Some(r) if r >= self.true_windows[k].windows => continue,
-                    Some(r) if self.cut_off(k, r) => continue,
-                    Some(r) => match self.window_bound(meta.limit_index, r) {
-                        Some(b) => b.without_skew_units(),
-                        None => continue,
-                    },
+                // The same index on a region's clock uses the bound stated for that index.
+                // An index that ended before the run on the true clock is judged against what
+                // the coordinator stated for it during the run (it does state those windows),
+                // and is unbounded, as any window, when nothing was.
+                if let Some(r) = index.checked_sub(first_true).map(|r| r as usize)
+                    && (r >= self.true_windows[k].windows || self.cut_off(k, r))
+                {
+                    // Cut off by the run's end.
+                    continue;
+                }
+                let bound = match self.window_bound(meta.limit_index, index) {
+                    Some(b) => b.without_skew_units(),
+                    None => continue,
                 };
                 if admitted > quota + bound {
                     out.push(LocalExcess {
@@ -501,6 +511,30 @@ impl Measure {
             }
         }
         out
+    }
+}
+
+impl Measure {
+    /// Windows (per key) on a region's clock that ended before the run started on the true
+    /// clock, were admitted in (a region behind the true clock), and have no bound: the
+    /// coordinator states a window that ended before it started as unbounded. Not judged, as
+    /// unbounded true windows are not; counted so that the report shows them.
+    pub fn region_clock_windows_unbounded(&self) -> u64 {
+        let mut count = 0;
+        for (k, table) in self.local_windows.iter().enumerate() {
+            let meta = &self.keys[k];
+            let first_true = self.true_windows[k].first_index;
+            for row in 0..table.windows {
+                let index = table.first_index + row as u64;
+                if index < first_true
+                    && table.admitted_total[row] > 0
+                    && self.window_bound(meta.limit_index, index).is_none()
+                {
+                    count += 1;
+                }
+            }
+        }
+        count
     }
 }
 
@@ -811,6 +845,56 @@ traffic:
             at(&s, 1_200),
         );
         assert!(m.local_window_excess().is_empty());
+    }
+
+    #[test]
+    fn windows_a_region_behind_reads_before_the_run_are_judged_when_stated() {
+        let s = scenario(YAML);
+        let keys = vec![KeyMeta {
+            limit_index: 0,
+            limit: LimitId::from("api/t"),
+            key: KeyId::from("t=1"),
+        }];
+        // Region b's clock is 1.5 s behind: at the run's start it reads 1.5 s earlier.
+        let behind = Duration::from_millis(1_500);
+        let local = [
+            LocalRange {
+                first: s.start,
+                last: s.end() - Duration::from_nanos(1),
+            },
+            LocalRange {
+                first: s.start - behind,
+                last: s.end() - behind - Duration::from_nanos(1),
+            },
+        ];
+        let mut m = Measure::new(&s, keys, &local).unwrap();
+        // At true 0.2 s, b reads -1.3 s: its window two before the run's first. It admits
+        // 150 there, above the quota of 100.
+        m.admitted(
+            0,
+            1,
+            at(&s, 200),
+            s.start - Duration::from_millis(1_300),
+            150,
+        );
+        let index = s.start.as_unix_nanos() / 1_000_000_000 - 2;
+        // Nothing stated for that index: unbounded, not judged, and counted.
+        assert!(m.local_window_excess().is_empty());
+        assert_eq!(m.region_clock_windows_unbounded(), 1);
+        // Stated (a bound of 0): judged, and 50 over.
+        m.bound_sample(
+            &LimitId::from("api/t"),
+            WindowIndex(index),
+            &Bound::default(),
+            at(&s, 300),
+        );
+        assert_eq!(m.region_clock_windows_unbounded(), 0);
+        let excess = m.local_window_excess();
+        assert_eq!(excess.len(), 1);
+        assert_eq!(
+            (excess[0].window_index, excess[0].admitted_units),
+            (index, 150)
+        );
     }
 
     /// A bound of one term, `name`, of `units`.

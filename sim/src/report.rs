@@ -46,6 +46,10 @@ pub struct Figures {
     /// Windows (per key) the run's end cut off: the statements that could cover them had not
     /// had time to arrive (`measure::report_lag`). Not judged.
     pub windows_cut_off: u64,
+    /// Windows (per key) on a region's clock that ended before the run began on the true
+    /// clock, with admissions and no bound (`Measure::region_clock_windows_unbounded`). Not
+    /// judged.
+    pub region_clock_windows_unbounded: u64,
     /// The same per window index on the regions' own clocks, against the bound without its
     /// skew term: where strict mode must hold exactly (0 beyond the measured terms).
     pub overshoot_max_on_region_clocks: u64,
@@ -173,6 +177,10 @@ impl Report {
                 .min(),
             windows_unbounded: per_seed.iter().map(|s| s.figures.windows_unbounded).sum(),
             windows_cut_off: per_seed.iter().map(|s| s.figures.windows_cut_off).sum(),
+            region_clock_windows_unbounded: per_seed
+                .iter()
+                .map(|s| s.figures.region_clock_windows_unbounded)
+                .sum(),
             overshoot_max_on_region_clocks: per_seed
                 .iter()
                 .map(|s| s.figures.overshoot_max_on_region_clocks)
@@ -266,6 +274,7 @@ impl SeedReport {
                 .min(),
             windows_unbounded: windows.iter().filter(|w| w.unbounded).count() as u64,
             windows_cut_off: windows.iter().filter(|w| w.cut_off).count() as u64,
+            region_clock_windows_unbounded: o.measure.region_clock_windows_unbounded(),
             overshoot_max_on_region_clocks: windows
                 .iter()
                 .map(region_clock_overshoot)
