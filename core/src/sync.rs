@@ -111,6 +111,11 @@ pub struct BoundFigures {
     /// Most units granted (acquires and leases, all keys) in one second of the window: the
     /// measured rate that shows how tight the eventual term is.
     pub peak_grant_units_per_sec: u64,
+    /// Units settles claimed above the limit's settle cap (`max_settle_overage`), clamped:
+    /// used by a spender that did not stop where the `settle_overage` term assumes, and
+    /// charged nowhere. Any at all makes the window unbounded.
+    #[serde(default)]
+    pub settle_clamped_units: u64,
 }
 
 impl BoundFigures {
@@ -123,6 +128,7 @@ impl BoundFigures {
             peak_grant_units_per_sec: self
                 .peak_grant_units_per_sec
                 .max(other.peak_grant_units_per_sec),
+            settle_clamped_units: self.settle_clamped_units.max(other.settle_clamped_units),
         }
     }
 

@@ -447,6 +447,8 @@ impl RegionBudget {
                         fail_open_units: r.fail_open_units,
                         settle_overage_units: r.settle_overage_units,
                         peak_grant_units_per_sec: 0,
+                        // Not in the record: see `WindowStats::settle_clamped_units`.
+                        settle_clamped_units: 0,
                     };
                     lim.stats.restore(r.window, figures);
                 }

@@ -18,8 +18,10 @@ use crate::time::{Timestamp, WindowIndex, duration_nanos};
 pub struct WindowStats {
     /// Units settled above their reservation (charged even beyond the allowance).
     pub settle_overage_units: u64,
-    /// Units settles claimed above their cap (`max_settle_overage`): not charged. Not
-    /// persisted; the region-wide total is in [`RegionStats`].
+    /// Units settles claimed above their cap (`max_settle_overage`): not charged. Reported
+    /// with the bound figures (a window with any is unbounded; the coordinator keeps the
+    /// largest reported). Not persisted yet: a restart before the next SyncUp forgets it. The
+    /// region-wide total is in [`RegionStats`].
     #[serde(default)]
     pub settle_clamped_units: u64,
     /// Units admitted beyond the allowance by the open partition policy.
@@ -63,6 +65,7 @@ impl WindowStats {
             fail_open_units: self.fail_open_units,
             settle_overage_units: self.settle_overage_units,
             peak_grant_units_per_sec: self.peak_grant_units_per_sec,
+            settle_clamped_units: self.settle_clamped_units,
         }
     }
 

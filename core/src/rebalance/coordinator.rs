@@ -678,18 +678,25 @@ impl Coordinator {
         }));
     }
 
-    /// How far from ours a region's clock may read now: the largest clock uncertainty measured
-    /// (`|offset| + rtt / 2`) plus the drift margin, at most [`MAX_SKEW_REACH_WINDOWS`] windows
-    /// of any limit (checked where it is used). Windows are aligned on each region's own clock,
-    /// so a window that ended on ours may still be a region's current one for this long.
+    /// How far from ours a member region's clock may read now: the largest clock uncertainty
+    /// measured (`|offset| + rtt / 2`) plus the drift margin once every member has sent this
+    /// leader a clock sample; the full reach ([`MAX_SKEW_REACH_WINDOWS`] windows of any limit,
+    /// capped where it is used) while one has not. Windows are aligned on each region's own
+    /// clock, so a window that ended on ours may still be a region's current one for this
+    /// long: its rows, views and statistics are kept, and its reports taken. A new leader
+    /// holds no samples (they are soft state): judging on the slack of the regions heard so
+    /// far would collect the rows of a window that a region whose clock is behind is still
+    /// in (leaving it enforcing a grant the table no longer holds), and forget its reports
+    /// for good (the bound's figures of that window with them).
     fn clock_slack(&self) -> Duration {
-        let widest = self
-            .regions
-            .values()
-            .filter_map(RegionView::clock_uncertainty)
-            .max()
-            .unwrap_or_default();
-        widest + self.cfg.drift_margin
+        let mut widest = Duration::ZERO;
+        for r in self.table.regions() {
+            match self.regions.get(r).and_then(RegionView::clock_uncertainty) {
+                Some(u) => widest = widest.max(u),
+                None => return Duration::MAX,
+            }
+        }
+        widest.saturating_add(self.cfg.drift_margin)
     }
 
     /// The first and last window of `window` that some region may be in at `now` (our clock):
@@ -700,27 +707,8 @@ impl Coordinator {
         (first_live(window, now, slack), last)
     }
 
-    /// How far back from ours a member region's clock may read, for collecting rows: the
-    /// clock slack once every member has sent this leader a clock sample, the full reach
-    /// ([`MAX_SKEW_REACH_WINDOWS`] windows, capped in `first_live`) while one has not. A new
-    /// leader holds no samples (they are soft state): collecting on the slack of the regions
-    /// heard so far would take the rows of a window that a region whose clock is behind is
-    /// still in, leaving it enforcing a grant the table no longer holds.
-    fn gc_slack(&self) -> Duration {
-        let all_sampled = self.table.regions().iter().all(|r| {
-            self.regions
-                .get(r)
-                .is_some_and(|v| v.clock_uncertainty().is_some())
-        });
-        if all_sampled {
-            self.clock_slack()
-        } else {
-            Duration::MAX
-        }
-    }
-
     /// Rows of windows that ended on every region's clock (ours less the clock slack, or the
-    /// full reach while a member's clock is unknown, see `gc_slack`) are collected: late acks
+    /// full reach while a member's clock is unknown, see `clock_slack`) are collected: late acks
     /// for them are then ignored, which only strands the released units.
     fn propose_gc(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
         let mut oldest: BTreeMap<&LimitId, WindowIndex> = BTreeMap::new();
@@ -732,7 +720,7 @@ impl Coordinator {
             let Some(window) = self.table.window_of(limit) else {
                 continue;
             };
-            let before = first_live(window, now, self.gc_slack());
+            let before = first_live(window, now, self.clock_slack());
             if oldest_window < before && !self.is_in_flight(&ProposalKey::Gc(limit.clone())) {
                 out.push(TableCommand::CollectGarbage {
                     limit: limit.clone(),
@@ -1009,7 +997,7 @@ impl Coordinator {
         let mut inputs = self.bound_inputs(now, limit, window, None);
         let unknown = self.reload_inputs(limit, window, &mut inputs);
         let mut b = bound(spec, window, &inputs);
-        if let Some(why) = unknown {
+        if let Some(why) = unknown.or_else(|| self.clamped_settles(limit, window)) {
             b.unbounded = Some(why);
         }
         if let Some(w) = self.finite_window(limit)
@@ -1110,6 +1098,17 @@ impl Coordinator {
             }
         }
         None
+    }
+
+    /// Why the window is unbounded when a region clamped settles in it: units a spender used
+    /// beyond the settle cap that the `settle_overage` term rests on, charged nowhere.
+    fn clamped_settles(&self, limit: &LimitId, window: WindowIndex) -> Option<String> {
+        let by_region = self.region_stats.get(&(limit.clone(), window))?;
+        let (region, figures) = by_region.iter().find(|(_, f)| f.settle_clamped_units > 0)?;
+        Some(format!(
+            "{region} clamped {} settled units above the settle cap (used, not charged)",
+            figures.settle_clamped_units
+        ))
     }
 
     /// The window started before this leader first heard the region: what it did from the

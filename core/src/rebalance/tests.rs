@@ -1455,6 +1455,65 @@ fn time_open_grows_live_while_an_open_region_is_silent() {
     assert_eq!(term(&after, "fail_open").units, 6);
 }
 
+#[test]
+fn a_window_with_settles_clamped_above_the_cap_is_unbounded() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    for t in [0, 250] {
+        w.up("a", at_ms(t));
+        w.up("b", at_ms(t));
+    }
+    report_figures(&mut w, "a", at_ms(500), 100, overage(5));
+    let bounded = w.coord.bound(at_ms(500), &l, WindowIndex(100)).unwrap();
+    assert_eq!(bounded.unbounded, None);
+    // a's spender went 7 units past the settle cap: used, charged nowhere.
+    let clamped = BoundFigures {
+        settle_clamped_units: 7,
+        ..overage(5)
+    };
+    report_figures(&mut w, "a", at_ms(750), 100, clamped);
+    let b = w.coord.bound(at_ms(750), &l, WindowIndex(100)).unwrap();
+    let why = b
+        .unbounded
+        .expect("clamped settles leave the window unbounded");
+    assert!(why.contains("a clamped 7"), "{why}");
+    // Other windows are not affected.
+    let other = w.coord.bound(at_ms(750), &l, WindowIndex(101)).unwrap();
+    assert_eq!(other.unbounded, None);
+}
+
+#[test]
+fn a_leader_keeps_the_reports_of_windows_an_unsampled_region_may_still_be_in() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    // a sends clock samples (offset 0); b, whose clock is unknown here, none.
+    let up_unsampled = |w: &mut World, now: Timestamp, figures: Option<BoundFigures>| {
+        let mut msg = w.region("b").poll_transmit(now);
+        msg.clock = None;
+        if let Some(figures) = figures {
+            msg.stats = vec![LimitWindowStats {
+                limit: LimitId::from("l"),
+                window: WindowIndex(100),
+                figures,
+            }];
+        }
+        w.coord.handle_sync_up(now, msg).unwrap();
+    };
+    up_unsampled(&mut w, at_ms(0), None);
+    for t in (0..=65_000).step_by(250) {
+        w.up("a", at_ms(t));
+        w.commit_all(at_ms(t));
+    }
+    // 65 s on (window 106 on our clock), b, six windows behind, reports 9 units settled
+    // above their reservation in its window 100. Judged on a's slack alone (0.5 s, and the
+    // statistics of 4 windows before), window 100 would have been forgotten and the report
+    // dropped: its bound without them.
+    up_unsampled(&mut w, at_ms(65_000), Some(overage(9)));
+    w.commit_all(at_ms(65_000));
+    let b = w.coord.bound(at_ms(65_000), &l, WindowIndex(100)).unwrap();
+    assert_eq!(term(&b, "settle_overage").measured_units, Some(9));
+}
+
 // ---- property: the table never accepts a command that breaks invariant 2 -------------------
 
 fn arb_command() -> impl Strategy<Value = TableCommand> {
