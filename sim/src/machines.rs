@@ -428,7 +428,11 @@ impl RegionNode for CoreRegion {
             ttl: self.lease_ttl,
             request_id: None,
         };
-        match self.budget.lease(now, req) {
+        let outcome = match want.refill {
+            Some(lease) => self.budget.top_up(now, lease, req),
+            None => self.budget.lease(now, req),
+        };
+        match outcome {
             Ok(LeaseOutcome::Granted(g)) => LeaseAnswer::Granted(LeaseGrant {
                 lease: g.lease,
                 units: g.units,

@@ -226,6 +226,7 @@ fn fails_open_through_an_agent_crash() -> World {
             target_ms: None,
             idle_release_after_ms: None,
             max_leases_per_key: None,
+            refill_in_place: None,
         },
         regions: vec![region("r0", 2), region("r1", 1), region("r2", 1)],
         limits: vec![

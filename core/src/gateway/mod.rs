@@ -88,6 +88,12 @@ struct KeyState {
     denied_locally_units: u64,
     /// Ask for the next lease once held units fall below this.
     refill_below_units: u64,
+    /// The lease the request in flight asked to refill in place, if any. Emptied meanwhile,
+    /// it is not reported ended until the answer: the agent may be adding to it.
+    refill_of: Option<LeaseId>,
+    /// `refill_of` was spent to its last unit while the refill was in flight, and its end is
+    /// not reported yet.
+    refill_of_emptied: bool,
     denied_until: Option<Timestamp>,
     unavailable_until: Option<Timestamp>,
     rate: RateEstimate,
@@ -184,6 +190,8 @@ impl Gateway {
             waiting_cost_units: 0,
             denied_locally_units: 0,
             refill_below_units: 0,
+            refill_of: None,
+            refill_of_emptied: false,
             denied_until: None,
             unavailable_until: None,
             rate: RateEstimate::new(now),
@@ -245,9 +253,14 @@ impl Gateway {
         if ask_before == Ask::None && matches!(state.ask, Ask::Queued { .. }) {
             self.wants.push_back(handle.slot);
         }
-        if let Some(lease) = emptied {
+        let refilling = matches!(state.ask, Ask::Sent { .. }) && state.refill_of == emptied;
+        if refilling {
+            state.refill_of_emptied = true;
+        }
+        if let Some(lease) = emptied.filter(|_| !refilling) {
             // The agent counts a lease against the key's lease cap until it hears it ended:
-            // left to expire, spent leases would starve a hot key of new ones.
+            // left to expire, spent leases would starve a hot key of new ones. One being
+            // refilled is reported when the refill is answered (`end_refill`).
             self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
         }
         outcome
@@ -318,6 +331,13 @@ impl Gateway {
             let seq = state.next_seq;
             state.next_seq = state.next_seq.wrapping_add(1);
             state.ask = Ask::Sent { seq, sent_at: now };
+            let refill = if self.config.refill_in_place {
+                refill_target(&state.leases, now + self.config.lease_request_timeout)
+            } else {
+                None
+            };
+            state.refill_of = refill;
+            state.refill_of_emptied = false;
             return Some(ToAgent::LeaseWanted(LeaseWanted {
                 ticket: LeaseTicket {
                     handle: KeyHandle { slot, generation },
@@ -329,6 +349,7 @@ impl Gateway {
                 min_units: cost_units,
                 denied_units: std::mem::take(&mut state.denied_locally_units),
                 rate_units_per_sec: state.rate.units_per_sec(),
+                refill,
             }));
         }
         None
@@ -337,10 +358,20 @@ impl Gateway {
     /// The agent granted a lease. A grant nobody waits for any more is released at once, so
     /// its units are never stranded.
     pub fn handle_lease_granted(&mut self, now: Timestamp, ticket: LeaseTicket, grant: LeaseGrant) {
+        if let Some(lease) = self.end_refill(ticket, Some(grant.lease)) {
+            self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
+        }
         let config = &self.config;
         let Some((state, sent_at)) = waiting_state(&mut self.slots, ticket) else {
             self.stats.late_grants += 1;
-            self.release(grant.lease, grant.units);
+            // A late refill of a lease still held only adds to it: releasing it would end the
+            // lease being spent.
+            let held = slot_state_mut(&mut self.slots, ticket.handle)
+                .and_then(|s| s.leases.iter_mut().find(|l| l.id == grant.lease));
+            match held {
+                Some(l) => l.units_left = l.units_left.saturating_add(grant.units),
+                None => self.release(grant.lease, grant.units),
+            }
             return;
         };
         state.ask = Ask::None;
@@ -351,6 +382,16 @@ impl Gateway {
             return;
         }
         let expires_at = (sent_at + grant.ttl).saturating_sub(expiry_margin(config, grant.ttl));
+        if let Some(l) = state.leases.iter_mut().find(|l| l.id == grant.lease) {
+            // A refill in place: the agent added the units to this lease and moved its expiry
+            // to the later of the two, measured here from when the refill was asked.
+            l.units_left = l.units_left.saturating_add(grant.units);
+            l.expires_at = l.expires_at.max(expires_at);
+            state.refill_below_units =
+                grant.units * u64::from(config.refill_threshold_percent) / 100;
+            state.waiting_cost_units = 0;
+            return;
+        }
         let mut released = Vec::new();
         if expires_at > now {
             // Leftovers too small for the request that waited would only expire unused.
@@ -388,6 +429,9 @@ impl Gateway {
         ticket: LeaseTicket,
         denial: LeaseDenial,
     ) {
+        if let Some(lease) = self.end_refill(ticket, None) {
+            self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
+        }
         if let Some((state, _)) = waiting_state(&mut self.slots, ticket) {
             state.ask = Ask::None;
             state.denied_until = Some(now + denial.retry_after);
@@ -397,6 +441,9 @@ impl Gateway {
 
     /// The agent could not be reached for this request.
     pub fn handle_agent_unavailable(&mut self, now: Timestamp, ticket: LeaseTicket) {
+        if let Some(lease) = self.end_refill(ticket, None) {
+            self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
+        }
         let backoff = self.config.unavailable_backoff;
         if let Some((state, _)) = waiting_state(&mut self.slots, ticket) {
             state.ask = Ask::None;
@@ -478,19 +525,28 @@ impl Gateway {
     }
 
     fn sweep_slot(&mut self, now: Timestamp, slot: usize) {
-        let config = &self.config;
+        let request_timeout = self.config.lease_request_timeout;
+        let idle_release_after = self.config.idle_release_after;
         let Some(state) = self.slots[slot].state.as_mut() else {
             return;
         };
         self.stats.expired_units += drop_expired(&mut state.leases, now);
+        let mut abandoned_refill = None;
         if let Ask::Sent { sent_at, .. } = state.ask
-            && now.saturating_duration_since(sent_at) >= config.lease_request_timeout
+            && now.saturating_duration_since(sent_at) >= request_timeout
         {
             state.ask = Ask::None;
+            abandoned_refill = emptied_refill(state, None);
         }
         state.denied_until = state.denied_until.filter(|&t| now < t);
         state.unavailable_until = state.unavailable_until.filter(|&t| now < t);
-        let idle = now.saturating_duration_since(state.last_active_at) >= config.idle_release_after;
+        if let Some(lease) = abandoned_refill {
+            self.send(ToAgent::Release(LeaseRelease { lease, units: 0 }));
+        }
+        let Some(state) = self.slots[slot].state.as_mut() else {
+            return;
+        };
+        let idle = now.saturating_duration_since(state.last_active_at) >= idle_release_after;
         if !idle {
             return;
         }
@@ -508,6 +564,13 @@ impl Gateway {
         for (lease, units) in released {
             self.release(lease, units);
         }
+    }
+
+    /// The answer to `ticket` came (naming `granted`, for a grant) or never will: the lease
+    /// its refill named, if emptied meanwhile and not the one granted, is reported ended now.
+    fn end_refill(&mut self, ticket: LeaseTicket, granted: Option<LeaseId>) -> Option<LeaseId> {
+        let state = waiting_state(&mut self.slots, ticket)?.0;
+        emptied_refill(state, granted)
     }
 
     fn forget_slot(&mut self, slot: usize) {
@@ -559,6 +622,27 @@ fn expiry_margin(config: &GatewayConfig, ttl: Duration) -> Duration {
 }
 
 /// The key's state and the time its request was sent, if it still waits for `ticket`.
+/// Clears the key's refill in flight; the lease it named if that was emptied meanwhile and
+/// the answer did not add to it (`granted`): its end is reported now. (A lease dropped as
+/// expired is not reported: the agent counts it spent at its own expiry.)
+fn emptied_refill(state: &mut KeyState, granted: Option<LeaseId>) -> Option<LeaseId> {
+    let lease = state.refill_of.take()?;
+    let emptied = std::mem::take(&mut state.refill_of_emptied);
+    (emptied && granted != Some(lease)).then_some(lease)
+}
+
+/// The lease a refill should be added to: of those still live when the answer may come
+/// (`answer_by`: later, the request is abandoned), the one that lasts longest. A lease that
+/// expires here before the answer would take the refill with it: its unspent units are
+/// dropped here, counted spent by the agent, and the refill could only be given back.
+fn refill_target(leases: &[HeldLease], answer_by: Timestamp) -> Option<LeaseId> {
+    leases
+        .iter()
+        .filter(|l| l.expires_at > answer_by)
+        .max_by_key(|l| l.expires_at)
+        .map(|l| l.id)
+}
+
 fn waiting_state(slots: &mut [Slot], ticket: LeaseTicket) -> Option<(&mut KeyState, Timestamp)> {
     let state = slot_state_mut(slots, ticket.handle)?;
     match state.ask {

@@ -50,6 +50,11 @@ pub struct GatewayConfig {
     pub unavailable_backoff: Duration,
     /// How often [`super::Gateway::handle_timeout`] sweeps keys for expiry and idleness.
     pub sweep_interval: Duration,
+    /// Ask the agent to add a refill to the live lease being spent (its `top_up`) rather than
+    /// grant another lease: one lease per key to spend, release and settle, and none counted
+    /// against the agent's `max_leases_per_key`. The agent grants a new lease instead when
+    /// that one has ended or belongs to an earlier window.
+    pub refill_in_place: bool,
 }
 
 impl Default for GatewayConfig {
@@ -68,6 +73,7 @@ impl Default for GatewayConfig {
             lease_request_timeout: Duration::from_secs(1),
             unavailable_backoff: Duration::from_millis(250),
             sweep_interval: Duration::from_millis(100),
+            refill_in_place: true,
         }
     }
 }
@@ -181,6 +187,9 @@ pub struct LeaseWanted {
     /// could be measured): the agent grants no more than that rate spends before the lease
     /// must end with its window.
     pub rate_units_per_sec: Option<u64>,
+    /// The live lease the grant should be added to ([`GatewayConfig::refill_in_place`]); the
+    /// answer names it when the agent did, another lease when it could not.
+    pub refill: Option<LeaseId>,
 }
 
 /// Give back the `units` of a lease that were never spent; the lease ends. Zero units: the

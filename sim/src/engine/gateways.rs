@@ -248,6 +248,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                     persist(node, &mut r.store, r.keeps_store);
                     match answer {
                         LeaseAnswer::Granted(grant) => {
+                            if w.refill == Some(grant.lease) {
+                                self.stats.lease_refills += 1;
+                            }
                             gateway.handle_lease_granted(at_gateway, w.ticket, grant)
                         }
                         LeaseAnswer::Denied(denial) => {

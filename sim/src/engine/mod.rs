@@ -86,6 +86,8 @@ pub struct RunStats {
     /// Requests admitted by the limit's open failure mode while the agent was unreachable.
     pub fail_open_admits: u64,
     pub lease_requests: u64,
+    /// Lease requests the agent answered by adding to the gateway's live lease (`top_up`).
+    pub lease_refills: u64,
     /// Releases and settles a gateway sent while its agent was down.
     pub gateway_messages_lost: u64,
     /// Settles that never happened because their gateway crashed first.

@@ -77,6 +77,7 @@ pub(super) fn gateway_config(scenario: &Scenario, keys: usize) -> GatewayConfig 
         max_lease_units: scenario.lease.max_units,
         lease_target: scenario.lease.target,
         idle_release_after: scenario.lease.idle_release_after,
+        refill_in_place: scenario.lease.refill_in_place,
         ..defaults
     }
 }

@@ -78,6 +78,8 @@ pub struct LeaseSettings {
     pub target: Duration,
     pub idle_release_after: Duration,
     pub max_leases_per_key: usize,
+    /// Gateways refill the lease they spend (the agent's `top_up`) rather than take another.
+    pub refill_in_place: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

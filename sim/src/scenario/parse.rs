@@ -215,6 +215,7 @@ fn read_lease(map: &Map<'_, '_>) -> Result<LeaseSettings, ScenarioError> {
         target: Duration::from_millis(500),
         idle_release_after: Duration::from_secs(2),
         max_leases_per_key: 2,
+        refill_in_place: true,
     };
     let Some(node) = map.opt("lease") else {
         return Ok(lease);
@@ -232,6 +233,9 @@ fn read_lease(map: &Map<'_, '_>) -> Result<LeaseSettings, ScenarioError> {
             return Err(node.err(format!("expected 1 to {MAX_LEASES_PER_KEY}")));
         }
         lease.max_leases_per_key = n as usize;
+    }
+    if let Some(node) = m.opt("refill_in_place") {
+        lease.refill_in_place = node.as_bool()?;
     }
     if lease.initial_units > lease.max_units {
         return Err(node.err("initial_units is above max_units"));

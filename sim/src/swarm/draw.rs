@@ -88,6 +88,10 @@ pub fn world(seed: u64) -> World {
     for pass in 1..=LAST_PASS {
         draw_later_faults(d, &mut world, shortest_ms, pass);
     }
+    // Half the worlds refill leases in place (the gateway's default), half take new ones.
+    if d.chance(0.5) {
+        world.lease.refill_in_place = Some(false);
+    }
     world
 }
 
@@ -231,6 +235,7 @@ fn draw_lease(d: &mut Dice) -> LeaseDraw {
         target_ms: None,
         idle_release_after_ms: None,
         max_leases_per_key: None,
+        refill_in_place: None,
     }
 }
 

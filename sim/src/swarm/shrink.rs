@@ -157,6 +157,7 @@ fn simplification(w: &World, step: usize) -> Option<World> {
         c.lease.target_ms = None;
         c.lease.idle_release_after_ms = None;
         c.lease.max_leases_per_key = None;
+        c.lease.refill_in_place = None;
         return Some(c);
     }
     if let Some(i) = take(w.sources.len()) {

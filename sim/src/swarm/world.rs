@@ -36,6 +36,8 @@ pub struct LeaseDraw {
     pub target_ms: Option<u64>,
     pub idle_release_after_ms: Option<u64>,
     pub max_leases_per_key: Option<u64>,
+    /// `Some(false)`: gateways take a new lease for each refill.
+    pub refill_in_place: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -365,6 +367,9 @@ impl World {
         }
         if let Some(v) = l.max_leases_per_key {
             write!(y, ", max_leases_per_key: {v}")?;
+        }
+        if let Some(v) = l.refill_in_place {
+            write!(y, ", refill_in_place: {v}")?;
         }
         writeln!(y, "}}")?;
         self.write_regions(y)?;
