@@ -1,0 +1,34 @@
+//! The openraft settings every node runs with: timing for a cluster inside one region's data
+//! centre or across regions, and the snapshot policy that bounds the log.
+
+use openraft::{Config, SnapshotPolicy};
+
+use crate::error::{Error, Result};
+
+/// Entries applied since the last snapshot before a new one is built. One entry per sync
+/// round (250 ms) makes this about four minutes of rounds, which is also the most a restart
+/// reapplies.
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 1_024;
+
+/// Entries kept in the log below the last snapshot, so that a follower a little behind
+/// catches up from the log instead of a whole snapshot.
+pub const LOG_KEPT_BELOW_SNAPSHOT: u64 = 256;
+
+/// The leader's heartbeat; elections wait several of these.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1_000;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2_000;
+
+/// The settings of a node of `cluster_name` (nodes of another cluster refuse its messages).
+pub fn raft_config(cluster_name: &str) -> Result<Config> {
+    let config = Config {
+        cluster_name: cluster_name.to_string(),
+        heartbeat_interval: HEARTBEAT_INTERVAL_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
+        max_in_snapshot_log_to_keep: LOG_KEPT_BELOW_SNAPSHOT,
+        ..Config::default()
+    };
+    config.validate().map_err(|e| Error::Config(e.to_string()))
+}
