@@ -27,6 +27,9 @@ pub enum Error {
     /// its quota) after a committed entry: the node stops applying rather than grant from it.
     #[error("the allowance table broke its invariant: {reason}")]
     Invariant { reason: RejectReason },
+    /// openraft failed to start or stop, or the raft server failed.
+    #[error("raft: {0}")]
+    Raft(String),
     /// Raft settings that cannot work.
     #[error("invalid raft settings: {0}")]
     Config(String),

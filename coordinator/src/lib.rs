@@ -8,10 +8,14 @@
 //!   ([`ClusterState`]).
 //! - [`store`]: the raft log and state machine, persisted in sled.
 //! - [`types`]: the openraft type configuration.
+//! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
 //!
 //! The daemon (sync stream, rebalancer driver, admin API) is still to come.
 
+mod codec;
 pub mod error;
+pub mod network;
+pub mod node;
 pub mod raft_config;
 pub mod state;
 pub mod store;

@@ -14,6 +14,18 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 1_024;
 /// catches up from the log instead of a whole snapshot.
 pub const LOG_KEPT_BELOW_SNAPSHOT: u64 = 256;
 
+/// Most entries one AppendEntries carries. A round entry holds at most
+/// `MAX_COMMANDS_PER_ROUND` table commands (about 100 bytes each), so a message stays within
+/// [`MAX_RAFT_MESSAGE_BYTES`].
+pub const MAX_ENTRIES_PER_APPEND: u64 = 64;
+
+/// Size of the pieces a snapshot is sent in.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
+
+/// Most bytes one raft message may have on the wire: a full AppendEntries or snapshot chunk,
+/// with room to spare.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
+
 /// The leader's heartbeat; elections wait several of these.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1_000;
@@ -28,6 +40,8 @@ pub fn raft_config(cluster_name: &str) -> Result<Config> {
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
         max_in_snapshot_log_to_keep: LOG_KEPT_BELOW_SNAPSHOT,
+        max_payload_entries: MAX_ENTRIES_PER_APPEND,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         ..Config::default()
     };
     config.validate().map_err(|e| Error::Config(e.to_string()))

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::codec::{decode, encode};
+use crate::codec::{decode, encode};
 use crate::error::{Error, Result};
 use crate::types::{Entry, SnapshotMeta};
 

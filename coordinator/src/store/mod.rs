@@ -8,11 +8,10 @@
 //!   [`crate::state::ClusterState`] in memory, persisted as snapshots; a restart loads the last
 //!   snapshot and openraft reapplies the committed log after it.
 //!
-//! Records are postcard behind a format byte ([`codec`]). A record that does not decode is a
+//! Records are postcard behind a format byte ([`crate::codec`]). A record that does not decode is a
 //! [`crate::Error::Corrupt`], handed to openraft as a `StorageError` (which stops the node),
 //! never a panic. Only [`disk`] knows sled.
 
-mod codec;
 mod disk;
 mod log;
 mod state_machine;

@@ -15,9 +15,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
 
-use super::codec::{decode, encode};
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
+use crate::codec::{decode, encode};
 use crate::error::Error;
 use crate::state::{ClusterState, CommandOutcome};
 use crate::types::{

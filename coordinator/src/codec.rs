@@ -1,4 +1,4 @@
-//! How stored records are encoded: a format byte, then postcard.
+//! How stored records and raft messages are encoded: a format byte, then postcard.
 //!
 //! Postcard keeps no field names, so a change to a stored type changes its layout; the format
 //! byte lets a later layout be told from this one and the old one still be read (as the
