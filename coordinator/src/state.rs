@@ -261,6 +261,11 @@ impl ClusterState {
         &mut self,
         clocks: Vec<RegionClock>,
     ) -> std::result::Result<CommandOutcome, Refusal> {
+        if clocks.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: clocks.len(),
+            });
+        }
         if let Some(c) = clocks
             .iter()
             .find(|c| !self.regions.contains_key(&c.region))
