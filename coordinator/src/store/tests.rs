@@ -260,3 +260,42 @@ fn corrupt_records_are_errors_not_panics() {
     });
     assert!(disk.get_meta::<Vote>(MetaKey::Vote).is_err());
 }
+
+#[test]
+fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut state = expected_state();
+    let release = allot_core::rebalance::TableCommand::RequestRelease {
+        counter: allot_core::sync::CounterRef {
+            limit: allot_core::ids::LimitId::new("api"),
+            key: allot_core::ids::KeyId::new("k"),
+            window: allot_core::time::WindowIndex(1),
+        },
+        region: RegionId::new("us"),
+        expected_epoch: allot_core::ids::Epoch(0),
+        units: 10,
+    };
+    let outcome = state.apply(ClusterCommand::Round(vec![release]));
+    assert!(matches!(outcome, Ok(CommandOutcome::Round(_))));
+    assert_eq!(state.table().row_count(), 1);
+    let mut data = crate::codec::encode("state", &state).expect("encode");
+    // The table comes first and its row count is its last field: one varint byte here.
+    let table_len = postcard::to_stdvec(state.table()).expect("encode").len();
+    assert_eq!(data[table_len], 1);
+    data[table_len] = 5;
+    let meta = crate::types::SnapshotMeta {
+        last_log_id: Some(log_id(1, 9)),
+        last_membership: Default::default(),
+        snapshot_id: "damaged".to_string(),
+    };
+    runtime().block_on(async {
+        let (_, mut sm) = open(dir.path()).expect("open");
+        let installed = sm
+            .install_snapshot(&meta, Box::new(std::io::Cursor::new(data)))
+            .await;
+        let err = installed.expect_err("a damaged snapshot is refused");
+        assert!(err.to_string().contains("1 rows, counted as 5"), "{err}");
+        assert_eq!(sm.applied_state().await.expect("applied").0, None);
+        assert!(sm.get_current_snapshot().await.expect("read").is_none());
+    });
+}
