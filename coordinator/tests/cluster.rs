@@ -196,3 +196,62 @@ async fn a_node_refuses_another_clusters_messages_and_garbage() {
     assert_eq!(metrics.last_log_index, None);
     node.shutdown().await.expect("node stops");
 }
+
+/// Every node stops and starts again from its directory (nothing is written at shutdown, so
+/// this is what a kill leaves): the votes come back (the term never goes back; openraft lets a
+/// leader whose committed vote it finds lead again in its term), and the state is back whole
+/// before the next entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_restarts_from_disk_with_its_state() {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut members = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr: SocketAddr = listener.local_addr().expect("address");
+        members.insert(id, BasicNode::new(addr.to_string()));
+        nodes.insert(id, start(id, dir.path(), listener).await);
+    }
+    nodes[&1]
+        .raft
+        .initialize(members.clone())
+        .await
+        .expect("cluster initialised");
+    let leader = leader_among(&nodes, None).await;
+    for name in ["eu", "us"] {
+        commit(&nodes[&leader], add_region(name)).await;
+    }
+    let limits = ClusterCommand::PutLimits {
+        version: 5,
+        limits: vec![LimitSpec::simple("api", 900, Duration::from_secs(60))],
+    };
+    let (_, index) = commit(&nodes[&leader], limits).await;
+    let before = applied_state(&nodes[&leader], index).await;
+    let term = nodes[&leader].raft.metrics().borrow().current_term;
+    for node in nodes.values() {
+        applied_state(node, index).await;
+    }
+    for (_, node) in std::mem::take(&mut nodes) {
+        node.shutdown().await.expect("node stops");
+    }
+
+    for (id, member) in &members {
+        let listener = TcpListener::bind(&member.addr).await.expect("rebind");
+        nodes.insert(*id, start(*id, dir.path(), listener).await);
+    }
+    let leader = leader_among(&nodes, None).await;
+    let metrics = nodes[&leader].raft.metrics().borrow().clone();
+    assert!(
+        metrics.current_term >= term,
+        "{} after {term}",
+        metrics.current_term
+    );
+    for node in nodes.values() {
+        assert_eq!(applied_state(node, index).await, before);
+    }
+    let (outcome, _) = commit(&nodes[&leader], add_region("ap")).await;
+    assert_eq!(outcome, CommandOutcome::Configured { version: 6 });
+    for (_, node) in nodes {
+        node.shutdown().await.expect("node stops");
+    }
+}
