@@ -28,6 +28,9 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
 
 /// The leader's heartbeat; elections wait several of these.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
+/// A follower that hears no leader for a random time in this range stands for election: four
+/// missed heartbeats at least, so a round trip of 80 ms between regions and a slow beat do not
+/// start one, and a lost leader is replaced within about 2 s (the rebalancer resumes after).
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1_000;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2_000;
 
@@ -45,4 +48,20 @@ pub fn raft_config(cluster_name: &str) -> Result<Config> {
         ..Config::default()
     };
     config.validate().map_err(|e| Error::Config(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_settings_are_valid_and_bound_the_log() {
+        let config = raft_config("allot").expect("valid");
+        assert_eq!(
+            config.snapshot_policy,
+            SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES)
+        );
+        assert!(config.election_timeout_min >= 4 * config.heartbeat_interval);
+        assert!(SNAPSHOT_CHUNK_BYTES < MAX_RAFT_MESSAGE_BYTES as u64);
+    }
 }
