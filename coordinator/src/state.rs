@@ -81,15 +81,29 @@ pub struct RegionMember {
 pub enum CommandOutcome {
     /// Per table command of the round, in order.
     Round(Vec<ApplyOutcome>),
-    /// A limits or membership change is in the table at this version.
+    /// A limits or membership change is in the table at this version. `set_config` is the
+    /// table command it applied (limits with the members' weights filled in, the member list):
+    /// the leader hands it to its rebalancer's `handle_committed`, whose table then stays the
+    /// same as the replicated one.
     Configured {
         version: u64,
+        set_config: TableCommand,
     },
     ClocksRecorded,
     /// The whole command was refused; nothing changed.
     Refused(Refusal),
     /// A raft entry of its own (blank or membership): nothing of the cluster state changed.
     Raft,
+}
+
+impl CommandOutcome {
+    /// The version a configuration change took effect at, if this is one.
+    pub fn configured_version(&self) -> Option<u64> {
+        match self {
+            CommandOutcome::Configured { version, .. } => Some(*version),
+            _ => None,
+        }
+    }
 }
 
 /// Why a command was refused as a whole.
@@ -249,12 +263,15 @@ impl ClusterState {
             limits: effective,
             regions: regions.keys().cloned().collect(),
         };
-        if let ApplyOutcome::Rejected(reason) = self.table.apply(cmd) {
+        if let ApplyOutcome::Rejected(reason) = self.table.apply(cmd.clone()) {
             return Err(Refusal::Table(reason));
         }
         self.limits = limits;
         self.regions = regions;
-        Ok(CommandOutcome::Configured { version })
+        Ok(CommandOutcome::Configured {
+            version,
+            set_config: cmd,
+        })
     }
 
     fn record_clocks(
@@ -373,8 +390,8 @@ mod tests {
             )],
         };
         assert_eq!(
-            state.apply(put).ok(),
-            Some(CommandOutcome::Configured { version: 10 })
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(10)
         );
         state
     }
@@ -412,8 +429,8 @@ mod tests {
             limits: vec![LimitSpec::simple("api", 5, Duration::from_secs(1))],
         };
         assert_eq!(
-            state.apply(put).ok(),
-            Some(CommandOutcome::Configured { version: 11 })
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(11)
         );
         assert_eq!(state.table().config_version(), 11);
     }
@@ -490,8 +507,8 @@ mod tests {
             weight_ppm: Some(400_000),
         };
         assert_eq!(
-            state.apply(join).ok(),
-            Some(CommandOutcome::Configured { version: 11 })
+            state.apply(join).ok().and_then(|o| o.configured_version()),
+            Some(11)
         );
         // sa takes 40%; eu and us share the other 60% equally.
         assert_eq!(state.table().allowance(&counter(), &region("sa")), 360);
@@ -552,5 +569,67 @@ mod tests {
                 "us"
             ))))
         );
+    }
+
+    /// The driver contract: the leader's rebalancer applies what each entry applied (a
+    /// round's commands, a change's `set_config`) and its table stays the replicated one.
+    #[test]
+    fn the_leaders_rebalancer_follows_the_replicated_table_from_the_outcomes() {
+        use allot_core::rebalance::{Coordinator, CoordinatorConfig};
+
+        let now = Timestamp::from_unix_nanos(0);
+        let mut state = ClusterState::default();
+        let mut leader =
+            Coordinator::new(CoordinatorConfig::default(), AllowanceTable::new(), now, 1);
+        let release = TableCommand::RequestRelease {
+            counter: counter(),
+            region: region("us"),
+            expected_epoch: Epoch(0),
+            units: 50,
+        };
+        let commands = [
+            ClusterCommand::AddRegion {
+                region: region("eu"),
+                weight_ppm: None,
+            },
+            ClusterCommand::AddRegion {
+                region: region("us"),
+                weight_ppm: Some(600_000),
+            },
+            ClusterCommand::PutLimits {
+                version: 4,
+                limits: vec![LimitSpec::simple(
+                    "api",
+                    QUOTA_UNITS,
+                    Duration::from_secs(60),
+                )],
+            },
+            ClusterCommand::Round(vec![release, grow("eu", 0, 10_000)]),
+            ClusterCommand::AddRegion {
+                region: region("ap"),
+                weight_ppm: None,
+            },
+            ClusterCommand::RemoveRegion {
+                region: region("eu"),
+            },
+        ];
+        for cmd in commands {
+            let round = match &cmd {
+                ClusterCommand::Round(cmds) => cmds.clone(),
+                _ => Vec::new(),
+            };
+            match state.apply(cmd).expect("invariant holds") {
+                CommandOutcome::Configured { set_config, .. } => {
+                    assert!(leader.handle_committed(now, &set_config).is_applied());
+                }
+                CommandOutcome::Round(outcomes) => {
+                    for (c, outcome) in round.iter().zip(outcomes) {
+                        assert_eq!(leader.handle_committed(now, c), outcome);
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            assert_eq!(leader.table(), state.table());
+        }
     }
 }
