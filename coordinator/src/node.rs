@@ -10,6 +10,7 @@ use openraft::{Config, Raft};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::error::{Error, Result};
@@ -57,9 +58,14 @@ impl RaftNode {
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let (stop, mut stopped) = watch::channel(false);
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            // Heartbeats and votes are one small frame each: without this, Nagle holds them
+            // back behind the peer's delayed acknowledgement.
+            conn.and_then(|s| s.set_nodelay(true).map(|()| s))
+        });
         let server = tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
         Ok(RaftNode {
