@@ -1,7 +1,26 @@
 //! allot-coordinator: the 3-5 node openraft cluster that relays counter state between regions.
 //!
-//! It will be a thin driver over `allot_core::rebalance`: the replicated allowance table as the
+//! It is a thin driver over `allot_core::rebalance`: the replicated allowance table as the
 //! raft state machine, the leader's rebalancer producing commands to commit, and the sync
 //! stream service that agents connect to. Only this crate knows openraft.
 //!
-//! Not yet written: see the coordinator issue.
+//! - [`state`]: what is replicated ([`ClusterCommand`]) and the state it builds
+//!   ([`ClusterState`]).
+//! - [`store`]: the raft log and state machine, persisted in sled.
+//! - [`types`]: the openraft type configuration.
+//! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
+//!
+//! The daemon (sync stream, rebalancer driver, admin API) is still to come.
+
+mod codec;
+pub mod error;
+pub mod network;
+pub mod node;
+pub mod raft_config;
+pub mod state;
+pub mod store;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use state::{ClusterCommand, ClusterState, CommandOutcome, Refusal};
+pub use types::{NodeId, TypeConfig};

@@ -1,6 +1,8 @@
 //! allot-proto: the wire types, and the only crate that knows prost.
 //!
 //! - [`lease::v1`]: the lease API gateways call (`allot.lease.v1.LeaseService`).
+//! - [`raft::v1`]: raft between coordinator nodes (`allot.raft.v1.RaftService`), carrying
+//!   openraft's messages as opaque payloads.
 //! - [`envoy`]: Envoy's rate limit service v3 (RLS) types, re-exported from envoy-types.
 //!
 //! The `.proto` sources live in `proto/allot/`, compiled at build time with protox (pure Rust,
@@ -10,6 +12,12 @@
 pub mod lease {
     pub mod v1 {
         tonic::include_proto!("allot.lease.v1");
+    }
+}
+
+pub mod raft {
+    pub mod v1 {
+        tonic::include_proto!("allot.raft.v1");
     }
 }
 

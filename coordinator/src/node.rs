@@ -1,0 +1,91 @@
+//! One coordinator node's raft, wired: its storage in the data directory, the gRPC network
+//! to its peers and the raft service on its listener. The daemon adds the sync stream and the
+//! rebalancer driver beside it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use allot_proto::raft::v1::raft_service_server::RaftServiceServer;
+use openraft::{Config, Raft};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::error::{Error, Result};
+use crate::network::{GrpcNetwork, RaftGrpcService};
+use crate::raft_config::MAX_RAFT_MESSAGE_BYTES;
+use crate::store::{self, StateReader};
+use crate::types::{NodeId, TypeConfig};
+
+/// What a node is started with.
+#[derive(Debug)]
+pub struct NodeSettings {
+    pub id: NodeId,
+    /// Where the raft log, vote and snapshots live.
+    pub data_dir: PathBuf,
+    /// openraft's settings; its `cluster_name` is checked on every message between nodes.
+    pub raft: Config,
+}
+
+/// A running node: its raft handle, a reader of its applied state, and its gRPC server.
+pub struct RaftNode {
+    pub raft: Raft<TypeConfig>,
+    pub state: StateReader,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+impl RaftNode {
+    /// Opens the storage in `settings.data_dir` (recovering what a previous run left), starts
+    /// raft and serves it on `listener`.
+    pub async fn start(settings: NodeSettings, listener: TcpListener) -> Result<RaftNode> {
+        let (log_store, state_machine) = store::open(&settings.data_dir)?;
+        let state = state_machine.reader();
+        let cluster = settings.raft.cluster_name.clone();
+        let network = GrpcNetwork::new(settings.id, cluster.clone());
+        let raft = Raft::new(
+            settings.id,
+            Arc::new(settings.raft),
+            network,
+            log_store,
+            state_machine,
+        )
+        .await
+        .map_err(|e| Error::Raft(e.to_string()))?;
+        let service = RaftServiceServer::new(RaftGrpcService::new(raft.clone(), cluster))
+            .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        let (stop, mut stopped) = watch::channel(false);
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            // Heartbeats and votes are one small frame each: without this, Nagle holds them
+            // back behind the peer's delayed acknowledgement.
+            conn.and_then(|s| s.set_nodelay(true).map(|()| s))
+        });
+        let server = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            });
+        Ok(RaftNode {
+            raft,
+            state,
+            stop,
+            server: tokio::spawn(server),
+        })
+    }
+
+    /// Stops raft (its storage is flushed at every durable step, so nothing more is written)
+    /// and the gRPC server.
+    pub async fn shutdown(self) -> Result<()> {
+        let stopped = self.raft.shutdown().await;
+        let _ = self.stop.send(true);
+        let served = self
+            .server
+            .await
+            .map_err(|e| Error::Raft(format!("raft server task: {e}")))?;
+        served.map_err(|e| Error::Raft(format!("raft server: {e}")))?;
+        stopped.map_err(|e| Error::Raft(format!("raft shutdown: {e}")))
+    }
+}

@@ -1,0 +1,635 @@
+//! The replicated state machine: what every coordinator node holds once a raft entry commits.
+//!
+//! [`ClusterState`] is the allowance table plus what the table is computed from and what the
+//! bound needs after a leader change: the limits as configured, the member regions with their
+//! weights, and each region's last clock sample. [`ClusterState::apply`] is deterministic (the
+//! same entries give the same state on every node) and refuses, with a [`Refusal`], any command
+//! that would change nothing or break the table; a refused command changes nothing.
+//!
+//! One version number: the table's `config_version`, which agents see on the sync stream. A
+//! limits put must name a version above it; a membership change takes the next one itself, so
+//! agents reload the regions' shares the same way they reload limits.
+
+use std::collections::BTreeMap;
+
+use allot_core::ids::RegionId;
+use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
+use allot_core::rebalance::{
+    AllowanceTable, ApplyOutcome, MAX_PROPOSALS_PER_POLL, RejectReason, TableCommand,
+};
+use allot_core::sync::ClockSample;
+use allot_core::time::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Most regions a cluster holds: bounds the membership, the clock samples and the table's
+/// per-counter sums. A join beyond it is refused.
+pub const MAX_REGIONS: usize = 64;
+
+/// Most table commands one round entry carries: one `poll_proposals` of the leader's
+/// rebalancer, which returns at most this many.
+pub const MAX_COMMANDS_PER_ROUND: usize = MAX_PROPOSALS_PER_POLL;
+
+/// Most limits one configuration holds (the table holds a spec per limit).
+pub const MAX_LIMITS: usize = 16_384;
+
+/// A command committed through raft: one log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterCommand {
+    /// One rebalancing round of the leader: its table commands, applied in order as one entry
+    /// (each has its own outcome, as the rebalancer expects in `handle_committed`). Config
+    /// changes do not ride in a round: they are [`ClusterCommand::PutLimits`] and the
+    /// membership commands.
+    Round(Vec<TableCommand>),
+    /// A new limits configuration. `version` must be above the current one.
+    PutLimits {
+        version: u64,
+        limits: Vec<LimitSpec>,
+    },
+    /// A region joins, or a member's weight changes. `weight_ppm: None` is the default weight:
+    /// an equal share of what the regions with a weight leave.
+    AddRegion {
+        region: RegionId,
+        weight_ppm: Option<u32>,
+    },
+    /// A region leaves; its rows go with the configuration change (agents drop theirs too).
+    RemoveRegion { region: RegionId },
+    /// The leader's latest clock samples, so that a new leader states the skew term from the
+    /// first round rather than treating every region's clock as unknown.
+    RecordClocks(Vec<RegionClock>),
+}
+
+/// One region's clock sample as the leader took it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionClock {
+    pub region: RegionId,
+    pub sample: ClockSample,
+    /// The leader's time when the sample arrived.
+    pub heard_at: Timestamp,
+}
+
+/// A member region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMember {
+    /// Its default share in ppm for limits that name no weights; `None` is the default weight.
+    pub weight_ppm: Option<u32>,
+}
+
+/// What applying one command did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandOutcome {
+    /// Per table command of the round, in order.
+    Round(Vec<ApplyOutcome>),
+    /// A limits or membership change is in the table at this version. `set_config` is the
+    /// table command it applied (limits with the members' weights filled in, the member list):
+    /// the leader hands it to its rebalancer's `handle_committed`, whose table then stays the
+    /// same as the replicated one.
+    Configured {
+        version: u64,
+        set_config: TableCommand,
+    },
+    ClocksRecorded,
+    /// The whole command was refused; nothing changed.
+    Refused(Refusal),
+    /// A raft entry of its own (blank or membership): nothing of the cluster state changed.
+    Raft,
+}
+
+impl CommandOutcome {
+    /// The version a configuration change took effect at, if this is one.
+    pub fn configured_version(&self) -> Option<u64> {
+        match self {
+            CommandOutcome::Configured { version, .. } => Some(*version),
+            _ => None,
+        }
+    }
+}
+
+/// Why a command was refused as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("limits version {proposed} is not above the current version {current}")]
+    StaleVersion { proposed: u64, current: u64 },
+    #[error("a round of {commands} commands is above the most, {MAX_COMMANDS_PER_ROUND}")]
+    RoundTooLarge { commands: usize },
+    #[error("a configuration change cannot ride in a round: put limits or change membership")]
+    ConfigInRound,
+    #[error("{limits} limits are above the most, {MAX_LIMITS}")]
+    TooManyLimits { limits: usize },
+    #[error("{regions} regions would be above the most, {MAX_REGIONS}")]
+    TooManyRegions { regions: usize },
+    #[error("region {0} is not a member")]
+    UnknownRegion(RegionId),
+    #[error("region weights would add up to {total_ppm} ppm, above 1 (1000000 ppm)")]
+    WeightsAboveOne { total_ppm: u64 },
+    #[error("the allowance table refused the configuration: {0}")]
+    Table(RejectReason),
+}
+
+/// The replicated state. Serialisable as a whole: it is the raft snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    table: AllowanceTable,
+    /// The limits as put, before member weights fill their shares in.
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+}
+
+impl Default for ClusterState {
+    fn default() -> Self {
+        ClusterState {
+            table: AllowanceTable::new(),
+            limits: Vec::new(),
+            regions: BTreeMap::new(),
+            clocks: BTreeMap::new(),
+        }
+    }
+}
+
+impl ClusterState {
+    pub fn table(&self) -> &AllowanceTable {
+        &self.table
+    }
+
+    pub fn limits(&self) -> &[LimitSpec] {
+        &self.limits
+    }
+
+    pub fn regions(&self) -> &BTreeMap<RegionId, RegionMember> {
+        &self.regions
+    }
+
+    pub fn clocks(&self) -> &BTreeMap<RegionId, RegionClock> {
+        &self.clocks
+    }
+
+    /// Applies one committed command, then checks invariant 2 over the whole table. An `Err`
+    /// means the table broke it: the node must stop applying (every replica would break it the
+    /// same way, and a grant from a broken table could overshoot).
+    pub fn apply(&mut self, cmd: ClusterCommand) -> Result<CommandOutcome> {
+        let outcome = match cmd {
+            ClusterCommand::Round(cmds) => self.apply_round(cmds),
+            ClusterCommand::PutLimits { version, limits } => self.put_limits(version, limits),
+            ClusterCommand::AddRegion { region, weight_ppm } => self.add_region(region, weight_ppm),
+            ClusterCommand::RemoveRegion { region } => self.remove_region(&region),
+            ClusterCommand::RecordClocks(clocks) => self.record_clocks(clocks),
+        };
+        self.table
+            .check_invariants()
+            .map_err(|reason| Error::Invariant { reason })?;
+        Ok(outcome.unwrap_or_else(CommandOutcome::Refused))
+    }
+
+    fn apply_round(
+        &mut self,
+        cmds: Vec<TableCommand>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        if cmds.len() > MAX_COMMANDS_PER_ROUND {
+            return Err(Refusal::RoundTooLarge {
+                commands: cmds.len(),
+            });
+        }
+        if cmds
+            .iter()
+            .any(|c| matches!(c, TableCommand::SetConfig { .. }))
+        {
+            return Err(Refusal::ConfigInRound);
+        }
+        let outcomes = cmds.into_iter().map(|c| self.table.apply(c)).collect();
+        Ok(CommandOutcome::Round(outcomes))
+    }
+
+    fn put_limits(
+        &mut self,
+        version: u64,
+        limits: Vec<LimitSpec>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        let current = self.table.config_version();
+        if version <= current {
+            return Err(Refusal::StaleVersion {
+                proposed: version,
+                current,
+            });
+        }
+        if limits.len() > MAX_LIMITS {
+            return Err(Refusal::TooManyLimits {
+                limits: limits.len(),
+            });
+        }
+        self.configure(version, limits, self.regions.clone())
+    }
+
+    fn add_region(
+        &mut self,
+        region: RegionId,
+        weight_ppm: Option<u32>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        let mut regions = self.regions.clone();
+        regions.insert(region, RegionMember { weight_ppm });
+        if regions.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: regions.len(),
+            });
+        }
+        self.configure(self.next_version(), self.limits.clone(), regions)
+    }
+
+    fn remove_region(&mut self, region: &RegionId) -> std::result::Result<CommandOutcome, Refusal> {
+        let mut regions = self.regions.clone();
+        if regions.remove(region).is_none() {
+            return Err(Refusal::UnknownRegion(region.clone()));
+        }
+        let outcome = self.configure(self.next_version(), self.limits.clone(), regions)?;
+        self.clocks.remove(region);
+        Ok(outcome)
+    }
+
+    fn next_version(&self) -> u64 {
+        self.table.config_version().saturating_add(1)
+    }
+
+    /// Puts `limits` and `regions` into the table at `version`, or changes nothing.
+    fn configure(
+        &mut self,
+        version: u64,
+        limits: Vec<LimitSpec>,
+        regions: BTreeMap<RegionId, RegionMember>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        let effective = effective_limits(&limits, &regions)?;
+        let cmd = TableCommand::SetConfig {
+            version,
+            limits: effective,
+            regions: regions.keys().cloned().collect(),
+        };
+        if let ApplyOutcome::Rejected(reason) = self.table.apply(cmd.clone()) {
+            return Err(Refusal::Table(reason));
+        }
+        self.limits = limits;
+        self.regions = regions;
+        Ok(CommandOutcome::Configured {
+            version,
+            set_config: cmd,
+        })
+    }
+
+    fn record_clocks(
+        &mut self,
+        clocks: Vec<RegionClock>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        if clocks.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: clocks.len(),
+            });
+        }
+        if let Some(c) = clocks
+            .iter()
+            .find(|c| !self.regions.contains_key(&c.region))
+        {
+            return Err(Refusal::UnknownRegion(c.region.clone()));
+        }
+        for clock in clocks {
+            self.clocks.insert(clock.region.clone(), clock);
+        }
+        Ok(CommandOutcome::ClocksRecorded)
+    }
+}
+
+/// The limits the table enforces: a limit that names its own weights keeps them; one that
+/// names none gives each member with a weight that weight, and the members without one equal
+/// shares of the rest (rounded down, so the shares never add up to more than one). With no
+/// member weights at all, a limit keeps the table's equal shares.
+fn effective_limits(
+    limits: &[LimitSpec],
+    regions: &BTreeMap<RegionId, RegionMember>,
+) -> std::result::Result<Vec<LimitSpec>, Refusal> {
+    let weighted: u64 = regions
+        .values()
+        .filter_map(|m| m.weight_ppm)
+        .map(u64::from)
+        .sum();
+    if weighted > WEIGHT_SCALE_PPM {
+        return Err(Refusal::WeightsAboveOne {
+            total_ppm: weighted,
+        });
+    }
+    if weighted == 0 && regions.values().all(|m| m.weight_ppm.is_none()) {
+        return Ok(limits.to_vec());
+    }
+    let unweighted = regions.values().filter(|m| m.weight_ppm.is_none()).count() as u64;
+    let default_ppm = (WEIGHT_SCALE_PPM - weighted)
+        .checked_div(unweighted)
+        .unwrap_or(0);
+    let shares: BTreeMap<RegionId, u32> = regions
+        .iter()
+        .map(|(r, m)| {
+            // At most WEIGHT_SCALE_PPM, which fits a u32.
+            let ppm = m.weight_ppm.unwrap_or(default_ppm as u32);
+            (r.clone(), ppm)
+        })
+        .collect();
+    let weights = RegionWeights::new(shares).map_err(|e| Refusal::WeightsAboveOne {
+        total_ppm: e.total_ppm,
+    })?;
+    Ok(limits
+        .iter()
+        .map(|l| {
+            let mut l = l.clone();
+            if l.weights.is_empty() {
+                l.weights = weights.clone();
+            }
+            l
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use allot_core::ids::{Epoch, KeyId, LimitId};
+    use allot_core::sync::CounterRef;
+    use allot_core::time::WindowIndex;
+
+    use super::*;
+
+    const QUOTA_UNITS: u64 = 900;
+
+    fn region(name: &str) -> RegionId {
+        RegionId::new(name)
+    }
+
+    fn counter() -> CounterRef {
+        CounterRef {
+            limit: LimitId::new("api"),
+            key: KeyId::new("k"),
+            window: WindowIndex(7),
+        }
+    }
+
+    /// Two regions with equal shares (450 units each) of one strict limit of 900.
+    fn two_regions() -> ClusterState {
+        let mut state = ClusterState::default();
+        for r in ["eu", "us"] {
+            let cmd = ClusterCommand::AddRegion {
+                region: region(r),
+                weight_ppm: None,
+            };
+            assert!(matches!(
+                state.apply(cmd),
+                Ok(CommandOutcome::Configured { .. })
+            ));
+        }
+        let put = ClusterCommand::PutLimits {
+            version: 10,
+            limits: vec![LimitSpec::simple(
+                "api",
+                QUOTA_UNITS,
+                Duration::from_secs(60),
+            )],
+        };
+        assert_eq!(
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(10)
+        );
+        state
+    }
+
+    fn grow(r: &str, expected_epoch: u64, allowance_units: u64) -> TableCommand {
+        TableCommand::Grow {
+            counter: counter(),
+            region: region(r),
+            expected_epoch: Epoch(expected_epoch),
+            allowance_units,
+        }
+    }
+
+    #[test]
+    fn a_limits_put_with_an_old_version_is_refused_and_changes_nothing() {
+        let mut state = two_regions();
+        let before = state.clone();
+        for version in [3, 10] {
+            let put = ClusterCommand::PutLimits {
+                version,
+                limits: vec![LimitSpec::simple("api", 5, Duration::from_secs(1))],
+            };
+            let outcome = state.apply(put).expect("invariant holds");
+            assert_eq!(
+                outcome,
+                CommandOutcome::Refused(Refusal::StaleVersion {
+                    proposed: version,
+                    current: 10
+                })
+            );
+            assert_eq!(state, before);
+        }
+        let put = ClusterCommand::PutLimits {
+            version: 11,
+            limits: vec![LimitSpec::simple("api", 5, Duration::from_secs(1))],
+        };
+        assert_eq!(
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(11)
+        );
+        assert_eq!(state.table().config_version(), 11);
+    }
+
+    #[test]
+    fn a_round_above_the_quota_is_refused_by_the_table_and_changes_nothing() {
+        let mut state = two_regions();
+        // eu holds 450 by default and us the other 450: nothing is free.
+        let before = state.clone();
+        let outcome = state
+            .apply(ClusterCommand::Round(vec![grow("eu", 0, 451)]))
+            .expect("invariant holds");
+        let CommandOutcome::Round(outcomes) = outcome else {
+            panic!("a round answers per command: {outcome:?}");
+        };
+        assert!(matches!(
+            outcomes.as_slice(),
+            [ApplyOutcome::Rejected(RejectReason::AboveQuota {
+                sum_units: 901,
+                quota_units: QUOTA_UNITS,
+                ..
+            })]
+        ));
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn a_round_applies_its_commands_in_order_and_refuses_only_the_one_above_the_quota() {
+        let mut state = two_regions();
+        let release = TableCommand::RequestRelease {
+            counter: counter(),
+            region: region("us"),
+            expected_epoch: Epoch(0),
+            units: 100,
+        };
+        // A release request frees nothing until acknowledged, so the grow still finds no room.
+        let round = ClusterCommand::Round(vec![release, grow("eu", 0, 550)]);
+        let outcome = state.apply(round).expect("invariant holds");
+        let CommandOutcome::Round(outcomes) = outcome else {
+            panic!("a round answers per command: {outcome:?}");
+        };
+        assert_eq!(outcomes[0], ApplyOutcome::Applied);
+        assert!(matches!(
+            outcomes[1],
+            ApplyOutcome::Rejected(RejectReason::AboveQuota { .. })
+        ));
+        assert_eq!(state.table().allowance(&counter(), &region("eu")), 450);
+        assert!(state.table().row(&counter(), &region("us")).is_some());
+        assert!(state.table().allowance_sum(&counter()) <= u128::from(QUOTA_UNITS));
+    }
+
+    #[test]
+    fn a_round_carrying_a_config_change_is_refused_whole() {
+        let mut state = two_regions();
+        let before = state.clone();
+        let set = TableCommand::SetConfig {
+            version: 99,
+            limits: Vec::new(),
+            regions: Vec::new(),
+        };
+        let outcome = state.apply(ClusterCommand::Round(vec![grow("eu", 0, 450), set]));
+        assert_eq!(
+            outcome.ok(),
+            Some(CommandOutcome::Refused(Refusal::ConfigInRound))
+        );
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn membership_takes_the_next_version_and_weights_fill_unnamed_shares() {
+        let mut state = two_regions();
+        let join = ClusterCommand::AddRegion {
+            region: region("sa"),
+            weight_ppm: Some(400_000),
+        };
+        assert_eq!(
+            state.apply(join).ok().and_then(|o| o.configured_version()),
+            Some(11)
+        );
+        // sa takes 40%; eu and us share the other 60% equally.
+        assert_eq!(state.table().allowance(&counter(), &region("sa")), 360);
+        assert_eq!(state.table().allowance(&counter(), &region("eu")), 270);
+        let too_heavy = ClusterCommand::AddRegion {
+            region: region("af"),
+            weight_ppm: Some(700_000),
+        };
+        let before = state.clone();
+        assert_eq!(
+            state.apply(too_heavy).ok(),
+            Some(CommandOutcome::Refused(Refusal::WeightsAboveOne {
+                total_ppm: 1_100_000
+            }))
+        );
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn clock_samples_are_kept_per_member_and_leave_with_it() {
+        let mut state = two_regions();
+        let clock = |r: &str| RegionClock {
+            region: region(r),
+            sample: ClockSample {
+                offset_nanos: -5_000,
+                round_trip_nanos: 40_000_000,
+            },
+            heard_at: Timestamp::from_unix_nanos(1_000),
+        };
+        let stranger = ClusterCommand::RecordClocks(vec![clock("eu"), clock("mars")]);
+        assert_eq!(
+            state.apply(stranger).ok(),
+            Some(CommandOutcome::Refused(Refusal::UnknownRegion(region(
+                "mars"
+            ))))
+        );
+        assert!(state.clocks().is_empty());
+        let known = ClusterCommand::RecordClocks(vec![clock("eu"), clock("us")]);
+        assert_eq!(
+            state.apply(known).ok(),
+            Some(CommandOutcome::ClocksRecorded)
+        );
+        assert_eq!(state.clocks().len(), 2);
+        let leave = ClusterCommand::RemoveRegion {
+            region: region("us"),
+        };
+        assert!(matches!(
+            state.apply(leave),
+            Ok(CommandOutcome::Configured { .. })
+        ));
+        assert_eq!(state.clocks().keys().collect::<Vec<_>>(), [&region("eu")]);
+        let again = ClusterCommand::RemoveRegion {
+            region: region("us"),
+        };
+        assert_eq!(
+            state.apply(again).ok(),
+            Some(CommandOutcome::Refused(Refusal::UnknownRegion(region(
+                "us"
+            ))))
+        );
+    }
+
+    /// The driver contract: the leader's rebalancer applies what each entry applied (a
+    /// round's commands, a change's `set_config`) and its table stays the replicated one.
+    #[test]
+    fn the_leaders_rebalancer_follows_the_replicated_table_from_the_outcomes() {
+        use allot_core::rebalance::{Coordinator, CoordinatorConfig};
+
+        let now = Timestamp::from_unix_nanos(0);
+        let mut state = ClusterState::default();
+        let mut leader =
+            Coordinator::new(CoordinatorConfig::default(), AllowanceTable::new(), now, 1);
+        let release = TableCommand::RequestRelease {
+            counter: counter(),
+            region: region("us"),
+            expected_epoch: Epoch(0),
+            units: 50,
+        };
+        let commands = [
+            ClusterCommand::AddRegion {
+                region: region("eu"),
+                weight_ppm: None,
+            },
+            ClusterCommand::AddRegion {
+                region: region("us"),
+                weight_ppm: Some(600_000),
+            },
+            ClusterCommand::PutLimits {
+                version: 4,
+                limits: vec![LimitSpec::simple(
+                    "api",
+                    QUOTA_UNITS,
+                    Duration::from_secs(60),
+                )],
+            },
+            ClusterCommand::Round(vec![release, grow("eu", 0, 10_000)]),
+            ClusterCommand::AddRegion {
+                region: region("ap"),
+                weight_ppm: None,
+            },
+            ClusterCommand::RemoveRegion {
+                region: region("eu"),
+            },
+        ];
+        for cmd in commands {
+            let round = match &cmd {
+                ClusterCommand::Round(cmds) => cmds.clone(),
+                _ => Vec::new(),
+            };
+            match state.apply(cmd).expect("invariant holds") {
+                CommandOutcome::Configured { set_config, .. } => {
+                    assert!(leader.handle_committed(now, &set_config).is_applied());
+                }
+                CommandOutcome::Round(outcomes) => {
+                    for (c, outcome) in round.iter().zip(outcomes) {
+                        assert_eq!(leader.handle_committed(now, c), outcome);
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            assert_eq!(leader.table(), state.table());
+        }
+    }
+}

@@ -1,0 +1,300 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use allot_core::ids::RegionId;
+use allot_core::limit::LimitSpec;
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{
+    BasicNode, CommittedLeaderId, EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder,
+};
+use tempfile::TempDir;
+
+use super::disk::{Disk, MetaKey};
+use super::{LogStore, StateMachineStore, open};
+use crate::state::{ClusterCommand, ClusterState, CommandOutcome};
+use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+
+/// A fresh store in its own temporary directory (removed when the guard drops).
+struct TempStore;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempStore {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError> {
+        let dir = TempDir::new().expect("temporary directory");
+        let (log, sm) = open(dir.path()).expect("open a fresh store");
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes() {
+    if let Err(e) = Suite::test_all(TempStore) {
+        panic!("openraft's storage suite failed: {e}");
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("test runtime")
+}
+
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn entry(term: u64, index: u64, payload: EntryPayload<TypeConfig>) -> Entry {
+    Entry {
+        log_id: log_id(term, index),
+        payload,
+    }
+}
+
+fn membership() -> Membership<u64, BasicNode> {
+    let nodes: BTreeMap<u64, BasicNode> = (1..=3)
+        .map(|id| (id, BasicNode::new(format!("127.0.0.1:{}", 7000 + id))))
+        .collect();
+    let voters: BTreeSet<u64> = nodes.keys().copied().collect();
+    Membership::new(vec![voters], nodes)
+}
+
+/// A membership entry, two regions, one limit: the log of a cluster that just started.
+fn first_entries() -> Vec<Entry> {
+    let cmd = |c| EntryPayload::Normal(c);
+    vec![
+        entry(1, 1, EntryPayload::Membership(membership())),
+        entry(
+            1,
+            2,
+            cmd(ClusterCommand::AddRegion {
+                region: RegionId::new("eu"),
+                weight_ppm: None,
+            }),
+        ),
+        entry(
+            1,
+            3,
+            cmd(ClusterCommand::AddRegion {
+                region: RegionId::new("us"),
+                weight_ppm: None,
+            }),
+        ),
+        entry(
+            1,
+            4,
+            cmd(ClusterCommand::PutLimits {
+                version: 7,
+                limits: vec![LimitSpec::simple("api", 900, Duration::from_secs(60))],
+            }),
+        ),
+    ]
+}
+
+fn expected_state() -> ClusterState {
+    let mut state = ClusterState::default();
+    for e in first_entries() {
+        if let EntryPayload::Normal(cmd) = e.payload {
+            state.apply(cmd).expect("invariant holds");
+        }
+    }
+    state
+}
+
+#[test]
+fn a_restart_recovers_the_vote_the_log_and_the_applied_state() {
+    let dir = TempDir::new().expect("temporary directory");
+    let rt = runtime();
+    let vote = Vote::new_committed(2, 1);
+    rt.block_on(async {
+        let (mut log, mut sm) = open(dir.path()).expect("open");
+        log.save_vote(&vote).await.expect("vote");
+        log.blocking_append(first_entries()).await.expect("append");
+        log.save_committed(Some(log_id(1, 4)))
+            .await
+            .expect("commit");
+        // The first three entries are applied and snapshotted; the fourth only committed.
+        let outcomes = sm.apply(first_entries().into_iter().take(3)).await;
+        assert!(outcomes.is_ok());
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let outcomes = sm.apply(first_entries().into_iter().skip(3)).await;
+        let outcomes = outcomes.expect("apply");
+        assert_eq!(outcomes.len(), 1);
+        assert_eq!(outcomes[0].configured_version(), Some(7));
+    });
+    let rt = runtime();
+    rt.block_on(async {
+        let (mut log, mut sm) = open(dir.path()).expect("reopen");
+        assert_eq!(log.read_vote().await.expect("vote"), Some(vote));
+        assert_eq!(
+            log.read_committed().await.expect("committed"),
+            Some(log_id(1, 4))
+        );
+        let state = log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_log_id, Some(log_id(1, 4)));
+        let entries = log.try_get_log_entries(1..5).await.expect("entries");
+        assert_eq!(entries, first_entries());
+        // The state machine restarts at its snapshot; openraft reapplies entry 4 from the log
+        // (as it does at start from the committed id), which gives back the state before.
+        let (applied, members) = sm.applied_state().await.expect("applied");
+        assert_eq!(applied, Some(log_id(1, 3)));
+        assert_eq!(members.membership(), &membership());
+        sm.apply(entries.into_iter().skip(3))
+            .await
+            .expect("reapply");
+        sm.reader().read(|a| assert_eq!(a.state, expected_state()));
+    });
+}
+
+#[test]
+fn a_snapshot_round_trips_to_another_node_and_survives_its_restart() {
+    let leader_dir = TempDir::new().expect("temporary directory");
+    let follower_dir = TempDir::new().expect("temporary directory");
+    let rt = runtime();
+    rt.block_on(async {
+        let (_, mut leader) = open(leader_dir.path()).expect("open");
+        leader.apply(first_entries()).await.expect("apply");
+        let built = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let (_, mut follower) = open(follower_dir.path()).expect("open");
+        let mut receiving = follower.begin_receiving_snapshot().await.expect("begin");
+        *receiving = *built.snapshot;
+        follower
+            .install_snapshot(&built.meta, receiving)
+            .await
+            .expect("install");
+        follower
+            .reader()
+            .read(|a| assert_eq!(a.state, expected_state()));
+        let current = follower.get_current_snapshot().await.expect("current");
+        assert_eq!(current.map(|s| s.meta), Some(built.meta.clone()));
+    });
+    let (_, follower) = open(follower_dir.path()).expect("reopen");
+    follower.reader().read(|a| {
+        assert_eq!(a.state, expected_state());
+        assert_eq!(a.last_applied, Some(log_id(1, 4)));
+    });
+}
+
+#[test]
+fn an_older_snapshot_never_replaces_a_newer_one() {
+    let dir = TempDir::new().expect("temporary directory");
+    let rt = runtime();
+    rt.block_on(async {
+        let (_, mut sm) = open(dir.path()).expect("open");
+        sm.apply(first_entries().into_iter().take(2))
+            .await
+            .expect("apply");
+        let mut older = sm.get_snapshot_builder().await;
+        sm.apply(first_entries().into_iter().skip(2))
+            .await
+            .expect("apply");
+        let newer = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        older.build_snapshot().await.expect("older snapshot");
+        let current = sm.get_current_snapshot().await.expect("current");
+        assert_eq!(current.map(|s| s.meta), Some(newer.meta));
+    });
+}
+
+#[test]
+fn corrupt_records_are_errors_not_panics() {
+    let dir = TempDir::new().expect("temporary directory");
+    let rt = runtime();
+    rt.block_on(async {
+        let (mut log, mut sm) = open(dir.path()).expect("open");
+        log.blocking_append(first_entries()).await.expect("append");
+        sm.apply(first_entries()).await.expect("apply");
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+    });
+    {
+        let disk = Disk::open(dir.path()).expect("open");
+        let log = disk.raw_tree("log");
+        // A record of an unknown format, one cut short, and one under the wrong index.
+        log.insert(2u64.to_be_bytes(), vec![0x7f, 1, 2])
+            .expect("insert");
+        let whole = log.get(3u64.to_be_bytes()).expect("get").expect("entry 3");
+        log.insert(3u64.to_be_bytes(), &whole[..whole.len() / 2])
+            .expect("insert");
+        log.insert(5u64.to_be_bytes(), whole).expect("insert");
+        disk.raw_tree("meta")
+            .insert("vote", vec![0x01])
+            .expect("insert");
+        disk.raw_tree("snapshot")
+            .insert("current", vec![0x01, 0xff])
+            .expect("insert");
+        disk.raw_flush();
+    }
+    let err = open(dir.path()).expect_err("a corrupt snapshot does not open");
+    assert!(err.to_string().contains("corrupt snapshot"), "{err}");
+    let disk = Disk::open(dir.path()).expect("open");
+    let mut log = LogStore::new(disk.clone());
+    rt.block_on(async {
+        for index in [2, 3, 5] {
+            let err = log.try_get_log_entries(index..=index).await;
+            assert!(err.is_err(), "entry {index} read as {err:?}");
+        }
+        assert!(log.try_get_log_entries(1..2).await.is_ok());
+        assert!(
+            log.get_log_state().await.is_err(),
+            "last entry is misplaced"
+        );
+        assert!(log.read_vote().await.is_err());
+    });
+    assert!(disk.get_meta::<Vote>(MetaKey::Vote).is_err());
+}
+
+#[test]
+fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut state = expected_state();
+    let release = allot_core::rebalance::TableCommand::RequestRelease {
+        counter: allot_core::sync::CounterRef {
+            limit: allot_core::ids::LimitId::new("api"),
+            key: allot_core::ids::KeyId::new("k"),
+            window: allot_core::time::WindowIndex(1),
+        },
+        region: RegionId::new("us"),
+        expected_epoch: allot_core::ids::Epoch(0),
+        units: 10,
+    };
+    let outcome = state.apply(ClusterCommand::Round(vec![release]));
+    assert!(matches!(outcome, Ok(CommandOutcome::Round(_))));
+    assert_eq!(state.table().row_count(), 1);
+    let mut data = crate::codec::encode("state", &state).expect("encode");
+    // The table comes first and its row count is its last field: one varint byte here.
+    let table_len = postcard::to_stdvec(state.table()).expect("encode").len();
+    assert_eq!(data[table_len], 1);
+    data[table_len] = 5;
+    let meta = crate::types::SnapshotMeta {
+        last_log_id: Some(log_id(1, 9)),
+        last_membership: Default::default(),
+        snapshot_id: "damaged".to_string(),
+    };
+    runtime().block_on(async {
+        let (_, mut sm) = open(dir.path()).expect("open");
+        let installed = sm
+            .install_snapshot(&meta, Box::new(std::io::Cursor::new(data)))
+            .await;
+        let err = installed.expect_err("a damaged snapshot is refused");
+        assert!(err.to_string().contains("1 rows, counted as 5"), "{err}");
+        assert_eq!(sm.applied_state().await.expect("applied").0, None);
+        assert!(sm.get_current_snapshot().await.expect("read").is_none());
+    });
+}
