@@ -5,3 +5,5 @@
 //! stream service that agents connect to. Only this crate knows openraft.
 //!
 //! Not yet written: see the coordinator issue.
+
+pub mod sync_service;

@@ -22,6 +22,10 @@ use crate::sync::v1 as pb;
 /// generous size per item (ids of a few hundred bytes), with room to spare.
 pub const MAX_SYNC_MESSAGE_BYTES: usize = 16 << 20;
 
+/// Metadata key of a status refusing a stream that names the leader (`host:port`), for a node
+/// that refuses the stream outright rather than answering `NotLeader` on it.
+pub const LEADER_METADATA_KEY: &str = "allot-leader";
+
 const NANOS_PER_SEC: u32 = 1_000_000_000;
 
 type Result<T> = std::result::Result<T, WireError>;
