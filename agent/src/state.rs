@@ -198,10 +198,11 @@ impl Agent {
             settings.near_limit_ratio,
         )
         .map_err(|problems| Error::Config(problems.join("\n")))?;
+        let budget_config = settings.budget_config(&limits.regions())?;
         metrics::config_reload(true, limits.version);
         let records = store.load()?;
         tracing::info!(records = records.len(), "restoring state from the store");
-        let mut budget = RegionBudget::restore(settings.budget_config(), limits.specs(), records)?;
+        let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
         let seed = settings.jitter_seed.unwrap_or_else(|| {
             settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
@@ -583,6 +584,18 @@ impl Agent {
                 return false;
             }
         };
+        if s.is_coordinated() && new.regions() != current.regions() {
+            // The machine's default shares were computed over the regions named at start; the
+            // coordinator's over its own list. Changing them is a restart of every region.
+            tracing::error!(
+                why,
+                version = current.version,
+                "limits configuration not reloaded: it names other regions than the one in \
+                 force; the deployment's regions change only with a restart"
+            );
+            metrics::config_reload(false, current.version);
+            return false;
+        }
         let now = self.now();
         let rules = new.config.rules().len();
         let res = self
