@@ -469,39 +469,51 @@ impl Sync for Closer {
 }
 
 /// Accepts connections and writes bytes that are not HTTP/2 at all.
-fn garbage_server() -> (String, std::thread::JoinHandle<()>) {
+fn garbage_server() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address").to_string();
-    let thread = std::thread::spawn(move || {
-        for _ in 0..8 {
-            let Ok((mut s, _)) = listener.accept() else {
-                return;
-            };
+    std::thread::spawn(move || {
+        while let Ok((mut s, _)) = listener.accept() {
             let _ = s.write_all(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
         }
     });
-    (addr, thread)
+    addr
+}
+
+/// Accepts connections, keeps them open and never says a word.
+fn silent_server() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept() {
+            held.push(s);
+        }
+    });
+    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_bad_answers_and_closed_streams_leave_the_agent_serving() {
     clear_of_the_day_boundary().await;
     let dir = scratch("garbage");
-    let (garbage, _garbage_thread) = garbage_server();
+    let silent = silent_server();
+    let garbage = garbage_server();
     let bad = Server::start(SyncServer::new(BadAnswers), "127.0.0.1:0");
     let closer = Server::start(SyncServer::new(Closer), "127.0.0.1:0");
     let a = Agent::start(
         &dir,
         "a",
-        &format!("{garbage},{},{}", bad.address(), closer.address()),
+        &format!("{silent},{garbage},{},{}", bad.address(), closer.address()),
     );
-    // The agent cycles through all three, never connected, and keeps answering meanwhile.
+    // The agent cycles through all four (the silent one too: it gives up on it), never
+    // connected, and keeps answering meanwhile.
     let s = eventually(
-        "every bad node tried",
+        "every bad node tried, twice",
         || a.status(),
         |s| {
-            s["sync"]["reconnects"].as_u64() >= Some(3)
-                && s["sync"]["bad_answers"].as_u64() >= Some(1)
+            s["sync"]["reconnects"].as_u64() >= Some(8)
+                && s["sync"]["bad_answers"].as_u64() >= Some(2)
         },
     )
     .await;

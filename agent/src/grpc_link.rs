@@ -47,7 +47,7 @@ pub const SYNC_DOWN_QUEUE: usize = 16;
 pub const RECONNECT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// Longest reconnect delay (before jitter).
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Longest a connection attempt waits for the coordinator.
+/// Longest a connection attempt (TCP, HTTP/2 handshake, the stream's opening) waits.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An open stream with no answer for this long is given up and reconnected: the leader is
 /// gone or stuck (the agent sends a SyncUp every sync interval, so answers are due).
@@ -315,15 +315,25 @@ impl Connection {
     /// One stream with `address`, until it fails or redirects; also says whether it carried
     /// at least one answer.
     async fn session(&self, address: &str) -> (Ended, bool) {
-        let mut client = match connect(address).await {
-            Ok(c) => c,
-            Err(e) => return (Ended::Failed(e), false),
-        };
         let (tx, rx) = mpsc::channel(STREAM_SEND_BUFFER);
         let writer = tokio::spawn(write_sync_ups(self.outbox.clone(), tx));
-        let ended = match client.stream(ReceiverStream::new(rx)).await {
-            Ok(response) => self.read_answers(address, response.into_inner()).await,
-            Err(status) => (refused(&status), false),
+        // A peer that accepts the connection and then says nothing must not hold the link:
+        // the handshake and the stream's opening are bounded too, not only the TCP connect.
+        let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut client = connect(address).await.map_err(Ended::Failed)?;
+            client
+                .stream(ReceiverStream::new(rx))
+                .await
+                .map_err(|status| refused(&status))
+        })
+        .await;
+        let ended = match opened {
+            Ok(Ok(response)) => self.read_answers(address, response.into_inner()).await,
+            Ok(Err(ended)) => (ended, false),
+            Err(_) => {
+                let e = format!("{address} did not open the stream within {CONNECT_TIMEOUT:?}");
+                (Ended::Failed(e), false)
+            }
         };
         writer.abort();
         ended

@@ -69,13 +69,11 @@ fn stats() -> impl Strategy<Value = LimitWindowStats> {
 }
 
 fn grant() -> impl Strategy<Value = AllowanceGrant> {
-    (counter(), name(), any::<u64>(), any::<u64>()).prop_map(|(counter, r, a, e)| {
-        AllowanceGrant {
-            counter,
-            region: RegionId::new(r),
-            allowance_units: a,
-            epoch: Epoch(e),
-        }
+    (counter(), name(), any::<u64>(), any::<u64>()).prop_map(|(counter, r, a, e)| AllowanceGrant {
+        counter,
+        region: RegionId::new(r),
+        allowance_units: a,
+        epoch: Epoch(e),
     })
 }
 
@@ -91,7 +89,13 @@ fn release() -> impl Strategy<Value = ReleaseRequest> {
 }
 
 fn sync_up() -> impl Strategy<Value = SyncUp> {
-    let head = (name(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>());
+    let head = (
+        name(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+    );
     let clock = option::of((any::<i64>(), any::<u64>()).prop_map(|(o, r)| ClockSample {
         offset_nanos: o,
         round_trip_nanos: r,
@@ -122,7 +126,13 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
 }
 
 fn sync_down() -> impl Strategy<Value = SyncDown> {
-    let head = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>());
+    let head = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+    );
     let lists = (
         vec(entry(), 0..LIST_ITEMS),
         vec(grant(), 0..LIST_ITEMS),
