@@ -533,3 +533,57 @@ async fn garbage_bad_answers_and_closed_streams_leave_the_agent_serving() {
             .is_some_and(|n| n >= 1.0)
     );
 }
+
+/// The server's side of bad input: a SyncUp that does not convert, or from a region the
+/// configuration does not know, ends that stream with a status naming the problem; the table
+/// is untouched and the next stream is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_refuses_malformed_and_unknown_sync_ups_with_a_clear_status() {
+    use allot_proto::sync::v1::sync_client::SyncClient;
+
+    let coordinator = memory_coordinator();
+    let server = Server::memory(coordinator.clone(), "127.0.0.1:0");
+    let url = format!("http://{}", server.address());
+    let up = |region: &str, seq: u64| sync_pb::SyncUp {
+        region: region.to_owned(),
+        boot: 1,
+        seq,
+        config_version: 1,
+        ..sync_pb::SyncUp::default()
+    };
+    let first_status = |ups: Vec<sync_pb::SyncUp>| {
+        let url = url.clone();
+        async move {
+            let mut client = SyncClient::connect(url).await.expect("connects");
+            let mut answers = client
+                .stream(tokio_stream::iter(ups))
+                .await
+                .expect("stream opens")
+                .into_inner();
+            let mut downs = 0;
+            loop {
+                match answers.message().await {
+                    Ok(Some(_)) => downs += 1,
+                    Ok(None) => return (downs, None),
+                    Err(status) => return (downs, Some(status)),
+                }
+            }
+        }
+    };
+    let (downs, status) = first_status(vec![up("a", 1), up("", 2), up("a", 3)]).await;
+    let status = status.expect("refused");
+    assert_eq!(downs, 1);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(status.message(), "SyncUp: region: must not be empty");
+    let (downs, status) = first_status(vec![up("mars", 1)]).await;
+    let status = status.expect("refused");
+    assert_eq!(downs, 0);
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("unknown region mars"),
+        "{status:?}"
+    );
+    let (downs, status) = first_status(vec![up("b", 1), up("b", 2)]).await;
+    assert_eq!((downs, status.map(|s| s.code())), (2, None));
+    assert_eq!(coordinator.rejected_commands(), 0);
+}
