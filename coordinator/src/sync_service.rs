@@ -231,3 +231,87 @@ impl SyncHandler for MemoryCoordinator {
         self.answer(received_at, up)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use allot_core::ids::{KeyId, LimitId};
+    use allot_core::limit::RegionWeights;
+    use allot_core::sync::{CounterEntry, CounterRef, DemandReport};
+    use allot_core::time::Window;
+
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// 1000 an hour, 30% each for `a` and `b`: 400 free for a grow.
+    fn coordinator() -> MemoryCoordinator {
+        let mut spec = LimitSpec::simple("api/t", 1000, HOUR);
+        let ppm: BTreeMap<RegionId, u32> = [("a", 300_000), ("b", 300_000)]
+            .into_iter()
+            .map(|(r, w)| (RegionId::from(r), w))
+            .collect();
+        spec.weights = RegionWeights::new(ppm).expect("weights");
+        let regions = vec![RegionId::from("a"), RegionId::from("b")];
+        MemoryCoordinator::new(CoordinatorConfig::default(), 1, vec![spec], regions, 1)
+            .expect("configuration")
+    }
+
+    fn up(region: &str, now: Timestamp) -> SyncUp {
+        let counter = CounterRef {
+            limit: LimitId::from("api/t"),
+            key: KeyId::from("t=1"),
+            window: Window::new(HOUR).index(now),
+        };
+        SyncUp {
+            region: RegionId::from(region),
+            boot: 1,
+            seq: 7,
+            sent_at: now,
+            config_version: 1,
+            entries: vec![CounterEntry {
+                counter: counter.clone(),
+                region: RegionId::from(region),
+                granted_units: 300,
+                refunded_units: 0,
+            }],
+            demand: vec![DemandReport {
+                counter,
+                demand_units_per_sec: 10,
+                allowance_units: 300,
+            }],
+            release_acks: Vec::new(),
+            clock: None,
+            stats: Vec::new(),
+            view_expired: false,
+        }
+    }
+
+    #[test]
+    fn a_grow_is_committed_before_the_answer_that_carries_it() {
+        let c = coordinator();
+        let now = system_now();
+        let Answer::Down(down) = c.answer(now, up("a", now)) else {
+            panic!("answered");
+        };
+        assert_eq!(down.reply_to_seq, 7);
+        let grant = down.grants.first().expect("a grant in the same answer");
+        assert!(grant.allowance_units > 300, "{grant:?}");
+        let in_table = c.with(|co| co.table().allowance(&grant.counter, &grant.region));
+        assert_eq!(in_table, grant.allowance_units);
+        assert_eq!(c.rejected_commands(), 0);
+    }
+
+    #[test]
+    fn an_unknown_region_is_refused_and_changes_nothing() {
+        let c = coordinator();
+        let now = system_now();
+        let answer = c.answer(now, up("mars", now));
+        assert_eq!(
+            answer,
+            Answer::Refused("invalid request: sync from unknown region mars".to_owned())
+        );
+        assert_eq!(c.with(|co| co.table().row_count()), 0);
+    }
+}
