@@ -587,3 +587,40 @@ async fn the_server_refuses_malformed_and_unknown_sync_ups_with_a_clear_status()
     assert_eq!((downs, status.map(|s| s.code())), (2, None));
     assert_eq!(coordinator.rejected_commands(), 0);
 }
+
+/// Takes every SyncUp and never answers.
+struct NeverAnswers;
+
+impl SyncHandler for NeverAnswers {
+    async fn handle(
+        &self,
+        _received_at: allot_core::time::Timestamp,
+        _up: allot_core::sync::SyncUp,
+    ) -> allot_coordinator::sync_service::Answer {
+        std::future::pending().await
+    }
+}
+
+/// A leader that opens the stream and then never answers holds neither the agent's timers
+/// (its view expires, which only the timer task reports in the metrics) nor the link (given
+/// up after the answer timeout, then tried again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_never_answers_is_given_up_and_the_timers_keep_running() {
+    let dir = scratch("never_answers");
+    let stuck = Server::handler(NeverAnswers);
+    let a = Agent::start(&dir, "a", &stuck.address());
+    let s = eventually(
+        "given up",
+        || a.status(),
+        |s| s["sync"]["reconnects"].as_u64() >= Some(1),
+    )
+    .await;
+    let error = s["sync"]["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("no answer from"), "{s}");
+    assert_eq!(s["sync"]["connected"], false, "{s}");
+    assert_eq!(
+        a.metric("allot_partition_policy_state{state=\"expired\"}"),
+        Some(1.0)
+    );
+    assert!(a.acquire("shared", 1).await.allowed);
+}
