@@ -906,6 +906,30 @@ mod tests {
         }
     }
 
+    /// A coordinated agent's default shares were computed over the regions named at start:
+    /// a reload naming others would split quotas differently from the coordinator's table.
+    #[tokio::test]
+    async fn a_coordinated_reload_that_renames_the_regions_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("limits.yaml");
+        let limits = |weights: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: 10}}\n    allot: {{weights: {weights}}}\n"
+            )
+        };
+        std::fs::write(&file, limits("{r: 0.5, s: 0.5}")).expect("limits file");
+        let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+        s.config_files = vec![file.clone()];
+        s.coordinators = vec!["127.0.0.1:7000".into()];
+        let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+        std::fs::write(&file, limits("{r: 0.6, s: 0.4}")).expect("limits file");
+        assert!(a.reload("test").await, "same regions, other weights");
+        assert_eq!(a.limits().version, 2);
+        std::fs::write(&file, limits("{r: 0.5, t: 0.5}")).expect("limits file");
+        assert!(!a.reload("test").await, "other regions");
+        assert_eq!(a.limits().version, 2);
+    }
+
     #[test]
     fn the_same_seed_gives_the_same_jitter() {
         let (a, b) = (agent(3), agent(3));
