@@ -266,6 +266,10 @@ struct Connection {
 
 impl Connection {
     async fn run(mut self) {
+        if self.addresses.is_empty() {
+            tracing::error!("sync link started with no coordinator address: nothing to connect to");
+            return;
+        }
         let mut next = 0usize;
         let mut hint: Option<String> = None;
         let mut failures = 0u32;

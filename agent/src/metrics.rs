@@ -139,7 +139,7 @@ fn describe() {
     );
     describe_counter!(
         SYNC_RECONNECTS,
-        "Sync streams that ended (failed, refused, redirected) and were reconnected."
+        "Sync link attempts or streams that ended (connection failed, refused, redirected, broken, silent) before the next try."
     );
     describe_gauge!(
         SYNC_LAST_ANSWER_AGE,
