@@ -32,11 +32,12 @@ pub struct AgentArgs {
     /// Limits files (envoyproxy/ratelimit YAML); none: the embedded default.
     #[arg(long = "config", env = "ALLOT_CONFIG", value_delimiter = ',', num_args = 1..)]
     config: Vec<PathBuf>,
-    /// This region's name.
+    /// This region's name. With --coordinator it must be one the limits configuration names
+    /// (in its limits' `allot.weights`).
     #[arg(long, env = "ALLOT_REGION", default_value = "local")]
     region: String,
-    /// Coordinator addresses (host:port,...). Accepted and checked; the sync stream is not
-    /// written yet, so the agent runs single-region.
+    /// Coordinator addresses (host:port,...): the agent syncs with the cluster's leader
+    /// through any of them. None: single region, this agent owns every quota.
     #[arg(long = "coordinator", env = "ALLOT_COORDINATOR", value_delimiter = ',')]
     coordinators: Vec<String>,
     /// gRPC address (lease API and Envoy RLS).

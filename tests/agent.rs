@@ -913,28 +913,54 @@ async fn acquire_and_rls_commands_exit_zero_on_answers_and_two_on_errors() {
     assert_eq!(malformed.status.code(), Some(2));
 }
 
+const TWO_REGIONS: &str = "\
+domain: shop
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 10}
+    allot: {weights: {eu: 0.5, us: 0.5}}
+";
+
 #[test]
-fn a_coordinator_address_is_checked_and_the_single_region_mode_announced() {
+fn coordinator_addresses_and_the_region_are_checked_at_start() {
     let dir = scratch("coordinator");
     write_config(&dir, SHOP);
-    let bad = allot(&[
-        "agent",
-        "--grpc",
-        "127.0.0.1:0",
-        "--http",
-        "127.0.0.1:0",
-        "--coordinator",
-        "no-port",
-        "--data",
-        dir.join("data").to_str().expect("utf-8"),
-    ]);
+    let data = dir.join("data");
+    let config = dir.join("limits.yaml");
+    let start = |extra: &[&str]| {
+        let mut args = vec![
+            "agent",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().expect("utf-8"),
+            "--config",
+            config.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        allot(&args)
+    };
+    let bad = start(&["--coordinator", "no-port"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("coordinator 'no-port'"));
-    let agent = Agent::start(&dir, &["--coordinator", "coord-1:7000,coord-2:7000"]);
-    agent.signal("TERM");
-    let (code, log) = agent.wait();
-    assert_eq!(code, Some(0));
-    assert!(log.contains("not implemented yet"), "{log}");
+    // SHOP names no region: a coordinated agent would have no share of anything.
+    let unnamed = start(&["--coordinator", "127.0.0.1:1"]);
+    assert_eq!(unnamed.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&unnamed.stderr);
+    assert!(
+        err.contains("region 'local'") && err.contains("names none"),
+        "{err}"
+    );
+    write_config(&dir, TWO_REGIONS);
+    let other = start(&["--coordinator", "127.0.0.1:1", "--region", "ap"]);
+    assert_eq!(other.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        err.contains("region 'ap' is not named") && err.contains("eu, us"),
+        "{err}"
+    );
 }
 
 const TWO_RULES: &str = "\

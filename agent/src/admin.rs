@@ -1,10 +1,12 @@
 //! The admin HTTP surface (axum): `/metrics` (Prometheus text), `/healthz` (the process
 //! answers), `/readyz` (state restored, configuration loaded, listeners up, not shutting
-//! down) and `/v1/keys?domain=D&descriptor=k=v,k2=v2`, one key's state as JSON.
+//! down), `/v1/keys?domain=D&descriptor=k=v,k2=v2`, one key's state as JSON, and `/v1/status`,
+//! the sync link and each limit's partition state as JSON.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use allot_core::limit::{Consistency, PartitionPolicy};
 use axum::Json;
 use axum::Router;
 use axum::extract::{Query, State};
@@ -12,25 +14,97 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::convert;
+use crate::grpc_link::LinkStatus;
 use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
 use crate::state::{Agent, Target};
 
 #[derive(Clone)]
 struct Admin {
     agent: Arc<Agent>,
+    link: Arc<LinkStatus>,
     metrics: PrometheusHandle,
 }
 
-pub fn router(agent: Arc<Agent>, metrics: PrometheusHandle) -> Router {
+pub fn router(agent: Arc<Agent>, link: Arc<LinkStatus>, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/v1/keys", get(key))
-        .with_state(Admin { agent, metrics })
+        .route("/v1/status", get(status))
+        .with_state(Admin {
+            agent,
+            link,
+            metrics,
+        })
+}
+
+/// The sync link and the machine's view: whether the coordinator answers, and whether the
+/// view has expired (then each limit's partition policy applies).
+fn sync_json(a: &Admin) -> Value {
+    let (state, lag_secs) = a.agent.sync_status();
+    let link = a.link.snapshot();
+    json!({
+        "mode": if a.agent.settings().is_coordinated() { "coordinated" } else { "single_region" },
+        "connected": link.connected,
+        "address": link.address,
+        "leader": link.leader,
+        "last_answer_age_secs": link.last_answer_age_secs,
+        "reconnects": link.reconnects,
+        "dropped_sync_ups": link.dropped_sync_ups,
+        "bad_answers": link.bad_answers,
+        "last_error": link.last_error,
+        "partition_state": state,
+        "view_expired": state == "expired",
+        "view_age_secs": lag_secs.is_finite().then_some(lag_secs),
+    })
+}
+
+fn policy_name(p: &PartitionPolicy) -> &'static str {
+    match p {
+        PartitionPolicy::Floor => "floor",
+        PartitionPolicy::Closed => "closed",
+        PartitionPolicy::Open { .. } => "open",
+    }
+}
+
+fn consistency_name(c: Consistency) -> &'static str {
+    match c {
+        Consistency::Strict => "strict",
+        Consistency::Eventual => "eventual",
+    }
+}
+
+/// `/v1/status`: the region, its sync link, and per limit whether its partition policy is in
+/// force (the view is the region's, so it expires for every limit at once; what each limit
+/// then does is its own policy).
+async fn status(State(a): State<Admin>) -> Response {
+    let sync = sync_json(&a);
+    let expired = sync["view_expired"].as_bool().unwrap_or(false);
+    let limits = a.agent.limits();
+    let rules: Vec<Value> = limits
+        .config
+        .rules()
+        .map(|r| {
+            let spec = &r.spec;
+            json!({
+                "rule": spec.id.as_str(),
+                "consistency": consistency_name(spec.consistency),
+                "partition_policy": policy_name(&spec.partition_policy),
+                "view_expired": expired,
+            })
+        })
+        .collect();
+    Json(json!({
+        "region": a.agent.settings().region.as_str(),
+        "config_version": limits.version,
+        "sync": sync,
+        "limits": rules,
+    }))
+    .into_response()
 }
 
 async fn render_metrics(State(a): State<Admin>) -> Response {
@@ -101,6 +175,13 @@ async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -
         "reported": v.reported,
         "tracked": v.tracked,
         "negative_cache_until_unix_ms": state.negative_cache_until.map(|t| t.as_unix_millis()),
+        "partition_policy": a
+            .agent
+            .limits()
+            .config
+            .limit(&state.rule.id)
+            .map(|spec| policy_name(&spec.partition_policy)),
+        "sync": sync_json(&a),
     });
     Json(body).into_response()
 }

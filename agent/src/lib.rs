@@ -11,7 +11,8 @@
 //! - [`service`]: the gRPC services (lease API, Envoy RLS) and rate limit headers;
 //!   [`convert`]: protobuf <-> core, with input bounds.
 //! - [`admin`]: HTTP metrics, health, readiness, key view; [`metrics`]: names and handles.
-//! - [`driver`]: timers, checkpoints, config reloads; [`sync_link`]: the coordinator seam.
+//! - [`driver`]: timers, checkpoints, config reloads; [`sync_link`]: the coordinator seam;
+//!   [`grpc_link`]: its real implementation, the sync stream to the coordinator's leader.
 //! - [`limits`]: the configuration in force; [`negative`]: the over-limit cache.
 //! - [`clock`]: the one clock read; [`logging`]: tracing setup; [`error`]: the error type.
 
@@ -21,6 +22,7 @@ pub mod commit;
 pub mod convert;
 pub mod driver;
 pub mod error;
+pub mod grpc_link;
 pub mod limits;
 pub mod logging;
 pub mod metrics;

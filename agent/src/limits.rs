@@ -1,7 +1,7 @@
 //! The limits configuration in force: files read and loaded into a `LimitsConfig`, with what
 //! the request path needs per rule (its metrics handles, its quota) ready.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use allot_core::config::{
     EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, LimitsConfig, LoadOptions, SourceFile,
 };
-use allot_core::ids::LimitId;
+use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::{FailureMode, LimitSpec, Quota};
 
 use crate::metrics::RuleMetrics;
@@ -57,6 +57,16 @@ impl Limits {
 
     pub fn specs(&self) -> Vec<LimitSpec> {
         self.config.rules().map(|r| r.spec.clone()).collect()
+    }
+
+    /// The deployment's regions: every region some limit's `allot.weights` names. Limits
+    /// without weights split their quota equally among these (the coordinator must be given
+    /// the same list, or the two would compute different default shares).
+    pub fn regions(&self) -> BTreeSet<RegionId> {
+        self.config
+            .rules()
+            .flat_map(|r| r.spec.weights.iter().map(|(region, _)| region.clone()))
+            .collect()
     }
 }
 

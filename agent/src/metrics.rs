@@ -33,6 +33,13 @@ pub const STORE_RECORDS: &str = "allot_store_records_total";
 pub const STORE_ERRORS: &str = "allot_store_errors_total";
 pub const SYNC_LAG: &str = "allot_sync_lag_seconds";
 pub const PARTITION_STATE: &str = "allot_partition_policy_state";
+pub const SYNC_CONNECTED: &str = "allot_sync_connected";
+pub const SYNC_COORDINATOR: &str = "allot_sync_coordinator";
+pub const SYNC_LEADER: &str = "allot_sync_leader";
+pub const SYNC_RECONNECTS: &str = "allot_sync_reconnects_total";
+pub const SYNC_LAST_ANSWER_AGE: &str = "allot_sync_last_answer_age_seconds";
+pub const SYNC_UPS_DROPPED: &str = "allot_sync_ups_dropped_total";
+pub const SYNC_BAD_ANSWERS: &str = "allot_sync_bad_answers_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls get the same handle).
 pub fn install() -> Result<PrometheusHandle> {
@@ -117,6 +124,34 @@ fn describe() {
     describe_gauge!(
         PARTITION_STATE,
         "1 for the partition-policy state in force: single_region, connected or expired."
+    );
+    describe_gauge!(
+        SYNC_CONNECTED,
+        "1 while the sync stream to the coordinator's leader is open and answering."
+    );
+    describe_gauge!(
+        SYNC_COORDINATOR,
+        "1 for the coordinator node the sync link talks to or tries next (label address)."
+    );
+    describe_gauge!(
+        SYNC_LEADER,
+        "1 for the coordinator node that last answered as leader (label address)."
+    );
+    describe_counter!(
+        SYNC_RECONNECTS,
+        "Sync link attempts or streams that ended (connection failed, refused, redirected, broken, silent) before the next try."
+    );
+    describe_gauge!(
+        SYNC_LAST_ANSWER_AGE,
+        "Seconds since the sync link last received an answer (+Inf before the first)."
+    );
+    describe_counter!(
+        SYNC_UPS_DROPPED,
+        "SyncUps dropped unsent for a newer one while the link could not keep up (safe: each carries everything unconfirmed)."
+    );
+    describe_counter!(
+        SYNC_BAD_ANSWERS,
+        "Answers from the coordinator that did not convert; each ends the stream."
     );
 }
 
@@ -232,4 +267,33 @@ pub fn sync_state(state: &'static str, lag_seconds: f64) {
         gauge!(PARTITION_STATE, "state" => s).set(if s == state { 1.0 } else { 0.0 });
     }
     gauge!(SYNC_LAG).set(lag_seconds);
+}
+
+/// The link moved from node `old` to node `new` (`which`: [`SYNC_COORDINATOR`] or
+/// [`SYNC_LEADER`]).
+pub fn sync_link_node(which: &'static str, old: Option<&str>, new: &str) {
+    if let Some(old) = old.filter(|o| *o != new) {
+        gauge!(which, "address" => old.to_owned()).set(0.0);
+    }
+    gauge!(which, "address" => new.to_owned()).set(1.0);
+}
+
+pub fn sync_link_connected(connected: bool) {
+    gauge!(SYNC_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+}
+
+pub fn sync_link_age(seconds: f64) {
+    gauge!(SYNC_LAST_ANSWER_AGE).set(seconds);
+}
+
+pub fn sync_reconnect() {
+    counter!(SYNC_RECONNECTS).increment(1);
+}
+
+pub fn sync_up_dropped() {
+    counter!(SYNC_UPS_DROPPED).increment(1);
+}
+
+pub fn sync_bad_answer() {
+    counter!(SYNC_BAD_ANSWERS).increment(1);
 }

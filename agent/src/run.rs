@@ -15,6 +15,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::admin;
 use crate::driver;
 use crate::error::{Error, Result};
+use crate::grpc_link::{GrpcSyncLink, LinkStatus};
 use crate::metrics;
 use crate::service::lease::LeaseApi;
 use crate::service::rls::Rls;
@@ -39,13 +40,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let handle = metrics::install()?;
-    if !settings.coordinators.is_empty() {
-        tracing::warn!(
-            coordinators = ?settings.coordinators,
-            "coordinator addresses accepted, but the sync stream to the coordinator is not \
-             implemented yet: running single-region, this agent owns every quota"
-        );
-    }
     tracing::info!(
         region = %settings.region,
         data = %settings.data_dir.display(),
@@ -57,12 +51,25 @@ pub async fn run(
     // Registered before anyone can learn the agent is up: SIGHUP's default action kills.
     let hangup = signal(SignalKind::hangup()).map_err(|e| Error::io("SIGHUP handler", e))?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let tasks = [
+    let link = Arc::new(LinkStatus::default());
+    let timers = if agent.settings().is_coordinated() {
+        let coordinators = agent.settings().coordinators.clone();
+        tracing::info!(?coordinators, "syncing with the coordinator cluster");
+        let seed = agent.settings().jitter_seed.unwrap_or_else(|| {
+            agent.now().as_unix_nanos() ^ u64::from(std::process::id()).rotate_left(32)
+        });
+        let sync = GrpcSyncLink::start(coordinators, link.clone(), seed);
+        tokio::spawn(driver::timers(agent.clone(), sync, stop_rx.clone()))
+    } else {
+        tracing::info!("no coordinator: single region, this agent owns every quota");
         tokio::spawn(driver::timers(
             agent.clone(),
             NoCoordinator,
             stop_rx.clone(),
-        )),
+        ))
+    };
+    let tasks = [
+        timers,
         tokio::spawn(driver::flushes(agent.clone(), stop_rx.clone())),
         tokio::spawn(driver::config_reloads(
             agent.clone(),
@@ -92,7 +99,7 @@ pub async fn run(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-    let http = axum::serve(listeners.http, admin::router(agent.clone(), handle))
+    let http = axum::serve(listeners.http, admin::router(agent.clone(), link, handle))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc = tokio::spawn(grpc);
     let http = tokio::spawn(async move { http.await });

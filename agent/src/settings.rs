@@ -1,5 +1,6 @@
 //! The agent's settings (from flags and `ALLOT_*` variables) and its fixed bounds on input.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,8 +40,9 @@ pub const MAX_TIMER_SLEEP: Duration = Duration::from_secs(1);
 pub struct Settings {
     /// This region's name.
     pub region: RegionId,
-    /// Coordinator addresses (`host:port`). Validated; the sync stream is not written yet, so
-    /// the agent runs single-region even when some are given.
+    /// Coordinator addresses (`host:port`). None: single region, this agent owns every quota.
+    /// Some: the agent syncs with the cluster's leader through one of them, as one of the
+    /// regions the limits configuration names.
     pub coordinators: Vec<String>,
     /// Limits files; none means the embedded default.
     pub config_files: Vec<PathBuf>,
@@ -127,14 +129,45 @@ impl Settings {
         }
     }
 
-    /// The budget machine's configuration: one region owning every quota (no coordinator
-    /// link yet).
-    pub fn budget_config(&self) -> BudgetConfig {
-        BudgetConfig {
-            max_keys_per_limit: self.max_keys_per_limit,
-            ..BudgetConfig::single_region(self.region.clone())
-        }
+    /// Whether the agent syncs with a coordinator cluster.
+    pub fn is_coordinated(&self) -> bool {
+        !self.coordinators.is_empty()
     }
+
+    /// The budget machine's configuration. Without coordinators: one region owning every
+    /// quota. With them: this region among `regions`, the deployment's regions as the limits
+    /// configuration names them ([`crate::limits::Limits::regions`]), which must include
+    /// this one: a region the configuration does not name has no share of any quota, so it
+    /// is refused at start rather than left to deny everything.
+    pub fn budget_config(&self, regions: &BTreeSet<RegionId>) -> Result<BudgetConfig> {
+        let base = if self.is_coordinated() {
+            if !regions.contains(&self.region) {
+                return Err(Error::Settings(unnamed_region(&self.region, regions)));
+            }
+            BudgetConfig::new(self.region.clone(), regions.iter().cloned().collect())
+        } else {
+            BudgetConfig::single_region(self.region.clone())
+        };
+        Ok(BudgetConfig {
+            max_keys_per_limit: self.max_keys_per_limit,
+            ..base
+        })
+    }
+}
+
+fn unnamed_region(region: &RegionId, regions: &BTreeSet<RegionId>) -> String {
+    if regions.is_empty() {
+        return format!(
+            "region '{region}': with --coordinator, the limits configuration must name the \
+             deployment's regions (in the `allot.weights` of its limits), and it names none"
+        );
+    }
+    let named: Vec<&str> = regions.iter().map(RegionId::as_str).collect();
+    format!(
+        "region '{region}' is not named in the limits configuration (its limits' \
+         `allot.weights` name {}); set --region to one of them, or add it to the weights",
+        named.join(", ")
+    )
 }
 
 /// `host:port` with a non-empty host and a port number.
@@ -171,5 +204,26 @@ mod tests {
         let msg = s.validate().expect_err("invalid").to_string();
         assert!(msg.contains("coordinator 'nope'"), "{msg}");
         assert!(msg.contains("near-limit ratio 1.5"), "{msg}");
+    }
+
+    #[test]
+    fn a_coordinated_region_must_be_named_by_the_configuration() {
+        let mut s = Settings::new(RegionId::from("eu"), PathBuf::from("d"));
+        let named: BTreeSet<RegionId> = ["eu", "us"].into_iter().map(RegionId::from).collect();
+        let alone = s.budget_config(&BTreeSet::new()).expect("single region");
+        assert!(!alone.coordinated);
+        s.coordinators = vec!["coord:7000".into()];
+        let cfg = s.budget_config(&named).expect("named");
+        assert!(cfg.coordinated);
+        assert_eq!(cfg.regions, [RegionId::from("eu"), RegionId::from("us")]);
+        s.region = RegionId::from("ap");
+        let msg = s.budget_config(&named).expect_err("unnamed").to_string();
+        assert!(msg.contains("region 'ap' is not named"), "{msg}");
+        assert!(msg.contains("name eu, us"), "{msg}");
+        let msg = s
+            .budget_config(&BTreeSet::new())
+            .expect_err("none")
+            .to_string();
+        assert!(msg.contains("names none"), "{msg}");
     }
 }

@@ -198,10 +198,11 @@ impl Agent {
             settings.near_limit_ratio,
         )
         .map_err(|problems| Error::Config(problems.join("\n")))?;
+        let budget_config = settings.budget_config(&limits.regions())?;
         metrics::config_reload(true, limits.version);
         let records = store.load()?;
         tracing::info!(records = records.len(), "restoring state from the store");
-        let mut budget = RegionBudget::restore(settings.budget_config(), limits.specs(), records)?;
+        let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
         let seed = settings.jitter_seed.unwrap_or_else(|| {
             settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
@@ -583,6 +584,18 @@ impl Agent {
                 return false;
             }
         };
+        if s.is_coordinated() && new.regions() != current.regions() {
+            // The machine's default shares were computed over the regions named at start; the
+            // coordinator's over its own list. Changing them is a restart of every region.
+            tracing::error!(
+                why,
+                version = current.version,
+                "limits configuration not reloaded: it names other regions than the one in \
+                 force; the deployment's regions change only with a restart"
+            );
+            metrics::config_reload(false, current.version);
+            return false;
+        }
         let now = self.now();
         let rules = new.config.rules().len();
         let res = self
@@ -891,6 +904,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A coordinated agent's default shares were computed over the regions named at start:
+    /// a reload naming others would split quotas differently from the coordinator's table.
+    #[tokio::test]
+    async fn a_coordinated_reload_that_renames_the_regions_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("limits.yaml");
+        let limits = |weights: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: 10}}\n    allot: {{weights: {weights}}}\n"
+            )
+        };
+        std::fs::write(&file, limits("{r: 0.5, s: 0.5}")).expect("limits file");
+        let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+        s.config_files = vec![file.clone()];
+        s.coordinators = vec!["127.0.0.1:7000".into()];
+        let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+        std::fs::write(&file, limits("{r: 0.6, s: 0.4}")).expect("limits file");
+        assert!(a.reload("test").await, "same regions, other weights");
+        assert_eq!(a.limits().version, 2);
+        std::fs::write(&file, limits("{r: 0.5, t: 0.5}")).expect("limits file");
+        assert!(!a.reload("test").await, "other regions");
+        assert_eq!(a.limits().version, 2);
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! - [`store`]: the raft log and state machine, persisted in sled.
 //! - [`types`]: the openraft type configuration.
 //! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
+//! - [`sync_service`]: the agents' sync stream (`allot.sync.v1`) over a [`sync_service::SyncHandler`].
 //!
-//! The daemon (sync stream, rebalancer driver, admin API) is still to come.
+//! The daemon (rebalancer driver over raft, admin API) is still to come.
 
 mod codec;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod node;
 pub mod raft_config;
 pub mod state;
 pub mod store;
+pub mod sync_service;
 pub mod types;
 
 pub use error::{Error, Result};

@@ -3,11 +3,18 @@
 //! - [`lease::v1`]: the lease API gateways call (`allot.lease.v1.LeaseService`).
 //! - [`raft::v1`]: raft between coordinator nodes (`allot.raft.v1.RaftService`), carrying
 //!   openraft's messages as opaque payloads.
+//! - [`sync::v1`]: the agent <-> coordinator stream (`allot.sync.v1.Sync`), and
+//!   [`sync_convert`], its one protobuf <-> `allot_core::sync` conversion, shared by both ends.
 //! - [`envoy`]: Envoy's rate limit service v3 (RLS) types, re-exported from envoy-types.
 //!
 //! The `.proto` sources live in `proto/allot/`, compiled at build time with protox (pure Rust,
-//! no protoc). Conversions between these types and `allot-core` types live in the daemons, one
-//! module per crate. Still to come: the `allot.sync.v1` agent <-> coordinator stream.
+//! no protoc). The lease API's conversions live in the agent (`agent/src/convert.rs`): only the
+//! agent speaks it. The sync stream's live here, because two daemons speak it.
+
+pub mod error;
+pub mod sync_convert;
+
+pub use error::WireError;
 
 pub mod lease {
     pub mod v1 {
@@ -18,6 +25,9 @@ pub mod lease {
 pub mod raft {
     pub mod v1 {
         tonic::include_proto!("allot.raft.v1");
+pub mod sync {
+    pub mod v1 {
+        tonic::include_proto!("allot.sync.v1");
     }
 }
 

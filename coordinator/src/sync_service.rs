@@ -1,0 +1,317 @@
+//! The sync stream's server side (`allot.sync.v1.Sync`): one task per agent stream reads its
+//! SyncUps, hands each to a [`SyncHandler`] with the time it arrived, and writes the answer.
+//!
+//! The handler is the daemon's business (a raft leader, a follower that redirects, a test
+//! double); this file knows only the wire. [`MemoryCoordinator`] is the simplest real handler:
+//! one node, no raft, `allot_core::rebalance::Coordinator` driven as its driver contract asks,
+//! every proposal committed at once to its own table. It serves tests and single-node trials.
+//!
+//! A stream ends, with a status the agent logs, when a SyncUp does not convert (the field is
+//! named), when the handler refuses one (unknown region), or when the agent sends nothing for
+//! [`STREAM_IDLE_TIMEOUT`]. None of that touches the table.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use allot_core::ids::RegionId;
+use allot_core::limit::LimitSpec;
+use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, TableCommand};
+use allot_core::sync::{SyncDown, SyncUp};
+use allot_core::time::Timestamp;
+use allot_proto::sync::v1 as pb;
+use allot_proto::sync::v1::sync_server::{Sync, SyncServer};
+use allot_proto::sync_convert::{MAX_SYNC_MESSAGE_BYTES, sync_down_to_wire, sync_up_from_wire};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Answers buffered per stream; past it the stream's task waits for the agent to read (only
+/// that agent's stream waits).
+pub const ANSWER_QUEUE: usize = 4;
+
+/// A stream on which the agent sends nothing for this long is closed: an agent syncs every
+/// sync interval, so this is a dead or stuck peer holding a task.
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a handler does with one SyncUp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The leader's answer for the region.
+    Down(SyncDown),
+    /// This node does not lead; the leader's address when known.
+    NotLeader(Option<String>),
+    /// The SyncUp is refused (unknown region...): the stream ends with this message.
+    Refused(String),
+}
+
+/// Takes a SyncUp with the time it was received, gives the answer for its region.
+pub trait SyncHandler: Send + std::marker::Sync + 'static {
+    fn handle(&self, received_at: Timestamp, up: SyncUp) -> impl Future<Output = Answer> + Send;
+}
+
+/// The tonic service over a handler.
+pub struct SyncService<H> {
+    handler: Arc<H>,
+}
+
+impl<H: SyncHandler> SyncService<H> {
+    pub fn new(handler: Arc<H>) -> Self {
+        SyncService { handler }
+    }
+
+    /// The service, ready for `Server::add_service`, decoding at most
+    /// [`MAX_SYNC_MESSAGE_BYTES`] per message.
+    pub fn into_server(self) -> SyncServer<Self> {
+        SyncServer::new(self)
+            .max_decoding_message_size(MAX_SYNC_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_SYNC_MESSAGE_BYTES)
+    }
+}
+
+type AnswerResult = Result<pb::SyncAnswer, Status>;
+
+#[tonic::async_trait]
+impl<H: SyncHandler> Sync for SyncService<H> {
+    type StreamStream = ReceiverStream<AnswerResult>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<pb::SyncUp>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let (tx, rx) = mpsc::channel(ANSWER_QUEUE);
+        tokio::spawn(serve_stream(self.handler.clone(), request.into_inner(), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// One agent's stream, until either side ends it.
+async fn serve_stream<H: SyncHandler>(
+    handler: Arc<H>,
+    mut inbound: Streaming<pb::SyncUp>,
+    tx: mpsc::Sender<AnswerResult>,
+) {
+    loop {
+        let next = tokio::time::timeout(STREAM_IDLE_TIMEOUT, inbound.message()).await;
+        let wire = match next {
+            Ok(Ok(Some(up))) => up,
+            Ok(Ok(None)) => return,
+            Ok(Err(status)) => {
+                tracing::debug!(%status, "sync stream broken");
+                return;
+            }
+            Err(_) => {
+                let msg = format!("no SyncUp for {STREAM_IDLE_TIMEOUT:?}");
+                let _ = tx.send(Err(Status::deadline_exceeded(msg))).await;
+                return;
+            }
+        };
+        let received_at = system_now();
+        let up = match sync_up_from_wire(wire) {
+            Ok(up) => up,
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed SyncUp: closing the stream");
+                let _ = tx
+                    .send(Err(Status::invalid_argument(format!("SyncUp: {e}"))))
+                    .await;
+                return;
+            }
+        };
+        let answer = match handler.handle(received_at, up).await {
+            Answer::Down(down) => Ok(pb::SyncAnswer {
+                answer: Some(pb::sync_answer::Answer::SyncDown(sync_down_to_wire(down))),
+            }),
+            Answer::NotLeader(leader) => Ok(pb::SyncAnswer {
+                answer: Some(pb::sync_answer::Answer::NotLeader(pb::NotLeader {
+                    leader_address: leader.unwrap_or_default(),
+                })),
+            }),
+            Answer::Refused(msg) => Err(Status::failed_precondition(msg)),
+        };
+        let last = answer.is_err();
+        if tx.send(answer).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+/// The coordinator's clock, as the core's `now`.
+fn system_now() -> Timestamp {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    Timestamp::from_unix_nanos(nanos)
+}
+
+/// Answers every SyncUp by naming another node as the leader: a follower, as the agent sees it.
+#[derive(Clone, Debug)]
+pub struct RedirectTo(pub Option<String>);
+
+impl SyncHandler for RedirectTo {
+    async fn handle(&self, _received_at: Timestamp, _up: SyncUp) -> Answer {
+        Answer::NotLeader(self.0.clone())
+    }
+}
+
+/// One node, no raft: the rebalancer and its table in memory, proposals committed as they
+/// are polled. Loses everything when dropped, and says so by its name.
+pub struct MemoryCoordinator {
+    coordinator: Mutex<Coordinator>,
+    /// Table commands the table refused (a stale proposal): expected now and then, counted.
+    rejected: Mutex<u64>,
+}
+
+impl MemoryCoordinator {
+    /// A leader of term `leader_term` over a table holding configuration `config_version`
+    /// (which agents must run too: grants of another version are ignored by them).
+    pub fn new(
+        cfg: CoordinatorConfig,
+        config_version: u64,
+        limits: Vec<LimitSpec>,
+        regions: Vec<RegionId>,
+        leader_term: u64,
+    ) -> Result<Self, String> {
+        let mut table = AllowanceTable::new();
+        let outcome = table.apply(TableCommand::SetConfig {
+            version: config_version,
+            limits,
+            regions,
+        });
+        if !outcome.is_applied() {
+            return Err(format!("the configuration is refused: {outcome:?}"));
+        }
+        let coordinator = Coordinator::new(cfg, table, system_now(), leader_term);
+        Ok(MemoryCoordinator {
+            coordinator: Mutex::new(coordinator),
+            rejected: Mutex::new(0),
+        })
+    }
+
+    /// Reads the rebalancer's state (its table, its views).
+    pub fn with<T>(&self, f: impl FnOnce(&Coordinator) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// Table commands refused so far.
+    pub fn rejected_commands(&self) -> u64 {
+        *self.rejected.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Coordinator> {
+        // The machine is left consistent between calls; a panic elsewhere cannot half-set it.
+        self.coordinator.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The driver contract: record the SyncUp, commit every proposal, then answer from the
+    /// committed table.
+    fn answer(&self, now: Timestamp, up: SyncUp) -> Answer {
+        let region = up.region.clone();
+        let seq = up.seq;
+        let mut c = self.lock();
+        if let Err(e) = c.handle_sync_up(now, up) {
+            return Answer::Refused(e.to_string());
+        }
+        let mut rejected = 0;
+        for cmd in c.poll_proposals(now) {
+            if !c.handle_committed(now, &cmd).is_applied() {
+                rejected += 1;
+            }
+        }
+        let down = c.poll_sync_down(now, &region, seq);
+        drop(c);
+        if rejected > 0 {
+            *self.rejected.lock().unwrap_or_else(|p| p.into_inner()) += rejected;
+        }
+        Answer::Down(down)
+    }
+}
+
+impl SyncHandler for MemoryCoordinator {
+    async fn handle(&self, received_at: Timestamp, up: SyncUp) -> Answer {
+        self.answer(received_at, up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use allot_core::ids::{KeyId, LimitId};
+    use allot_core::limit::RegionWeights;
+    use allot_core::sync::{CounterEntry, CounterRef, DemandReport};
+    use allot_core::time::Window;
+
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// 1000 an hour, 30% each for `a` and `b`: 400 free for a grow.
+    fn coordinator() -> MemoryCoordinator {
+        let mut spec = LimitSpec::simple("api/t", 1000, HOUR);
+        let ppm: BTreeMap<RegionId, u32> = [("a", 300_000), ("b", 300_000)]
+            .into_iter()
+            .map(|(r, w)| (RegionId::from(r), w))
+            .collect();
+        spec.weights = RegionWeights::new(ppm).expect("weights");
+        let regions = vec![RegionId::from("a"), RegionId::from("b")];
+        MemoryCoordinator::new(CoordinatorConfig::default(), 1, vec![spec], regions, 1)
+            .expect("configuration")
+    }
+
+    fn up(region: &str, now: Timestamp) -> SyncUp {
+        let counter = CounterRef {
+            limit: LimitId::from("api/t"),
+            key: KeyId::from("t=1"),
+            window: Window::new(HOUR).index(now),
+        };
+        SyncUp {
+            region: RegionId::from(region),
+            boot: 1,
+            seq: 7,
+            sent_at: now,
+            config_version: 1,
+            entries: vec![CounterEntry {
+                counter: counter.clone(),
+                region: RegionId::from(region),
+                granted_units: 300,
+                refunded_units: 0,
+            }],
+            demand: vec![DemandReport {
+                counter,
+                demand_units_per_sec: 10,
+                allowance_units: 300,
+            }],
+            release_acks: Vec::new(),
+            clock: None,
+            stats: Vec::new(),
+            view_expired: false,
+        }
+    }
+
+    #[test]
+    fn a_grow_is_committed_before_the_answer_that_carries_it() {
+        let c = coordinator();
+        let now = system_now();
+        let Answer::Down(down) = c.answer(now, up("a", now)) else {
+            panic!("answered");
+        };
+        assert_eq!(down.reply_to_seq, 7);
+        let grant = down.grants.first().expect("a grant in the same answer");
+        assert!(grant.allowance_units > 300, "{grant:?}");
+        let in_table = c.with(|co| co.table().allowance(&grant.counter, &grant.region));
+        assert_eq!(in_table, grant.allowance_units);
+        assert_eq!(c.rejected_commands(), 0);
+    }
+
+    #[test]
+    fn an_unknown_region_is_refused_and_changes_nothing() {
+        let c = coordinator();
+        let now = system_now();
+        let answer = c.answer(now, up("mars", now));
+        assert_eq!(
+            answer,
+            Answer::Refused("invalid request: sync from unknown region mars".to_owned())
+        );
+        assert_eq!(c.with(|co| co.table().row_count()), 0);
+    }
+}

@@ -1,0 +1,30 @@
+//! The crate's one error type: a wire message that does not convert to a core type.
+
+/// What is wrong with a received message, and where (`entries[3].counter.limit`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("{0}: required field missing")]
+    Missing(String),
+    #[error("{field}: {problem}")]
+    OutOfRange { field: String, problem: String },
+}
+
+impl WireError {
+    pub(crate) fn out_of_range(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        WireError::OutOfRange {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The same error, one level further out: `counter.limit` within `entries[3]`.
+    pub(crate) fn within(self, outer: impl std::fmt::Display) -> Self {
+        match self {
+            WireError::Missing(f) => WireError::Missing(format!("{outer}.{f}")),
+            WireError::OutOfRange { field, problem } => WireError::OutOfRange {
+                field: format!("{outer}.{field}"),
+                problem,
+            },
+        }
+    }
+}
