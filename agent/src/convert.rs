@@ -74,9 +74,20 @@ fn check_entries(entries: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
-/// An idempotency key as a request id: xxh3-128 of its bytes (fixed, unseeded, so the same
-/// key maps to the same id in every agent and across restarts). Empty means none.
-pub fn request_id(key: &str) -> Result<Option<RequestId>> {
+/// What an idempotency key is scoped to: the same key sent for another target, or another
+/// lease, is another request (never a replay of someone else's outcome).
+#[derive(Clone, Copy, Debug)]
+pub enum Scope<'a> {
+    /// Calls that name a target: acquire, lease, acquire_slot.
+    Target(&'a Target),
+    /// Calls that name a lease: renew, release, settle.
+    Lease(u64),
+}
+
+/// An idempotency key as a request id: xxh3-128 of the key within its scope (fixed, unseeded,
+/// so the same key and scope map to the same id in every agent and across restarts). Every
+/// part is length-prefixed, so no two scopes read the same. Empty means none.
+pub fn request_id(key: &str, scope: Scope<'_>) -> Result<Option<RequestId>> {
     if key.is_empty() {
         return Ok(None);
     }
@@ -85,7 +96,28 @@ pub fn request_id(key: &str) -> Result<Option<RequestId>> {
             "idempotency key is longer than {MAX_IDEMPOTENCY_KEY_BYTES} bytes"
         )));
     }
-    Ok(Some(RequestId(xxhash_rust::xxh3::xxh3_128(key.as_bytes()))))
+    let mut bytes = Vec::with_capacity(key.len() + 64);
+    let mut part = |b: &[u8]| {
+        // Parts are bounded by the target's checks (far below 4 GiB).
+        bytes.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(b);
+    };
+    match scope {
+        Scope::Target(t) => {
+            part(b"target");
+            part(t.domain.as_bytes());
+            for (k, v) in &t.entries {
+                part(k.as_bytes());
+                part(v.as_bytes());
+            }
+        }
+        Scope::Lease(id) => {
+            part(b"lease");
+            part(&id.to_le_bytes());
+        }
+    }
+    part(key.as_bytes());
+    Ok(Some(RequestId(xxhash_rust::xxh3::xxh3_128(&bytes))))
 }
 
 /// The leases handed back with a lease request, checked for number before any is touched.
@@ -302,18 +334,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn idempotency_keys_map_to_fixed_ids() {
-        let a = request_id("order-17").expect("ok");
-        assert_eq!(a, request_id("order-17").expect("ok"));
-        assert_ne!(a, request_id("order-18").expect("ok"));
-        assert_eq!(request_id("").expect("ok"), None);
+    fn idempotency_keys_map_to_fixed_ids_within_their_scope() {
+        let t = Target {
+            domain: "api".into(),
+            entries: vec![("k".into(), "1".into())],
+        };
+        let a = request_id("order-17", Scope::Lease(9)).expect("ok");
+        assert_eq!(a, request_id("order-17", Scope::Lease(9)).expect("ok"));
+        assert_ne!(a, request_id("order-18", Scope::Lease(9)).expect("ok"));
+        assert_ne!(a, request_id("order-17", Scope::Lease(10)).expect("ok"));
+        assert_ne!(a, request_id("order-17", Scope::Target(&t)).expect("ok"));
+        assert_eq!(request_id("", Scope::Lease(9)).expect("ok"), None);
+        // Parts are length-prefixed: moving a byte from one part to the next is another id.
+        let shifted = Target {
+            domain: "api".into(),
+            entries: vec![("k1".into(), "".into())],
+        };
+        assert_ne!(
+            request_id("x", Scope::Target(&t)).expect("ok"),
+            request_id("x", Scope::Target(&shifted)).expect("ok")
+        );
         // The id is persisted: it must not change between builds or machines. This is
-        // xxh3-128 of the empty-seeded algorithm on "order-17", as the xxhash spec defines.
+        // xxh3-128 (unseeded, as the xxhash spec defines it) of the length-prefixed parts.
+        let mut bytes = Vec::new();
+        for p in [&b"lease"[..], &9u64.to_le_bytes(), b"order-17"] {
+            bytes.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(p);
+        }
         assert_eq!(
             a.map(|r| r.0),
-            Some(xxhash_rust::xxh3::xxh3_128_with_seed(b"order-17", 0))
+            Some(xxhash_rust::xxh3::xxh3_128_with_seed(&bytes, 0))
         );
-        assert!(request_id(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1)).is_err());
+        assert!(request_id(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1), Scope::Lease(1)).is_err());
     }
 
     #[test]

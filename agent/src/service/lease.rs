@@ -12,7 +12,7 @@ use allot_proto::lease::v1::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
 use super::status;
-use crate::convert::{self, ceil_ms};
+use crate::convert::{self, Scope, ceil_ms};
 use crate::state::{Agent, LeaseAsk, Leased, Slotted};
 
 const SERVICE: &str = "lease";
@@ -46,7 +46,7 @@ impl LeaseService for LeaseApi {
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let req = request.into_inner();
         let target = convert::target(req.target).map_err(err)?;
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let checked = self
             .agent
             .acquire(&target, convert::cost(req.cost_units), id)
@@ -63,7 +63,7 @@ impl LeaseService for LeaseApi {
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let req = request.into_inner();
         let target = convert::target(req.target).map_err(err)?;
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let ttl = convert::lease_ttl(req.ttl_ms);
         let returns = convert::lease_returns(&req.returns).map_err(err)?;
         let leased = self
@@ -89,7 +89,8 @@ impl LeaseService for LeaseApi {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let req = request.into_inner();
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id =
+            convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
             .agent
             .renew(LeaseId(req.lease_id), convert::lease_ttl(req.ttl_ms), id)
@@ -106,7 +107,8 @@ impl LeaseService for LeaseApi {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let req = request.into_inner();
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id =
+            convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
             .agent
             .release(LeaseId(req.lease_id), req.unused_units, id)
@@ -122,7 +124,8 @@ impl LeaseService for LeaseApi {
         request: Request<pb::SettleRequest>,
     ) -> Result<Response<pb::SettleResponse>, Status> {
         let req = request.into_inner();
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id =
+            convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
             .agent
             .settle(LeaseId(req.lease_id), req.actual_units, id)
@@ -141,7 +144,7 @@ impl LeaseService for LeaseApi {
     ) -> Result<Response<pb::AcquireSlotResponse>, Status> {
         let req = request.into_inner();
         let target = convert::target(req.target).map_err(err)?;
-        let id = convert::request_id(&req.idempotency_key).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let slotted = self.agent.acquire_slot(&target, id).await.map_err(err)?;
         Ok(Response::new(slot_response(slotted)))
     }
@@ -285,5 +288,65 @@ fn slot_response(slotted: Slotted) -> pb::AcquireSlotResponse {
             max_slots,
             ..base
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use allot_core::ids::RegionId;
+
+    use super::*;
+    use crate::settings::Settings;
+    use crate::store::MemoryStore;
+
+    fn api() -> LeaseApi {
+        let s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+        LeaseApi::new(Arc::new(
+            Agent::open(s, Arc::new(MemoryStore::new())).expect("agent"),
+        ))
+    }
+
+    fn lease_of(api: &LeaseApi, key: &str, idempotency_key: &str) -> u64 {
+        let req = pb::LeaseRequest {
+            target: Some(pb::Target {
+                domain: "default".into(),
+                entries: vec![pb::Entry {
+                    key: "generic_key".into(),
+                    value: key.into(),
+                }],
+            }),
+            units_wanted: 5,
+            min_units: 1,
+            ttl_ms: 1_000,
+            idempotency_key: idempotency_key.into(),
+            ..pb::LeaseRequest::default()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let answer = rt
+            .block_on(api.lease(Request::new(req)))
+            .expect("lease")
+            .into_inner();
+        answer.lease.expect("granted").lease_id
+    }
+
+    /// Two callers (or tenants) that happen to send the same idempotency key for different
+    /// targets: before keys were scoped, the second got the first's lease (its id, for
+    /// another key), and its own target was never charged.
+    #[test]
+    fn the_same_idempotency_key_for_another_target_is_another_request() {
+        let api = api();
+        let a = lease_of(&api, "tenant-a", "retry-1");
+        assert_eq!(
+            lease_of(&api, "tenant-a", "retry-1"),
+            a,
+            "a retry is a replay"
+        );
+        let b = lease_of(&api, "tenant-b", "retry-1");
+        assert_ne!(a, b, "another target's call is not a replay of the first");
     }
 }
