@@ -1162,3 +1162,131 @@ traffic:
     cost: {llm: {reserve_units: 236, actual: {lognormal: {median_units: 165, sigma: 0.42, max_units: 441}}, settle_after: {uniform: [104ms, 1866ms]}}}
     retry: none
 "#;
+
+/// Restart after a reload: strict, `floor`, two regions with equal shares, L = 45,758 per 4 s
+/// window, `r0` busy alone. `r0`'s agent crashes at 3.914 s and restarts 820 ms later; a
+/// reload at 4.332 s (every region at once) cuts L to 15,911 with an `open` policy and a rate
+/// cap, so it reaches `r0` while it is down (the swarm's seed 1023, shrunk). Before, the
+/// restarted agent kept the grant it had stored, made under the old configuration: on seeds
+/// 0 and 1 it enforced 45,758 (the whole old L) where the table gives it 7,955, its new
+/// default. It now stores each limit's allocation parameters with its grants and drops the
+/// grants when it starts under other ones, as a live reload does. The second run has the
+/// crash after the reload reached the region (at 4.4 s): before, 9 violations a seed (net
+/// use 17,908 against 7,956 on seed 0): the restart brought back the grant the live reload
+/// had dropped (a later key record without it did not clear it), and the simulator's
+/// observer forgot what the region had admitted before the reload.
+#[test]
+fn a_region_restarted_after_a_reload_drops_the_grants_of_the_old_configuration() {
+    for (name, crash_at) in [
+        ("reload-while-down", "3914ms"),
+        ("reload-then-crash", "4400ms"),
+    ] {
+        let yaml = RESTART_AFTER_RELOAD.replace("CRASH_AT", crash_at);
+        let r = run_tiers(name, &yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+    }
+}
+
+const RESTART_AFTER_RELOAD: &str = r#"
+name: restart-after-reload
+duration: 8000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 46ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 19, max_units: 805, ttl: 1700ms}
+regions:
+  - {id: r0, latency: 21ms, gateways: 3}
+  - {id: r1, latency: 145ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 45758}
+      allot:
+        window: 4s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 571.509}
+    arrivals: uniform
+    cost: {llm: {reserve_units: 80, actual: {lognormal: {median_units: 18, sigma: 0.6, max_units: 201}}, settle_after: {uniform: [673ms, 4303ms]}}}
+    retry: none
+faults:
+  - agent_crash: {region: r0, at: CRASH_AT, restart_after: 820ms}
+  - config_reload:
+      at: 4332ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 15911}
+            allot:
+              window: 4s
+              consistency: strict
+              partition_policy: {open: {rate: 8415/4s, burst: 841}}
+              rate_cap: {rate: 12518/4s, burst: 2596}
+              failure_mode: closed
+"#;
+
+/// Restart after a reload to eventual mode: three busy regions with equal shares, strict,
+/// L = 1,605 per 2 s window; a reload at 705 ms to `eventual`, L = 3,963, an `open` policy;
+/// `r1`'s agent crashes at 3.903 s for 892 ms (the swarm's seed 160, shrunk, with `r1` at 300
+/// requests a second rather than 246, so that uniform arrivals fail too). Before, the
+/// restarted agent was built under the configuration before the reload: net use 650 against
+/// an allowance of 534 (a third of the old L) on seeds 0 and 1. The simulator now starts an
+/// agent under the configuration in force for its region, as the agent reads it.
+#[test]
+fn a_region_restarted_after_a_reload_to_eventual_starts_under_the_new_configuration() {
+    let r = run_tiers(
+        "restart-after-reload-eventual",
+        RESTART_AFTER_RELOAD_EVENTUAL,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+}
+
+const RESTART_AFTER_RELOAD_EVENTUAL: &str = r#"
+name: restart-after-reload-eventual
+duration: 6000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 18ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 17, max_units: 381, ttl: 4727ms}
+regions:
+  - {id: r0, latency: 1ms, gateways: 1}
+  - {id: r1, latency: 65ms, gateways: 1}
+  - {id: r2, latency: 31ms, gateways: 1}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 1605}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r2, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 156.639}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 633.993}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 300}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_crash: {region: r1, at: 3903ms, restart_after: 892ms}
+  - config_reload:
+      at: 705ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 3963}
+            allot:
+              window: 2s
+              consistency: eventual
+              partition_policy: {open: {rate: 710/2s, burst: 71}}
+              failure_mode: closed
+"#;

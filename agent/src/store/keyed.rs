@@ -2,7 +2,7 @@
 //! to any ordered key-value map, and how the map is read back as records.
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
-//! prefix: `a` ack, `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
+//! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
 //! key), `l` lease, `m` meta, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
 //! the records themselves ([`super::codec`]).
 
@@ -15,6 +15,7 @@ use super::codec;
 use crate::error::{Error, Result};
 
 const ACK: u8 = b'a';
+const ALLOCATION: u8 = b'c';
 const IDEMPOTENCY: u8 = b'i';
 const KEY: u8 = b'k';
 const LEASE: u8 = b'l';
@@ -94,11 +95,13 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::IdempotencyExpired { request } => idempotency_key(request.0),
         PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
+        PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
     })
 }
 
-/// A removed limit takes its keys, leases, slots and bound figures with it.
+/// A removed limit takes its keys, leases, slots, bound figures and allocation with it.
 fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
+    kv.delete(&kind_limit_prefix(ALLOCATION, limit))?;
     for prefix in [limit_prefix(limit), stats_prefix(limit)] {
         for (key, _) in kv.scan(&prefix)? {
             kv.delete(&key)?;

@@ -128,7 +128,7 @@ impl RegionBudget {
                 (params.spec.id.clone(), LimitState::new(params))
             })
             .collect();
-        Ok(RegionBudget {
+        let mut b = RegionBudget {
             idempotency: IdempotencyCache::new(cfg.idempotency_capacity, cfg.idempotency_ttl),
             view: View::new(cfg.view_ttl),
             cfg,
@@ -141,7 +141,13 @@ impl RegionBudget {
             config_version: 0,
             coordinator_config_version: None,
             last_timeout: Timestamp::ZERO,
-        })
+        };
+        // The parameters every limit starts under, so a start under others can tell.
+        let ids: Vec<LimitId> = b.limits.keys().cloned().collect();
+        for id in ids {
+            b.dirty.mark(Dirty::Allocation(id));
+        }
+        Ok(b)
     }
 
     /// Configuration reload. Limits that still exist keep their keys (unless their window
@@ -151,7 +157,9 @@ impl RegionBudget {
     /// counters, since those units were admitted, but drops what the coordinator gave under
     /// the old parameters (explicit and pre-issued allowances, release acks not yet taken):
     /// it enforces its default under the new ones until granted again. Epochs are kept, so
-    /// they never go back and later grants still apply (docs/budget.md, reload).
+    /// they never go back and later grants still apply (docs/budget.md, reload). The new
+    /// parameters are persisted with the grants: a region that restarts under parameters
+    /// other than the stored ones drops its grants the same way (`restore`).
     pub fn set_limits(&mut self, now: Timestamp, limits: impl IntoIterator<Item = LimitSpec>) {
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
@@ -173,6 +181,7 @@ impl RegionBudget {
                 }
                 None => LimitState::new(params),
             };
+            self.dirty.mark(Dirty::Allocation(id.clone()));
             self.limits.insert(id, state);
         }
         for id in old.into_keys() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use allot_core::sync::CounterRef;
 
 use crate::error::Result;
-use crate::node::{NodeFactory, RegionNode, RegionObservation};
+use crate::node::{NodeFactory, RegionNode, RegionObservation, RegionSetup};
 use crate::scenario::Fault;
 
 use super::{Engine, Event};
@@ -85,7 +85,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         }
         let local = self.regions[region].clock.local(self.now);
-        let setup = self.region_setup(region);
+        let setup = RegionSetup {
+            reload: self.reload_in_force(region),
+            ..self.region_setup(region)
+        };
         let node = self
             .factory
             .restore_region(&setup, &self.regions[region].store, local);
@@ -100,7 +103,6 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         self.checker
             .restarted(self.offset_ms(), region, &obs, is_current);
         self.regions[region].node = Some(node);
-        self.reload_restarted(region);
         self.after_region_input(region)
     }
 
