@@ -18,7 +18,7 @@ use std::time::Duration;
 use allot_core::budget::config::STATS_WINDOWS_KEPT;
 use allot_core::budget::{
     BudgetConfig, Decision, LeaseOutcome, LeaseRequest, PersistRecord, Reason, RegionBudget,
-    ReservationDelta,
+    ReservationDelta, RestoreStart,
 };
 use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::gateway::{
@@ -328,7 +328,13 @@ impl NodeFactory for CoreFactory {
         store: &CoreStore,
         now: Timestamp,
     ) -> CoreRegion {
-        let budget = self.budget(setup, store.records.clone());
+        let mut budget = self.budget(setup, store.records.clone());
+        // As the agent starts: a declared restore, or an empty store, may have lost state.
+        if setup.restored {
+            budget.start_restored(now, RestoreStart::Declared);
+        } else if store.records.is_empty() {
+            budget.start_restored(now, RestoreStart::EmptyStore);
+        }
         let mut region = self.core_region(setup, budget);
         region.used_at_reload.clone_from(&store.used_at_reload);
         if store.config != setup.reload {
@@ -439,6 +445,7 @@ impl CoreRegion {
                 | Reason::GlobalView
                 | Reason::PartitionClosed
                 | Reason::TooManyLeases
+                | Reason::Restoring
         );
         if self.coordinated && may_grow {
             certain.min(self.sync_interval)
@@ -830,6 +837,7 @@ traffic:
             policy,
             seed: 0,
             reload: None,
+            restored: false,
         }
     }
 

@@ -41,6 +41,9 @@ pub struct RegionSetup<'a> {
     /// `config_reload` (from 0) once that reload's turn for this region has come, `None` for
     /// the scenario's own limits.
     pub reload: Option<usize>,
+    /// The operator declared this start a restore from an old copy of the store
+    /// (`agent_restore`: `allot agent --restored`).
+    pub restored: bool,
 }
 
 /// What a factory needs to build the coordinator (leader).

@@ -1290,3 +1290,114 @@ faults:
               partition_policy: {open: {rate: 710/2s, burst: 71}}
               failure_mode: closed
 "#;
+
+/// Restores from an old copy of the store, which the operator declares (`allot agent
+/// --restored`; the `agent_restore` fault does). Three worlds, each failing before:
+/// - `RESTORE_BEFORE_RELEASE` (the swarm's seed 187, shrunk): `r1`, idle and 256 ms ahead, is
+///   restored at 787 ms from its store at 0 ms, from before it released its share to the busy
+///   `r0`: it enforced 7 (its default) while the table gave it 0, on seeds 0 and 1.
+/// - `RESTORE_EMPTY_STORE` (seed 1816, shrunk): one region of weight 0.536 holding the whole
+///   L = 439 by grant, restored at 29.36 s from its store at 0 ms (empty): net use 439 (its
+///   own entries, back from the coordinator) against an allowance of 235 (its default: the
+///   grant was lost), on seeds 0 and 1.
+/// - `RESTORE_READMITS`: two busy regions, L = 400 per 2 s window; `r1` restored at 1.2 s
+///   from its store at 0.3 s re-admitted what the copy had lost: 420 admitted in the window,
+///   20 above L with a bound of 0, on seeds 0 and 1.
+///
+/// A declared restore now admits nothing from its allowances until the first answer of its
+/// boot, and nothing more, ever, in windows that began before its start.
+#[test]
+fn a_declared_restore_admits_nothing_more_in_windows_its_lost_copy_may_have_spent() {
+    for (name, yaml) in [
+        ("restore-before-release", RESTORE_BEFORE_RELEASE),
+        ("restore-empty-store", RESTORE_EMPTY_STORE),
+        ("restore-readmits", RESTORE_READMITS),
+    ] {
+        let r = run_tiers(name, yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+    }
+    // Windows after the restore are normal: the busy regions use all of L again.
+    let r = run(&parsed("restore-readmits", RESTORE_READMITS), 0..1);
+    assert!(
+        r.figures.utilization_min.is_some_and(|u| u > 0.99),
+        "{:?}",
+        r.figures.utilization_min
+    );
+}
+
+const RESTORE_BEFORE_RELEASE: &str = r#"
+name: restore-before-release
+duration: 1000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 19ms}
+measure: {sample_interval: 100ms}
+lease: {initial_units: 12, max_units: 91, ttl: 609ms}
+regions:
+  - {id: r0, latency: 10ms, gateways: 3}
+  - {id: r1, latency: 19ms, gateways: 3, clock: {offset: 256ms, drift_ppm: 15}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 15}
+      allot:
+        window: 1s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 6.916}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 787ms, from: 0ms}
+"#;
+
+const RESTORE_EMPTY_STORE: &str = r#"
+name: restore-empty-store
+duration: 40000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 3ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 3, max_units: 503, ttl: 987ms}
+regions:
+  - {id: r1, weight: 0.536, latency: 104ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 439}
+      allot:
+        window: 40s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - {region: r1, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 38.109}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 29360ms, from: 0ms}
+"#;
+
+const RESTORE_READMITS: &str = r#"
+name: restore-readmits
+duration: 4s
+sync_interval: 250ms
+coordinator: {commit_latency: 20ms}
+measure: {sample_interval: 100ms}
+regions:
+  - {id: r0, latency: 40ms, gateways: 2}
+  - {id: r1, latency: 40ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 400}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 400}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 400}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 1200ms, from: 300ms}
+"#;

@@ -31,6 +31,7 @@ mod key;
 mod lease;
 mod limits;
 pub mod persist;
+mod restore;
 mod slots;
 pub mod stats;
 mod sync;
@@ -49,6 +50,7 @@ pub use api::{
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
+pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
 
 use admit::{Ctx, Want};
@@ -213,6 +215,13 @@ impl RegionBudget {
             self.sync.acks.remove(ack);
             self.dirty.mark(Dirty::Ack(ack));
         }
+    }
+
+    /// This start, at `now`, may have lost what an earlier copy of the state admitted
+    /// (docs/budget.md, "Restores"): the operator declared a restore, or the store was empty.
+    /// Call it once, right after building the machine and before any admission.
+    pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
+        self.view.restore = restore::Restore::start(now, why, self.cfg.coordinated);
     }
 
     /// The version of the limits configuration now in force (reported in SyncUps).
@@ -452,6 +461,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .expired_span(now)
             .filter(|_| coordinated)
             .map(|(from, _)| from),
+        restore: view.restore.gate(),
     }
 }
 

@@ -81,12 +81,19 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     }
 
     pub(super) fn agent_restart(&mut self, region: usize) -> Result<()> {
+        self.start_agent(region, false)
+    }
+
+    /// Starts the region's agent from its store; `restored` as the operator declares a start
+    /// from an old copy of it.
+    fn start_agent(&mut self, region: usize, restored: bool) -> Result<()> {
         if self.regions[region].node.is_some() {
             return Ok(());
         }
         let local = self.regions[region].clock.local(self.now);
         let setup = RegionSetup {
             reload: self.reload_in_force(region),
+            restored,
             ..self.region_setup(region)
         };
         let node = self
@@ -108,7 +115,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
 
     /// The agent stops and starts again from the store copied at the fault's `from`: what it
     /// wrote since is lost, so its counters may go back. That is the fault itself, not a
-    /// violation: invariants 3 and 6 start again for the region from what it has now.
+    /// violation: invariants 3 and 6 start again for the region from what it has now. The
+    /// operator who restored the copy declares it (`allot agent --restored`).
     pub(super) fn agent_restore(&mut self, region: usize, fault: usize) -> Result<()> {
         let r = &mut self.regions[region];
         r.node = None;
@@ -117,6 +125,6 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             r.store = r.store_copies.swap_remove(i).1;
         }
         self.checker.forget_region(region);
-        self.agent_restart(region)
+        self.start_agent(region, true)
     }
 }

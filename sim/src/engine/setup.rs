@@ -228,6 +228,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             policy: self.spec.policy,
             seed: derive_seed(self.spec.seed, 100 + region as u64),
             reload: None,
+            restored: false,
         }
     }
 
