@@ -1401,3 +1401,61 @@ traffic:
 faults:
   - agent_restore: {region: r1, at: 1200ms, from: 300ms}
 "#;
+
+/// A rollout from eventual to strict: two regions, L = 268 per 3 s window, eventual; a reload
+/// at 1.909 s to strict, L = 250, `closed`, reaching `r1` (busy) 3.11 s after the coordinator
+/// and `r0` (less busy) at once (the swarm's seed 1207, shrunk, with uniform arrivals). While
+/// `r1` still enforced the eventual configuration, the leader stated it at its default there
+/// (a strict region's ceiling), but an eventual region admits by its view, up to that
+/// configuration's whole quota. Before: window 589075201 on the regions' clocks admitted 328
+/// against 277 (quota plus the bound without its skew term), on seeds 0 and 1. The `reload`
+/// term now counts a region on an eventual older version at that version's quota.
+#[test]
+fn a_region_still_on_an_eventual_configuration_is_counted_at_its_whole_quota() {
+    let r = run_tiers(
+        "rollout-from-eventual",
+        ROLLOUT_FROM_EVENTUAL,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+}
+
+const ROLLOUT_FROM_EVENTUAL: &str = r#"
+name: rollout-from-eventual
+duration: 9000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 7ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 10, max_units: 73, ttl: 2316ms}
+regions:
+  - {id: r0, weight: 0.464, latency: 3ms, gateways: 3}
+  - {id: r1, weight: 0.535, latency: 55ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 268}
+      allot:
+        window: 3s
+        consistency: eventual
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r0, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 36.06}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 198.362}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - config_reload:
+      at: 1909ms
+      stagger: {r1: 3110ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 250}
+            allot:
+              window: 3s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: closed
+"#;

@@ -90,11 +90,12 @@ pub(crate) struct Admission {
 }
 
 /// `a_r` for `ks` in `window` (the key's own window, or a later one it has not rolled to).
-/// A restored start holds at what the key uses while its gate shuts the window: the lost copy
-/// of its state may have admitted the rest. That may be above what it holds before its grants
-/// come back (its own entries can come back first): what was used, was admitted under an
-/// allowance at least as large. A window it closes for good is not reopened by the open
-/// partition policy either.
+/// A restored start holds at what the key admitted from allowances (its use less the excess
+/// policy let in beyond them) while its gate shuts the window, never above what it holds once
+/// its grants are back: the lost copy of its state may have admitted the rest. Before its
+/// first answer that use may be above what it holds (its own entries can come back first,
+/// its grants not yet): it was admitted under an allowance at least as large. A window it
+/// closes for good is not reopened by the open partition policy either.
 pub(crate) fn allowance(
     p: &LimitParams,
     ks: &KeyState,
@@ -106,13 +107,20 @@ pub(crate) fn allowance(
     if !ctx.restore.shuts(start) {
         return a;
     }
-    let used = if ks.window == window {
-        ks.net_units()
+    let used = match ks.hot.as_deref() {
+        _ if ks.window != window => 0,
+        Some(h) => ks.net_units().saturating_sub(h.excess_units),
+        None => ks.net_units(),
+    };
+    // Until the first answer what it holds is the old copy's (its grants come back with the
+    // answer, its own entries may come first); after it, what it holds is current.
+    let units = if ctx.restore.awaiting {
+        used
     } else {
-        0
+        used.min(a.units)
     };
     Allowance {
-        units: used,
+        units,
         reason: Reason::Restoring,
         open: a.open && !ctx.restore.closes(start),
     }
