@@ -589,8 +589,16 @@ impl RegionNode for CoreRegion {
             } else {
                 k.allowance_units
             };
-            // A reload may lower the allowance below what was admitted under the old one.
+            // A reload may lower the allowance below what was admitted under the old one, and a
+            // restore's closed window may hold use the lost copy admitted (sent back by the
+            // coordinator) above what the region now holds: nothing more is admitted there.
             let admitted_before_reload = self.used_at_reload.get(&k.counter).copied();
+            let net = k.granted_units.saturating_sub(k.refunded_units);
+            let admitted_before_reload = if k.restore_closed {
+                Some(admitted_before_reload.unwrap_or(0).max(net))
+            } else {
+                admitted_before_reload
+            };
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance

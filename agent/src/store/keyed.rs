@@ -3,7 +3,7 @@
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
 //! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
-//! key), `l` lease, `m` meta, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
+//! key), `l` lease, `m` meta, `r` the windows a restore closed, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
 //! the records themselves ([`super::codec`]).
 
 use allot_core::budget::PersistRecord;
@@ -20,6 +20,7 @@ const IDEMPOTENCY: u8 = b'i';
 const KEY: u8 = b'k';
 const LEASE: u8 = b'l';
 const META: &[u8] = b"m";
+const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
 
@@ -96,6 +97,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
         PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
+        PersistRecord::RestoredBefore { .. } => RESTORED.to_vec(),
     })
 }
 

@@ -118,6 +118,10 @@ pub struct KeyView {
     /// Units policy let in beyond the allowance in that window (settle overage, fail-open,
     /// shadow).
     pub excess_units: u64,
+    /// A restored start closed that window (docs/budget.md, "Restores"): nothing more is
+    /// admitted in it, and its use may be above `allowance_units` by what the lost copy of the
+    /// state admitted, which the coordinator sent back.
+    pub restore_closed: bool,
 }
 
 impl RegionBudget {
@@ -222,6 +226,9 @@ impl RegionBudget {
     /// Call it once, right after building the machine and before any admission.
     pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
         self.view.restore = restore::Restore::start(now, why, self.cfg.coordinated);
+        if self.view.restore.closed_before().is_some() {
+            self.dirty.mark(Dirty::Restore);
+        }
     }
 
     /// The version of the limits configuration now in force (reported in SyncUps).
@@ -319,6 +326,7 @@ impl RegionBudget {
             }
             for (name, ks) in &lim.keys {
                 let allowance = admit::allowance(&lim.params, ks, ks.window, &ctx);
+                let start = lim.params.window_start(ks.window);
                 out.push(KeyView {
                     counter: CounterRef {
                         limit: id.clone(),
@@ -329,6 +337,7 @@ impl RegionBudget {
                     refunded_units: ks.refunded_units,
                     allowance_units: allowance.units,
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
+                    restore_closed: ctx.restore.closes(start),
                 });
             }
         }

@@ -11,7 +11,7 @@
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
 //! request id; `Idempotency`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
-//! (limit, window); `Allocation` by limit. `Reset` clears everything but `Meta`; `LimitRemoved`
+//! (limit, window); `Allocation` by limit; `RestoredBefore` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
 //! clears a limit's keys, leases, slots, stats and allocation.
 //!
 //! A limit's `Allocation` record holds the parameters its grants were made under. A region
@@ -81,6 +81,11 @@ pub enum PersistRecord {
     /// The allocation parameters a limit's grants in the store were made under. Last, so that
     /// the layouts written before it existed still read (they hold none).
     Allocation(AllocationRecord),
+    /// A restored start closed the windows that began before `before` (its start, on its
+    /// clock): they stay closed across later restarts (docs/budget.md, "Restores").
+    RestoredBefore {
+        before: Timestamp,
+    },
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -209,6 +214,7 @@ pub(crate) enum Dirty {
     Idempotency(RequestId),
     Stats(LimitId, WindowIndex),
     Allocation(LimitId),
+    Restore,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -224,6 +230,7 @@ pub(crate) struct DirtySet {
     idempotency: Vec<RequestId>,
     stats: Vec<(LimitId, WindowIndex)>,
     allocations: Vec<LimitId>,
+    restore: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -245,6 +252,7 @@ impl DirtySet {
             Dirty::Idempotency(id) => self.idempotency.push(id),
             Dirty::Stats(l, w) => self.stats.push((l, w)),
             Dirty::Allocation(l) => self.allocations.push(l),
+            Dirty::Restore => self.restore = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -273,6 +281,9 @@ impl DirtySet {
         let mut out = Vec::with_capacity(taken.len + 1);
         if taken.meta {
             out.push(Dirty::Meta);
+        }
+        if taken.restore {
+            out.push(Dirty::Restore);
         }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();
@@ -324,6 +335,9 @@ impl RegionBudget {
             out.push(PersistRecord::Allocation(AllocationRecord::of(
                 &lim.params.spec,
             )));
+        }
+        if let Some(before) = self.view.restore.closed_before() {
+            out.push(PersistRecord::RestoredBefore { before });
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
@@ -420,6 +434,10 @@ impl RegionBudget {
     fn record_of(&self, d: Dirty) -> PersistRecord {
         match d {
             Dirty::Meta => PersistRecord::Meta(self.meta()),
+            // Marked only once a restore closed windows: the mark and the state go together.
+            Dirty::Restore => PersistRecord::RestoredBefore {
+                before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
+            },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
                 Some(lim) => PersistRecord::Allocation(AllocationRecord::of(&lim.params.spec)),
@@ -554,6 +572,7 @@ impl RegionBudget {
             }
             // Compared with the configuration in force once every record is in (`restore`).
             PersistRecord::Allocation(_) => {}
+            PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
         }
     }
 

@@ -82,6 +82,21 @@ impl Restore {
         }
     }
 
+    /// Windows that began before this stay closed (persisted, `PersistRecord::RestoredBefore`).
+    pub fn closed_before(&self) -> Option<Timestamp> {
+        match *self {
+            Restore::Normal | Restore::Awaiting { .. } => None,
+            Restore::Closed { before } => Some(before),
+        }
+    }
+
+    /// A closing read back from the store: kept across the restart, unless a later one holds.
+    pub fn keep_closed(&mut self, before: Timestamp) {
+        if self.closed_before().is_none_or(|b| b < before) && !self.is_awaiting() {
+            *self = Restore::Closed { before };
+        }
+    }
+
     pub fn is_awaiting(&self) -> bool {
         matches!(self, Restore::Awaiting { .. })
     }

@@ -402,6 +402,9 @@ impl RegionBudget {
         // in this same call, before anything is admitted again.
         if first_answer {
             self.view.restore = self.view.restore.on_first_answer(msg.known_region);
+            if self.view.restore.closed_before().is_some() {
+                self.dirty.mark(Dirty::Restore);
+            }
         }
         // Grants and release requests were computed under the coordinator's configuration:
         // under another one they mean nothing here. A request not applied is not acked, so

@@ -97,3 +97,14 @@ fn a_release_asked_of_a_restored_region_is_taken_from_what_it_holds() {
     assert_eq!(up.release_acks[0].released_units, 60);
     assert_eq!(up.release_acks[0].allowance_after_units, 40);
 }
+
+#[test]
+fn the_windows_a_restore_closed_stay_closed_after_a_crash() {
+    let mut b = restored(RestoreStart::Declared);
+    answer_with(&mut b, at(30_100), false);
+    let mut log = b.snapshot();
+    log.extend(b.drain_dirty());
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+    assert!(!acquire(&mut r, at(40_000), "api", "k", 1).allowed);
+    assert!(acquire(&mut r, at(60_000), "api", "k", 1).allowed);
+}
