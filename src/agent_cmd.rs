@@ -77,6 +77,10 @@ pub struct AgentArgs {
     /// Seed of the Retry-After jitter (default: drawn from the clock at start).
     #[arg(long, env = "ALLOT_JITTER_SEED", hide = true)]
     jitter_seed: Option<u64>,
+    /// The data directory is a restored backup or replaces a lost one: admit nothing more in
+    /// windows that began before this start (docs/budget.md, "Restores").
+    #[arg(long, env = "ALLOT_RESTORED")]
+    restored: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -111,6 +115,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.max_keys_per_limit = args.max_keys_per_limit;
     settings.near_limit_ratio = args.near_limit_ratio;
     settings.jitter_seed = args.jitter_seed;
+    settings.restored = args.restored;
     settings.validate().map_err(|e| e.to_string())?;
     let bind = |addr: String, what: &'static str| async move {
         TcpListener::bind(&addr)

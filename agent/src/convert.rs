@@ -166,6 +166,7 @@ pub fn reason_name(r: Reason) -> &'static str {
         Reason::Disabled => "disabled",
         Reason::Unlimited => "unlimited",
         Reason::TooManyLeases => "too_many_leases",
+        Reason::Restoring => "restoring",
     }
 }
 

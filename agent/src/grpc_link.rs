@@ -482,6 +482,7 @@ mod tests {
             clock: None,
             stats: Vec::new(),
             view_expired: false,
+            restored: false,
         }
     }
 

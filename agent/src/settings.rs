@@ -72,6 +72,11 @@ pub struct Settings {
     pub jitter_seed: Option<u64>,
     /// Where the agent reads the time: the system clock, or a manual one in tests.
     pub clock: Clock,
+    /// The data directory is an old copy (a restored backup) or was lost: the operator says
+    /// so, and the agent admits nothing more in windows that began before its start
+    /// (docs/budget.md, "Restores"). An empty data directory is treated as maybe restored
+    /// whatever this says.
+    pub restored: bool,
 }
 
 impl Settings {
@@ -92,6 +97,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(10),
             jitter_seed: None,
             clock: Clock::System,
+            restored: false,
         }
     }
 

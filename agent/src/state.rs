@@ -12,7 +12,7 @@ use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::inspect::KeyView;
 use allot_core::budget::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, PersistRecord,
-    Reason, RegionBudget, ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
+    Reason, RegionBudget, ReleaseOutcome, RenewOutcome, RestoreStart, SettleOutcome, SlotOutcome,
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
@@ -202,8 +202,20 @@ impl Agent {
         metrics::config_reload(true, limits.version);
         let records = store.load()?;
         tracing::info!(records = records.len(), "restoring state from the store");
+        let restore = if settings.restored {
+            Some(RestoreStart::Declared)
+        } else {
+            records.is_empty().then_some(RestoreStart::EmptyStore)
+        };
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
+        if let Some(why) = restore {
+            tracing::info!(
+                ?why,
+                "a start that may have lost state: earlier windows stay shut"
+            );
+            budget.start_restored(settings.clock.now(), why);
+        }
         let seed = settings.jitter_seed.unwrap_or_else(|| {
             settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
         });

@@ -285,6 +285,7 @@ mod tests {
             clock: None,
             stats: Vec::new(),
             view_expired: false,
+            restored: false,
         }
     }
 

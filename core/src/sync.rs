@@ -144,6 +144,12 @@ pub struct SyncUp {
     /// start's first SyncUp), so the coordinator tells a restart, even one from an old copy
     /// of the agent's state whose `seq` went back, from a late message.
     pub boot: u64,
+    /// This start may have lost what an earlier copy of the region's state admitted: the
+    /// operator declared a restore (`allot agent --restored`), or the agent found its store
+    /// empty. Sent until the first answer of the boot, which says whether the coordinator
+    /// knew the region (`SyncDown::known_region`).
+    #[serde(default)]
+    pub restored: bool,
     /// Increases by one per message from this region's state; the reply names it.
     pub seq: u64,
     /// t0, on the agent's clock.
@@ -181,4 +187,9 @@ pub struct SyncDown {
     pub entries: Vec<CounterEntry>,
     pub grants: Vec<AllowanceGrant>,
     pub release_requests: Vec<ReleaseRequest>,
+    /// The coordinator had heard of the region before the boot of the SyncUp answered (an
+    /// earlier boot, rows of its table, or entries of its counters): a region that found its
+    /// store empty lost it, rather than starting for the first time.
+    #[serde(default)]
+    pub known_region: bool,
 }

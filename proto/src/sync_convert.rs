@@ -48,6 +48,7 @@ pub fn sync_up_to_wire(up: SyncUp) -> pb::SyncUp {
         }),
         stats: up.stats.into_iter().map(stats_to_wire).collect(),
         view_expired: up.view_expired,
+        restored: up.restored,
     }
 }
 
@@ -65,6 +66,7 @@ pub fn sync_down_to_wire(down: SyncDown) -> pb::SyncDown {
             .into_iter()
             .map(release_to_wire)
             .collect(),
+        known_region: down.known_region,
     }
 }
 
@@ -154,6 +156,7 @@ pub fn sync_up_from_wire(up: pb::SyncUp) -> Result<SyncUp> {
         }),
         stats: list(up.stats, "stats", stats_from_wire)?,
         view_expired: up.view_expired,
+        restored: up.restored,
     })
 }
 
@@ -167,6 +170,7 @@ pub fn sync_down_from_wire(down: pb::SyncDown) -> Result<SyncDown> {
         entries: list(down.entries, "entries", entry_from_wire)?,
         grants: list(down.grants, "grants", grant_from_wire)?,
         release_requests: list(down.release_requests, "release_requests", release_from_wire)?,
+        known_region: down.known_region,
     })
 }
 

@@ -80,6 +80,7 @@ impl CoordinatorNode for NullCoordinator {
             entries: Vec::new(),
             grants: Vec::new(),
             release_requests: Vec::new(),
+            known_region: false,
         }
     }
     fn poll_proposals(&mut self, _: Timestamp) -> Vec<()> {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use allot_core::budget::config::STATS_WINDOWS_KEPT;
 use allot_core::budget::{
     BudgetConfig, Decision, LeaseOutcome, LeaseRequest, PersistRecord, Reason, RegionBudget,
-    ReservationDelta,
+    ReservationDelta, RestoreStart,
 };
 use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::gateway::{
@@ -142,12 +142,20 @@ impl CoreFactory {
         }
     }
 
+    /// The region's machine from `records`, under the configuration it reads at its start
+    /// (`setup.reload`), as the agent builds it from its store.
     fn budget(&self, setup: &RegionSetup<'_>, records: Vec<PersistRecord>) -> RegionBudget {
-        let (cfg, limits) = self.region_settings(setup.region_index, setup.policy);
+        let (cfg, mut limits) = self.region_settings(setup.region_index, setup.policy);
+        let mut version = FIRST_CONFIG_VERSION;
+        if let Some((n, reloaded)) = setup.reload.and_then(|n| Some((n, self.reloads.get(n)?))) {
+            limits = self.region_limits(&cfg.region, setup.policy, reloaded);
+            version = reload_version(n);
+        }
         let mut budget = RegionBudget::restore(cfg, limits, records)
-            // Every region's settings were built once in `new`, which returns their error.
+            // Every region's settings (and every reload's) were built once in `new`, which
+            // returns their error.
             .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"));
-        budget.set_config_version(FIRST_CONFIG_VERSION);
+        budget.set_config_version(version);
         budget
     }
 
@@ -160,6 +168,8 @@ impl CoreFactory {
             last_now: Timestamp::ZERO,
             refused_calls: 0,
             used_at_reload: BTreeMap::new(),
+            config: setup.reload,
+            observer_unsaved: false,
             reloads: self
                 .reloads
                 .iter()
@@ -316,11 +326,28 @@ impl NodeFactory for CoreFactory {
     fn restore_region(
         &self,
         setup: &RegionSetup<'_>,
-        store: &Vec<PersistRecord>,
-        _now: Timestamp,
+        store: &CoreStore,
+        now: Timestamp,
     ) -> CoreRegion {
-        let budget = self.budget(setup, store.clone());
-        self.core_region(setup, budget)
+        let mut budget = self.budget(setup, store.records.clone());
+        // As the agent starts: a declared restore, or an empty store, may have lost state.
+        if setup.restored {
+            budget.start_restored(now, RestoreStart::Declared);
+        } else if store.records.is_empty() {
+            budget.start_restored(now, RestoreStart::EmptyStore);
+        }
+        let mut region = self.core_region(setup, budget);
+        region.used_at_reload.clone_from(&store.used_at_reload);
+        if store.config != setup.reload {
+            // A reload reached the region while it was down: what it had admitted, it
+            // admitted under the configuration before, as if the reload had reached it live.
+            for k in region.budget.key_views(now) {
+                let used = region.used_at_reload.entry(k.counter).or_default();
+                *used = (*used).max(k.granted_units.saturating_sub(k.refunded_units));
+            }
+            region.observer_unsaved = true;
+        }
+        region
     }
 
     fn coordinator(&self, setup: &CoordinatorSetup<'_>, now: Timestamp) -> CoreCoordinator {
@@ -386,6 +413,21 @@ pub struct CoreRegion {
     /// Net use per counter when the last reload was taken: the new allowance may be below it
     /// (the units were admitted under the old one), which invariant 1 allows.
     used_at_reload: BTreeMap<CounterRef, u64>,
+    /// The configuration in force (`RegionSetup::reload`).
+    config: Option<usize>,
+    /// `used_at_reload` or `config` changed since the last `persist`.
+    observer_unsaved: bool,
+}
+
+/// What survives a crash of a [`CoreRegion`]: its store's records, and beside them what the
+/// observer must remember across a restart (not the agent: the checker's bookkeeping), the
+/// configuration the records were written under and what each counter had admitted when a
+/// reload reached the region.
+#[derive(Clone, Debug, Default)]
+pub struct CoreStore {
+    pub records: Vec<PersistRecord>,
+    config: Option<usize>,
+    used_at_reload: BTreeMap<CounterRef, u64>,
 }
 
 impl CoreRegion {
@@ -404,6 +446,7 @@ impl CoreRegion {
                 | Reason::GlobalView
                 | Reason::PartitionClosed
                 | Reason::TooManyLeases
+                | Reason::Restoring
         );
         if self.coordinated && may_grow {
             certain.min(self.sync_interval)
@@ -414,7 +457,7 @@ impl CoreRegion {
 }
 
 impl RegionNode for CoreRegion {
-    type Store = Vec<PersistRecord>;
+    type Store = CoreStore;
 
     fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer {
         self.saw(now);
@@ -504,7 +547,12 @@ impl RegionNode for CoreRegion {
         self.budget.handle_timeout(now);
     }
 
-    fn persist(&mut self, store: &mut Vec<PersistRecord>) {
+    fn persist(&mut self, store: &mut CoreStore) {
+        if std::mem::take(&mut self.observer_unsaved) {
+            store.config = self.config;
+            store.used_at_reload.clone_from(&self.used_at_reload);
+        }
+        let store = &mut store.records;
         let records = self.budget.drain_dirty();
         if records.is_empty() {
             return;
@@ -546,8 +594,16 @@ impl RegionNode for CoreRegion {
             } else {
                 k.allowance_units
             };
-            // A reload may lower the allowance below what was admitted under the old one.
+            // A reload may lower the allowance below what was admitted under the old one, and a
+            // restore's closed window may hold use the lost copy admitted (sent back by the
+            // coordinator) above what the region now holds: nothing more is admitted there.
             let admitted_before_reload = self.used_at_reload.get(&k.counter).copied();
+            let net = k.granted_units.saturating_sub(k.refunded_units);
+            let admitted_before_reload = if k.restore_closed {
+                Some(admitted_before_reload.unwrap_or(0).max(net))
+            } else {
+                admitted_before_reload
+            };
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance
@@ -557,19 +613,6 @@ impl RegionNode for CoreRegion {
                 counter: k.counter,
             });
         }
-    }
-
-    fn restarted_under(&mut self, now: Timestamp, reload: usize) {
-        let Some(limits) = self.reloads.get(reload).cloned() else {
-            return;
-        };
-        self.saw(now);
-        let cfg = self.budget.config().clone();
-        let records = self.budget.snapshot();
-        self.budget = RegionBudget::restore(cfg, limits, records)
-            // The reload's limits were loaded and checked when the factory was built.
-            .unwrap_or_else(|e| unreachable!("validated when the factory was built: {e}"));
-        self.budget.set_config_version(reload_version(reload));
     }
 
     fn reload(&mut self, now: Timestamp, reload: usize) {
@@ -585,6 +628,8 @@ impl RegionNode for CoreRegion {
             .collect();
         self.budget.set_limits(now, limits);
         self.budget.set_config_version(reload_version(reload));
+        self.config = Some(reload);
+        self.observer_unsaved = true;
     }
 }
 
@@ -816,6 +861,8 @@ traffic:
             region: &s.regions[region].id,
             policy,
             seed: 0,
+            reload: None,
+            restored: false,
         }
     }
 
@@ -935,7 +982,7 @@ traffic:
         let f = CoreFactory::new(&s).unwrap();
         let setup = setup(&s, 0, Policy::Rebalancing);
         let mut a = f.region(&setup, s.start);
-        let mut store = Vec::new();
+        let mut store = CoreStore::default();
         // Thousands of one-unit leases, each released: more records than the store keeps
         // before compacting to a snapshot.
         let mut leased = 0;
@@ -956,7 +1003,7 @@ traffic:
             a.persist(&mut store);
         }
         assert!(leased > 0);
-        assert!(store.len() <= STORE_COMPACT_RECORDS + 8);
+        assert!(store.records.len() <= STORE_COMPACT_RECORDS + 8);
         let mut before = RegionObservation::default();
         a.observe(&mut before);
         let restored = f.restore_region(&setup, &store, s.start + Duration::from_secs(4));

@@ -37,6 +37,13 @@ pub struct RegionSetup<'a> {
     pub policy: Policy,
     /// Seed for any randomness of the machine (jitter), derived from the run's seed.
     pub seed: u64,
+    /// The configuration the agent reads at its start: the scenario's `reload`-th
+    /// `config_reload` (from 0) once that reload's turn for this region has come, `None` for
+    /// the scenario's own limits.
+    pub reload: Option<usize>,
+    /// The operator declared this start a restore from an old copy of the store
+    /// (`agent_restore`: `allot agent --restored`).
+    pub restored: bool,
 }
 
 /// What a factory needs to build the coordinator (leader).
@@ -138,10 +145,6 @@ pub trait RegionNode: Send {
     /// Take the configuration of the scenario's `reload`-th `config_reload` (from 0), as the
     /// agent does on a configuration reload.
     fn reload(&mut self, _now: Timestamp, _reload: usize) {}
-
-    /// Just restarted from its store after that reload: take its configuration as the agent
-    /// reads it at a start, with the state as stored (what was granted under it stays).
-    fn restarted_under(&mut self, _now: Timestamp, _reload: usize) {}
 }
 
 /// The coordinator leader: rebalancer, allowance table and bound calculator. Its clock is the

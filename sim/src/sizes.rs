@@ -87,6 +87,7 @@ mod tests {
         SyncUp {
             region: RegionId::from("eu"),
             boot: 1,
+            restored: false,
             seq: 1,
             sent_at: Timestamp::ZERO,
             config_version: 1,

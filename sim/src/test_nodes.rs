@@ -190,6 +190,7 @@ impl RegionNode for TestRegion {
         Some(SyncUp {
             region: self.region.clone(),
             boot: 1,
+            restored: false,
             seq: self.seq,
             sent_at: now,
             config_version: 1,
@@ -278,6 +279,7 @@ impl CoordinatorNode for TestCoordinator {
                 .collect(),
             grants: Vec::new(),
             release_requests: Vec::new(),
+            known_region: false,
         }
     }
 

@@ -1225,4 +1225,299 @@ faults:
   - agent_crash: {region: a, at: 5s, restart_after: 700ms}
   - partition: {region: b, start: 14s, end: 17s}
   - coordinator_outage: {start: 19s, end: 19500ms}
+/// Restart after a reload: strict, `floor`, two regions with equal shares, L = 45,758 per 4 s
+/// window, `r0` busy alone. `r0`'s agent crashes at 3.914 s and restarts 820 ms later; a
+/// reload at 4.332 s (every region at once) cuts L to 15,911 with an `open` policy and a rate
+/// cap, so it reaches `r0` while it is down (the swarm's seed 1023, shrunk). Before, the
+/// restarted agent kept the grant it had stored, made under the old configuration: on seeds
+/// 0 and 1 it enforced 45,758 (the whole old L) where the table gives it 7,955, its new
+/// default. It now stores each limit's allocation parameters with its grants and drops the
+/// grants when it starts under other ones, as a live reload does. The second run has the
+/// crash after the reload reached the region (at 4.4 s): before, 9 violations a seed (net
+/// use 17,908 against 7,956 on seed 0): the restart brought back the grant the live reload
+/// had dropped (a later key record without it did not clear it), and the simulator's
+/// observer forgot what the region had admitted before the reload.
+#[test]
+fn a_region_restarted_after_a_reload_drops_the_grants_of_the_old_configuration() {
+    for (name, crash_at) in [
+        ("reload-while-down", "3914ms"),
+        ("reload-then-crash", "4400ms"),
+    ] {
+        let yaml = RESTART_AFTER_RELOAD.replace("CRASH_AT", crash_at);
+        let r = run_tiers(name, &yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+    }
+}
+
+const RESTART_AFTER_RELOAD: &str = r#"
+name: restart-after-reload
+duration: 8000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 46ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 19, max_units: 805, ttl: 1700ms}
+regions:
+  - {id: r0, latency: 21ms, gateways: 3}
+  - {id: r1, latency: 145ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 45758}
+      allot:
+        window: 4s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 571.509}
+    arrivals: uniform
+    cost: {llm: {reserve_units: 80, actual: {lognormal: {median_units: 18, sigma: 0.6, max_units: 201}}, settle_after: {uniform: [673ms, 4303ms]}}}
+    retry: none
+faults:
+  - agent_crash: {region: r0, at: CRASH_AT, restart_after: 820ms}
+  - config_reload:
+      at: 4332ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 15911}
+            allot:
+              window: 4s
+              consistency: strict
+              partition_policy: {open: {rate: 8415/4s, burst: 841}}
+              rate_cap: {rate: 12518/4s, burst: 2596}
+              failure_mode: closed
+"#;
+
+/// Restart after a reload to eventual mode: three busy regions with equal shares, strict,
+/// L = 1,605 per 2 s window; a reload at 705 ms to `eventual`, L = 3,963, an `open` policy;
+/// `r1`'s agent crashes at 3.903 s for 892 ms (the swarm's seed 160, shrunk, with `r1` at 300
+/// requests a second rather than 246, so that uniform arrivals fail too). Before, the
+/// restarted agent was built under the configuration before the reload: net use 650 against
+/// an allowance of 534 (a third of the old L) on seeds 0 and 1. The simulator now starts an
+/// agent under the configuration in force for its region, as the agent reads it.
+#[test]
+fn a_region_restarted_after_a_reload_to_eventual_starts_under_the_new_configuration() {
+    let r = run_tiers(
+        "restart-after-reload-eventual",
+        RESTART_AFTER_RELOAD_EVENTUAL,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+}
+
+const RESTART_AFTER_RELOAD_EVENTUAL: &str = r#"
+name: restart-after-reload-eventual
+duration: 6000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 18ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 17, max_units: 381, ttl: 4727ms}
+regions:
+  - {id: r0, latency: 1ms, gateways: 1}
+  - {id: r1, latency: 65ms, gateways: 1}
+  - {id: r2, latency: 31ms, gateways: 1}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 1605}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r2, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 156.639}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 633.993}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 300}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_crash: {region: r1, at: 3903ms, restart_after: 892ms}
+  - config_reload:
+      at: 705ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 3963}
+            allot:
+              window: 2s
+              consistency: eventual
+              partition_policy: {open: {rate: 710/2s, burst: 71}}
+              failure_mode: closed
+"#;
+
+/// Restores from an old copy of the store, which the operator declares (`allot agent
+/// --restored`; the `agent_restore` fault does). Three worlds, each failing before:
+/// - `RESTORE_BEFORE_RELEASE` (the swarm's seed 187, shrunk): `r1`, idle and 256 ms ahead, is
+///   restored at 787 ms from its store at 0 ms, from before it released its share to the busy
+///   `r0`: it enforced 7 (its default) while the table gave it 0, on seeds 0 and 1.
+/// - `RESTORE_EMPTY_STORE` (seed 1816, shrunk): one region of weight 0.536 holding the whole
+///   L = 439 by grant, restored at 29.36 s from its store at 0 ms (empty): net use 439 (its
+///   own entries, back from the coordinator) against an allowance of 235 (its default: the
+///   grant was lost), on seeds 0 and 1.
+/// - `RESTORE_READMITS`: two busy regions, L = 400 per 2 s window; `r1` restored at 1.2 s
+///   from its store at 0.3 s re-admitted what the copy had lost: 420 admitted in the window,
+///   20 above L with a bound of 0, on seeds 0 and 1.
+///
+/// A declared restore now admits nothing from its allowances until the first answer of its
+/// boot, and nothing more, ever, in windows that began before its start.
+#[test]
+fn a_declared_restore_admits_nothing_more_in_windows_its_lost_copy_may_have_spent() {
+    for (name, yaml) in [
+        ("restore-before-release", RESTORE_BEFORE_RELEASE),
+        ("restore-empty-store", RESTORE_EMPTY_STORE),
+        ("restore-readmits", RESTORE_READMITS),
+    ] {
+        let r = run_tiers(name, yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+    }
+    // Windows after the restore are normal: the busy regions use all of L again.
+    let r = run(&parsed("restore-readmits", RESTORE_READMITS), 0..1);
+    assert!(
+        r.figures.utilization_min.is_some_and(|u| u > 0.99),
+        "{:?}",
+        r.figures.utilization_min
+    );
+}
+
+const RESTORE_BEFORE_RELEASE: &str = r#"
+name: restore-before-release
+duration: 1000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 19ms}
+measure: {sample_interval: 100ms}
+lease: {initial_units: 12, max_units: 91, ttl: 609ms}
+regions:
+  - {id: r0, latency: 10ms, gateways: 3}
+  - {id: r1, latency: 19ms, gateways: 3, clock: {offset: 256ms, drift_ppm: 15}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 15}
+      allot:
+        window: 1s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 6.916}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 787ms, from: 0ms}
+"#;
+
+const RESTORE_EMPTY_STORE: &str = r#"
+name: restore-empty-store
+duration: 40000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 3ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 3, max_units: 503, ttl: 987ms}
+regions:
+  - {id: r1, weight: 0.536, latency: 104ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 439}
+      allot:
+        window: 40s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - {region: r1, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 38.109}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 29360ms, from: 0ms}
+"#;
+
+const RESTORE_READMITS: &str = r#"
+name: restore-readmits
+duration: 4s
+sync_interval: 250ms
+coordinator: {commit_latency: 20ms}
+measure: {sample_interval: 100ms}
+regions:
+  - {id: r0, latency: 40ms, gateways: 2}
+  - {id: r1, latency: 40ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 400}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 400}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 400}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - agent_restore: {region: r1, at: 1200ms, from: 300ms}
+"#;
+
+/// A rollout from eventual to strict: two regions, L = 268 per 3 s window, eventual; a reload
+/// at 1.909 s to strict, L = 250, `closed`, reaching `r1` (busy) 3.11 s after the coordinator
+/// and `r0` (less busy) at once (the swarm's seed 1207, shrunk, with uniform arrivals). While
+/// `r1` still enforced the eventual configuration, the leader stated it at its default there
+/// (a strict region's ceiling), but an eventual region admits by its view, up to that
+/// configuration's whole quota. Before: window 589075201 on the regions' clocks admitted 328
+/// against 277 (quota plus the bound without its skew term), on seeds 0 and 1. The `reload`
+/// term now counts a region on an eventual older version at that version's quota.
+#[test]
+fn a_region_still_on_an_eventual_configuration_is_counted_at_its_whole_quota() {
+    let r = run_tiers(
+        "rollout-from-eventual",
+        ROLLOUT_FROM_EVENTUAL,
+        0..2,
+        SLOW_SEEDS,
+    );
+    assert_no_violation(&r);
+}
+
+const ROLLOUT_FROM_EVENTUAL: &str = r#"
+name: rollout-from-eventual
+duration: 9000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 7ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 10, max_units: 73, ttl: 2316ms}
+regions:
+  - {id: r0, weight: 0.464, latency: 3ms, gateways: 3}
+  - {id: r1, weight: 0.535, latency: 55ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 268}
+      allot:
+        window: 3s
+        consistency: eventual
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - {region: r0, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 36.06}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+  - {region: r1, limit: swarm/l1, key: l1=k1, rate: {constant_per_sec: 198.362}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - config_reload:
+      at: 1909ms
+      stagger: {r1: 3110ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 250}
+            allot:
+              window: 3s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: closed
 "#;

@@ -14,8 +14,13 @@ use crate::error::{Error, Result};
 /// The first postcard layout: key records without their excess units.
 const POSTCARD_V1: u8 = 0x01;
 
-/// The first byte of every encoding written now.
+/// The second: key records with their excess units.
 const POSTCARD_V2: u8 = 0x02;
+
+/// The first byte of every encoding written now: the second layout and the `Allocation`
+/// record, a new last variant. Records of the second layout are records of this one that
+/// never name it, so both read through today's types.
+const POSTCARD_V3: u8 = 0x03;
 
 /// Appends the encoding of one batch of records to `out`.
 pub(crate) fn encode_batch_into(out: Vec<u8>, batch: &[PersistRecord]) -> Result<Vec<u8>> {
@@ -43,14 +48,14 @@ pub(crate) fn decode_record(bytes: &[u8]) -> Result<PersistRecord> {
 }
 
 fn encode_into<T: Serialize + ?Sized>(mut out: Vec<u8>, value: &T, what: &str) -> Result<Vec<u8>> {
-    out.push(POSTCARD_V2);
+    out.push(POSTCARD_V3);
     postcard::to_extend(value, out)
         .map_err(|e| Error::Corrupt(format!("cannot encode {what}: {e}")))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
     match bytes.first() {
-        Some(&POSTCARD_V2) => decode_postcard(&bytes[1..], what),
+        Some(&(POSTCARD_V2 | POSTCARD_V3)) => decode_postcard(&bytes[1..], what),
         Some(b'[' | b'{' | b'"') => serde_json::from_slice(bytes)
             .map_err(|e| Error::Corrupt(format!("undecodable {what} (JSON): {e}"))),
         Some(other) => Err(Error::Corrupt(format!(
@@ -66,8 +71,11 @@ fn decode_postcard<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use allot_core::budget::persist::MetaRecord;
+    use std::time::Duration;
+
+    use allot_core::budget::persist::{AllocationRecord, MetaRecord};
     use allot_core::ids::LeaseId;
+    use allot_core::limit::LimitSpec;
 
     use super::*;
 
@@ -80,7 +88,25 @@ mod tests {
                 next_seq: 1 << 40,
             }),
             PersistRecord::LeaseEnded { lease: LeaseId(9) },
+            PersistRecord::Allocation(AllocationRecord::of(&LimitSpec::simple(
+                "api",
+                100,
+                Duration::from_secs(60),
+            ))),
         ]
+    }
+
+    #[test]
+    fn a_store_written_before_limits_kept_their_allocation_still_reads() {
+        // The second layout is the third without its last variant: same bytes, older byte.
+        let batch = records()[..3].to_vec();
+        let mut bytes = encode_batch_into(Vec::new(), &batch).expect("encoded");
+        assert_eq!(bytes[0], POSTCARD_V3);
+        bytes[0] = POSTCARD_V2;
+        assert_eq!(decode_batch(&bytes).expect("decoded"), batch);
+        let mut record = encode_record(&batch[1]).expect("encoded");
+        record[0] = POSTCARD_V2;
+        assert_eq!(decode_record(&record).expect("decoded"), batch[1]);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! to any ordered key-value map, and how the map is read back as records.
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
-//! prefix: `a` ack, `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
-//! key), `l` lease, `m` meta, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
+//! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
+//! key), `l` lease, `m` meta, `r` the windows a restore closed, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
 //! the records themselves ([`super::codec`]).
 
 use allot_core::budget::PersistRecord;
@@ -15,10 +15,12 @@ use super::codec;
 use crate::error::{Error, Result};
 
 const ACK: u8 = b'a';
+const ALLOCATION: u8 = b'c';
 const IDEMPOTENCY: u8 = b'i';
 const KEY: u8 = b'k';
 const LEASE: u8 = b'l';
 const META: &[u8] = b"m";
+const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
 
@@ -94,11 +96,14 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::IdempotencyExpired { request } => idempotency_key(request.0),
         PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
+        PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
+        PersistRecord::RestoredBefore { .. } => RESTORED.to_vec(),
     })
 }
 
-/// A removed limit takes its keys, leases, slots and bound figures with it.
+/// A removed limit takes its keys, leases, slots, bound figures and allocation with it.
 fn remove_limit(kv: &mut dyn Kv, limit: &LimitId) -> Result<()> {
+    kv.delete(&kind_limit_prefix(ALLOCATION, limit))?;
     for prefix in [limit_prefix(limit), stats_prefix(limit)] {
         for (key, _) in kv.scan(&prefix)? {
             kv.delete(&key)?;

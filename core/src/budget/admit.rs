@@ -11,6 +11,7 @@ use super::api::Reason;
 use super::config::DEMAND_WARMUP_DIVISOR;
 use super::key::KeyState;
 use super::limits::LimitParams;
+use super::restore::RestoreGate;
 use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::limit::{PartitionPolicy, RateCap};
@@ -29,6 +30,8 @@ pub(crate) struct Ctx {
     /// The view has been expired since this instant, and the time since is not yet in the
     /// statistics' time open (`None` while fresh).
     pub open_from: Option<Timestamp>,
+    /// A restored start's limits on admission (none for a normal start).
+    pub restore: RestoreGate,
 }
 
 /// The allowance `a_r` in force for a key, and where it comes from.
@@ -87,12 +90,44 @@ pub(crate) struct Admission {
 }
 
 /// `a_r` for `ks` in `window` (the key's own window, or a later one it has not rolled to).
+/// A restored start holds at what the key admitted from allowances (its use less the excess
+/// policy let in beyond them) while its gate shuts the window, never above what it holds once
+/// its grants are back: the lost copy of its state may have admitted the rest. Before its
+/// first answer that use may be above what it holds (its own entries can come back first,
+/// its grants not yet): it was admitted under an allowance at least as large. A window it
+/// closes for good is not reopened by the open partition policy either.
 pub(crate) fn allowance(
     p: &LimitParams,
     ks: &KeyState,
     window: WindowIndex,
     ctx: &Ctx,
 ) -> Allowance {
+    let a = held_allowance(p, ks, window, ctx);
+    let start = p.window_start(window);
+    if !ctx.restore.shuts(start) {
+        return a;
+    }
+    let used = match ks.hot.as_deref() {
+        _ if ks.window != window => 0,
+        Some(h) => ks.net_units().saturating_sub(h.excess_units),
+        None => ks.net_units(),
+    };
+    // Until the first answer what it holds is the old copy's (its grants come back with the
+    // answer, its own entries may come first); after it, what it holds is current.
+    let units = if ctx.restore.awaiting {
+        used
+    } else {
+        used.min(a.units)
+    };
+    Allowance {
+        units,
+        reason: Reason::Restoring,
+        open: a.open && !ctx.restore.closes(start),
+    }
+}
+
+/// [`allowance`] without a restore's gate: what the region holds.
+fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx) -> Allowance {
     let quota = p.quota_units();
     let default = Allowance {
         units: p.default_units,

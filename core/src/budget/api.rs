@@ -36,6 +36,10 @@ pub enum Reason {
     Unlimited,
     /// The key already holds `max_leases_per_key` leases.
     TooManyLeases,
+    /// A restored start (docs/budget.md, "Restores"): nothing admitted from the allowance
+    /// until the coordinator's first answer, nor ever again in a window that began before the
+    /// start.
+    Restoring,
 }
 
 /// The answer to an acquire, and to a lease that could not be granted.

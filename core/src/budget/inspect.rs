@@ -170,8 +170,8 @@ mod tests {
         );
         assert_eq!(
             b.drain_dirty().len(),
-            3,
-            "meta, key and lease: from the calls only"
+            4,
+            "the limit's allocation (from the start), meta, key and lease: from the calls only"
         );
     }
 }

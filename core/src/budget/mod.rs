@@ -31,6 +31,7 @@ mod key;
 mod lease;
 mod limits;
 pub mod persist;
+mod restore;
 mod slots;
 pub mod stats;
 mod sync;
@@ -49,6 +50,7 @@ pub use api::{
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
+pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
 
 use admit::{Ctx, Want};
@@ -116,6 +118,10 @@ pub struct KeyView {
     /// Units policy let in beyond the allowance in that window (settle overage, fail-open,
     /// shadow).
     pub excess_units: u64,
+    /// A restored start closed that window (docs/budget.md, "Restores"): nothing more is
+    /// admitted in it, and its use may be above `allowance_units` by what the lost copy of the
+    /// state admitted, which the coordinator sent back.
+    pub restore_closed: bool,
 }
 
 impl RegionBudget {
@@ -128,7 +134,7 @@ impl RegionBudget {
                 (params.spec.id.clone(), LimitState::new(params))
             })
             .collect();
-        Ok(RegionBudget {
+        let mut b = RegionBudget {
             idempotency: IdempotencyCache::new(cfg.idempotency_capacity, cfg.idempotency_ttl),
             view: View::new(cfg.view_ttl),
             cfg,
@@ -141,7 +147,13 @@ impl RegionBudget {
             config_version: 0,
             coordinator_config_version: None,
             last_timeout: Timestamp::ZERO,
-        })
+        };
+        // The parameters every limit starts under, so a start under others can tell.
+        let ids: Vec<LimitId> = b.limits.keys().cloned().collect();
+        for id in ids {
+            b.dirty.mark(Dirty::Allocation(id));
+        }
+        Ok(b)
     }
 
     /// Configuration reload. Limits that still exist keep their keys (unless their window
@@ -151,7 +163,9 @@ impl RegionBudget {
     /// counters, since those units were admitted, but drops what the coordinator gave under
     /// the old parameters (explicit and pre-issued allowances, release acks not yet taken):
     /// it enforces its default under the new ones until granted again. Epochs are kept, so
-    /// they never go back and later grants still apply (docs/budget.md, reload).
+    /// they never go back and later grants still apply (docs/budget.md, reload). The new
+    /// parameters are persisted with the grants: a region that restarts under parameters
+    /// other than the stored ones drops its grants the same way (`restore`).
     pub fn set_limits(&mut self, now: Timestamp, limits: impl IntoIterator<Item = LimitSpec>) {
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
@@ -173,6 +187,7 @@ impl RegionBudget {
                 }
                 None => LimitState::new(params),
             };
+            self.dirty.mark(Dirty::Allocation(id.clone()));
             self.limits.insert(id, state);
         }
         for id in old.into_keys() {
@@ -203,6 +218,16 @@ impl RegionBudget {
         for ack in stale {
             self.sync.acks.remove(ack);
             self.dirty.mark(Dirty::Ack(ack));
+        }
+    }
+
+    /// This start, at `now`, may have lost what an earlier copy of the state admitted
+    /// (docs/budget.md, "Restores"): the operator declared a restore, or the store was empty.
+    /// Call it once, right after building the machine and before any admission.
+    pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
+        self.view.restore = restore::Restore::start(now, why, self.cfg.coordinated);
+        if self.view.restore.closed_before().is_some() {
+            self.dirty.mark(Dirty::Restore);
         }
     }
 
@@ -301,6 +326,7 @@ impl RegionBudget {
             }
             for (name, ks) in &lim.keys {
                 let allowance = admit::allowance(&lim.params, ks, ks.window, &ctx);
+                let start = lim.params.window_start(ks.window);
                 out.push(KeyView {
                     counter: CounterRef {
                         limit: id.clone(),
@@ -311,6 +337,7 @@ impl RegionBudget {
                     refunded_units: ks.refunded_units,
                     allowance_units: allowance.units,
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
+                    restore_closed: ctx.restore.closes(start),
                 });
             }
         }
@@ -443,6 +470,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .expired_span(now)
             .filter(|_| coordinated)
             .map(|(from, _)| from),
+        restore: view.restore.gate(),
     }
 }
 

@@ -11,9 +11,15 @@
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
 //! request id; `Idempotency`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
-//! (limit, window). `Reset` clears everything but `Meta`; `LimitRemoved` clears a limit's keys,
-//! leases, slots and stats.
+//! (limit, window); `Allocation` by limit; `RestoredBefore` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
+//! clears a limit's keys, leases, slots, stats and allocation.
+//!
+//! A limit's `Allocation` record holds the parameters its grants were made under. A region
+//! started with a configuration whose parameters differ (a reload reached it, or happened,
+//! while it was down) drops those grants as a live reload would (`RegionBudget::set_limits`),
+//! or forgets the limit's keys if the window length changed.
 
+use std::collections::BTreeMap;
 use std::mem;
 use std::time::Duration;
 
@@ -32,9 +38,9 @@ use crate::algo::concurrency::{HeldSlot, SlotId};
 use crate::algo::gcra::GcraState;
 use crate::error::Result;
 use crate::ids::{Epoch, KeyId, LeaseId, LimitId, RequestId};
-use crate::limit::LimitSpec;
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RegionWeights};
 use crate::sync::{BoundFigures, ReleaseAck};
-use crate::time::{Timestamp, WindowIndex};
+use crate::time::{Timestamp, Window, WindowIndex};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PersistRecord {
@@ -72,6 +78,48 @@ pub enum PersistRecord {
         limit: LimitId,
         window: WindowIndex,
     },
+    /// The allocation parameters a limit's grants in the store were made under. Last, so that
+    /// the layouts written before it existed still read (they hold none).
+    Allocation(AllocationRecord),
+    /// A restored start closed the windows that began before `before` (its start, on its
+    /// clock): they stay closed across later restarts (docs/budget.md, "Restores").
+    RestoredBefore {
+        before: Timestamp,
+    },
+}
+
+/// A limit's parameters its allocation is computed from: what [`allocation_changed`]
+/// compares, so that a start under different ones is told from one under the same.
+///
+/// [`allocation_changed`]: crate::rebalance::table::allocation_changed
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    pub limit: LimitId,
+    pub quota: Quota,
+    pub weights: RegionWeights,
+    pub consistency: Consistency,
+    pub partition_policy: PartitionPolicy,
+    pub enabled: bool,
+}
+
+impl AllocationRecord {
+    pub fn of(spec: &LimitSpec) -> Self {
+        AllocationRecord {
+            limit: spec.id.clone(),
+            quota: spec.quota,
+            weights: spec.weights.clone(),
+            consistency: spec.consistency,
+            partition_policy: spec.partition_policy,
+            enabled: spec.enabled,
+        }
+    }
+
+    fn window(&self) -> Option<Window> {
+        match self.quota {
+            Quota::Units { window, .. } => Some(window),
+            Quota::Unlimited => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +213,8 @@ pub(crate) enum Dirty {
     Ack(u64),
     Idempotency(RequestId),
     Stats(LimitId, WindowIndex),
+    Allocation(LimitId),
+    Restore,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -179,6 +229,8 @@ pub(crate) struct DirtySet {
     acks: Vec<u64>,
     idempotency: Vec<RequestId>,
     stats: Vec<(LimitId, WindowIndex)>,
+    allocations: Vec<LimitId>,
+    restore: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -199,6 +251,8 @@ impl DirtySet {
             Dirty::Ack(id) => self.acks.push(id),
             Dirty::Idempotency(id) => self.idempotency.push(id),
             Dirty::Stats(l, w) => self.stats.push((l, w)),
+            Dirty::Allocation(l) => self.allocations.push(l),
+            Dirty::Restore => self.restore = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -228,12 +282,16 @@ impl DirtySet {
         if taken.meta {
             out.push(Dirty::Meta);
         }
+        if taken.restore {
+            out.push(Dirty::Restore);
+        }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();
             v.dedup();
             v.drain(..)
         }
         out.extend(sorted(&mut taken.limits).map(Dirty::Limit));
+        out.extend(sorted(&mut taken.allocations).map(Dirty::Allocation));
         out.extend(sorted(&mut taken.keys).map(|(l, k)| Dirty::Key(l, k)));
         out.extend(sorted(&mut taken.leases).map(Dirty::Lease));
         out.extend(sorted(&mut taken.slots).map(Dirty::Slot));
@@ -274,6 +332,14 @@ impl RegionBudget {
     pub fn snapshot(&self) -> Vec<PersistRecord> {
         let mut out = vec![PersistRecord::Reset, PersistRecord::Meta(self.meta())];
         for lim in self.limits.values() {
+            out.push(PersistRecord::Allocation(AllocationRecord::of(
+                &lim.params.spec,
+            )));
+        }
+        if let Some(before) = self.view.restore.closed_before() {
+            out.push(PersistRecord::RestoredBefore { before });
+        }
+        for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
                 out.push(PersistRecord::Key(key_record(lim, name, ks)));
             }
@@ -302,20 +368,59 @@ impl RegionBudget {
     /// A region rebuilt from persisted records (drained batches in order, snapshots, or
     /// both). Records of limits no longer configured are skipped. Own counters the
     /// coordinator resends are merged by max on top (`handle_sync_down`), so a restarted
-    /// region never sees less than it admitted.
+    /// region never sees less than it admitted. A limit whose stored allocation parameters
+    /// differ from `limits`' loses its grants, or its keys, as a reload to `limits` would.
     pub fn restore(
         cfg: BudgetConfig,
         limits: impl IntoIterator<Item = LimitSpec>,
         records: impl IntoIterator<Item = PersistRecord>,
     ) -> Result<Self> {
         let mut b = RegionBudget::new(cfg, limits)?;
+        let mut stored = BTreeMap::new();
         for r in records {
+            match &r {
+                PersistRecord::Allocation(a) => {
+                    stored.insert(a.limit.clone(), a.clone());
+                    continue;
+                }
+                PersistRecord::LimitRemoved { limit } => {
+                    stored.remove(limit);
+                }
+                PersistRecord::Reset => stored.clear(),
+                _ => {}
+            }
             b.apply_record(r);
         }
         b.rebuild_indexes();
-        // Restoring is not a change: nothing needs writing back.
+        // Restoring is not a change: nothing needs writing back, but what the configuration
+        // now in force changed.
         b.dirty = DirtySet::default();
+        b.reconcile_allocations(&stored);
         Ok(b)
+    }
+
+    /// Limits whose stored allocation differs from the configuration in force: drop their
+    /// grants (the window length kept) or forget their keys (it changed), as `set_limits`
+    /// does on a live reload, so the region enforces what the table expects of it under the
+    /// new configuration. A limit with no stored allocation (a store written before it was
+    /// kept, or a limit new to this start) keeps what it stored; its record is written now.
+    fn reconcile_allocations(&mut self, stored: &BTreeMap<LimitId, AllocationRecord>) {
+        let mut limits = mem::take(&mut self.limits);
+        for (id, lim) in &mut limits {
+            let now_in_force = AllocationRecord::of(&lim.params.spec);
+            match stored.get(id) {
+                Some(a) if *a == now_in_force => continue,
+                Some(a) if a.window() != now_in_force.window() => {
+                    lim.keys.clear();
+                    lim.stats = LimitStats::default();
+                    self.forget_limit(id);
+                }
+                Some(_) => self.drop_grants(id, lim),
+                None => {}
+            }
+            self.dirty.mark(Dirty::Allocation(id.clone()));
+        }
+        self.limits = limits;
     }
 
     fn meta(&self) -> MetaRecord {
@@ -329,7 +434,16 @@ impl RegionBudget {
     fn record_of(&self, d: Dirty) -> PersistRecord {
         match d {
             Dirty::Meta => PersistRecord::Meta(self.meta()),
+            // Marked only once a restore closed windows: the mark and the state go together.
+            Dirty::Restore => PersistRecord::RestoredBefore {
+                before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
+            },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
+            Dirty::Allocation(limit) => match self.limits.get(&limit) {
+                Some(lim) => PersistRecord::Allocation(AllocationRecord::of(&lim.params.spec)),
+                // Gone: its removal, written with it, took its record.
+                None => PersistRecord::LimitRemoved { limit },
+            },
             Dirty::Key(limit, key) => {
                 let found = self
                     .limits
@@ -458,6 +572,9 @@ impl RegionBudget {
                     lim.stats.forget(window);
                 }
             }
+            // Compared with the configuration in force once every record is in (`restore`).
+            PersistRecord::Allocation(_) => {}
+            PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
         }
     }
 
@@ -480,6 +597,12 @@ impl RegionBudget {
         ks.granted_units = ks.granted_units.max(rec.granted_units);
         ks.refunded_units = ks.refunded_units.max(rec.refunded_units);
         let window = ks.window;
+        if let Some(hot) = ks.hot.as_mut() {
+            // Records come in the order they were written: this one holds the key's grants as
+            // they are now, so a grant an earlier one held and a reload dropped stays dropped.
+            hot.allowance = None;
+            hot.future.clear();
+        }
         for a in rec.allowances {
             let hot = ks.hot_mut();
             if a.window == window {

@@ -234,6 +234,7 @@ impl RegionBudget {
         let mut up = SyncUp {
             region: self.cfg.region.clone(),
             boot: self.sync.boot,
+            restored: self.view.restore.is_awaiting(),
             seq,
             sent_at: now,
             config_version: self.config_version,
@@ -381,6 +382,7 @@ impl RegionBudget {
         }
         let answered = self.sync.take_inflight(msg.reply_to_seq);
         let sent_at = answered.as_ref().map(|f| f.sent_at);
+        let first_answer = answered.is_some() && self.view.restore.is_awaiting();
         if let Some(f) = answered {
             self.view.on_answer(RoundTrip {
                 sent_at: f.sent_at,
@@ -394,6 +396,15 @@ impl RegionBudget {
         }
         for e in msg.entries.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.merge_entry(now, e, sent_at);
+        }
+        // A restored start's first answer (every grant resent, its own entries merged) lifts
+        // its wait; every SyncUp in flight was sent by this boot. Grants are applied below,
+        // in this same call, before anything is admitted again.
+        if first_answer {
+            self.view.restore = self.view.restore.on_first_answer(msg.known_region);
+            if self.view.restore.closed_before().is_some() {
+                self.dirty.mark(Dirty::Restore);
+            }
         }
         // Grants and release requests were computed under the coordinator's configuration:
         // under another one they mean nothing here. A request not applied is not acked, so
@@ -582,6 +593,8 @@ impl RegionBudget {
         };
         let mut fresh = ctx_of(&self.cfg, &self.view, now);
         fresh.view_expired = false;
+        // Release from what the region holds: a restored start's gate only stops admission.
+        fresh.restore = Default::default();
         let answer = match self.limits.get_mut(&r.counter.limit) {
             None => Some(ack(0, 0)),
             Some(lim) if lim.params.is_unmetered() || lim.params.is_eventual() => {
@@ -729,6 +742,7 @@ fn report_key(
         // ends with the next answer, when the region falls back to what it holds.
         let held = Ctx {
             view_expired: false,
+            restore: Default::default(),
             ..*ctx
         };
         up.demand.push(DemandReport {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::restore::Restore;
 use crate::sync::ClockSample;
 use crate::time::Timestamp;
 
@@ -18,6 +19,8 @@ pub(crate) struct View {
     clock: Option<ClockSample>,
     /// Time up to which expired periods have been handed out as "time open".
     open_accounted_until: Option<Timestamp>,
+    /// A start that may have lost state: ends (or closes earlier windows) at the first answer.
+    pub restore: Restore,
 }
 
 impl View {
@@ -27,6 +30,7 @@ impl View {
             contact_at: None,
             clock: None,
             open_accounted_until: None,
+            restore: Restore::default(),
         }
     }
 

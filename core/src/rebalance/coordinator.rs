@@ -221,6 +221,7 @@ impl Coordinator {
             )));
         }
         let started_at = self.started_at;
+        let known = self.known_before(&msg);
         let view = self
             .regions
             .entry(msg.region.clone())
@@ -241,6 +242,9 @@ impl Coordinator {
             view.clock = msg.clock.or(view.clock);
             view.view_expired = msg.view_expired;
             view.config_version = Some(msg.config_version);
+        }
+        if let Some(k) = known {
+            view.known_before_boot = k;
         }
         if restarted {
             self.forget_sent(&msg.region);
@@ -264,6 +268,29 @@ impl Coordinator {
             self.record_stats(now, &msg.region, st);
         }
         Ok(())
+    }
+
+    /// For the first message of a boot: whether this leader knew the region before it (an
+    /// earlier boot heard, a row of its table, or an entry of a counter it tracks), so that a
+    /// region that found its store empty learns whether it lost it. `None` for other
+    /// messages. Scans the table and the tracked counters once a boot.
+    fn known_before(&self, msg: &SyncUp) -> Option<bool> {
+        let view = self.regions.get(&msg.region);
+        let first_of_boot = view.is_none_or(|v| v.last_seq.is_none() || msg.boot > v.boot);
+        if !first_of_boot {
+            return None;
+        }
+        let earlier_boot = view.is_some_and(|v| v.last_seq.is_some());
+        let region = &msg.region;
+        Some(
+            earlier_boot
+                || self
+                    .table
+                    .counters()
+                    .any(|(_, rows)| rows.contains_key(region))
+                || self.table.reclaims().any(|((_, r), _)| r == region)
+                || self.counters.values().any(|v| v.entry(region) != (0, 0)),
+        )
     }
 
     /// The counters `msg` carried (entries and demand, both capped per message), whose
@@ -839,6 +866,7 @@ impl Coordinator {
             entries,
             grants,
             release_requests,
+            known_region: view.known_before_boot,
         }
     }
 

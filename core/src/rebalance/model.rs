@@ -174,6 +174,7 @@ impl ModelRegion {
         SyncUp {
             region: self.id.clone(),
             boot: 1,
+            restored: false,
             seq,
             sent_at: now,
             config_version: 1,

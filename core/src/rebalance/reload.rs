@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{LimitId, RegionId};
-use crate::limit::{LimitSpec, Quota};
+use crate::limit::{Consistency, LimitSpec, Quota};
 use crate::rebalance::table::AllowanceTable;
 
 /// Replaced configurations the leader remembers. A rollout that outlasts this many reloads
@@ -69,13 +69,17 @@ impl KeptConfigs {
     }
 
     /// What `region` may enforce for `limit` under the replaced configuration `version`: its
-    /// default there, or the largest grant it held there if larger.
+    /// default there, or the largest grant it held there if larger. Under an eventual limit its
+    /// view, not its default, sets what it admits: up to that configuration's whole quota.
     pub fn held(&self, version: u64, limit: &LimitId, region: &RegionId) -> Held {
         let Some(c) = self.configs.iter().rev().find(|c| c.version == version) else {
             return Held::UnknownVersion;
         };
         match c.limits.get(limit) {
             Some(spec) if spec.enabled => match spec.quota {
+                Quota::Units { units, .. } if spec.consistency == Consistency::Eventual => {
+                    Held::Units(units)
+                }
                 Quota::Units { units, .. } => {
                     let default = spec.weights.default_allowance(region, &c.regions, units);
                     let row = c
@@ -89,5 +93,54 @@ impl KeptConfigs {
             },
             _ => Held::Unmetered,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::rebalance::table::TableCommand;
+
+    fn kept(spec: LimitSpec) -> KeptConfigs {
+        let mut table = AllowanceTable::new();
+        let regions: Vec<RegionId> = ["a", "b"].into_iter().map(RegionId::from).collect();
+        let outcome = table.apply(TableCommand::SetConfig {
+            version: 1,
+            limits: vec![spec],
+            regions,
+        });
+        assert!(outcome.is_applied(), "{outcome:?}");
+        let mut kept = KeptConfigs::default();
+        kept.remember(&table);
+        kept
+    }
+
+    #[test]
+    fn a_region_on_an_older_strict_version_holds_its_default_there() {
+        let k = kept(LimitSpec::simple("api", 268, Duration::from_secs(3)));
+        assert_eq!(
+            k.held(1, &LimitId::from("api"), &RegionId::from("a")),
+            Held::Units(134)
+        );
+    }
+
+    #[test]
+    fn a_region_on_an_older_eventual_version_may_admit_up_to_its_quota() {
+        let eventual = LimitSpec {
+            consistency: Consistency::Eventual,
+            ..LimitSpec::simple("api", 268, Duration::from_secs(3))
+        };
+        let k = kept(eventual);
+        assert_eq!(
+            k.held(1, &LimitId::from("api"), &RegionId::from("a")),
+            Held::Units(268),
+            "its view, not its default, sets what it admits"
+        );
+        assert_eq!(
+            k.held(2, &LimitId::from("api"), &RegionId::from("a")),
+            Held::UnknownVersion
+        );
     }
 }

@@ -1929,6 +1929,7 @@ fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> Syn
     SyncUp {
         region: RegionId::from(region),
         boot: 1,
+        restored: false,
         seq,
         sent_at: at_ms(0),
         config_version: 1,
@@ -2110,5 +2111,46 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
     assert!(
         !c.poll_proposals(at_ms(60)).is_empty(),
         "one version again: b's demand is planned"
+    );
+}
+
+/// A region that found its store empty asks whether it was known: not at its first boot, yes
+/// at a later boot (or once it holds rows), whatever the SyncUp's `restored` says.
+#[test]
+fn the_answer_to_a_boot_says_whether_the_leader_knew_the_region_before_it() {
+    let spec = LimitSpec::simple("api", 1_000, Duration::from_secs(60));
+    let mut coord = Coordinator::new(config(), table_with(&spec), at_ms(0), 1);
+    let first = SyncUp {
+        restored: true,
+        ..up_with("a", 0, &[], 0)
+    };
+    coord.handle_sync_up(at_ms(10), first.clone()).unwrap();
+    assert!(
+        !coord
+            .poll_sync_down(at_ms(10), &RegionId::from("a"), 0)
+            .known_region
+    );
+    // Later messages of the same boot keep the answer.
+    let again = SyncUp {
+        seq: 1,
+        ..first.clone()
+    };
+    coord.handle_sync_up(at_ms(20), again).unwrap();
+    assert!(
+        !coord
+            .poll_sync_down(at_ms(20), &RegionId::from("a"), 1)
+            .known_region
+    );
+    // A later boot (a restart, perhaps from a lost disk) was preceded by this one.
+    let rebooted = SyncUp {
+        boot: 2,
+        seq: 0,
+        ..first
+    };
+    coord.handle_sync_up(at_ms(30), rebooted).unwrap();
+    assert!(
+        coord
+            .poll_sync_down(at_ms(30), &RegionId::from("a"), 0)
+            .known_region
     );
 }

@@ -33,6 +33,8 @@ pub(crate) struct RegionView {
     pub view_expired: bool,
     /// The configuration version the newest SyncUp reported: the one the region enforces.
     pub config_version: Option<u64>,
+    /// This leader knew the region before its newest boot (`SyncDown::known_region`).
+    pub known_before_boot: bool,
 }
 
 impl RegionView {
@@ -47,6 +49,7 @@ impl RegionView {
             clock: None,
             view_expired: false,
             config_version: None,
+            known_before_boot: false,
         }
     }
 

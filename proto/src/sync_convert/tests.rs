@@ -108,8 +108,14 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
         vec(ack(), 0..LIST_ITEMS),
         vec(stats(), 0..LIST_ITEMS),
     );
-    (head, clock, lists, any::<bool>()).prop_map(
-        |((r, boot, seq, t0, v), clock, (entries, demand, release_acks, stats), view_expired)| {
+    (head, clock, lists, any::<bool>(), any::<bool>()).prop_map(
+        |(
+            (r, boot, seq, t0, v),
+            clock,
+            (entries, demand, release_acks, stats),
+            view_expired,
+            restored,
+        )| {
             SyncUp {
                 region: RegionId::new(r),
                 boot,
@@ -122,6 +128,7 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
                 clock,
                 stats,
                 view_expired,
+                restored,
             }
         },
     )
@@ -140,8 +147,8 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
         vec(grant(), 0..LIST_ITEMS),
         vec(release(), 0..LIST_ITEMS),
     );
-    (head, lists).prop_map(
-        |((seq, term, t1, t2, v), (entries, grants, release_requests))| SyncDown {
+    (head, lists, any::<bool>()).prop_map(
+        |((seq, term, t1, t2, v), (entries, grants, release_requests), known_region)| SyncDown {
             reply_to_seq: seq,
             leader_term: term,
             received_at: Timestamp::from_unix_nanos(t1),
@@ -150,6 +157,7 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
             entries,
             grants,
             release_requests,
+            known_region,
         },
     )
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use allot_core::sync::CounterRef;
 
 use crate::error::Result;
-use crate::node::{NodeFactory, RegionNode, RegionObservation};
+use crate::node::{NodeFactory, RegionNode, RegionObservation, RegionSetup};
 use crate::scenario::Fault;
 
 use super::{Engine, Event};
@@ -81,11 +81,21 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     }
 
     pub(super) fn agent_restart(&mut self, region: usize) -> Result<()> {
+        self.start_agent(region, false)
+    }
+
+    /// Starts the region's agent from its store; `restored` as the operator declares a start
+    /// from an old copy of it.
+    fn start_agent(&mut self, region: usize, restored: bool) -> Result<()> {
         if self.regions[region].node.is_some() {
             return Ok(());
         }
         let local = self.regions[region].clock.local(self.now);
-        let setup = self.region_setup(region);
+        let setup = RegionSetup {
+            reload: self.reload_in_force(region),
+            restored,
+            ..self.region_setup(region)
+        };
         let node = self
             .factory
             .restore_region(&setup, &self.regions[region].store, local);
@@ -100,13 +110,13 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         self.checker
             .restarted(self.offset_ms(), region, &obs, is_current);
         self.regions[region].node = Some(node);
-        self.reload_restarted(region);
         self.after_region_input(region)
     }
 
     /// The agent stops and starts again from the store copied at the fault's `from`: what it
     /// wrote since is lost, so its counters may go back. That is the fault itself, not a
-    /// violation: invariants 3 and 6 start again for the region from what it has now.
+    /// violation: invariants 3 and 6 start again for the region from what it has now. The
+    /// operator who restored the copy declares it (`allot agent --restored`).
     pub(super) fn agent_restore(&mut self, region: usize, fault: usize) -> Result<()> {
         let r = &mut self.regions[region];
         r.node = None;
@@ -115,6 +125,6 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             r.store = r.store_copies.swap_remove(i).1;
         }
         self.checker.forget_region(region);
-        self.agent_restart(region)
+        self.start_agent(region, true)
     }
 }

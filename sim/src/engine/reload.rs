@@ -37,19 +37,16 @@ impl<F: NodeFactory> Engine<'_, F> {
         }
     }
 
-    /// A region's agent restarted: it reads the configuration in force for it, the last
-    /// reload whose turn for this region has come.
-    pub(super) fn reload_restarted(&mut self, region: usize) {
+    /// The configuration an agent of `region` reads if it starts now: the last reload whose
+    /// turn for this region has come (`None`: the scenario's own). A reload whose turn came
+    /// while the agent was down is read at its start, not applied to the running machine.
+    pub(super) fn reload_in_force(&self, region: usize) -> Option<usize> {
         let start = self.scenario.start;
         let now = self.now;
-        let in_force = reloads(self.scenario.faults.iter())
+        reloads(self.scenario.faults.iter())
             .filter(|(_, at, stagger)| start + *at + stagger[region] <= now)
             .map(|(n, _, _)| n)
-            .last();
-        let local = self.regions[region].clock.local(now);
-        if let (Some(n), Some(node)) = (in_force, self.regions[region].node.as_mut()) {
-            node.restarted_under(local, n);
-        }
+            .last()
     }
 
     /// The events of every `config_reload`: the coordinator's, then each region's.

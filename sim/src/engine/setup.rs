@@ -228,6 +228,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             region: &self.scenario.regions[region].id,
             policy: self.spec.policy,
             seed: derive_seed(self.spec.seed, 100 + region as u64),
+            reload: None,
+            restored: false,
         }
     }
 

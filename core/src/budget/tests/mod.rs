@@ -7,6 +7,7 @@ mod partition;
 mod persist;
 mod proptests;
 mod reload;
+mod restore;
 mod slots;
 mod stats;
 mod sync;
@@ -158,6 +159,7 @@ pub(super) fn answer(up: &SyncUp, now: Timestamp) -> SyncDown {
         entries: Vec::new(),
         grants: Vec::new(),
         release_requests: Vec::new(),
+        known_region: false,
     }
 }
 

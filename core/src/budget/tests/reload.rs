@@ -1,6 +1,7 @@
 //! Configuration reload: what a region keeps and drops, and the configuration version check.
 
 use super::*;
+use crate::budget::persist::PersistRecord;
 use crate::limit::Consistency;
 
 /// A region holding a grant of 250 for window `w` (epoch 2), 200 of it used.
@@ -99,4 +100,116 @@ fn grants_and_release_requests_of_another_version_are_neither_applied_nor_acked(
         250,
         "same version: applied"
     );
+}
+
+/// Restarts under `limits` from everything `b` wrote.
+fn restart_under(
+    b: &mut RegionBudget,
+    log: &mut Vec<PersistRecord>,
+    limits: Vec<LimitSpec>,
+) -> RegionBudget {
+    log.extend(b.drain_dirty());
+    RegionBudget::restore(cfg(), limits, log.clone()).expect("restore")
+}
+
+#[test]
+fn a_region_started_under_another_allocation_drops_its_stored_grants() {
+    let mut log = Vec::new();
+    let mut b = granted_and_used(per_minute("api", 400));
+    // The reload came while the region was down: it starts under the new quota.
+    let r = restart_under(&mut b, &mut log, vec![per_minute("api", 200)]);
+    assert_eq!(net(&r, "api", "k"), 200, "admitted units stay counted");
+    assert_eq!(allowance(&r, at(1_000), "api", "k"), 50, "the new default");
+    // Under the same parameters the grant stays.
+    let r =
+        RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log.clone()).expect("restore");
+    assert_eq!(allowance(&r, at(1_000), "api", "k"), 250);
+}
+
+#[test]
+fn a_grant_a_live_reload_dropped_stays_dropped_after_a_restart() {
+    let mut log = Vec::new();
+    let mut b = granted_and_used(per_minute("api", 400));
+    log.extend(b.drain_dirty());
+    let closed = LimitSpec {
+        partition_policy: crate::limit::PartitionPolicy::Closed,
+        ..per_minute("api", 400)
+    };
+    b.set_limits(at(1_000), vec![closed.clone()]);
+    assert_eq!(allowance(&b, at(1_000), "api", "k"), 100);
+    let r = restart_under(&mut b, &mut log, vec![closed]);
+    assert_eq!(
+        allowance(&r, at(1_000), "api", "k"),
+        100,
+        "the record written at the reload holds no grant, though an earlier one did"
+    );
+}
+
+#[test]
+fn a_region_started_with_another_window_length_forgets_the_limits_keys() {
+    let mut log = Vec::new();
+    let mut b = granted_and_used(per_minute("api", 400));
+    let per_hour = LimitSpec::simple("api", 400, std::time::Duration::from_secs(3_600));
+    let r = restart_under(&mut b, &mut log, vec![per_hour]);
+    assert_eq!(r.key_count(&lim("api")), 0);
+}
+
+#[test]
+fn a_store_without_allocation_records_keeps_its_grants_and_writes_them() {
+    let mut b = granted_and_used(per_minute("api", 400));
+    let old: Vec<PersistRecord> = b
+        .drain_dirty()
+        .into_iter()
+        .filter(|r| !matches!(r, PersistRecord::Allocation(_)))
+        .collect();
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], old).expect("restore");
+    assert_eq!(
+        allowance(&r, at(1_000), "api", "k"),
+        250,
+        "as before they were kept"
+    );
+    assert!(
+        r.drain_dirty()
+            .iter()
+            .any(|rec| matches!(rec, PersistRecord::Allocation(a) if a.limit == lim("api"))),
+        "the parameters in force are written at the start"
+    );
+}
+
+#[test]
+fn the_stored_allocation_changes_exactly_when_allocation_changed_says() {
+    use crate::budget::persist::AllocationRecord;
+    use crate::rebalance::table::allocation_changed;
+    let base = per_minute("api", 400);
+    let variants = [
+        LimitSpec {
+            detailed_metric: true,
+            ..base.clone()
+        },
+        LimitSpec {
+            shadow_mode: true,
+            ..base.clone()
+        },
+        LimitSpec {
+            enabled: false,
+            ..base.clone()
+        },
+        LimitSpec {
+            consistency: Consistency::Eventual,
+            ..base.clone()
+        },
+        LimitSpec {
+            partition_policy: crate::limit::PartitionPolicy::Closed,
+            ..base.clone()
+        },
+        per_minute("api", 401),
+        LimitSpec::simple("api", 400, std::time::Duration::from_secs(1)),
+    ];
+    for v in &variants {
+        assert_eq!(
+            AllocationRecord::of(&base) != AllocationRecord::of(v),
+            allocation_changed(&base, v),
+            "{v:?}"
+        );
+    }
 }

@@ -1,0 +1,158 @@
+//! A start that may have lost what an earlier copy of the region's state admitted: a restored
+//! backup, a lost disk (docs/budget.md, "Restores").
+//!
+//! Neither the agent nor the coordinator can tell such a start from a crash in general, so the
+//! operator declares it (`allot agent --restored`), and an agent that opens an empty store
+//! asks the coordinator whether it knew the region. Such a start admits nothing from its
+//! allowances until the first answer of its boot (which resends every grant and its own
+//! entries), and nothing more, ever, in windows that began before the start: the lost copy
+//! may have admitted anything there, up to the allowance it held. Closing them makes the
+//! overshoot 0 with no new term in the bound. Windows that begin later are normal.
+
+use crate::time::Timestamp;
+
+/// Why a start may have lost state, as the agent knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreStart {
+    /// The operator said so: the store is an old copy (or empty after a lost disk).
+    Declared,
+    /// The store was empty: a first start, or a lost disk; the coordinator tells which.
+    EmptyStore,
+}
+
+/// Where a restored start stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Restore {
+    /// A start from the region's own state (or one the coordinator did not know).
+    #[default]
+    Normal,
+    /// Waiting for the first answer of this boot: nothing is admitted from allowances.
+    Awaiting {
+        started_at: Timestamp,
+        declared: bool,
+    },
+    /// Windows that began before `before` admit nothing more.
+    Closed { before: Timestamp },
+}
+
+/// What admission reads of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RestoreGate {
+    pub awaiting: bool,
+    pub closed_before: Option<Timestamp>,
+}
+
+impl RestoreGate {
+    /// Whether the window starting at `window_start` admits from its allowance.
+    pub fn shuts(&self, window_start: Timestamp) -> bool {
+        self.awaiting || self.closes(window_start)
+    }
+
+    /// Whether the window starting at `window_start` is closed for good (no partition policy
+    /// reopens it).
+    pub fn closes(&self, window_start: Timestamp) -> bool {
+        self.closed_before.is_some_and(|b| window_start < b)
+    }
+}
+
+impl Restore {
+    /// A start at `now` that may be a restore. A region with no coordinator has no one to ask:
+    /// a declared restore closes its earlier windows at once, an empty store is a first start.
+    pub fn start(now: Timestamp, why: RestoreStart, coordinated: bool) -> Restore {
+        match (why, coordinated) {
+            (_, true) => Restore::Awaiting {
+                started_at: now,
+                declared: why == RestoreStart::Declared,
+            },
+            (RestoreStart::Declared, false) => Restore::Closed { before: now },
+            (RestoreStart::EmptyStore, false) => Restore::Normal,
+        }
+    }
+
+    /// The first answer of the boot arrived: a declared restore, or an empty store the
+    /// coordinator knew of, closes the windows that began before the start.
+    pub fn on_first_answer(self, known_region: bool) -> Restore {
+        match self {
+            Restore::Awaiting {
+                started_at,
+                declared,
+            } if declared || known_region => Restore::Closed { before: started_at },
+            Restore::Awaiting { .. } => Restore::Normal,
+            other => other,
+        }
+    }
+
+    /// Windows that began before this stay closed (persisted, `PersistRecord::RestoredBefore`).
+    pub fn closed_before(&self) -> Option<Timestamp> {
+        match *self {
+            Restore::Normal | Restore::Awaiting { .. } => None,
+            Restore::Closed { before } => Some(before),
+        }
+    }
+
+    /// A closing read back from the store: kept across the restart, unless a later one holds.
+    pub fn keep_closed(&mut self, before: Timestamp) {
+        if self.closed_before().is_none_or(|b| b < before) && !self.is_awaiting() {
+            *self = Restore::Closed { before };
+        }
+    }
+
+    pub fn is_awaiting(&self) -> bool {
+        matches!(self, Restore::Awaiting { .. })
+    }
+
+    pub fn gate(&self) -> RestoreGate {
+        match *self {
+            Restore::Normal => RestoreGate::default(),
+            Restore::Awaiting { .. } => RestoreGate {
+                awaiting: true,
+                closed_before: None,
+            },
+            Restore::Closed { before } => RestoreGate {
+                awaiting: false,
+                closed_before: Some(before),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Timestamp {
+        Timestamp::from_unix_millis(v)
+    }
+
+    #[test]
+    fn a_declared_restore_closes_earlier_windows_after_the_first_answer_whatever_it_says() {
+        let r = Restore::start(ms(5_000), RestoreStart::Declared, true);
+        assert!(r.gate().shuts(ms(10_000)), "nothing until the answer");
+        let r = r.on_first_answer(false);
+        assert!(r.gate().closes(ms(4_000)));
+        assert!(
+            !r.gate().shuts(ms(5_000)),
+            "a window starting at the start is normal"
+        );
+    }
+
+    #[test]
+    fn an_empty_store_is_a_first_start_unless_the_coordinator_knew_the_region() {
+        let r = Restore::start(ms(5_000), RestoreStart::EmptyStore, true);
+        assert_eq!(r.on_first_answer(false), Restore::Normal);
+        assert_eq!(
+            r.on_first_answer(true),
+            Restore::Closed { before: ms(5_000) }
+        );
+    }
+
+    #[test]
+    fn without_a_coordinator_a_declared_restore_closes_at_once() {
+        let r = Restore::start(ms(5_000), RestoreStart::Declared, false);
+        assert!(r.gate().closes(ms(0)));
+        assert_eq!(
+            Restore::start(ms(5_000), RestoreStart::EmptyStore, false),
+            Restore::Normal
+        );
+    }
+}

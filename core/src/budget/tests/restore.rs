@@ -1,0 +1,110 @@
+//! Restores: a start that may have lost what an earlier copy of the state admitted.
+
+use super::*;
+use crate::budget::{Reason, RestoreStart};
+
+/// Region `eu` restored at 30 s into window 0 (60 s windows), 10 units already back in its
+/// counter (what its old copy held).
+fn restored(why: RestoreStart) -> RegionBudget {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert!(acquire(&mut b, at(1_000), "api", "k", 10).allowed);
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.drain_dirty())
+        .expect("restore");
+    r.start_restored(at(30_000), why);
+    r
+}
+
+fn answer_with(b: &mut RegionBudget, now: Timestamp, known_region: bool) -> SyncUp {
+    let up = b.poll_transmit(now).expect("sync");
+    let down = SyncDown {
+        known_region,
+        ..answer(&up, now)
+    };
+    b.handle_sync_down(now, down);
+    up
+}
+
+#[test]
+fn a_declared_restore_waits_for_the_first_answer_then_never_admits_in_earlier_windows() {
+    let mut b = restored(RestoreStart::Declared);
+    let d = acquire(&mut b, at(30_000), "api", "k", 1);
+    assert!(!d.allowed, "nothing before the first answer");
+    assert_eq!(d.reason, Reason::Restoring);
+    let up = answer_with(&mut b, at(30_100), false);
+    assert!(up.restored, "the boot's SyncUp says so");
+    assert!(
+        !acquire(&mut b, at(30_200), "api", "k", 1).allowed,
+        "the window began before the start: its allowance may be spent"
+    );
+    assert_eq!(
+        allowance(&b, at(30_200), "api", "k"),
+        10,
+        "held at what it uses"
+    );
+    assert!(!b.poll_transmit(at(31_000)).expect("sync").restored);
+    // The next window is normal.
+    assert!(acquire(&mut b, at(60_000), "api", "k", 1).allowed);
+}
+
+#[test]
+fn an_empty_store_the_coordinator_did_not_know_is_a_first_start() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.start_restored(at(30_000), RestoreStart::EmptyStore);
+    assert!(!acquire(&mut b, at(30_000), "api", "k", 1).allowed);
+    answer_with(&mut b, at(30_100), false);
+    assert!(acquire(&mut b, at(30_200), "api", "k", 1).allowed);
+}
+
+#[test]
+fn an_empty_store_the_coordinator_knew_is_a_lost_one() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.start_restored(at(30_000), RestoreStart::EmptyStore);
+    answer_with(&mut b, at(30_100), true);
+    assert!(!acquire(&mut b, at(30_200), "api", "k", 1).allowed);
+    assert!(acquire(&mut b, at(60_000), "api", "k", 1).allowed);
+}
+
+#[test]
+fn the_open_policy_does_not_reopen_a_closed_window() {
+    let open = LimitSpec {
+        partition_policy: crate::limit::PartitionPolicy::Open {
+            rate: crate::limit::RateCap {
+                units: 100,
+                per: Duration::from_secs(1),
+                burst: 100,
+            },
+        },
+        ..per_minute("api", 400)
+    };
+    let mut b = budget(vec![open]);
+    b.start_restored(at(30_000), RestoreStart::Declared);
+    answer_with(&mut b, at(30_100), false);
+    // Long after contact: the view has expired, and the open policy would admit.
+    assert!(b.is_view_expired(at(50_000)));
+    assert!(!acquire(&mut b, at(50_000), "api", "k", 1).allowed);
+}
+
+#[test]
+fn a_release_asked_of_a_restored_region_is_taken_from_what_it_holds() {
+    let mut b = restored(RestoreStart::Declared);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    let mut down = answer(&up, at(30_000));
+    down.release_requests = vec![release_req(7, "api", "k", w, 60, 1)];
+    b.handle_sync_down(at(30_000), down);
+    let up = b.poll_transmit(at(30_300)).expect("sync");
+    assert_eq!(up.release_acks.len(), 1);
+    assert_eq!(up.release_acks[0].released_units, 60);
+    assert_eq!(up.release_acks[0].allowance_after_units, 40);
+}
+
+#[test]
+fn the_windows_a_restore_closed_stay_closed_after_a_crash() {
+    let mut b = restored(RestoreStart::Declared);
+    answer_with(&mut b, at(30_100), false);
+    let mut log = b.snapshot();
+    log.extend(b.drain_dirty());
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+    assert!(!acquire(&mut r, at(40_000), "api", "k", 1).allowed);
+    assert!(acquire(&mut r, at(60_000), "api", "k", 1).allowed);
+}
