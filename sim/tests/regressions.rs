@@ -1521,3 +1521,65 @@ faults:
               partition_policy: closed
               failure_mode: closed
 "#;
+
+/// Swarm seed 435, shrunk: a region 4.5 s ahead with 3 s windows, and a reload that cuts `L`
+/// from 607 to 353. Its window in progress at the reload (on its clock) starts on the
+/// coordinator's clock after the reload: it admitted 483 there under the old quota, judged
+/// against the new 353 with no `reload` term, since every region already reported the new
+/// version when the window was stated. Fixed by counting a region under the version it
+/// enforced before its switch for the windows its clock may have reached before it switched
+/// (`Coordinator::admitted_under_previous`). Before: 1 violation (483 above 353); after, 0,
+/// and the Poisson variant holds on the slow tier's seeds.
+#[test]
+fn a_region_ahead_is_counted_under_its_old_version_in_windows_it_reached_before_a_reload() {
+    let r = run_tiers(
+        "swarm-435.yaml",
+        SWARM_435_SHRUNK,
+        435..437,
+        SLOW_SEEDS_LONG_RUNS,
+    );
+    assert_no_violation(&r);
+}
+
+const SWARM_435_SHRUNK: &str = r#"
+name: swarm-435
+description: drawn by `allot sim --swarm --seeds 435..436`
+duration: 18000ms
+sync_interval: 50ms
+coordinator: {commit_latency: 3ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 2, max_units: 40, ttl: 1481ms}
+regions:
+  - {id: r2, weight: 0.386, latency: 139ms, gateways: 1, clock: {offset: 4494ms, drift_ppm: -77}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 607}
+      allot:
+        window: 3s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r2
+    limit: swarm/l0
+    key: l0=k2
+    rate: {constant_per_sec: 161.765}
+    arrivals: uniform
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - config_reload:
+      at: 10387ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 353}
+            allot:
+              window: 3s
+              consistency: strict
+              partition_policy: floor
+              failure_mode: closed
+"#;

@@ -241,6 +241,11 @@ impl Coordinator {
             view.last_received_at = now;
             view.clock = msg.clock.or(view.clock);
             view.view_expired = msg.view_expired;
+            if let Some(old) = view.config_version
+                && old != msg.config_version
+            {
+                view.previous_version = Some((old, now));
+            }
             view.config_version = Some(msg.config_version);
         }
         if let Some(k) = known {
@@ -1096,36 +1101,68 @@ impl Coordinator {
     /// version it reports (docs/bound.md, reload). Returns why the window is unbounded when a
     /// region reports a version this leader does not know, or one under which the limit
     /// admits everything.
+    ///
+    /// A region that switched versions counts under both for the windows its clock may have
+    /// reached before it switched (`admitted_under_previous`): a region whose clock is ahead
+    /// admitted, under the old version, in windows that start on ours after the reload.
     fn reload_inputs(
         &self,
         limit: &LimitId,
         window: WindowIndex,
         inputs: &mut BoundInputs,
     ) -> Option<String> {
-        if self.versions_agree() {
+        let under_previous: Vec<Option<u64>> = self
+            .table
+            .regions()
+            .iter()
+            .map(|r| self.admitted_under_previous(limit, window, r))
+            .collect();
+        if self.versions_agree() && under_previous.iter().all(Option::is_none) {
             return None;
         }
         let current = self.table.config_version();
-        for r in self.table.regions() {
+        for (r, previous) in self.table.regions().iter().zip(under_previous) {
             let version = self.region_view(r).config_version.unwrap_or(current);
-            let held = if version == current {
-                Held::Units(self.largest_allowance(limit, window, None, r))
-            } else {
-                self.kept_configs.held(version, limit, r)
-            };
-            match held {
-                Held::Units(u) => {
-                    inputs.reload_held_units.insert(r.clone(), u);
-                }
-                Held::Unmetered => {
-                    return Some(format!("{r} enforces version {version}, unmetered there"));
-                }
-                Held::UnknownVersion => {
-                    return Some(format!("{r} reports version {version}, unknown here"));
+            let mut units = 0u64;
+            for v in std::iter::once(version).chain(previous) {
+                let held = if v == current {
+                    Held::Units(self.largest_allowance(limit, window, None, r))
+                } else {
+                    self.kept_configs.held(v, limit, r)
+                };
+                match held {
+                    Held::Units(u) => units = units.max(u),
+                    Held::Unmetered => {
+                        return Some(format!("{r} enforces version {v}, unmetered there"));
+                    }
+                    Held::UnknownVersion => {
+                        return Some(format!("{r} reports version {v}, unknown here"));
+                    }
                 }
             }
+            inputs.reload_held_units.insert(r.clone(), units);
         }
         None
+    }
+
+    /// The version `region` enforced before its current one, if its clock may have put
+    /// `window` (of `limit`) in progress while it still did: the window starts (on our clock)
+    /// before we first heard the new version plus the region's clock uncertainty and the
+    /// drift margin (the full reach while its clock is unknown).
+    fn admitted_under_previous(
+        &self,
+        limit: &LimitId,
+        window: WindowIndex,
+        region: &RegionId,
+    ) -> Option<u64> {
+        let view = self.regions.get(region)?;
+        let (previous, switched_at) = view.previous_version?;
+        let w = self.finite_window(limit)?;
+        let reach = view
+            .clock_uncertainty()
+            .map_or(Duration::MAX, |u| u.saturating_add(self.cfg.drift_margin))
+            .min(w.len() * MAX_SKEW_REACH_WINDOWS as u32);
+        (w.start(window) < switched_at + reach).then_some(previous)
     }
 
     /// Why the window is unbounded when a region clamped settles in it: units a spender used

@@ -33,6 +33,10 @@ pub(crate) struct RegionView {
     pub view_expired: bool,
     /// The configuration version the newest SyncUp reported: the one the region enforces.
     pub config_version: Option<u64>,
+    /// The version the region reported before `config_version`, and when (our clock) this
+    /// leader first heard the new one: until then the region admitted under the old one, in
+    /// windows its clock may put up to its clock uncertainty later than ours.
+    pub previous_version: Option<(u64, Timestamp)>,
     /// This leader knew the region before its newest boot (`SyncDown::known_region`).
     pub known_before_boot: bool,
 }
@@ -49,6 +53,7 @@ impl RegionView {
             clock: None,
             view_expired: false,
             config_version: None,
+            previous_version: None,
             known_before_boot: false,
         }
     }
