@@ -70,6 +70,10 @@ pub struct Settings {
     pub jitter_seed: Option<u64>,
     /// Where the agent reads the time: the system clock, or a manual one in tests.
     pub clock: Clock,
+    /// Read windows on the coordinator's timebase (the clock corrected by the offset measured
+    /// at every sync) and keep strict admissions this far at most from window edges
+    /// (docs/bound.md, skew). `None` (the default): windows on the agent's own clock.
+    pub max_clock_uncertainty: Option<Duration>,
 }
 
 impl Settings {
@@ -90,6 +94,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(10),
             jitter_seed: None,
             clock: Clock::System,
+            max_clock_uncertainty: None,
         }
     }
 

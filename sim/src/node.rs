@@ -120,6 +120,13 @@ pub trait RegionNode: Send {
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
 
+    /// The time the machine reads windows on at `local` on the region's own clock: `local`
+    /// itself, or a corrected clock's reading (`max_clock_uncertainty`). Admissions are
+    /// judged per window index on this clock.
+    fn window_clock(&self, local: Timestamp) -> Timestamp {
+        local
+    }
+
     /// Writes what the machine has made durable since the last call into `store`. The
     /// simulator calls it after every input, so anything written before an answer survives a
     /// crash after that answer; a machine that defers its flushes keeps records back until its

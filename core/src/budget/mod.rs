@@ -34,6 +34,7 @@ pub mod persist;
 mod slots;
 pub mod stats;
 mod sync;
+pub mod timebase;
 mod timeout;
 mod view;
 
@@ -50,6 +51,7 @@ pub use api::{
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
 pub use stats::{LimitStats, RegionStats, WindowStats};
+pub use timebase::{ClockGuard, Timebase};
 
 use admit::{Ctx, Want};
 use api::Remembered;
@@ -345,6 +347,19 @@ impl RegionBudget {
         self.view.clock()
     }
 
+    /// The last answered round trip's send time (own clock) and clock sample: what a
+    /// [`Timebase`] takes.
+    pub fn clock_round_trip(&self) -> Option<(Timestamp, ClockSample)> {
+        self.view.clock_round_trip()
+    }
+
+    /// The timebase's edge band and guard (docs/budget.md, edge band): from now on, strict
+    /// admissions keep `band` clear of every window edge (`Duration::MAX`: none at all), and
+    /// SyncUps carry `guard`. `None` for both: admission as without a timebase.
+    pub fn set_clock_guard(&mut self, band: Option<Duration>, guard: Option<ClockGuard>) {
+        self.view.set_clock_guard(band, guard);
+    }
+
     pub fn key_count(&self, limit: &LimitId) -> usize {
         self.limits.get(limit).map_or(0, |l| l.keys.len())
     }
@@ -439,6 +454,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
         view_expired: coordinated && view.is_expired(now),
         fresh_since: view.fresh_since(now),
         sync_interval: cfg.sync_interval,
+        edge_band: view.edge_band().filter(|_| coordinated),
         open_from: view
             .expired_span(now)
             .filter(|_| coordinated)

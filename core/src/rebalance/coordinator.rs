@@ -239,6 +239,7 @@ impl Coordinator {
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
             view.clock = msg.clock.or(view.clock);
+            view.clock_guard = msg.clock_guard;
             view.view_expired = msg.view_expired;
             view.config_version = Some(msg.config_version);
         }
@@ -1048,6 +1049,9 @@ impl Coordinator {
                     .round_trip_nanos
                     .insert(r.clone(), c.round_trip_nanos);
             }
+            if self.guarded_through(limit, window, &view) {
+                inputs.clock_guarded.insert(r.clone());
+            }
             inputs
                 .allowance_units
                 .insert(r.clone(), self.largest_allowance(limit, window, key, r));
@@ -1074,6 +1078,16 @@ impl Coordinator {
             self.add_region_stats(now, limit, window, r, &mut inputs);
         }
         inputs
+    }
+
+    /// The region kept its edge band on a corrected clock through all of `window` (docs/bound.md,
+    /// skew): its guard began, on our clock, at least its maximum uncertainty plus one window
+    /// before the window did (a lease granted before the guard ends within a window).
+    fn guarded_through(&self, limit: &LimitId, window: WindowIndex, view: &RegionView) -> bool {
+        let (Some(g), Some(w)) = (view.clock_guard, self.finite_window(limit)) else {
+            return false;
+        };
+        g.since + g.max_uncertainty + w.len() <= w.start(window)
     }
 
     /// While regions report different configuration versions: what each may enforce under the

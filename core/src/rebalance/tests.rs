@@ -1887,6 +1887,7 @@ fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> Syn
         clock: None,
         stats: Vec::new(),
         view_expired: false,
+        clock_guard: None,
     }
 }
 

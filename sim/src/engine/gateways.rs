@@ -97,6 +97,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 local,
             } => {
                 self.stats.admitted += 1;
+                // Judged per window index on the clock the agent reads windows on.
+                let node = self.regions[region].node.as_ref();
+                let local = node.map_or(local, |n| n.window_clock(local));
                 self.measure.admitted(key, region, self.now, local, units);
                 if let Some(settle) = cost.settle {
                     let incarnation = self.regions[region].gateways[gateway].incarnation;
