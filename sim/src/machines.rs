@@ -53,6 +53,8 @@ pub struct CoreFactory {
     budgets: Vec<BudgetConfig>,
     coordinator: CoordinatorConfig,
     lease_ttl: Duration,
+    /// The agents' timebase (`max_clock_uncertainty`), if the scenario built from has one.
+    max_clock_uncertainty: Option<Duration>,
     /// The limits of each `config_reload` fault, in order.
     reloads: Vec<Vec<LimitSpec>>,
 }
@@ -90,6 +92,7 @@ impl CoreFactory {
             limits,
             budgets,
             lease_ttl: scenario.lease.ttl,
+            max_clock_uncertainty: scenario.max_clock_uncertainty,
             reloads,
         };
         for r in 0..factory.regions.len() {
@@ -157,17 +160,13 @@ impl CoreFactory {
         restarted: bool,
     ) -> CoreRegion {
         let coordinated = setup.policy == Policy::Rebalancing;
-        let timebase = setup
-            .scenario
-            .max_clock_uncertainty
-            .filter(|_| coordinated)
-            .map(|u| {
-                if restarted {
-                    Timebase::restarted(u)
-                } else {
-                    Timebase::new(u)
-                }
-            });
+        let timebase = self.max_clock_uncertainty.filter(|_| coordinated).map(|u| {
+            if restarted {
+                Timebase::restarted(u)
+            } else {
+                Timebase::new(u)
+            }
+        });
         CoreRegion {
             budget,
             timebase,
