@@ -288,7 +288,7 @@ pub(crate) fn edge_wait(
         return Some((start + e).saturating_duration_since(now));
     }
     if now + e >= end {
-        return Some((end + e).saturating_duration_since(now) + Duration::from_nanos(1));
+        return Some((end + e).saturating_duration_since(now));
     }
     None
 }

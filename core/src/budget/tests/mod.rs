@@ -10,6 +10,7 @@ mod reload;
 mod slots;
 mod stats;
 mod sync;
+mod timebase;
 
 use std::time::Duration;
 
