@@ -540,8 +540,15 @@ impl RegionNode for CoreRegion {
         Some(self.timebase.as_ref().map_or(at, |tb| tb.to_local(at)))
     }
 
-    fn window_clock(&self, local: Timestamp) -> Timestamp {
-        self.timebase.as_ref().map_or(local, |tb| tb.peek(local))
+    fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
+        let Some(tb) = &self.timebase else {
+            return local;
+        };
+        let reading = tb.peek(local);
+        match lease.and_then(|l| self.budget.lease_window(l)) {
+            Some((start, end)) => reading.clamp(start, end - Duration::from_nanos(1)),
+            None => reading,
+        }
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {

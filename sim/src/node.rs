@@ -11,7 +11,7 @@
 //! itself, and hands the messages it emits to the region's node.
 
 use allot_core::gateway::{LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted};
-use allot_core::ids::{LimitId, RegionId};
+use allot_core::ids::{LeaseId, LimitId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{CounterEntry, CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
@@ -120,10 +120,13 @@ pub trait RegionNode: Send {
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
 
-    /// The time the machine reads windows on at `local` on the region's own clock: `local`
-    /// itself, or a corrected clock's reading (`max_clock_uncertainty`). Admissions are
-    /// judged per window index on this clock.
-    fn window_clock(&self, local: Timestamp) -> Timestamp {
+    /// The time the machine reads windows on at `local` on the region's own clock, for a
+    /// spend from `lease`: `local` itself, or with a corrected clock (`max_clock_uncertainty`)
+    /// its reading, within the window the lease was charged to (a correction may move the
+    /// reading past it while the lease is spent). Admissions are judged per window index on
+    /// this clock.
+    fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
+        let _ = lease;
         local
     }
 

@@ -1169,7 +1169,7 @@ traffic:
 /// (the default, the control run below) the skew term is every region's neighbouring
 /// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L), and the true-clock overshoot it
 /// covers reaches 1,148 (window 0), 401 (window 8). With `max_clock_uncertainty: 250ms` each
-/// agent reads windows on the coordinator's timebase and keeps its edge band (D20): overshoot
+/// agent reads windows on the coordinator's timebase and keeps its edge band (D21): overshoot
 /// 0 in every window, and the skew term 0 in every window that starts after each region's
 /// guard (a holds its clock until true time catches up, guarded from about 2.6 s, so from
 /// window 3 on: 4.85 s plus a lease's window). Before this change the setting did not exist

@@ -65,7 +65,7 @@ use sync::{KeyRef, SyncState};
 use view::View;
 
 use crate::error::{Error, Result};
-use crate::ids::{KeyId, LimitId, RegionId, RequestId};
+use crate::ids::{KeyId, LeaseId, LimitId, RegionId, RequestId};
 use crate::limit::LimitSpec;
 use crate::rebalance::table::allocation_changed;
 use crate::sync::{ClockSample, CounterRef};
@@ -366,6 +366,14 @@ impl RegionBudget {
 
     pub fn lease_count(&self) -> usize {
         self.leases.len()
+    }
+
+    /// The start and end of the window a live lease counts in (own clock), for observers
+    /// that attribute its spends to the window it was charged to.
+    pub fn lease_window(&self, lease: LeaseId) -> Option<(Timestamp, Timestamp)> {
+        let l = self.leases.get(lease)?;
+        let p = &self.limits.get(&l.limit)?.params;
+        Some((p.window_start(l.window), p.window_end(l.window)))
     }
 
     /// Run a mutating call at most once per request id: a retry within the TTL gets the

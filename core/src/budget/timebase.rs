@@ -1,4 +1,4 @@
-//! One timebase for every region (docs/bound.md, skew; D20 in docs/decisions.md): the agent's
+//! One timebase for every region (docs/bound.md, skew; D21 in docs/decisions.md): the agent's
 //! clock corrected by the offset it measures against the coordinator's at every sync, never
 //! moving back, with a known bound on how far it may be from the coordinator's clock.
 //!

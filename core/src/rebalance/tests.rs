@@ -2055,7 +2055,7 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
     );
 }
 
-/// D20: a region that kept the edge band of a corrected clock through a whole strict window
+/// D21: a region that kept the edge band of a corrected clock through a whole strict window
 /// adds no skew there; before its guard covers the window (since + U + one window), and
 /// without a guard, it counts at its neighbouring allowances as before.
 #[test]

@@ -99,7 +99,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 self.stats.admitted += 1;
                 // Judged per window index on the clock the agent reads windows on.
                 let node = self.regions[region].node.as_ref();
-                let local = node.map_or(local, |n| n.window_clock(local));
+                let lease = receipt.map(|r| r.lease);
+                let local = node.map_or(local, |n| n.window_clock(local, lease));
                 self.measure.admitted(key, region, self.now, local, units);
                 if let Some(settle) = cost.settle {
                     let incarnation = self.regions[region].gateways[gateway].incarnation;

@@ -1,4 +1,4 @@
-//! The edge band a timebase asks for (docs/budget.md, edge band; D20).
+//! The edge band a timebase asks for (docs/budget.md, edge band; D21).
 
 use std::time::Duration;
 
