@@ -385,6 +385,10 @@ impl NodeFactory for CoreFactory {
         })
     }
 
+    fn corrects_clocks(&self) -> bool {
+        self.max_clock_uncertainty.is_some()
+    }
+
     fn max_use_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
         let cap = self
             .limits

@@ -83,6 +83,12 @@ pub trait NodeFactory: Sync {
         None
     }
 
+    /// Whether the agents read windows on a corrected clock (`max_clock_uncertainty`): their
+    /// readings then follow the true clock rather than their own.
+    fn corrects_clocks(&self) -> bool {
+        false
+    }
+
     /// Most units a reservation of `reserved_units` under `limit` may use: the reservation
     /// plus the limit's settle cap (`max_settle_overage`). The bound's `settle_overage` term
     /// assumes the spender stops there (for an LLM call, `max_tokens`), so the simulated

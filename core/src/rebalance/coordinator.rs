@@ -238,7 +238,14 @@ impl Coordinator {
             view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
-            view.clock = msg.clock.or(view.clock);
+            // A region that ran on a corrected clock restarts on its own: the sample of the
+            // corrected one no longer describes it.
+            let reclocked = restarted && view.clock_guard.is_some();
+            view.clock = if reclocked {
+                msg.clock
+            } else {
+                msg.clock.or(view.clock)
+            };
             view.clock_guard = msg.clock_guard;
             view.view_expired = msg.view_expired;
             view.config_version = Some(msg.config_version);

@@ -2082,10 +2082,18 @@ fn a_guarded_region_counts_0_in_the_skew_term_once_its_guard_covers_the_window()
     }
     let b = w.coord.bound(at_ms(600), &l, WindowIndex(102)).unwrap();
     assert_eq!(term(&b, "skew").units, 0);
-    // A restarted region reports no guard until it has one again.
+    // A restarted region reports no guard until it has one again, and runs on its own clock
+    // meanwhile: the sample of its corrected clock is dropped with the guard.
     let mut msg = w.region("a").poll_transmit(at_ms(700));
     msg.boot += 1;
+    msg.clock = None;
     w.coord.handle_sync_up(at_ms(700), msg).unwrap();
     let b = w.coord.bound(at_ms(700), &l, WindowIndex(102)).unwrap();
-    assert_eq!(term(&b, "skew").units, 50);
+    assert_eq!(
+        term(&b, "skew").units,
+        50 + 50,
+        "a's clock unknown: any two windows"
+    );
+    let inputs = w.coord.bound_inputs(at_ms(700), &l, WindowIndex(102), None);
+    assert!(!inputs.clock_offset_nanos.contains_key(&RegionId::from("a")));
 }
