@@ -1166,14 +1166,16 @@ traffic:
 /// Issue 8, "make the bound worth stating": strict, 2 s windows, L = 3,000 split three ways,
 /// a's clock 2.5 s ahead and b's 3.3 s behind (beyond a window either way), demand moving
 /// from a to b and back so that neighbouring windows' allowances differ. On their own clocks
-/// (the default, the control run below) the skew term is every region's neighbouring
-/// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L), and the true-clock overshoot it
-/// covers reaches 1,148 (window 0), 401 (window 8). With `max_clock_uncertainty: 250ms` each
-/// agent reads windows on the coordinator's timebase and keeps its edge band (D21): overshoot
-/// 0 in every window, and the skew term 0 in every window that starts after each region's
-/// guard (a holds its clock until true time catches up, guarded from about 2.6 s, so from
-/// window 3 on: 4.85 s plus a lease's window). Before this change the setting did not exist
-/// and no configuration stated a skew term of 0 with clocks off by more than a window.
+/// (the default, the control run below; before this change the only way, as the scenario's
+/// `max_clock_uncertainty` did not parse) the skew term is every region's neighbouring
+/// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L, bound/L p50 2.33), and the true-clock
+/// overshoot it covers reaches 1,148 (window 0) and 401 (window 8). With
+/// `max_clock_uncertainty: 250ms` each agent reads windows on the coordinator's timebase and
+/// keeps its edge band (D21): overshoot 0 in every window, the skew term 0 in every window
+/// its guards cover (bound/L p50 0). b jumps forward at its first sample and is guarded at
+/// once; a holds its clock until true time catches up, guarded from about 2.55 s, so windows
+/// starting at 2.55 + 0.25 (U) + 2 (a lease's window) = 4.8 s or later count it at 0: window
+/// 3 (6 s) on. Utilization p50 rises from 0.917 to 0.990 (aligned windows).
 #[test]
 fn strict_mode_on_a_corrected_timebase_has_a_skew_term_of_0() {
     let r = run_tiers("skew-zero.yaml", SKEW_ZERO, 0..1, SLOW_SEEDS);
