@@ -59,13 +59,6 @@ pub struct CoreFactory {
     reloads: Vec<Vec<LimitSpec>>,
 }
 
-/// How long after its window ended a lease's window is remembered for judging its spends:
-/// beyond any correction the simulator's clocks need (offsets of a few windows of a minute).
-const LEASE_WINDOWS_KEPT_FOR: Duration = Duration::from_secs(600);
-
-/// Remembered lease windows past which the ended ones are first forgotten.
-const LEASE_WINDOWS_PRUNE_AT: usize = 4096;
-
 /// The configuration version of the scenario's own `limits:`; the n-th reload (from 0) is
 /// version `FIRST_CONFIG_VERSION + 1 + n`.
 const FIRST_CONFIG_VERSION: u64 = 1;
@@ -177,8 +170,6 @@ impl CoreFactory {
         CoreRegion {
             budget,
             timebase,
-            lease_windows: BTreeMap::new(),
-            lease_windows_prune_at: LEASE_WINDOWS_PRUNE_AT,
             lease_ttl: self.lease_ttl,
             coordinated: setup.policy == Policy::Rebalancing,
             sync_interval: self.coordinator.sync_interval,
@@ -410,13 +401,6 @@ pub struct CoreRegion {
     /// The corrected clock the budget reads windows on (`max_clock_uncertainty`), if any:
     /// every `now` passed in is on the region's own clock and goes through it.
     timebase: Option<Timebase>,
-    /// With a timebase: the window (start, end, corrected clock) each lease was charged to,
-    /// kept after the agent forgets the lease (a forward correction makes it expire early
-    /// while its gateway still spends it), so that spends are judged in that window.
-    lease_windows: BTreeMap<LeaseId, (Timestamp, Timestamp)>,
-    /// Size of `lease_windows` at which the ended ones are next forgotten (twice what was left
-    /// the last time, so forgetting stays linear overall).
-    lease_windows_prune_at: usize,
     /// Gateway messages the machine refused (a release of a lease that already expired at the
     /// agent, a settle for one it forgot): expected in small numbers, never a panic.
     pub refused_calls: u64,
@@ -441,24 +425,6 @@ impl CoreRegion {
         };
         self.last_now = self.last_now.max(now);
         now
-    }
-
-    /// With a timebase, remembers the window `lease` (just granted) was charged to; forgets
-    /// those that ended [`LEASE_WINDOWS_KEPT_FOR`] ago. Returns the lease.
-    fn note_lease_window(&mut self, now: Timestamp, lease: LeaseId) -> LeaseId {
-        if self.timebase.is_none() {
-            return lease;
-        }
-        if let Some(w) = self.budget.lease_window(lease) {
-            self.lease_windows.insert(lease, w);
-        }
-        if self.lease_windows.len() > self.lease_windows_prune_at {
-            let horizon = now.saturating_sub(LEASE_WINDOWS_KEPT_FOR);
-            self.lease_windows.retain(|_, (_, end)| *end >= horizon);
-            self.lease_windows_prune_at =
-                (2 * self.lease_windows.len()).max(LEASE_WINDOWS_PRUNE_AT);
-        }
-        lease
     }
 
     /// A round trip just answered: the timebase takes its clock sample.
@@ -511,7 +477,7 @@ impl RegionNode for CoreRegion {
         };
         match self.budget.lease(now, req) {
             Ok(LeaseOutcome::Granted(g)) => LeaseAnswer::Granted(LeaseGrant {
-                lease: self.note_lease_window(now, g.lease),
+                lease: g.lease,
                 units: g.units,
                 ttl: g.expires_at.saturating_duration_since(now),
                 remaining_units: g.remaining_units,
@@ -583,11 +549,7 @@ impl RegionNode for CoreRegion {
             return local;
         };
         let reading = tb.peek(local);
-        let charged = lease.and_then(|l| {
-            let kept = self.lease_windows.get(&l).copied();
-            kept.or_else(|| self.budget.lease_window(l))
-        });
-        match charged {
+        match lease.and_then(|l| self.budget.lease_window(l)) {
             Some((start, end)) => reading.clamp(start, end - Duration::from_nanos(1)),
             None => reading,
         }

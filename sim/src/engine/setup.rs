@@ -185,6 +185,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 down: Link { latency: r.latency },
                 gateways,
                 next_gateway: 0,
+                lease_readings: Default::default(),
             });
         }
         let sources = scenario
