@@ -74,6 +74,11 @@ pub struct AgentArgs {
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Read windows on the coordinator's timebase and keep strict admissions clear of window
+    /// edges by the measured clock uncertainty, up to this many milliseconds (docs/bound.md,
+    /// skew). Off by default.
+    #[arg(long, env = "ALLOT_MAX_CLOCK_UNCERTAINTY_MS")]
+    max_clock_uncertainty_ms: Option<u64>,
     /// Seed of the Retry-After jitter (default: drawn from the clock at start).
     #[arg(long, env = "ALLOT_JITTER_SEED", hide = true)]
     jitter_seed: Option<u64>,
@@ -116,6 +121,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.near_limit_ratio = args.near_limit_ratio;
     settings.jitter_seed = args.jitter_seed;
     settings.restored = args.restored;
+    settings.max_clock_uncertainty = args.max_clock_uncertainty_ms.map(Duration::from_millis);
     settings.validate().map_err(|e| e.to_string())?;
     let bind = |addr: String, what: &'static str| async move {
         TcpListener::bind(&addr)

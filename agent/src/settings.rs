@@ -77,6 +77,10 @@ pub struct Settings {
     /// (docs/budget.md, "Restores"). An empty data directory is treated as maybe restored
     /// whatever this says.
     pub restored: bool,
+    /// Read windows on the coordinator's timebase (the clock corrected by the offset measured
+    /// at every sync) and keep strict admissions this far at most from window edges
+    /// (docs/bound.md, skew). `None` (the default): windows on the agent's own clock.
+    pub max_clock_uncertainty: Option<Duration>,
 }
 
 impl Settings {
@@ -98,6 +102,7 @@ impl Settings {
             jitter_seed: None,
             clock: Clock::System,
             restored: false,
+            max_clock_uncertainty: None,
         }
     }
 

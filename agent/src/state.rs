@@ -13,6 +13,7 @@ use allot_core::budget::inspect::KeyView;
 use allot_core::budget::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, PersistRecord,
     Reason, RegionBudget, ReleaseOutcome, RenewOutcome, RestoreStart, SettleOutcome, SlotOutcome,
+    Timebase,
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
@@ -162,6 +163,8 @@ pub struct Agent {
     timer: TimerWake,
     jitter: Mutex<ChaCha8Rng>,
     ready: AtomicBool,
+    /// The corrected clock windows are read on (`max_clock_uncertainty`), if any.
+    timebase: Option<Mutex<Timebase>>,
 }
 
 /// Wakes the timer task when a call makes the machine's next deadline earlier.
@@ -207,6 +210,13 @@ impl Agent {
         } else {
             records.is_empty().then_some(RestoreStart::EmptyStore)
         };
+        let timebase = settings.max_clock_uncertainty.map(|u| {
+            Mutex::new(if records.is_empty() {
+                Timebase::new(u)
+            } else {
+                Timebase::restarted(u)
+            })
+        });
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
         if let Some(why) = restore {
@@ -231,6 +241,7 @@ impl Agent {
             },
             jitter: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             ready: AtomicBool::new(false),
+            timebase,
             settings,
         })
     }
@@ -239,9 +250,27 @@ impl Agent {
         &self.settings
     }
 
-    /// The time on the agent's clock (the system clock, or a test's manual one).
+    /// The time on the agent's clock (the system clock, or a test's manual one), corrected
+    /// to the coordinator's timebase when there is one.
     pub fn now(&self) -> Timestamp {
-        self.settings.clock.now()
+        let local = self.settings.clock.now();
+        match &self.timebase {
+            Some(tb) => tb.lock().unwrap_or_else(|p| p.into_inner()).read(local),
+            None => local,
+        }
+    }
+
+    /// Hands the machine the timebase's edge band and guard as of now, after taking the
+    /// clock sample of a round trip just answered (`sampled`).
+    fn clock_guard(&self, b: &mut RegionBudget, sampled: bool) {
+        let Some(tb) = &self.timebase else { return };
+        let mut tb = tb.lock().unwrap_or_else(|p| p.into_inner());
+        let local = self.settings.clock.now();
+        if sampled && let Some((sent_at, sample)) = b.clock_round_trip() {
+            tb.on_sample(local, sent_at, sample);
+        }
+        let band = tb.band(local);
+        b.set_clock_guard(band, tb.guard());
     }
 
     /// The rule a call's target matches, and the counter key it names; `None` when no rule
@@ -646,7 +675,11 @@ impl Agent {
     /// cache is forgotten.
     pub async fn on_sync_down(&self, down: SyncDown) -> Result<()> {
         let now = self.now();
-        self.with_budget(|b| b.handle_sync_down(now, down)).await?;
+        self.with_budget(|b| {
+            b.handle_sync_down(now, down);
+            self.clock_guard(b, true);
+        })
+        .await?;
         self.negative.invalidate();
         Ok(())
     }
@@ -749,6 +782,7 @@ impl Agent {
     pub(crate) async fn with_budget<T>(&self, f: impl FnOnce(&mut RegionBudget) -> T) -> Result<T> {
         let (out, ticket) = {
             let mut b = self.lock();
+            self.clock_guard(&mut b, false);
             let out = f(&mut b);
             let ticket = self.queue_changes(&mut b);
             (out, ticket)

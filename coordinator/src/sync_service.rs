@@ -286,6 +286,7 @@ mod tests {
             stats: Vec::new(),
             view_expired: false,
             restored: false,
+            clock_guard: None,
         }
     }
 

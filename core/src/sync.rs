@@ -88,6 +88,17 @@ pub struct ClockSample {
     pub round_trip_nanos: u64,
 }
 
+/// What a region tells the coordinator about its timebase in every SyncUp: since `since` (its
+/// corrected clock, within `max_uncertainty` of the coordinator's then) it has kept the edge
+/// band of its measured uncertainty, or admitted nothing where that uncertainty was above
+/// `max_uncertainty`. The skew term counts it at 0 in windows starting after `since` plus
+/// `max_uncertainty` plus one window (a lease granted before `since` ends within a window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockGuard {
+    pub since: Timestamp,
+    pub max_uncertainty: Duration,
+}
+
 /// What a region measured for one limit in one window (on its own clock) that the bound needs
 /// and the coordinator cannot see for itself (docs/bound.md). Every figure only grows within
 /// a window (across restarts too: the summed ones are persisted), so the coordinator merges
@@ -166,6 +177,10 @@ pub struct SyncUp {
     /// by its partition policy. The leader may hear a region whose answers are lost, so
     /// hearing it does not tell the leader this; the bound's `partition_floor` term needs it.
     pub view_expired: bool,
+    /// The region keeps an edge band on a corrected clock (docs/bound.md, skew): `None`
+    /// without a timebase, or before its uncertainty was first within its maximum.
+    #[serde(default)]
+    pub clock_guard: Option<ClockGuard>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 //! A [`Timestamp`] is nanoseconds since the Unix epoch *on the clock of whoever passed it in*.
 //! Windows are aligned to the Unix epoch on each agent's own clock (see [`Window`]), so two
 //! agents agree on a window index whenever their clocks agree, and the skew term of the bound
-//! covers the rest.
+//! covers the rest; an agent with a timebase passes its corrected clock instead
+//! ([`crate::budget::Timebase`]).
 
 use std::ops::{Add, Sub};
 use std::time::Duration;

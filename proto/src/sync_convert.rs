@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use allot_core::ids::{Epoch, KeyId, LimitId, RegionId};
 use allot_core::sync::{
-    AllowanceGrant, BoundFigures, ClockSample, CounterEntry, CounterRef, DemandReport,
+    AllowanceGrant, BoundFigures, ClockGuard, ClockSample, CounterEntry, CounterRef, DemandReport,
     LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
-use allot_core::time::{Timestamp, WindowIndex};
+use allot_core::time::{Timestamp, WindowIndex, duration_nanos};
 
 use crate::error::WireError;
 use crate::sync::v1 as pb;
@@ -49,6 +49,10 @@ pub fn sync_up_to_wire(up: SyncUp) -> pb::SyncUp {
         stats: up.stats.into_iter().map(stats_to_wire).collect(),
         view_expired: up.view_expired,
         restored: up.restored,
+        clock_guard: up.clock_guard.map(|g| pb::ClockGuard {
+            since_unix_nanos: g.since.as_unix_nanos(),
+            max_uncertainty_nanos: duration_nanos(g.max_uncertainty),
+        }),
     }
 }
 
@@ -157,6 +161,10 @@ pub fn sync_up_from_wire(up: pb::SyncUp) -> Result<SyncUp> {
         stats: list(up.stats, "stats", stats_from_wire)?,
         view_expired: up.view_expired,
         restored: up.restored,
+        clock_guard: up.clock_guard.map(|g| ClockGuard {
+            since: Timestamp::from_unix_nanos(g.since_unix_nanos),
+            max_uncertainty: Duration::from_nanos(g.max_uncertainty_nanos),
+        }),
     })
 }
 

@@ -50,7 +50,24 @@ pub struct SimArgs {
     /// With --shrink: write the shrunk scenario here (default: standard output).
     #[arg(long, value_name = "FILE", requires = "shrink")]
     pub out: Option<PathBuf>,
+    /// Run every agent on a corrected timebase with this maximum clock uncertainty, in
+    /// milliseconds, whatever the scenario or drawn world says (`max_clock_uncertainty`,
+    /// docs/bound.md, skew). Replay commands do not repeat it.
+    #[arg(long, value_name = "MS")]
+    pub max_clock_uncertainty_ms: Option<u64>,
 }
+
+/// The scenario as run: with `--max-clock-uncertainty-ms`, that timebase for every agent.
+fn as_run(args: &SimArgs, scenario: &Scenario) -> Scenario {
+    let mut s = scenario.clone();
+    if let Some(ms) = args.max_clock_uncertainty_ms {
+        s.max_clock_uncertainty = Some(std::time::Duration::from_millis(ms).max(MIN_UNCERTAINTY));
+    }
+    s
+}
+
+/// A zero uncertainty would keep no band at all: the flag's smallest.
+const MIN_UNCERTAINTY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// `A..B` (B excluded, A < B) or a single seed.
 pub fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
@@ -93,7 +110,7 @@ where
             "give --scenario FILE, or --swarm",
         ),
     })?;
-    let scenario = scenario::load(path)?;
+    let scenario = as_run(args, &scenario::load(path)?);
     let factory = factory(&scenario)?;
     let options = RunOptions {
         jobs: jobs(args),
@@ -151,7 +168,8 @@ where
         kind: args.kind.as_deref(),
         out: args.out.as_deref(),
     };
-    swarm::cli::run(&cmd, factory, out, err)
+    let factory = |s: &Scenario| factory(&as_run(args, s));
+    swarm::cli::run(&cmd, &factory, out, err)
 }
 
 /// [`run_cli`] (or [`run_swarm_cli`] with `--swarm`) on the process's standard streams, as an
@@ -298,6 +316,7 @@ traffic:
                 shrink: false,
                 kind: None,
                 out: None,
+                max_clock_uncertainty_ms: None,
             }
         }
     }
@@ -392,6 +411,7 @@ traffic:
             shrink: false,
             kind: None,
             out: None,
+            max_clock_uncertainty_ms: None,
         }
     }
 

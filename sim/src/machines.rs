@@ -18,7 +18,7 @@ use std::time::Duration;
 use allot_core::budget::config::STATS_WINDOWS_KEPT;
 use allot_core::budget::{
     BudgetConfig, Decision, LeaseOutcome, LeaseRequest, PersistRecord, Reason, RegionBudget,
-    ReservationDelta, RestoreStart,
+    ReservationDelta, RestoreStart, Timebase,
 };
 use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::gateway::{
@@ -54,6 +54,8 @@ pub struct CoreFactory {
     budgets: Vec<BudgetConfig>,
     coordinator: CoordinatorConfig,
     lease_ttl: Duration,
+    /// The agents' timebase (`max_clock_uncertainty`), if the scenario built from has one.
+    max_clock_uncertainty: Option<Duration>,
     /// The limits of each `config_reload` fault, in order.
     reloads: Vec<Vec<LimitSpec>>,
 }
@@ -91,6 +93,7 @@ impl CoreFactory {
             limits,
             budgets,
             lease_ttl: scenario.lease.ttl,
+            max_clock_uncertainty: scenario.max_clock_uncertainty,
             reloads,
         };
         for r in 0..factory.regions.len() {
@@ -159,9 +162,23 @@ impl CoreFactory {
         budget
     }
 
-    fn core_region(&self, setup: &RegionSetup<'_>, budget: RegionBudget) -> CoreRegion {
+    fn core_region(
+        &self,
+        setup: &RegionSetup<'_>,
+        budget: RegionBudget,
+        restarted: bool,
+    ) -> CoreRegion {
+        let coordinated = setup.policy == Policy::Rebalancing;
+        let timebase = self.max_clock_uncertainty.filter(|_| coordinated).map(|u| {
+            if restarted {
+                Timebase::restarted(u)
+            } else {
+                Timebase::new(u)
+            }
+        });
         CoreRegion {
             budget,
+            timebase,
             lease_ttl: self.lease_ttl,
             coordinated: setup.policy == Policy::Rebalancing,
             sync_interval: self.coordinator.sync_interval,
@@ -320,7 +337,7 @@ impl NodeFactory for CoreFactory {
 
     fn region(&self, setup: &RegionSetup<'_>, _now: Timestamp) -> CoreRegion {
         let budget = self.budget(setup, Vec::new());
-        self.core_region(setup, budget)
+        self.core_region(setup, budget, false)
     }
 
     fn restore_region(
@@ -336,7 +353,7 @@ impl NodeFactory for CoreFactory {
         } else if store.records.is_empty() {
             budget.start_restored(now, RestoreStart::EmptyStore);
         }
-        let mut region = self.core_region(setup, budget);
+        let mut region = self.core_region(setup, budget, !store.records.is_empty());
         region.used_at_reload.clone_from(&store.used_at_reload);
         if store.config != setup.reload {
             // A reload reached the region while it was down: what it had admitted, it
@@ -387,6 +404,10 @@ impl NodeFactory for CoreFactory {
         })
     }
 
+    fn corrects_clocks(&self) -> bool {
+        self.max_clock_uncertainty.is_some()
+    }
+
     fn max_use_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
         let cap = self
             .limits
@@ -405,6 +426,9 @@ pub struct CoreRegion {
     sync_interval: Duration,
     /// The latest time any input carried: observations read the allowance as of then.
     last_now: Timestamp,
+    /// The corrected clock the budget reads windows on (`max_clock_uncertainty`), if any:
+    /// every `now` passed in is on the region's own clock and goes through it.
+    timebase: Option<Timebase>,
     /// Gateway messages the machine refused (a release of a lease that already expired at the
     /// agent, a settle for one it forgot): expected in small numbers, never a panic.
     pub refused_calls: u64,
@@ -431,8 +455,32 @@ pub struct CoreStore {
 }
 
 impl CoreRegion {
-    fn saw(&mut self, now: Timestamp) {
+    /// Takes an input at `local` (the region's own clock): the time the budget reads, on the
+    /// corrected clock when there is a timebase, with its edge band and guard as of then.
+    fn saw(&mut self, local: Timestamp) -> Timestamp {
+        let now = match self.timebase.as_mut() {
+            Some(tb) => {
+                let band = tb.band(local);
+                self.budget.set_clock_guard(band, tb.guard());
+                tb.read(local)
+            }
+            None => local,
+        };
         self.last_now = self.last_now.max(now);
+        now
+    }
+
+    /// A round trip just answered: the timebase takes its clock sample.
+    fn take_clock_sample(&mut self, local: Timestamp) {
+        let (Some(tb), Some((sent_at, sample))) =
+            (self.timebase.as_mut(), self.budget.clock_round_trip())
+        else {
+            return;
+        };
+        if tb.on_sample(local, sent_at, sample) {
+            let band = tb.band(local);
+            self.budget.set_clock_guard(band, tb.guard());
+        }
     }
 
     /// How long the gateway keeps the key denied. The machine's retry-after for an allowance
@@ -460,7 +508,7 @@ impl RegionNode for CoreRegion {
     type Store = CoreStore;
 
     fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer {
-        self.saw(now);
+        let now = self.saw(now);
         let req = LeaseRequest {
             limit: want.limit.clone(),
             key: want.key.clone(),
@@ -503,7 +551,7 @@ impl RegionNode for CoreRegion {
     }
 
     fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease) {
-        self.saw(now);
+        let now = self.saw(now);
         if self
             .budget
             .release(now, release.lease, release.units, None)
@@ -514,7 +562,7 @@ impl RegionNode for CoreRegion {
     }
 
     fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle) {
-        self.saw(now);
+        let now = self.saw(now);
         let delta = match settle.delta {
             SettleDelta::Refund { units } => ReservationDelta::Refund { units },
             SettleDelta::Overage { units } => ReservationDelta::Overage { units },
@@ -529,21 +577,34 @@ impl RegionNode for CoreRegion {
     }
 
     fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown) {
-        self.saw(now);
-        self.budget.handle_sync_down(now, msg);
+        let corrected = self.saw(now);
+        self.budget.handle_sync_down(corrected, msg);
+        self.take_clock_sample(now);
     }
 
     fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp> {
-        self.saw(now);
+        let now = self.saw(now);
         self.budget.poll_transmit(now)
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        self.budget.poll_timeout()
+        let at = self.budget.poll_timeout()?;
+        Some(self.timebase.as_ref().map_or(at, |tb| tb.to_local(at)))
+    }
+
+    fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
+        let Some(tb) = &self.timebase else {
+            return local;
+        };
+        let reading = tb.peek(local);
+        match lease.and_then(|l| self.budget.lease_window(l)) {
+            Some((start, end)) => reading.clamp(start, end - Duration::from_nanos(1)),
+            None => reading,
+        }
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {
-        self.saw(now);
+        let now = self.saw(now);
         self.budget.handle_timeout(now);
     }
 
@@ -619,7 +680,7 @@ impl RegionNode for CoreRegion {
         let Some(limits) = self.reloads.get(reload).cloned() else {
             return;
         };
-        self.saw(now);
+        let now = self.saw(now);
         self.used_at_reload = self
             .budget
             .key_views(now)

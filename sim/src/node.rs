@@ -11,7 +11,7 @@
 //! itself, and hands the messages it emits to the region's node.
 
 use allot_core::gateway::{LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted};
-use allot_core::ids::{LimitId, RegionId};
+use allot_core::ids::{LeaseId, LimitId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{CounterEntry, CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
@@ -90,6 +90,12 @@ pub trait NodeFactory: Sync {
         None
     }
 
+    /// Whether the agents read windows on a corrected clock (`max_clock_uncertainty`): their
+    /// readings then follow the true clock rather than their own.
+    fn corrects_clocks(&self) -> bool {
+        false
+    }
+
     /// Most units a reservation of `reserved_units` under `limit` may use: the reservation
     /// plus the limit's settle cap (`max_settle_overage`). The bound's `settle_overage` term
     /// assumes the spender stops there (for an LLM call, `max_tokens`), so the simulated
@@ -126,6 +132,16 @@ pub trait RegionNode: Send {
     fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp>;
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
+
+    /// The time the machine reads windows on at `local` on the region's own clock, for a
+    /// spend from `lease`: `local` itself, or with a corrected clock (`max_clock_uncertainty`)
+    /// its reading, within the window the lease was charged to (a correction may move the
+    /// reading past it while the lease is spent). Admissions are judged per window index on
+    /// this clock.
+    fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
+        let _ = lease;
+        local
+    }
 
     /// Writes what the machine has made durable since the last call into `store`. The
     /// simulator calls it after every input, so anything written before an answer survives a

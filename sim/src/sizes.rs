@@ -97,6 +97,7 @@ mod tests {
             clock: None,
             stats: Vec::new(),
             view_expired: false,
+            clock_guard: None,
         }
     }
 

@@ -200,6 +200,7 @@ impl RegionNode for TestRegion {
             clock: None,
             stats: Vec::new(),
             view_expired: false,
+            clock_guard: None,
         })
     }
 

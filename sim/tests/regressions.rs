@@ -1582,4 +1582,82 @@ faults:
               consistency: strict
               partition_policy: floor
               failure_mode: closed
+/// Issue 8, "make the bound worth stating": strict, 2 s windows, L = 3,000 split three ways,
+/// a's clock 2.5 s ahead and b's 3.3 s behind (beyond a window either way), demand moving
+/// from a to b and back so that neighbouring windows' allowances differ. On their own clocks
+/// (the default, the control run below; before this change the only way, as the scenario's
+/// `max_clock_uncertainty` did not parse) the skew term is every region's neighbouring
+/// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L, bound/L p50 2.33), and the true-clock
+/// overshoot it covers reaches 1,148 (window 0) and 401 (window 8). With
+/// `max_clock_uncertainty: 250ms` each agent reads windows on the coordinator's timebase and
+/// keeps its edge band (D22): overshoot 0 in every window, the skew term 0 in every window
+/// its guards cover (bound/L p50 0). b jumps forward at its first sample and is guarded at
+/// once; a holds its clock until true time catches up, guarded from about 2.55 s, so windows
+/// starting at 2.55 + 0.25 (U) + 2 (a lease's window) = 4.8 s or later count it at 0: window
+/// 3 (6 s) on. Utilization p50 rises from 0.917 to 0.990 (aligned windows).
+#[test]
+fn strict_mode_on_a_corrected_timebase_has_a_skew_term_of_0() {
+    let r = run_tiers("skew-zero.yaml", SKEW_ZERO, 0..1, SLOW_SEEDS);
+    assert_no_violation(&r);
+    for seed in &r.per_seed {
+        for w in seed.windows.iter().filter(|w| !w.cut_off) {
+            assert_eq!(w.overshoot_units, 0, "window at {} ms: {w:?}", w.start_ms);
+            if w.start_ms >= 6_000 {
+                assert_eq!(skew_units(w), Some(0), "window at {} ms", w.start_ms);
+            }
+        }
+    }
+    // The control: the same traffic on the regions' own clocks.
+    let own = parsed(
+        "skew-zero-own-clocks.yaml",
+        &SKEW_ZERO.replace("max_clock_uncertainty: 250ms\n", ""),
+    );
+    let r = run(&own, 0..1);
+    assert_no_violation(&r);
+    let windows = &r.per_seed[0].windows;
+    assert!(windows.iter().any(|w| w.overshoot_units > 0));
+    assert!(
+        windows
+            .iter()
+            .filter(|w| w.start_ms >= 6_000 && !w.cut_off)
+            .all(|w| skew_units(w).is_some_and(|u| u > 3_000))
+    );
+}
+
+fn skew_units(w: &allot_sim::measure::WindowReport) -> Option<u64> {
+    let b = w.bound.as_ref()?;
+    b.terms.iter().find(|t| t.name == "skew").map(|t| t.units)
+}
+
+const SKEW_ZERO: &str = r#"
+name: skew-zero
+duration: 24s
+max_clock_uncertainty: 250ms
+regions:
+  - {id: a, latency: 20ms, clock: {offset: 2500ms}}
+  - {id: b, latency: 20ms, clock: {offset: -3300ms}}
+  - {id: c, latency: 20ms}
+limits: |
+  domain: api
+  descriptors:
+    - key: t
+      rate_limit: {requests_per_unit: 3000}
+      allot:
+        window: 2s
+traffic:
+  - region: a
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 3000}, {at: 7s, per_sec: 100}, {at: 15s, per_sec: 3000}]}
+    arrivals: uniform
+  - region: b
+    limit: api/t
+    key: t=1
+    rate: {steps: [{at: 0s, per_sec: 100}, {at: 7s, per_sec: 3000}, {at: 15s, per_sec: 200}]}
+    arrivals: uniform
+  - region: c
+    limit: api/t
+    key: t=1
+    rate: {constant_per_sec: 500}
+    arrivals: uniform
 "#;

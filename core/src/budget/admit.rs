@@ -27,6 +27,9 @@ pub(crate) struct Ctx {
     /// entries came last in such an answer has a view too old to use.
     pub fresh_since: Timestamp,
     pub sync_interval: Duration,
+    /// The timebase's edge band (docs/budget.md, edge band): strict admissions keep this far
+    /// from every window edge, `Duration::MAX` for none at all. `None`: no timebase in force.
+    pub edge_band: Option<Duration>,
     /// The view has been expired since this instant, and the time since is not yet in the
     /// statistics' time open (`None` while fresh).
     pub open_from: Option<Timestamp>,
@@ -217,6 +220,19 @@ pub(crate) fn admit(
     want: Want,
 ) -> Admission {
     let a = allowance(p, ks, ks.window, ctx);
+    if let Some(wait) = edge_wait(p, ctx, ks.window, now) {
+        // Neither charged nor counted as demand: the units are refused for where the clock
+        // stands, not for want of allowance.
+        return Admission {
+            allowed: false,
+            units: 0,
+            shadow_denied: false,
+            reason: Reason::Allowance,
+            retry_after: Some(wait),
+            allowance: a,
+            escalated: false,
+        };
+    }
     let head = a.units.saturating_sub(ks.net_units());
     let open = open_cap(p, ks, stats, ctx, now).filter(|_| a.open);
     let (plan, wanted) = match want {
@@ -282,6 +298,45 @@ pub(crate) fn admit(
     let denied = !out.allowed;
     out.escalated = escalate_if_needed(p, ks, &a, ctx, now, denied);
     out
+}
+
+/// The edge band of a strict limit at `now`, if it refuses: a unit admitted within the
+/// uncertainty `e` of an edge of `window` might be inside the neighbouring window on the
+/// coordinator's clock, where the region's own counter does not count it. Returns how long
+/// until the band lets admissions through again (the next window's start plus `e`, or, with
+/// no band to keep, a sync interval, when a new clock sample may bring one).
+pub(crate) fn edge_wait(
+    p: &LimitParams,
+    ctx: &Ctx,
+    window: WindowIndex,
+    now: Timestamp,
+) -> Option<Duration> {
+    let e = ctx.edge_band?;
+    if p.is_eventual() || p.spec.shadow_mode || p.is_unmetered() {
+        return None;
+    }
+    let (start, end) = (p.window_start(window), p.window_end(window));
+    if e.saturating_mul(2) >= p.window_len() {
+        return Some(ctx.sync_interval);
+    }
+    if now < start + e {
+        return Some((start + e).saturating_duration_since(now));
+    }
+    if now + e >= end {
+        return Some((end + e).saturating_duration_since(now));
+    }
+    None
+}
+
+/// The latest expiry a lease of a strict limit granted in `window` may have: the window's end
+/// less the edge band, so that every unit of it is spent inside the window on the
+/// coordinator's clock too.
+pub(crate) fn guarded_window_end(p: &LimitParams, ctx: &Ctx, window: WindowIndex) -> Timestamp {
+    let end = p.window_end(window);
+    match ctx.edge_band {
+        Some(e) if !p.is_eventual() && !p.spec.shadow_mode => end.saturating_sub(e),
+        _ => end,
+    }
 }
 
 /// Charge an admitted plan: counters, fail-open excess, and the GCRA states it moved.

@@ -385,10 +385,10 @@ impl RegionBudget {
         ttl: Duration,
     ) -> Result<RenewOutcome> {
         let l = self.live_lease(now, lease)?;
-        let window_end = self
-            .limits
-            .get(&l.limit)
-            .map_or(l.expires_at, |lim| lim.params.window_end(l.window));
+        let ctx = super::ctx_of(&self.cfg, &self.view, now);
+        let window_end = self.limits.get(&l.limit).map_or(l.expires_at, |lim| {
+            admit::guarded_window_end(&lim.params, &ctx, l.window)
+        });
         let wanted = (now + ttl.min(self.cfg.lease_ttl_max)).min(window_end);
         let expires_at = wanted.max(l.expires_at);
         self.leases.set_expiry(lease, expires_at);
@@ -841,7 +841,7 @@ fn lease_in_key(
         let d = decision_of(p, ks, &adm, now);
         return (LeaseOutcome::Denied(d), None, adm.escalated);
     }
-    let expires_at = (now + t.ttl).min(p.window_end(ks.window));
+    let expires_at = (now + t.ttl).min(admit::guarded_window_end(p, &t.ctx, ks.window));
     if top_up.is_none() {
         let leases = &mut ks.hot_mut().leases;
         leases.push(t.id);

@@ -35,6 +35,7 @@ mod restore;
 mod slots;
 pub mod stats;
 mod sync;
+pub mod timebase;
 mod timeout;
 mod view;
 
@@ -52,6 +53,7 @@ pub use config::BudgetConfig;
 pub use persist::PersistRecord;
 pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
+pub use timebase::{ClockGuard, Timebase};
 
 use admit::{Ctx, Want};
 use api::Remembered;
@@ -65,7 +67,7 @@ use sync::{KeyRef, SyncState};
 use view::View;
 
 use crate::error::{Error, Result};
-use crate::ids::{KeyId, LimitId, RegionId, RequestId};
+use crate::ids::{KeyId, LeaseId, LimitId, RegionId, RequestId};
 use crate::limit::LimitSpec;
 use crate::rebalance::table::allocation_changed;
 use crate::sync::{ClockSample, CounterRef};
@@ -372,12 +374,33 @@ impl RegionBudget {
         self.view.clock()
     }
 
+    /// The last answered round trip's send time (own clock) and clock sample: what a
+    /// [`Timebase`] takes.
+    pub fn clock_round_trip(&self) -> Option<(Timestamp, ClockSample)> {
+        self.view.clock_round_trip()
+    }
+
+    /// The timebase's edge band and guard (docs/budget.md, edge band): from now on, strict
+    /// admissions keep `band` clear of every window edge (`Duration::MAX`: none at all), and
+    /// SyncUps carry `guard`. `None` for both: admission as without a timebase.
+    pub fn set_clock_guard(&mut self, band: Option<Duration>, guard: Option<ClockGuard>) {
+        self.view.set_clock_guard(band, guard);
+    }
+
     pub fn key_count(&self, limit: &LimitId) -> usize {
         self.limits.get(limit).map_or(0, |l| l.keys.len())
     }
 
     pub fn lease_count(&self) -> usize {
         self.leases.len()
+    }
+
+    /// The start and end of the window a live lease counts in (own clock), for observers
+    /// that attribute its spends to the window it was charged to.
+    pub fn lease_window(&self, lease: LeaseId) -> Option<(Timestamp, Timestamp)> {
+        let l = self.leases.get(lease)?;
+        let p = &self.limits.get(&l.limit)?.params;
+        Some((p.window_start(l.window), p.window_end(l.window)))
     }
 
     /// Run a mutating call at most once per request id: a retry within the TTL gets the
@@ -466,6 +489,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
         view_expired: coordinated && view.is_expired(now),
         fresh_since: view.fresh_since(now),
         sync_interval: cfg.sync_interval,
+        edge_band: view.edge_band().filter(|_| coordinated),
         open_from: view
             .expired_span(now)
             .filter(|_| coordinated)

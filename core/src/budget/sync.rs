@@ -244,6 +244,7 @@ impl RegionBudget {
             clock: self.view.clock(),
             stats: self.collect_stats(),
             view_expired: self.view.is_expired(now),
+            clock_guard: self.view.guard(),
         };
         let carried = self.collect_reported(now, &mut up);
         up.release_acks = self

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use super::restore::Restore;
+use super::timebase::ClockGuard;
 use crate::sync::ClockSample;
 use crate::time::Timestamp;
 
@@ -17,6 +18,11 @@ pub(crate) struct View {
     /// Send time (agent clock) of the latest answered SyncUp; `None` before the first answer.
     contact_at: Option<Timestamp>,
     clock: Option<ClockSample>,
+    /// Send time (agent clock) of the round trip `clock` was measured on.
+    clock_sent_at: Option<Timestamp>,
+    /// The timebase's edge band and guard, as the driver last set them.
+    edge_band: Option<Duration>,
+    guard: Option<ClockGuard>,
     /// Time up to which expired periods have been handed out as "time open".
     open_accounted_until: Option<Timestamp>,
     /// A start that may have lost state: ends (or closes earlier windows) at the first answer.
@@ -29,6 +35,9 @@ impl View {
             ttl,
             contact_at: None,
             clock: None,
+            clock_sent_at: None,
+            edge_band: None,
+            guard: None,
             open_accounted_until: None,
             restore: Restore::default(),
         }
@@ -65,6 +74,24 @@ impl View {
         let t0 = rt.sent_at;
         self.contact_at = Some(self.contact_at.map_or(t0, |c| c.max(t0)));
         self.clock = Some(rt.clock_sample());
+        self.clock_sent_at = Some(t0);
+    }
+
+    pub fn clock_round_trip(&self) -> Option<(Timestamp, ClockSample)> {
+        Some((self.clock_sent_at?, self.clock?))
+    }
+
+    pub fn set_clock_guard(&mut self, band: Option<Duration>, guard: Option<ClockGuard>) {
+        self.edge_band = band;
+        self.guard = guard;
+    }
+
+    pub fn edge_band(&self) -> Option<Duration> {
+        self.edge_band
+    }
+
+    pub fn guard(&self) -> Option<ClockGuard> {
+        self.guard
     }
 
     /// The expired stretch of time between the last call and `now`, if any: the span during

@@ -6,7 +6,7 @@
 //! in [`BoundInputs`] from whoever has them: the leader's views
 //! ([`crate::rebalance::Coordinator::bound_inputs`]) and the regions' stats.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -38,6 +38,11 @@ pub struct BoundInputs {
     /// every window the table holds for the region, and twice its default, while its clock is
     /// unknown. A region absent here counts at its allowance for the judged window.
     pub neighbour_allowance_units: BTreeMap<RegionId, Vec<u64>>,
+    /// Strict mode: regions that kept the edge band of a corrected clock through the whole
+    /// window (`SyncUp::clock_guard`): every unit they admitted inside the window on the
+    /// coordinator's clock counts against their own counter of it, so they add no skew.
+    #[serde(default)]
+    pub clock_guarded: BTreeSet<RegionId>,
     /// Measured clock offsets and round trips (regions without a sample count as unknown).
     pub clock_offset_nanos: BTreeMap<RegionId, i64>,
     pub round_trip_nanos: BTreeMap<RegionId, u64>,
@@ -63,6 +68,7 @@ impl BoundInputs {
             view_ttl,
             allowance_units: BTreeMap::new(),
             neighbour_allowance_units: BTreeMap::new(),
+            clock_guarded: BTreeSet::new(),
             clock_offset_nanos: BTreeMap::new(),
             round_trip_nanos: BTreeMap::new(),
             peak_rate_units_per_sec: BTreeMap::new(),
@@ -295,6 +301,10 @@ impl Ctx<'_> {
             Quota::Unlimited => Duration::ZERO,
         };
         for r in &self.inputs.regions {
+            if !self.eventual_mode() && self.inputs.clock_guarded.contains(r) {
+                let _ = write!(detail, "{r}: edge band on a corrected clock -> 0; ");
+                continue;
+            }
             let uncertainty = self.inputs.clock_offset_nanos.get(r).map(|o| {
                 let rtt = self.inputs.round_trip_nanos.get(r).copied().unwrap_or(0);
                 Duration::from_nanos(o.unsigned_abs().saturating_add(rtt / 2))

@@ -239,7 +239,15 @@ impl Coordinator {
             view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
-            view.clock = msg.clock.or(view.clock);
+            // A region that ran on a corrected clock restarts on its own: the sample of the
+            // corrected one no longer describes it.
+            let reclocked = restarted && view.clock_guard.is_some();
+            view.clock = if reclocked {
+                msg.clock
+            } else {
+                msg.clock.or(view.clock)
+            };
+            view.clock_guard = msg.clock_guard;
             view.view_expired = msg.view_expired;
             if let Some(old) = view.config_version
                 && old != msg.config_version
@@ -1069,6 +1077,9 @@ impl Coordinator {
                     .round_trip_nanos
                     .insert(r.clone(), c.round_trip_nanos);
             }
+            if self.guarded_through(limit, window, &view) {
+                inputs.clock_guarded.insert(r.clone());
+            }
             inputs
                 .allowance_units
                 .insert(r.clone(), self.largest_allowance(limit, window, key, r));
@@ -1095,6 +1106,16 @@ impl Coordinator {
             self.add_region_stats(now, limit, window, r, &mut inputs);
         }
         inputs
+    }
+
+    /// The region kept its edge band on a corrected clock through all of `window` (docs/bound.md,
+    /// skew): its guard began, on our clock, at least its maximum uncertainty plus one window
+    /// before the window did (a lease granted before the guard ends within a window).
+    fn guarded_through(&self, limit: &LimitId, window: WindowIndex, view: &RegionView) -> bool {
+        let (Some(g), Some(w)) = (view.clock_guard, self.finite_window(limit)) else {
+            return false;
+        };
+        g.since + g.max_uncertainty + w.len() <= w.start(window)
     }
 
     /// While regions report different configuration versions: what each may enforce under the

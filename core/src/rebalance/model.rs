@@ -189,6 +189,7 @@ impl ModelRegion {
             stats: Vec::new(),
             // The model region of these tests is strict-mode: its view plays no part.
             view_expired: false,
+            clock_guard: None,
         }
     }
 

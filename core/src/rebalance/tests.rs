@@ -1947,6 +1947,7 @@ fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> Syn
         clock: None,
         stats: Vec::new(),
         view_expired: false,
+        clock_guard: None,
     }
 }
 
@@ -2153,4 +2154,47 @@ fn the_answer_to_a_boot_says_whether_the_leader_knew_the_region_before_it() {
             .poll_sync_down(at_ms(30), &RegionId::from("a"), 0)
             .known_region
     );
+}
+
+/// D22: a region that kept the edge band of a corrected clock through a whole strict window
+/// adds no skew there; before its guard covers the window (since + U + one window), and
+/// without a guard, it counts at its neighbouring allowances as before.
+#[test]
+fn a_guarded_region_counts_0_in_the_skew_term_once_its_guard_covers_the_window() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    let guard = crate::sync::ClockGuard {
+        since: at_ms(500),
+        max_uncertainty: Duration::from_millis(250),
+    };
+    for name in ["a", "b"] {
+        let mut msg = w.region(name).poll_transmit(at_ms(600));
+        msg.clock = Some(ClockSample {
+            offset_nanos: 0,
+            round_trip_nanos: 20_000_000,
+        });
+        msg.clock_guard = Some(guard);
+        w.coord.handle_sync_up(at_ms(600), msg).unwrap();
+    }
+    // Window 100 started before the guard; window 101 starts at 10 s < 0.5 + 0.25 + 10 s.
+    for window in [100, 101] {
+        let b = w.coord.bound(at_ms(600), &l, WindowIndex(window)).unwrap();
+        assert_eq!(term(&b, "skew").units, 50 + 50, "window {window}");
+    }
+    let b = w.coord.bound(at_ms(600), &l, WindowIndex(102)).unwrap();
+    assert_eq!(term(&b, "skew").units, 0);
+    // A restarted region reports no guard until it has one again, and runs on its own clock
+    // meanwhile: the sample of its corrected clock is dropped with the guard.
+    let mut msg = w.region("a").poll_transmit(at_ms(700));
+    msg.boot += 1;
+    msg.clock = None;
+    w.coord.handle_sync_up(at_ms(700), msg).unwrap();
+    let b = w.coord.bound(at_ms(700), &l, WindowIndex(102)).unwrap();
+    assert_eq!(
+        term(&b, "skew").units,
+        50 + 50,
+        "a's clock unknown: any two windows"
+    );
+    let inputs = w.coord.bound_inputs(at_ms(700), &l, WindowIndex(102), None);
+    assert!(!inputs.clock_offset_nanos.contains_key(&RegionId::from("a")));
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crdts::{CmRDT, Dot, VClock};
 
 use crate::ids::RegionId;
-use crate::sync::{ClockSample, CounterEntry};
+use crate::sync::{ClockGuard, ClockSample, CounterEntry};
 use crate::time::Timestamp;
 
 /// What the leader knows about one region.
@@ -28,6 +28,9 @@ pub(crate) struct RegionView {
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
     pub clock: Option<ClockSample>,
+    /// The newest SyncUp's clock guard (docs/bound.md, skew): none after a restart until the
+    /// region has a timebase again.
+    pub clock_guard: Option<ClockGuard>,
     /// The newest SyncUp said the region's view had expired: it admits by its partition
     /// policy though this leader hears it.
     pub view_expired: bool,
@@ -51,6 +54,7 @@ impl RegionView {
             last_seq: None,
             last_received_at: now,
             clock: None,
+            clock_guard: None,
             view_expired: false,
             config_version: None,
             previous_version: None,

@@ -108,13 +108,17 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
         vec(ack(), 0..LIST_ITEMS),
         vec(stats(), 0..LIST_ITEMS),
     );
-    (head, clock, lists, any::<bool>(), any::<bool>()).prop_map(
+    let guard = option::of((any::<u64>(), any::<u64>()).prop_map(|(s, u)| ClockGuard {
+        since: Timestamp::from_unix_nanos(s),
+        max_uncertainty: Duration::from_nanos(u),
+    }));
+    (head, clock, lists, (any::<bool>(), any::<bool>()), guard).prop_map(
         |(
             (r, boot, seq, t0, v),
             clock,
             (entries, demand, release_acks, stats),
-            view_expired,
-            restored,
+            (view_expired, restored),
+            clock_guard,
         )| {
             SyncUp {
                 region: RegionId::new(r),
@@ -129,6 +133,7 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
                 stats,
                 view_expired,
                 restored,
+                clock_guard,
             }
         },
     )

@@ -2,9 +2,11 @@
 //! agent, sweeps and settles. The hot path.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use allot_core::gateway::{Gateway, Spend, ToAgent};
+use allot_core::ids::LeaseId;
 use allot_core::limit::FailureMode;
 use allot_core::time::Timestamp;
 
@@ -45,6 +47,24 @@ impl GatewayClock {
     pub(super) fn true_time_of(&self, local: Timestamp) -> Timestamp {
         let agent = self.relative.map_or(local, |c| c.true_time_of(local));
         self.agent.true_time_of(agent)
+    }
+}
+
+/// Lease readings kept per region before those of leases granted long ago are forgotten.
+const LEASE_READINGS_KEPT: usize = 65_536;
+
+/// How long after its grant a lease's reading is kept past [`LEASE_READINGS_KEPT`]: longer than
+/// any lease lives.
+const LEASE_READING_HORIZON: Duration = Duration::from_secs(600);
+
+/// Remembers the reading at which `lease` was granted; past [`LEASE_READINGS_KEPT`], forgets
+/// those older than [`LEASE_READING_HORIZON`] each time the count reaches a power of two (so
+/// the forgetting stays linear overall however many are recent).
+fn note_lease_reading(readings: &mut BTreeMap<LeaseId, Timestamp>, lease: LeaseId, at: Timestamp) {
+    readings.insert(lease, at);
+    if readings.len() > LEASE_READINGS_KEPT && readings.len().is_power_of_two() {
+        let horizon = at.saturating_sub(LEASE_READING_HORIZON);
+        readings.retain(|_, t| *t >= horizon);
     }
 }
 
@@ -97,6 +117,16 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 local,
             } => {
                 self.stats.admitted += 1;
+                // Judged per window index on the clock the agent reads windows on.
+                let r = &self.regions[region];
+                let lease = receipt.map(|r| r.lease);
+                let local = match lease.and_then(|l| r.lease_readings.get(&l)) {
+                    Some(at) => *at,
+                    None => r
+                        .node
+                        .as_ref()
+                        .map_or(local, |n| n.window_clock(local, lease)),
+                };
                 self.measure.admitted(key, region, self.now, local, units);
                 if let Some(settle) = cost.settle {
                     let incarnation = self.regions[region].gateways[gateway].incarnation;
@@ -250,6 +280,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         LeaseAnswer::Granted(grant) => {
                             if w.refill == Some(grant.lease) {
                                 self.stats.lease_refills += 1;
+                            }
+                            if self.factory.corrects_clocks() {
+                                let at = node.window_clock(local, Some(grant.lease));
+                                note_lease_reading(&mut r.lease_readings, grant.lease, at);
                             }
                             gateway.handle_lease_granted(at_gateway, w.ticket, grant)
                         }

@@ -17,11 +17,11 @@
 //! (measurement and judgement).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use allot_core::gateway::{Gateway, KeyHandle, SpendReceipt};
-use allot_core::ids::RegionId;
+use allot_core::ids::{LeaseId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{SyncDown, SyncUp};
 use allot_core::time::Timestamp;
@@ -215,6 +215,10 @@ struct RegionRt<R: RegionNode> {
     down: Link,
     gateways: Vec<GatewayRt>,
     next_gateway: usize,
+    /// With corrected clocks (`NodeFactory::corrects_clocks`): the agent's reading when each
+    /// lease was granted, so its spends are judged in the window it was charged to, after a
+    /// correction or an agent crash as before them.
+    lease_readings: BTreeMap<LeaseId, Timestamp>,
 }
 
 struct CoordinatorRt<C: CoordinatorNode> {

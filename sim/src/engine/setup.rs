@@ -125,11 +125,21 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             .iter()
             .map(|r| RegionClock::new(scenario.start, r.clock))
             .collect();
+        // A corrected clock reads the true time, or its own clock until sampled; off it by
+        // at most the clocks' drift over the run (`MAX_DRIFT_PPM`, a tenth).
+        let corrected_last = (scenario.end() - Duration::from_nanos(1)) + scenario.duration / 10;
         let local: Vec<LocalRange> = clocks
             .iter()
-            .map(|c| LocalRange {
-                first: c.local(scenario.start),
-                last: c.local(scenario.end() - Duration::from_nanos(1)),
+            .map(|c| {
+                let last = c.local(scenario.end() - Duration::from_nanos(1));
+                LocalRange {
+                    first: c.local(scenario.start),
+                    last: if factory.corrects_clocks() {
+                        last.max(corrected_last)
+                    } else {
+                        last
+                    },
+                }
             })
             .collect();
         let failure_modes = keys
@@ -176,6 +186,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 down: Link { latency: r.latency },
                 gateways,
                 next_gateway: 0,
+                lease_readings: Default::default(),
             });
         }
         let sources = scenario

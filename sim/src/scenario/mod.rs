@@ -45,6 +45,9 @@ pub struct Scenario {
     pub sync_interval: Duration,
     /// Eventual mode: a view of the other regions older than this is not used.
     pub view_ttl: Duration,
+    /// Each agent reads windows on a corrected clock and keeps an edge band of its measured
+    /// uncertainty, up to this (docs/bound.md, skew); `None`: on its own clock, as by default.
+    pub max_clock_uncertainty: Option<Duration>,
     pub lease: LeaseSettings,
     pub coordinator: CoordinatorSettings,
     pub measure: MeasureSettings,

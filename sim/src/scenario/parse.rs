@@ -67,6 +67,7 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
     let duration = positive(&duration_node)?;
     let sync_interval = opt_positive(map, "sync_interval")?.unwrap_or(Duration::from_millis(250));
     let view_ttl = opt_positive(map, "view_ttl")?.unwrap_or(sync_interval * 4);
+    let max_clock_uncertainty = opt_positive(map, "max_clock_uncertainty")?;
     let lease = read_lease(map)?;
     let coordinator = read_coordinator(map)?;
     let measure = read_measure(map, duration)?;
@@ -95,6 +96,7 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
         duration,
         sync_interval,
         view_ttl,
+        max_clock_uncertainty,
         lease,
         coordinator,
         measure,

@@ -11,6 +11,7 @@ mod restore;
 mod slots;
 mod stats;
 mod sync;
+mod timebase;
 
 use std::time::Duration;
 

@@ -1,0 +1,96 @@
+//! The edge band a timebase asks for (docs/budget.md, edge band; D22).
+
+use std::time::Duration;
+
+use super::*;
+use crate::budget::{ClockGuard, Reason, Timebase};
+use crate::limit::Consistency;
+
+const BAND: Duration = Duration::from_millis(30);
+
+fn guarded(b: &mut RegionBudget, band: Duration) {
+    let guard = ClockGuard {
+        since: at(0),
+        max_uncertainty: Duration::from_millis(250),
+    };
+    b.set_clock_guard(Some(band), Some(guard));
+}
+
+#[test]
+fn strict_admissions_keep_clear_of_both_edges_of_their_window() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    guarded(&mut b, BAND);
+    let d = acquire(&mut b, at(10), "api", "k", 1);
+    assert!(!d.allowed, "within 30 ms after the window's start");
+    assert_eq!(d.reason, Reason::Allowance);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(20)));
+    assert!(acquire(&mut b, at(30), "api", "k", 1).allowed);
+    let d = acquire(&mut b, at(59_970), "api", "k", 1);
+    assert!(!d.allowed, "within 30 ms before the window's end");
+    assert_eq!(
+        d.retry_after,
+        Some(Duration::from_millis(60)),
+        "until 30 ms into the next window"
+    );
+    assert!(acquire(&mut b, at(59_969), "api", "k", 1).allowed);
+    assert_eq!(net(&b, "api", "k"), 2, "refusals charge nothing");
+}
+
+#[test]
+fn a_lease_ends_the_band_before_its_windows_end_and_so_does_a_renewal() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    guarded(&mut b, BAND);
+    let g = granted(
+        b.lease(at(59_000), lease_req("api", "k", 10, 30))
+            .expect("lease"),
+    );
+    assert_eq!(g.expires_at, at(59_970));
+    let r = b
+        .renew(at(59_500), g.lease, Duration::from_secs(30), None)
+        .expect("renew");
+    assert_eq!(r.expires_at, at(59_970));
+}
+
+#[test]
+fn past_its_maximum_uncertainty_a_guarded_region_admits_nothing_strict() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    guarded(&mut b, Duration::MAX);
+    let d = acquire(&mut b, at(30_000), "api", "k", 1);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(cfg().sync_interval));
+}
+
+#[test]
+fn eventual_limits_and_a_region_without_a_timebase_keep_no_band() {
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..per_minute("ev", 400)
+    };
+    let mut b = budget(vec![per_minute("api", 400), eventual]);
+    assert!(
+        acquire(&mut b, at(10), "api", "k", 1).allowed,
+        "no timebase"
+    );
+    guarded(&mut b, BAND);
+    assert!(acquire(&mut b, at(10), "ev", "k", 1).allowed);
+}
+
+#[test]
+fn syncups_carry_the_guard_and_the_round_trip_feeds_the_timebase() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let mut tb = Timebase::new(Duration::from_millis(250));
+    let up = b.poll_transmit(at(1_000)).expect("a sync is due");
+    assert_eq!(up.clock_guard, None);
+    // The coordinator's clock is 2 s ahead; 10 ms each way.
+    let mut down = answer(&up, at(3_010));
+    down.sent_at = at(3_010);
+    b.handle_sync_down(at(1_020), down);
+    let (sent_at, sample) = b.clock_round_trip().expect("a round trip");
+    assert_eq!(sent_at, at(1_000));
+    assert!(tb.on_sample(at(1_020), sent_at, sample));
+    assert_eq!(tb.read(at(1_020)), at(3_020));
+    let band = tb.band(at(1_020));
+    b.set_clock_guard(band, tb.guard());
+    let up = b.poll_transmit(at(3_300)).expect("a sync is due");
+    assert_eq!(up.clock_guard.map(|g| g.since), Some(at(3_020)));
+}

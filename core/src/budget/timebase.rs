@@ -1,0 +1,251 @@
+//! One timebase for every region (docs/bound.md, skew; D22 in docs/decisions.md): the agent's
+//! clock corrected by the offset it measures against the coordinator's at every sync, never
+//! moving back, with a known bound on how far it may be from the coordinator's clock.
+//!
+//! The driver (the agent, the simulator's node) owns a [`Timebase`], reads every `now` it
+//! passes to the budget through [`Timebase::read`], feeds it each answered round trip
+//! ([`Timebase::on_sample`]), and hands the budget the edge band it must keep
+//! ([`Timebase::band`]) and the guard it reports ([`Timebase::guard`]). Like the rest of the
+//! core it reads no clock: the local time is passed in.
+
+use std::time::Duration;
+
+pub use crate::sync::ClockGuard;
+use crate::sync::ClockSample;
+use crate::time::{Timestamp, duration_nanos};
+
+/// The clock rate error assumed between two samples, in parts per million: the uncertainty
+/// grows by this share of the time since the last sample. 1%, twenty times what NTP tolerates
+/// of an oscillator, so it holds for any clock that is not broken; over a sync interval it
+/// adds a few milliseconds at most, over a long partition it ends the guard (the region stops
+/// admitting) before the error can pass the stated maximum.
+pub const MAX_CLOCK_DRIFT_PPM: u64 = 10_000;
+
+const PPM: u128 = 1_000_000;
+
+/// A region's corrected clock.
+#[derive(Clone, Debug)]
+pub struct Timebase {
+    /// `U`: above it the region admits nothing new in strict mode.
+    max_uncertainty: Duration,
+    /// Added to the local clock: the sum of the offsets measured so far.
+    correction_nanos: i64,
+    /// The latest reading handed out: readings never go back.
+    last_read: Timestamp,
+    /// Readings from this one on are `local + correction` again (after the last change of the
+    /// correction, and after the wait a backward change holds the clock for). A round trip
+    /// sent before it measured a clock that changed or stood still: it is not taken.
+    steady_from: Timestamp,
+    /// The last sample taken: the local time its round trip left, and half its round trip
+    /// (the estimate's error, NTP's bound).
+    sample: Option<(Timestamp, u64)>,
+    /// The guard reported once the uncertainty first came within `max_uncertainty`.
+    guarded_since: Option<Timestamp>,
+    /// Restarted from a store written on a corrected clock: until the first sample, strict
+    /// admission waits (the raw clock may be windows away from what the store counted on).
+    hold_until_sampled: bool,
+}
+
+impl Timebase {
+    pub fn new(max_uncertainty: Duration) -> Self {
+        Timebase {
+            max_uncertainty,
+            correction_nanos: 0,
+            last_read: Timestamp::ZERO,
+            steady_from: Timestamp::ZERO,
+            sample: None,
+            guarded_since: None,
+            hold_until_sampled: false,
+        }
+    }
+
+    /// A timebase for an agent restarted from its store: its counters and leases are on the
+    /// corrected clock it had, which a restart forgets. Until the first sample it admits
+    /// nothing in strict mode, so the raw clock counts nothing in the wrong window.
+    pub fn restarted(max_uncertainty: Duration) -> Self {
+        Timebase {
+            hold_until_sampled: true,
+            ..Timebase::new(max_uncertainty)
+        }
+    }
+
+    /// [`Timebase::read`] without moving anything: what a reading at `local` would be.
+    pub fn peek(&self, local: Timestamp) -> Timestamp {
+        shift(local, self.correction_nanos).max(self.last_read)
+    }
+
+    /// The corrected time at local time `local`: `local + correction`, or the latest reading
+    /// if that is later (a backward correction holds the clock until local time catches up).
+    pub fn read(&mut self, local: Timestamp) -> Timestamp {
+        let t = shift(local, self.correction_nanos).max(self.last_read);
+        self.last_read = t;
+        t
+    }
+
+    /// The local time at which the corrected clock reads `corrected` (for timers: a deadline
+    /// the budget asked for, on the local clock that wakes the driver).
+    pub fn to_local(&self, corrected: Timestamp) -> Timestamp {
+        shift(corrected, self.correction_nanos.saturating_neg())
+    }
+
+    /// An answered round trip, sent at corrected time `sent_at`, measured `sample` (the
+    /// budget's NTP estimate, on the corrected clock): the correction moves by its offset.
+    /// Returns false when it is not taken (sent before the clock was last steady, or not
+    /// newer than the sample in force).
+    pub fn on_sample(&mut self, local: Timestamp, sent_at: Timestamp, sample: ClockSample) -> bool {
+        // At `steady_from` itself the clock may still have been standing.
+        if sent_at <= self.steady_from {
+            return false;
+        }
+        let sent_local = self.to_local(sent_at);
+        if self.sample.is_some_and(|(at, _)| at >= sent_local) {
+            return false;
+        }
+        let now = self.read(local);
+        self.correction_nanos = self.correction_nanos.saturating_add(sample.offset_nanos);
+        self.sample = Some((sent_local, sample.round_trip_nanos.div_ceil(2)));
+        self.steady_from = now.max(shift(local, self.correction_nanos));
+        true
+    }
+
+    /// How far the reading at `local` may be from the coordinator's clock: half the last
+    /// sample's round trip, plus how far a backward correction holds the clock ahead, plus
+    /// [`MAX_CLOCK_DRIFT_PPM`] of the time since the sample. `None` before the first sample.
+    pub fn uncertainty(&self, local: Timestamp) -> Option<Duration> {
+        let (sent_local, half_rtt) = self.sample?;
+        let estimate = shift(local, self.correction_nanos);
+        let held = self.last_read.max(estimate).as_unix_nanos() - estimate.as_unix_nanos();
+        let since = u128::from(duration_nanos(local.saturating_duration_since(sent_local)));
+        let drift = u64::try_from((since * u128::from(MAX_CLOCK_DRIFT_PPM)).div_ceil(PPM))
+            .unwrap_or(u64::MAX);
+        Some(Duration::from_nanos(
+            half_rtt.saturating_add(held).saturating_add(drift),
+        ))
+    }
+
+    /// The edge band the budget keeps at `local` (docs/budget.md, edge band): `None` while
+    /// the region has never been within `max_uncertainty` (it admits as without a timebase,
+    /// and the skew term counts it so; after a restart it admits nothing in strict mode
+    /// then); the uncertainty once it has; `Duration::MAX` (admit
+    /// nothing new in strict mode) when the uncertainty is above `max_uncertainty` again.
+    pub fn band(&mut self, local: Timestamp) -> Option<Duration> {
+        let now = self.read(local);
+        let within = self
+            .uncertainty(local)
+            .filter(|e| *e <= self.max_uncertainty);
+        match (self.guarded_since, within) {
+            (None, None) => self.hold_until_sampled.then_some(Duration::MAX),
+            (None, Some(e)) => {
+                self.guarded_since = Some(now);
+                Some(e)
+            }
+            (Some(_), Some(e)) => Some(e),
+            (Some(_), None) => Some(Duration::MAX),
+        }
+    }
+
+    /// What the region reports: the guard, once it holds.
+    pub fn guard(&self) -> Option<ClockGuard> {
+        self.guarded_since.map(|since| ClockGuard {
+            since,
+            max_uncertainty: self.max_uncertainty,
+        })
+    }
+
+    pub fn max_uncertainty(&self) -> Duration {
+        self.max_uncertainty
+    }
+}
+
+/// `t + nanos`, clamped to the representable range.
+fn shift(t: Timestamp, nanos: i64) -> Timestamp {
+    let v = i128::from(t.as_unix_nanos()) + i128::from(nanos);
+    Timestamp::from_unix_nanos(u64::try_from(v.max(0)).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Timestamp {
+        Timestamp::from_unix_millis(v)
+    }
+
+    fn sample(offset_ms: i64, rtt_ms: u64) -> ClockSample {
+        ClockSample {
+            offset_nanos: offset_ms * 1_000_000,
+            round_trip_nanos: rtt_ms * 1_000_000,
+        }
+    }
+
+    #[test]
+    fn a_clock_behind_jumps_forward_and_is_guarded_at_once() {
+        let mut tb = Timebase::new(Duration::from_millis(250));
+        assert_eq!(tb.band(ms(10_000)), None, "no sample: no guard");
+        assert_eq!(tb.read(ms(10_000)), ms(10_000));
+        // The coordinator is 3 s ahead; the round trip took 40 ms.
+        assert!(tb.on_sample(ms(10_040), ms(10_000), sample(3_000, 40)));
+        assert_eq!(tb.read(ms(10_040)), ms(13_040));
+        // 20 ms (half the round trip) plus 1% of the 40 ms since the sample left.
+        assert_eq!(
+            tb.uncertainty(ms(10_040)),
+            Some(Duration::from_micros(20_400))
+        );
+        assert_eq!(tb.band(ms(10_040)), Some(Duration::from_micros(20_400)));
+        assert_eq!(tb.guard().map(|g| g.since), Some(ms(13_040)));
+        assert_eq!(tb.to_local(ms(13_500)), ms(10_500));
+    }
+
+    #[test]
+    fn a_clock_ahead_holds_until_local_time_catches_up_and_is_guarded_then() {
+        let mut tb = Timebase::new(Duration::from_millis(250));
+        tb.read(ms(10_000));
+        assert!(tb.on_sample(ms(10_040), ms(10_000), sample(-2_000, 40)));
+        // Held at the last reading: 2 s ahead of the estimate.
+        assert_eq!(tb.read(ms(10_100)), ms(10_040));
+        assert_eq!(tb.band(ms(10_100)), None, "2 s off: not guarded yet");
+        assert_eq!(tb.read(ms(11_900)), ms(10_040));
+        // From local 12,040 on the clock runs again, within the round trip of the sample.
+        assert_eq!(tb.read(ms(12_100)), ms(10_100));
+        let e = tb.band(ms(12_100)).expect("guarded");
+        assert!(e < Duration::from_millis(50), "{e:?}");
+        // A round trip sent while the clock stood still is not taken.
+        assert!(!tb.on_sample(ms(12_100), ms(10_040), sample(5, 1)));
+    }
+
+    #[test]
+    fn a_restarted_region_admits_nothing_strict_until_its_first_sample() {
+        let mut tb = Timebase::restarted(Duration::from_millis(250));
+        assert_eq!(tb.band(ms(5_000)), Some(Duration::MAX));
+        assert!(tb.guard().is_none());
+        assert!(tb.on_sample(ms(5_010), ms(5_000), sample(700, 10)));
+        assert!(
+            tb.band(ms(5_010))
+                .is_some_and(|e| e < Duration::from_millis(10))
+        );
+        assert_eq!(tb.peek(ms(5_010)), ms(5_710));
+    }
+
+    #[test]
+    fn a_guarded_region_whose_uncertainty_grows_past_the_maximum_admits_nothing_new() {
+        let mut tb = Timebase::new(Duration::from_millis(250));
+        tb.read(ms(100));
+        assert!(tb.on_sample(ms(110), ms(100), sample(0, 10)));
+        assert!(
+            tb.band(ms(110))
+                .is_some_and(|e| e < Duration::from_millis(10))
+        );
+        // 1% of 30 s is 300 ms: past the maximum.
+        assert_eq!(tb.band(ms(30_000)), Some(Duration::MAX));
+        assert!(
+            tb.guard().is_some(),
+            "the guard is kept: it admits nothing beyond it"
+        );
+        // A new sample brings it back.
+        assert!(tb.on_sample(ms(30_010), ms(30_000), sample(1, 10)));
+        assert!(
+            tb.band(ms(30_010))
+                .is_some_and(|e| e < Duration::from_millis(10))
+        );
+    }
+}
