@@ -497,6 +497,10 @@ fn silent_server() -> String {
 async fn garbage_bad_answers_and_closed_streams_leave_the_agent_serving() {
     clear_of_the_day_boundary().await;
     let dir = scratch("garbage");
+    // A region that was never answered may have lost its store (it cannot tell a first start
+    // from a lost disk) and admits nothing from its allowances until an answer: let it be
+    // answered once, so that what follows is a region with its store, cut off.
+    answered_once(&dir, "a").await;
     let silent = silent_server();
     let garbage = garbage_server();
     let bad = Server::start(SyncServer::new(BadAnswers), "127.0.0.1:0");
@@ -622,5 +626,28 @@ async fn a_leader_that_never_answers_is_given_up_and_the_timers_keep_running() {
         a.metric("allot_partition_policy_state{state=\"expired\"}"),
         Some(1.0)
     );
-    assert!(a.acquire("shared", 1).await.allowed);
+    // Never answered, its store empty: it may be a region that lost its disk, so it admits
+    // nothing from its allowances until a coordinator says it never knew it
+    // (docs/budget.md, "Restores").
+    let d = a.acquire("shared", 1).await;
+    assert!(!d.allowed && d.reason == "restoring", "{d:?}");
+}
+
+/// Starts region `region`'s agent in `dir` against an in-process coordinator until it has
+/// been answered and has admitted one unit of `strict` (so its store is not empty), then
+/// stops both, as a kill would.
+async fn answered_once(dir: &Path, region: &str) {
+    let server = Server::memory(memory_coordinator(), "127.0.0.1:0");
+    let agent = Agent::start(dir, region, &server.address());
+    let deadline = Instant::now() + PATIENCE;
+    while !agent.acquire("strict", 1).await.allowed {
+        assert!(
+            Instant::now() < deadline,
+            "never answered: {}",
+            agent.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(agent);
+    drop(server);
 }
