@@ -1225,6 +1225,8 @@ faults:
   - agent_crash: {region: a, at: 5s, restart_after: 700ms}
   - partition: {region: b, start: 14s, end: 17s}
   - coordinator_outage: {start: 19s, end: 19500ms}
+"#;
+
 /// Restart after a reload: strict, `floor`, two regions with equal shares, L = 45,758 per 4 s
 /// window, `r0` busy alone. `r0`'s agent crashes at 3.914 s and restarts 820 ms later; a
 /// reload at 4.332 s (every region at once) cuts L to 15,911 with an `open` policy and a rate
@@ -1582,6 +1584,8 @@ faults:
               consistency: strict
               partition_policy: floor
               failure_mode: closed
+"#;
+
 /// Issue 8, "make the bound worth stating": strict, 2 s windows, L = 3,000 split three ways,
 /// a's clock 2.5 s ahead and b's 3.3 s behind (beyond a window either way), demand moving
 /// from a to b and back so that neighbouring windows' allowances differ. On their own clocks
