@@ -198,6 +198,14 @@ impl Client {
     /// Starts the client and its driver task; the driver connects to the agent in the
     /// background (until it does, keys without leases follow their failure mode).
     pub fn start(config: ClientConfig) -> Result<Client> {
+        let (client, stopped) = Client::detached(config)?;
+        let driver = tokio::spawn(crate::driver::run(client.shared.clone(), stopped));
+        *client.driver.lock().unwrap_or_else(PoisonError::into_inner) = Some(driver);
+        Ok(client)
+    }
+
+    /// The client without its driver task (tests feed the gateways by hand).
+    fn detached(config: ClientConfig) -> Result<(Client, watch::Receiver<bool>)> {
         config.validate()?;
         crate::driver::check_address(&config.agent)?;
         let shards = (0..config.shards)
@@ -218,12 +226,12 @@ impl Client {
             connected: AtomicBool::new(false),
         });
         let (stop, stopped) = watch::channel(false);
-        let driver = tokio::spawn(crate::driver::run(shared.clone(), stopped));
-        Ok(Client {
+        let client = Client {
             shared,
             stop,
-            driver: Mutex::new(Some(driver)),
-        })
+            driver: Mutex::new(None),
+        };
+        Ok((client, stopped))
     }
 
     /// Resolves a target once (this allocates; keep the [`Key`] for the hot path).
@@ -409,5 +417,104 @@ impl Drop for Client {
     fn drop(&mut self) {
         // The driver sees the stop and gives units back on its own.
         let _ = self.stop.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use allot_core::gateway::{LeaseGrant, ToAgent};
+    use allot_core::ids::LeaseId;
+
+    use super::*;
+
+    const GRANTED_UNITS: u64 = 10_000;
+    const SPENDERS: usize = 4;
+
+    /// Grants `units` to the key's pending lease request by hand, as the driver would.
+    fn grant(client: &Client, key: &Key, units: u64) {
+        let shard = &client.shared.shards[key.shard];
+        let mut gateway = shard.lock();
+        let now = client.shared.now();
+        let Some(ToAgent::LeaseWanted(w)) = gateway.poll_transmit(now) else {
+            panic!("the key asked for a lease");
+        };
+        gateway.handle_lease_granted(
+            now,
+            w.ticket,
+            LeaseGrant {
+                lease: LeaseId(7),
+                units,
+                ttl: Duration::from_secs(60),
+                remaining_units: 1_000_000,
+            },
+        );
+    }
+
+    /// Threads spending one key at once never admit more than the lease holds, and admit all
+    /// of it: the shard's mutex makes each spend whole.
+    #[test]
+    fn concurrent_spenders_on_one_key_admit_exactly_what_was_granted() {
+        let mut config = ClientConfig::new("http://127.0.0.1:1");
+        // No refill, so the lease granted by hand is all there is.
+        config.gateway.refill_threshold_percent = 0;
+        let (client, _stopped) = Client::detached(config).expect("client");
+        let client = Arc::new(client);
+        let key = Arc::new(client.key(&Target::new("d").entry("k", "v")).expect("key"));
+        assert_eq!(client.try_spend(&key, 1), None, "no lease yet: wait");
+        grant(&client, &key, GRANTED_UNITS);
+        let spenders: Vec<_> = (0..SPENDERS)
+            .map(|_| {
+                let (client, key) = (client.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let mut admitted = 0u64;
+                    while client.try_spend(&key, 1) == Some(Decision::Allowed) {
+                        admitted += 1;
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let admitted: u64 = spenders
+            .into_iter()
+            .map(|s| s.join().expect("spender"))
+            .sum();
+        assert_eq!(admitted, GRANTED_UNITS);
+        assert_eq!(client.held_units(&key), 0);
+    }
+
+    #[test]
+    fn a_refused_key_follows_its_domains_failure_mode_and_is_counted() {
+        let mut config = ClientConfig::new("http://127.0.0.1:1");
+        config
+            .failure_modes
+            .insert("strict".into(), FailureMode::Closed);
+        let (client, _stopped) = Client::detached(config).expect("client");
+        let open = client
+            .key(&Target::new("lenient").entry("k", "v"))
+            .expect("key");
+        let closed = client
+            .key(&Target::new("strict").entry("k", "v"))
+            .expect("key");
+        for key in [&open, &closed] {
+            let shard = &client.shared.shards[key.shard];
+            assert_eq!(client.try_spend(key, 1), None);
+            let now = client.shared.now();
+            let mut gateway = shard.lock();
+            while let Some(m) = gateway.poll_transmit(now) {
+                if let ToAgent::LeaseWanted(w) = m {
+                    gateway.handle_agent_unavailable(now, w.ticket);
+                }
+            }
+        }
+        assert_eq!(
+            client.try_spend(&open, 1),
+            Some(Decision::Unavailable { allowed: true })
+        );
+        assert_eq!(
+            client.try_spend(&closed, 1),
+            Some(Decision::Unavailable { allowed: false })
+        );
+        let stats = client.stats();
+        assert_eq!((stats.failed_open, stats.failed_closed), (1, 1));
     }
 }
