@@ -23,9 +23,11 @@ use crate::config::ClientConfig;
 use crate::error::Result;
 use crate::target::Target;
 
-/// A request that found no lease waits for the driver's answer this many times (each at most
-/// the gateway's `lease_request_timeout`) before the failure mode decides.
-const MAX_SPEND_WAITS: usize = 3;
+/// A request that found no lease waits for the agent's answer at most this many times the
+/// gateway's `lease_request_timeout` before the failure mode decides. A bound in time, not in
+/// wake-ups: near the limit, spenders of one key race for one-unit leases, and a spender that
+/// loses a race is not facing an outage.
+const SPEND_WAIT_TIMEOUTS: u32 = 2;
 
 /// The answer to one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,6 +260,7 @@ impl Client {
     /// for the driver's lease request to be answered.
     pub async fn spend(&self, key: &Key, cost_units: u64) -> Decision {
         match self.reserve(key, cost_units).await {
+            Ok(r) if r.admitted_by_failure_mode() => Decision::Unavailable { allowed: true },
             Ok(_) => Decision::Allowed,
             Err(decision) => decision,
         }
@@ -282,7 +285,8 @@ impl Client {
         let units = units.max(1);
         let shard = &self.shared.shards[key.shard];
         let wait = self.shared.config.gateway.lease_request_timeout;
-        for _ in 0..MAX_SPEND_WAITS {
+        let deadline = tokio::time::Instant::now() + wait * SPEND_WAIT_TIMEOUTS;
+        while tokio::time::Instant::now() < deadline {
             let answered = shard.answered.notified();
             tokio::pin!(answered);
             // Registered before the attempt, so an answer between the two is not missed.
@@ -302,7 +306,7 @@ impl Client {
             }
             self.shared.wake_driver.notify_one();
             // A timeout is not an error: the next attempt sees what the gateway decided.
-            let _ = tokio::time::timeout(wait, answered).await;
+            let _ = tokio::time::timeout_at(deadline, answered).await;
         }
         match self.failure_mode(key) {
             Decision::Unavailable { allowed: true } => Ok(Reservation { paid: None, units }),
