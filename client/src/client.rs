@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::gateway::{Gateway, GatewayStats, KeyHandle, LeaseRelease, Spend, SpendReceipt};
 use allot_core::ids::{KeyId, LimitId};
@@ -144,7 +144,9 @@ impl Shard {
 pub(crate) struct Shared {
     pub config: ClientConfig,
     pub shards: Box<[Shard]>,
-    epoch: Instant,
+    /// quanta's clock: the TSC where it is stable (a few nanoseconds, no system call), the
+    /// OS monotonic clock otherwise; what governor reads by default.
+    epoch: quanta::Instant,
     pub wake_driver: Notify,
     pub counters: Counters,
     /// Ended leases to hand back, with the next lease request or as Release calls.
@@ -155,7 +157,8 @@ pub(crate) struct Shared {
 impl Shared {
     /// The gateways' clock: monotonic, from the client's start.
     pub fn now(&self) -> Timestamp {
-        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let elapsed = quanta::Instant::now().saturating_duration_since(self.epoch);
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         Timestamp::from_unix_nanos(nanos)
     }
 
@@ -221,7 +224,7 @@ impl Client {
         let shared = Arc::new(Shared {
             config,
             shards,
-            epoch: Instant::now(),
+            epoch: quanta::Instant::now(),
             wake_driver: Notify::new(),
             counters: Counters::default(),
             pending_returns: Mutex::new(VecDeque::new()),
