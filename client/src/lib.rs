@@ -12,6 +12,7 @@ mod client;
 mod config;
 mod driver;
 mod error;
+mod response;
 mod target;
 
 pub use allot_core::gateway::GatewayConfig;
@@ -19,4 +20,5 @@ pub use allot_core::limit::FailureMode;
 pub use client::{Client, ClientStats, Decision, Key, Reservation};
 pub use config::{ClientConfig, MAX_SHARDS};
 pub use error::{Error, Result};
+pub use response::{Policy, TOO_MANY_REQUESTS, too_many_requests};
 pub use target::Target;
