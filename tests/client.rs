@@ -283,3 +283,45 @@ async fn shutdown_gives_unused_units_back() {
     let returned = agent.metric(&metric_of("allot_lease_returned_units_total", "api/user"));
     assert_eq!(returned, held as f64);
 }
+
+const ONE_SLOT: &str = "\
+domain: jobs
+descriptors:
+  - key: worker
+    rate_limit: {unit: day, requests_per_unit: 1000}
+    allot:
+      concurrency: {max_slots: 1, slot_ttl: 30s}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_slot_guard_gives_the_slot_back() {
+    let dir = scratch("slots", ONE_SLOT);
+    let agent = Agent::start(&dir, &free_address());
+    let client = Client::start(config(&agent, 10)).expect("client");
+    let target = Target::new("jobs").entry("worker", "w1");
+    // The driver connects in the background: wait for it, so the first answer is the agent's.
+    let deadline = Instant::now() + PATIENCE;
+    while !client.connected() {
+        assert!(Instant::now() < deadline, "no connection");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let held = client.acquire_slot(&target).await.expect("the one slot");
+    assert!(
+        matches!(
+            client.acquire_slot(&target).await,
+            Err(Decision::Denied { .. })
+        ),
+        "a second slot while the first is held"
+    );
+    drop(held);
+    let deadline = Instant::now() + PATIENCE;
+    let again = loop {
+        if let Ok(guard) = client.acquire_slot(&target).await {
+            break guard;
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(again);
+    client.shutdown().await;
+}

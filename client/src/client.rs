@@ -20,6 +20,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::ClientConfig;
+use crate::driver::SlotAnswer;
 use crate::error::Result;
 use crate::target::Target;
 
@@ -98,7 +99,8 @@ pub struct ClientStats {
     /// Decisions taken by a failure mode while the agent was unreachable.
     pub failed_open: u64,
     pub failed_closed: u64,
-    /// Hand-backs dropped because `max_pending_returns` were waiting.
+    /// Hand-backs dropped, and slot releases left to their TTL, because
+    /// `max_pending_returns` were waiting.
     pub dropped_returns: u64,
     /// Reservation differences settled after their lease ended: the lease API settles a live
     /// lease only, so these are not sent (refunds are lost, overages not charged).
@@ -152,6 +154,11 @@ pub(crate) struct Shared {
     /// Ended leases to hand back, with the next lease request or as Release calls.
     pub pending_returns: Mutex<VecDeque<LeaseRelease>>,
     pub connected: AtomicBool,
+    /// The driver's connection, for the calls a spender makes itself (slots); `None` while
+    /// the agent is unreachable.
+    pub conn: Mutex<Option<crate::driver::Conn>>,
+    /// Slots whose guards were dropped, for the driver to release (bounded like the returns).
+    pub pending_slots: Mutex<VecDeque<u64>>,
 }
 
 impl Shared {
@@ -166,6 +173,28 @@ impl Shared {
         self.pending_returns
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn conn(&self) -> MutexGuard<'_, Option<crate::driver::Conn>> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn pending_slots(&self) -> MutexGuard<'_, VecDeque<u64>> {
+        self.pending_slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a slot's release; past the bound the slot is left to its TTL (counted).
+    pub fn push_slot_release(&self, slot_id: u64) {
+        let mut pending = self.pending_slots();
+        if pending.len() >= self.config.max_pending_returns {
+            self.counters
+                .dropped_returns
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        pending.push_back(slot_id);
     }
 
     /// Queues a hand-back; the oldest is dropped when full (its units then count as spent at
@@ -229,6 +258,8 @@ impl Client {
             counters: Counters::default(),
             pending_returns: Mutex::new(VecDeque::new()),
             connected: AtomicBool::new(false),
+            conn: Mutex::new(None),
+            pending_slots: Mutex::new(VecDeque::new()),
         });
         let (stop, stopped) = watch::channel(false);
         let client = Client {
@@ -330,6 +361,30 @@ impl Client {
         self.shared.wake_driver.notify_one();
     }
 
+    /// Takes a concurrency slot for `target` (one call to the agent: slots are counted across
+    /// gateways). Dropping the guard gives the slot back; the rule's slot TTL covers a crash.
+    /// While the agent is unreachable the domain's failure mode decides (counted).
+    pub async fn acquire_slot(&self, target: &Target) -> Result<SlotGuard, Decision> {
+        let failure_mode = self.shared.config.failure_mode_of(&target.domain);
+        match crate::driver::acquire_slot(&self.shared, target).await {
+            SlotAnswer::Acquired { slot_id } => Ok(SlotGuard {
+                slot_id,
+                shared: self.shared.clone(),
+            }),
+            SlotAnswer::Denied { retry_after } => Err(Decision::Denied { retry_after }),
+            SlotAnswer::Unreachable => {
+                self.shared.wake_driver.notify_one();
+                match self.count_failure_mode(failure_mode) {
+                    Decision::Unavailable { allowed: true } => Ok(SlotGuard {
+                        slot_id: 0,
+                        shared: self.shared.clone(),
+                    }),
+                    d => Err(d),
+                }
+            }
+        }
+    }
+
     /// Units the key holds in live leases now.
     pub fn held_units(&self, key: &Key) -> u64 {
         let handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
@@ -408,8 +463,12 @@ impl Client {
     }
 
     fn failure_mode(&self, key: &Key) -> Decision {
+        self.count_failure_mode(key.failure_mode)
+    }
+
+    fn count_failure_mode(&self, mode: FailureMode) -> Decision {
         let c = &self.shared.counters;
-        let allowed = key.failure_mode == FailureMode::Open;
+        let allowed = mode == FailureMode::Open;
         let counter = if allowed {
             &c.failed_open
         } else {
@@ -417,6 +476,31 @@ impl Client {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         Decision::Unavailable { allowed }
+    }
+}
+
+/// A held concurrency slot; dropping it gives the slot back (through the driver, so drop
+/// never blocks).
+#[derive(Debug)]
+#[must_use = "the slot is given back when the guard is dropped"]
+pub struct SlotGuard {
+    /// 0: nothing to give back (no concurrency cap, or admitted by the failure mode).
+    slot_id: u64,
+    shared: Arc<Shared>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if self.slot_id != 0 {
+            self.shared.push_slot_release(self.slot_id);
+            self.shared.wake_driver.notify_one();
+        }
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
     }
 }
 

@@ -36,8 +36,9 @@ pub struct ClientConfig {
     pub reconnect_cap: Duration,
     /// Most RPCs in flight to the agent at once; the driver waits for one to finish beyond it.
     pub max_in_flight_rpcs: usize,
-    /// Most lease hand-backs waiting to be sent (beyond, the oldest are dropped and counted:
-    /// the agent counts their units spent at expiry, so a drop strands units, never admits).
+    /// Most lease hand-backs waiting to be sent, and as many slot releases. Beyond it the
+    /// oldest hand-back is dropped (the agent counts its units spent until the lease expires:
+    /// units stranded, never admitted twice), or the slot is left to its TTL; both counted.
     pub max_pending_returns: usize,
     /// How long [`crate::Client::shutdown`] tries to give unused units back.
     pub shutdown_timeout: Duration,

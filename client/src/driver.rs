@@ -31,7 +31,7 @@ const MAX_MESSAGES_PER_ROUND: usize = 1_024;
 /// Most hand-backs carried by one lease request (the agent's limit on `returns`).
 const MAX_RETURNS_PER_LEASE: usize = 64;
 
-type Conn = LeaseServiceClient<Channel>;
+pub(crate) type Conn = LeaseServiceClient<Channel>;
 
 pub(crate) fn check_address(address: &str) -> Result<()> {
     endpoint(address, Duration::from_secs(1)).map(|_| ())
@@ -122,6 +122,28 @@ impl Driver {
             self.send_lease(shard, w).await;
         }
         self.send_releases().await;
+        self.send_slot_releases().await;
+    }
+
+    /// Slots whose guards were dropped.
+    async fn send_slot_releases(&mut self) {
+        let Some(conn) = self.conn.clone() else {
+            return;
+        };
+        loop {
+            let Some(slot_id) = self.shared.pending_slots().pop_front() else {
+                return;
+            };
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let shared = self.shared.clone();
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                release_slot_call(&shared, conn, slot_id).await;
+                drop(permit);
+            });
+        }
     }
 
     /// Connects when there is no connection and the backoff allows.
@@ -141,7 +163,9 @@ impl Driver {
         };
         match connected {
             Some(channel) => {
-                self.conn = Some(LeaseServiceClient::new(channel));
+                let conn = LeaseServiceClient::new(channel);
+                *self.shared.conn() = Some(conn.clone());
+                self.conn = Some(conn);
                 self.shared.connected.store(true, Ordering::Relaxed);
                 self.backoff.reset();
             }
@@ -151,6 +175,7 @@ impl Driver {
 
     fn fail_connection(&mut self) {
         self.shared.connected.store(false, Ordering::Relaxed);
+        *self.shared.conn() = None;
         self.shared
             .counters
             .reconnects
@@ -233,9 +258,15 @@ impl Driver {
         };
         while Instant::now() < deadline {
             let Some(release) = self.shared.pending_returns().pop_front() else {
-                return;
+                break;
             };
             release_call(&self.shared, conn.clone(), release).await;
+        }
+        while Instant::now() < deadline {
+            let Some(slot_id) = self.shared.pending_slots().pop_front() else {
+                break;
+            };
+            release_slot_call(&self.shared, conn.clone(), slot_id).await;
         }
     }
 }
@@ -375,5 +406,70 @@ async fn release_call(shared: &Shared, mut conn: Conn, release: LeaseRelease) {
     if connection_lost(code) {
         shared.connected.store(false, Ordering::Relaxed);
         shared.push_return(release);
+    }
+}
+
+async fn release_slot_call(shared: &Shared, mut conn: Conn, slot_id: u64) {
+    let request = pb::ReleaseSlotRequest { slot_id };
+    let outcome = tokio::time::timeout(shared.config.rpc_timeout, conn.release_slot(request)).await;
+    let code = match outcome {
+        // `released: false`: the slot's TTL ended it already.
+        Ok(Ok(_)) => return,
+        Ok(Err(status)) => status.code(),
+        Err(_) => Code::DeadlineExceeded,
+    };
+    shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+    if connection_lost(code) {
+        shared.connected.store(false, Ordering::Relaxed);
+        shared.push_slot_release(slot_id);
+    }
+}
+
+/// The agent's answer to a slot request.
+pub(crate) enum SlotAnswer {
+    /// Held (`slot_id` 0: the rule has no concurrency cap, nothing to release).
+    Acquired {
+        slot_id: u64,
+    },
+    Denied {
+        retry_after: Duration,
+    },
+    /// No connection, or the call failed.
+    Unreachable,
+}
+
+/// One AcquireSlot call, made by the spender's task (a slot is a network hop by nature: the
+/// agent counts slots across gateways).
+pub(crate) async fn acquire_slot(shared: &Shared, target: &Target) -> SlotAnswer {
+    let conn = shared.conn().clone();
+    let Some(mut conn) = conn else {
+        return SlotAnswer::Unreachable;
+    };
+    let request = pb::AcquireSlotRequest {
+        target: Some(target.to_proto()),
+        idempotency_key: String::new(),
+    };
+    match tokio::time::timeout(shared.config.rpc_timeout, conn.acquire_slot(request)).await {
+        Ok(Ok(response)) => {
+            let r = response.into_inner();
+            if r.acquired {
+                SlotAnswer::Acquired { slot_id: r.slot_id }
+            } else {
+                SlotAnswer::Denied {
+                    retry_after: Duration::from_millis(r.retry_after_ms.unwrap_or(1_000).max(1)),
+                }
+            }
+        }
+        Ok(Err(status)) => {
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            if connection_lost(status.code()) {
+                shared.connected.store(false, Ordering::Relaxed);
+            }
+            SlotAnswer::Unreachable
+        }
+        Err(_) => {
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            SlotAnswer::Unreachable
+        }
     }
 }

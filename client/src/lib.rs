@@ -17,7 +17,7 @@ mod target;
 
 pub use allot_core::gateway::GatewayConfig;
 pub use allot_core::limit::FailureMode;
-pub use client::{Client, ClientStats, Decision, Key, Reservation};
+pub use client::{Client, ClientStats, Decision, Key, Reservation, SlotGuard};
 pub use config::{ClientConfig, MAX_SHARDS};
 pub use error::{Error, Result};
 pub use response::{Policy, TOO_MANY_REQUESTS, too_many_requests};
