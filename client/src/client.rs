@@ -573,6 +573,26 @@ mod tests {
         assert_eq!(client.held_units(&key), 0);
     }
 
+    /// A reservation settled below its estimate gives the difference back to the lease; one
+    /// settled above takes the overage from it.
+    #[tokio::test]
+    async fn settling_a_reservation_refunds_or_charges_the_held_lease() {
+        let (client, _stopped) =
+            Client::detached(ClientConfig::new("http://127.0.0.1:1")).expect("client");
+        let key = client
+            .key(&Target::new("llm").entry("api_key", "a"))
+            .expect("key");
+        assert_eq!(client.try_spend(&key, 1), None);
+        grant(&client, &key, 1_000);
+        let r = client.reserve(&key, 300).await.expect("reserved");
+        assert_eq!(client.held_units(&key), 700);
+        client.settle(r, 120);
+        assert_eq!(client.held_units(&key), 880);
+        let r = client.reserve(&key, 100).await.expect("reserved");
+        client.settle(r, 150);
+        assert_eq!(client.held_units(&key), 730);
+    }
+
     #[test]
     fn a_refused_key_follows_its_domains_failure_mode_and_is_counted() {
         let mut config = ClientConfig::new("http://127.0.0.1:1");
