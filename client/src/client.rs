@@ -134,9 +134,9 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    /// The gateway; a panic while it was held leaves a state that is still consistent for
-    /// spending (each call finishes its bookkeeping before any check can panic), so a poisoned
-    /// lock is taken over rather than propagated to every spender.
+    /// The gateway. A panic while it was held is a bug in the gateway (its only panics are
+    /// its invariant assertions); the lock is taken over rather than the panic spread to every
+    /// later spender of the shard's keys.
     pub fn lock(&self) -> MutexGuard<'_, Gateway> {
         self.gateway.lock().unwrap_or_else(PoisonError::into_inner)
     }
