@@ -13,12 +13,16 @@
 //! - [`budget`]: the regional budget state machine an agent runs.
 //! - [`rebalance`]: the coordinator's allowance table, rebalancer and bound calculator.
 //! - [`sync`]: the messages between the two.
+//! - [`gateway`]: the lease logic a gateway runs (the `client` crate drives it).
+//! - [`headers`]: rate limit response headers (draft-11 and `X-RateLimit-*`), for the agent's
+//!   RLS answers and the client's 429s alike.
 
 pub mod algo;
 pub mod budget;
 pub mod config;
 pub mod error;
 pub mod gateway;
+pub mod headers;
 pub mod ids;
 pub mod limit;
 pub mod rebalance;

@@ -825,3 +825,17 @@ fn a_refill_denied_after_its_lease_emptied_ends_that_lease() {
         })]
     );
 }
+
+/// A driver that caches a handle as one word gets the same key back, and a word naming a key
+/// since forgotten is answered as unknown, never as another key.
+#[test]
+fn a_handle_survives_the_round_trip_through_its_bits() {
+    let (mut g, h) = gateway();
+    assert_eq!(KeyHandle::from_bits(h.to_bits()), h);
+    let stale = KeyHandle {
+        slot: h.slot,
+        generation: h.generation.wrapping_add(1),
+    };
+    assert_eq!(KeyHandle::from_bits(stale.to_bits()), stale);
+    assert_eq!(g.try_spend(T0, stale, 1), Spend::UnknownKey);
+}

@@ -110,6 +110,24 @@ pub struct KeyHandle {
     pub(super) generation: u32,
 }
 
+impl KeyHandle {
+    /// The handle as one word, for a driver that caches it in an atomic (the `client` crate):
+    /// slot in the low half, generation in the high half.
+    pub fn to_bits(self) -> u64 {
+        u64::from(self.generation) << 32 | u64::from(self.slot)
+    }
+
+    /// A handle from [`KeyHandle::to_bits`]. Any word is safe to pass: a handle that names no
+    /// key (or a key since forgotten) is answered as unknown.
+    pub fn from_bits(bits: u64) -> Self {
+        KeyHandle {
+            // The two halves of a u64 each fit in u32.
+            slot: (bits & u64::from(u32::MAX)) as u32,
+            generation: (bits >> 32) as u32,
+        }
+    }
+}
+
 /// Names one lease request, so that its answer finds the key that asked, and an answer to a
 /// request the gateway no longer waits for is recognised as late.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

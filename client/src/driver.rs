@@ -1,0 +1,475 @@
+//! The driver task: everything that talks to the agent. Each round it sweeps every shard's
+//! gateway (`handle_timeout`), takes its messages (`poll_transmit`) and turns them into lease
+//! API calls: a lease request carries the key's refill (`top_up_lease_id`) and the leases
+//! waiting to be handed back (`returns`); the answers go back into the gateway. While the
+//! agent is unreachable every lease request is answered "unavailable" at once (the key's
+//! failure mode decides once its leases are spent) and the driver reconnects with capped
+//! exponential backoff and full jitter.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use allot_core::gateway::{
+    LeaseDenial, LeaseGrant, LeaseRelease, LeaseWanted, SettleDelta, ToAgent,
+};
+use allot_core::ids::LeaseId;
+use allot_proto::lease::v1 as pb;
+use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
+use tokio::sync::{Semaphore, watch};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backoff::Backoff;
+use crate::client::Shared;
+use crate::error::{Error, Result};
+use crate::target::Target;
+
+/// Most messages taken from the gateways per round; a round that reaches it runs again at once.
+const MAX_MESSAGES_PER_ROUND: usize = 1_024;
+
+/// Most hand-backs carried by one lease request (the agent's limit on `returns`).
+const MAX_RETURNS_PER_LEASE: usize = 64;
+
+pub(crate) type Conn = LeaseServiceClient<Channel>;
+
+pub(crate) fn check_address(address: &str) -> Result<()> {
+    endpoint(address, Duration::from_secs(1)).map(|_| ())
+}
+
+fn endpoint(address: &str, timeout: Duration) -> Result<Endpoint> {
+    Endpoint::from_shared(address.to_owned())
+        .map(|e| e.connect_timeout(timeout).timeout(timeout))
+        .map_err(|e| Error::Address {
+            address: address.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+struct Driver {
+    shared: Arc<Shared>,
+    conn: Option<Conn>,
+    backoff: Backoff,
+    next_connect_at: Instant,
+    in_flight: Arc<Semaphore>,
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let config = &shared.config;
+    let seed = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    )
+    .unwrap_or(1);
+    let mut driver = Driver {
+        backoff: Backoff::new(config.reconnect_base, config.reconnect_cap, seed),
+        in_flight: Arc::new(Semaphore::new(config.max_in_flight_rpcs)),
+        conn: None,
+        next_connect_at: Instant::now(),
+        shared: shared.clone(),
+    };
+    let tick = shared.config.gateway.sweep_interval;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = shared.wake_driver.notified() => {}
+            _ = tokio::time::sleep(tick) => {}
+        }
+        if *stop.borrow() {
+            break;
+        }
+        driver.round().await;
+    }
+    driver.give_back_all().await;
+}
+
+impl Driver {
+    async fn round(&mut self) {
+        self.ensure_connected().await;
+        let now = self.shared.now();
+        let mut messages = Vec::new();
+        for (index, shard) in self.shared.shards.iter().enumerate() {
+            let mut gateway = shard.lock();
+            gateway.handle_timeout(now);
+            while messages.len() < MAX_MESSAGES_PER_ROUND {
+                match gateway.poll_transmit(now) {
+                    Some(m) => messages.push((index, m)),
+                    None => break,
+                }
+            }
+        }
+        if messages.len() >= MAX_MESSAGES_PER_ROUND {
+            self.shared.wake_driver.notify_one();
+        }
+        let mut wanted = Vec::new();
+        for (shard, message) in messages {
+            match message {
+                ToAgent::LeaseWanted(w) => wanted.push((shard, w)),
+                ToAgent::Release(r) => self.shared.push_return(r),
+                ToAgent::Settle(s) => {
+                    let c = &self.shared.counters;
+                    let (counter, units) = match s.delta {
+                        SettleDelta::Refund { units } => (&c.unsent_refund_units, units),
+                        SettleDelta::Overage { units } => (&c.unsent_overage_units, units),
+                    };
+                    counter.fetch_add(units, Ordering::Relaxed);
+                }
+            }
+        }
+        for (shard, w) in wanted {
+            self.send_lease(shard, w).await;
+        }
+        self.send_releases().await;
+        self.send_slot_releases().await;
+    }
+
+    /// Slots whose guards were dropped.
+    async fn send_slot_releases(&mut self) {
+        let Some(conn) = self.conn.clone() else {
+            return;
+        };
+        loop {
+            let Some(slot_id) = self.shared.pending_slots().pop_front() else {
+                return;
+            };
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let shared = self.shared.clone();
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                release_slot_call(&shared, conn, slot_id).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Connects when there is no connection and the backoff allows.
+    async fn ensure_connected(&mut self) {
+        if self.conn.is_some() && !self.shared.connected.load(Ordering::Relaxed) {
+            // An RPC found the connection broken.
+            self.conn = None;
+            self.fail_connection();
+        }
+        if self.conn.is_some() || Instant::now() < self.next_connect_at {
+            return;
+        }
+        let config = &self.shared.config;
+        let connected = match endpoint(&config.agent, config.rpc_timeout) {
+            Ok(e) => e.connect().await.ok(),
+            Err(_) => None,
+        };
+        match connected {
+            Some(channel) => {
+                let conn = LeaseServiceClient::new(channel);
+                *self.shared.conn() = Some(conn.clone());
+                self.conn = Some(conn);
+                self.shared.connected.store(true, Ordering::Relaxed);
+                self.backoff.reset();
+            }
+            None => self.fail_connection(),
+        }
+    }
+
+    fn fail_connection(&mut self) {
+        self.shared.connected.store(false, Ordering::Relaxed);
+        *self.shared.conn() = None;
+        self.shared
+            .counters
+            .reconnects
+            .fetch_add(1, Ordering::Relaxed);
+        self.next_connect_at = Instant::now() + self.backoff.next_delay();
+    }
+
+    async fn send_lease(&mut self, shard: usize, w: LeaseWanted) {
+        let Some(conn) = self.conn.clone() else {
+            self.feed(shard, |g, now| g.handle_agent_unavailable(now, w.ticket));
+            return;
+        };
+        let returns: Vec<LeaseRelease> = {
+            let mut pending = self.shared.pending_returns();
+            let n = pending.len().min(MAX_RETURNS_PER_LEASE);
+            pending.drain(..n).collect()
+        };
+        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            lease_call(&shared, conn, shard, w, returns).await;
+            drop(permit);
+        });
+    }
+
+    /// Hand-backs that found no lease request to ride with go as Release calls.
+    async fn send_releases(&mut self) {
+        let Some(conn) = self.conn.clone() else {
+            return;
+        };
+        loop {
+            let Some(release) = self.shared.pending_returns().pop_front() else {
+                return;
+            };
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let shared = self.shared.clone();
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                release_call(&shared, conn, release).await;
+                drop(permit);
+            });
+        }
+    }
+
+    fn feed(
+        &self,
+        shard: usize,
+        f: impl FnOnce(&mut allot_core::gateway::Gateway, allot_core::time::Timestamp),
+    ) {
+        feed(&self.shared, shard, f);
+    }
+
+    /// Shutdown: waits for the calls in flight, then gives back every unused unit.
+    async fn give_back_all(mut self) {
+        let config = &self.shared.config;
+        let deadline = Instant::now() + config.shutdown_timeout;
+        let permits = u32::try_from(config.max_in_flight_rpcs).unwrap_or(u32::MAX);
+        let _ = tokio::time::timeout(
+            config.shutdown_timeout,
+            self.in_flight.acquire_many(permits),
+        )
+        .await;
+        let now = self.shared.now();
+        for shard in self.shared.shards.iter() {
+            let mut gateway = shard.lock();
+            gateway.release_all(now);
+            while let Some(m) = gateway.poll_transmit(now) {
+                if let ToAgent::Release(r) = m {
+                    self.shared.push_return(r);
+                }
+            }
+        }
+        self.ensure_connected().await;
+        let Some(conn) = self.conn.clone() else {
+            return;
+        };
+        while Instant::now() < deadline {
+            let Some(release) = self.shared.pending_returns().pop_front() else {
+                break;
+            };
+            release_call(&self.shared, conn.clone(), release).await;
+        }
+        while Instant::now() < deadline {
+            let Some(slot_id) = self.shared.pending_slots().pop_front() else {
+                break;
+            };
+            release_slot_call(&self.shared, conn.clone(), slot_id).await;
+        }
+    }
+}
+
+fn feed(
+    shared: &Shared,
+    shard: usize,
+    f: impl FnOnce(&mut allot_core::gateway::Gateway, allot_core::time::Timestamp),
+) {
+    let now = shared.now();
+    f(&mut shared.shards[shard].lock(), now);
+    shared.shards[shard].answered.notify_waiters();
+}
+
+/// Whether an RPC's failure says the connection is gone (rather than this call refused).
+fn connection_lost(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+async fn lease_call(
+    shared: &Shared,
+    mut conn: Conn,
+    shard: usize,
+    w: LeaseWanted,
+    returns: Vec<LeaseRelease>,
+) {
+    let config = &shared.config;
+    let Some(target) = Target::from_ids(&w.limit, &w.key) else {
+        feed(shared, shard, |g, now| {
+            g.handle_agent_unavailable(now, w.ticket)
+        });
+        return;
+    };
+    let request = pb::LeaseRequest {
+        target: Some(target.to_proto()),
+        units_wanted: w.units,
+        min_units: w.min_units,
+        ttl_ms: u64::try_from(config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+        idempotency_key: String::new(),
+        returns: returns
+            .iter()
+            .map(|r| pb::LeaseReturn {
+                lease_id: r.lease.0,
+                unused_units: r.units,
+            })
+            .collect(),
+        top_up_lease_id: w.refill.map_or(0, |l| l.0),
+    };
+    shared.counters.lease_rpcs.fetch_add(1, Ordering::Relaxed);
+    let answer = match tokio::time::timeout(config.rpc_timeout, conn.lease(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(status.code()),
+        Err(_) => Err(Code::DeadlineExceeded),
+    };
+    match answer {
+        Ok(response) => {
+            let max_lease_units = config.gateway.max_lease_units;
+            feed(shared, shard, |g, now| {
+                match lease_answer(response, max_lease_units) {
+                    Ok(grant) => g.handle_lease_granted(now, w.ticket, grant),
+                    Err(denial) => g.handle_lease_denied(now, w.ticket, denial),
+                }
+            });
+        }
+        Err(code) => {
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            if connection_lost(code) {
+                shared.connected.store(false, Ordering::Relaxed);
+                // The agent may not have seen them: send again (a return of an ended lease is
+                // skipped by the agent, so a second delivery changes nothing).
+                for r in returns {
+                    shared.push_return(r);
+                }
+            }
+            tracing::debug!(?code, "lease request failed");
+            feed(shared, shard, |g, now| {
+                g.handle_agent_unavailable(now, w.ticket)
+            });
+        }
+    }
+}
+
+/// The gateway's view of a lease answer.
+fn lease_answer(
+    response: pb::LeaseResponse,
+    max_lease_units: u64,
+) -> Result<LeaseGrant, LeaseDenial> {
+    let decision = response.decision.unwrap_or_default();
+    match response.lease {
+        Some(lease) if lease.units > 0 || lease.lease_id == 0 => {
+            // Lease 0: no rule, or an unlimited or disabled one; spend freely, in leases of
+            // the largest size so the key is asked about rarely.
+            let (units, remaining_units) = if lease.lease_id == 0 {
+                (max_lease_units, max_lease_units)
+            } else {
+                (lease.units, decision.remaining_units)
+            };
+            Ok(LeaseGrant {
+                lease: LeaseId(lease.lease_id),
+                units,
+                ttl: Duration::from_millis(lease.ttl_ms),
+                remaining_units,
+            })
+        }
+        _ => Err(LeaseDenial {
+            retry_after: Duration::from_millis(
+                decision
+                    .retry_after_ms
+                    .unwrap_or(decision.reset_after_ms)
+                    .max(1),
+            ),
+        }),
+    }
+}
+
+async fn release_call(shared: &Shared, mut conn: Conn, release: LeaseRelease) {
+    let request = pb::ReleaseRequest {
+        lease_id: release.lease.0,
+        unused_units: release.units,
+        idempotency_key: String::new(),
+    };
+    shared.counters.release_rpcs.fetch_add(1, Ordering::Relaxed);
+    let outcome = tokio::time::timeout(shared.config.rpc_timeout, conn.release(request)).await;
+    let code = match outcome {
+        Ok(Ok(_)) => return,
+        Ok(Err(status)) => status.code(),
+        Err(_) => Code::DeadlineExceeded,
+    };
+    // NOT_FOUND: the lease ended already (expired); nothing to give back.
+    if code == Code::NotFound {
+        return;
+    }
+    shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+    if connection_lost(code) {
+        shared.connected.store(false, Ordering::Relaxed);
+        shared.push_return(release);
+    }
+}
+
+async fn release_slot_call(shared: &Shared, mut conn: Conn, slot_id: u64) {
+    let request = pb::ReleaseSlotRequest { slot_id };
+    let outcome = tokio::time::timeout(shared.config.rpc_timeout, conn.release_slot(request)).await;
+    let code = match outcome {
+        // `released: false`: the slot's TTL ended it already.
+        Ok(Ok(_)) => return,
+        Ok(Err(status)) => status.code(),
+        Err(_) => Code::DeadlineExceeded,
+    };
+    shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+    if connection_lost(code) {
+        shared.connected.store(false, Ordering::Relaxed);
+        shared.push_slot_release(slot_id);
+    }
+}
+
+/// The agent's answer to a slot request.
+pub(crate) enum SlotAnswer {
+    /// Held (`slot_id` 0: the rule has no concurrency cap, nothing to release).
+    Acquired {
+        slot_id: u64,
+    },
+    Denied {
+        retry_after: Duration,
+    },
+    /// No connection, or the call failed.
+    Unreachable,
+}
+
+/// One AcquireSlot call, made by the spender's task (a slot is a network hop by nature: the
+/// agent counts slots across gateways).
+pub(crate) async fn acquire_slot(shared: &Shared, target: &Target) -> SlotAnswer {
+    let conn = shared.conn().clone();
+    let Some(mut conn) = conn else {
+        return SlotAnswer::Unreachable;
+    };
+    let request = pb::AcquireSlotRequest {
+        target: Some(target.to_proto()),
+        idempotency_key: String::new(),
+    };
+    match tokio::time::timeout(shared.config.rpc_timeout, conn.acquire_slot(request)).await {
+        Ok(Ok(response)) => {
+            let r = response.into_inner();
+            if r.acquired {
+                SlotAnswer::Acquired { slot_id: r.slot_id }
+            } else {
+                SlotAnswer::Denied {
+                    retry_after: Duration::from_millis(r.retry_after_ms.unwrap_or(1_000).max(1)),
+                }
+            }
+        }
+        Ok(Err(status)) => {
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            if connection_lost(status.code()) {
+                shared.connected.store(false, Ordering::Relaxed);
+            }
+            SlotAnswer::Unreachable
+        }
+        Err(_) => {
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            SlotAnswer::Unreachable
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The gateway library (`allot-client`) against a real `allot agent` on loopback: what it
+//! admits is what the agent granted, it asks the agent rarely, it outlives the agent on held
+//! units and then follows the failure mode, it reconnects, and it gives units back on shutdown.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_client::{Client, ClientConfig, Decision, FailureMode, Target};
+
+/// Longest any test waits for something that should happen promptly (the agent starting, the
+/// client reconnecting): a bound on a hang, not a timing claim.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One running agent; killed when dropped.
+struct Agent {
+    child: Child,
+    grpc: String,
+    http: String,
+}
+
+impl Agent {
+    /// Starts the agent on `grpc` (a fixed address, so a restart is found at the same place).
+    fn start(dir: &Path, grpc: &str) -> Agent {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_allot"))
+            .args(["agent", "--grpc", grpc, "--http", "127.0.0.1:0", "--data"])
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(dir.join("limits.yaml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the allot binary starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let line = BufReader::new(stdout)
+            .lines()
+            .next()
+            .and_then(|l| l.ok())
+            .unwrap_or_default();
+        let http = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("agent did not become ready: {line:?}"))
+            .to_owned();
+        Agent {
+            child,
+            grpc: grpc.to_owned(),
+            http,
+        }
+    }
+
+    fn metric(&self, line_prefix: &str) -> f64 {
+        let mut s = TcpStream::connect(&self.http).expect("admin HTTP");
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        )
+        .expect("send");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read");
+        body.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn scratch(test: &str, limits: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("client")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    std::fs::write(dir.join("limits.yaml"), limits).expect("config");
+    dir
+}
+
+/// A loopback address nothing listens on now (the agent binds it next).
+fn free_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").to_string()
+}
+
+fn config(agent: &Agent, lease_units: u64) -> ClientConfig {
+    let mut config = ClientConfig::new(format!("http://{}", agent.grpc));
+    config.gateway.initial_lease_units = lease_units;
+    config.gateway.max_lease_units = lease_units;
+    config
+}
+
+fn metric_of(name: &str, rule: &str) -> String {
+    format!("{name}{{rule=\"{rule}\"}}")
+}
+
+const QUOTA_100: &str = "\
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 100}
+";
+
+/// Spends one unit at a time until the agent has said no `DENIALS_TO_STOP` times.
+async fn spend_until_denied(client: Arc<Client>, key: Arc<allot_client::Key>) -> u64 {
+    const DENIALS_TO_STOP: u32 = 20;
+    let mut admitted = 0;
+    let mut denials = 0;
+    while denials < DENIALS_TO_STOP {
+        match client.spend(&key, 1).await {
+            Decision::Allowed => admitted += 1,
+            Decision::Denied { .. } => denials += 1,
+            other => panic!("the agent is up, yet {other:?}"),
+        }
+    }
+    admitted
+}
+
+/// Two tasks spend one key of quota 100 until the agent refuses. Before the spend path waited
+/// by time rather than by wake-ups, a spender that lost three races for the one-unit leases
+/// near the limit fell to the (open) failure mode while the agent was answering, and the
+/// client admitted 102 with 100 granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_admit_exactly_what_the_agent_granted() {
+    let dir = scratch("exact", QUOTA_100);
+    let agent = Agent::start(&dir, &free_address());
+    let client = Arc::new(Client::start(config(&agent, 30)).expect("client"));
+    let key = Arc::new(
+        client
+            .key(&Target::new("api").entry("user", "u1"))
+            .expect("key"),
+    );
+    let tasks: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(spend_until_denied(client.clone(), key.clone())))
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.expect("task");
+    }
+    let client = Arc::into_inner(client).expect("the tasks are done");
+    let client_stats = client.stats();
+    client.shutdown().await;
+    let granted = agent.metric(&metric_of("allot_lease_granted_units_total", "api/user"));
+    let returned = agent.metric(&metric_of("allot_lease_returned_units_total", "api/user"));
+    let stats = client_stats;
+    println!("admitted {admitted}, granted {granted}, returned {returned}, {stats:?}");
+    // Each admitted unit was granted, and every granted unit not admitted was given back:
+    // leases shrink to one unit near the limit, so the whole quota is spent.
+    assert_eq!(
+        admitted as f64,
+        granted - returned,
+        "granted {granted}, returned {returned}"
+    );
+    assert_eq!(admitted, 100);
+    assert_eq!((stats.failed_open, stats.failed_closed), (0, 0));
+}
+
+const QUOTA_LARGE: &str = "\
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000000}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_100_ask_the_agent_at_most_once_per_50_requests() {
+    const REQUESTS_PER_TASK: u64 = 2_500;
+    let dir = scratch("rpcs", QUOTA_LARGE);
+    let agent = Agent::start(&dir, &free_address());
+    let client = Arc::new(Client::start(config(&agent, 100)).expect("client"));
+    let key = Arc::new(
+        client
+            .key(&Target::new("api").entry("user", "hot"))
+            .expect("key"),
+    );
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, key) = (client.clone(), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..REQUESTS_PER_TASK {
+                    assert_eq!(client.spend(&key, 1).await, Decision::Allowed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let admitted = 2 * REQUESTS_PER_TASK;
+    let stats = client.stats();
+    let agent_grants = agent.metric(&metric_of("allot_lease_grants_total", "api/user"));
+    let client_rpcs = stats.lease_rpcs + stats.release_rpcs;
+    println!("admitted {admitted}, agent grants {agent_grants}, client RPCs {client_rpcs}");
+    assert!(
+        agent_grants * 50.0 <= admitted as f64,
+        "{agent_grants} grants"
+    );
+    assert!(client_rpcs * 50 <= admitted, "{client_rpcs} RPCs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_agent_held_units_spend_then_the_failure_mode_decides_until_it_returns() {
+    let dir = scratch("outage", QUOTA_LARGE);
+    let grpc = free_address();
+    let agent = Agent::start(&dir, &grpc);
+    let mut config = config(&agent, 100);
+    config.failure_mode = FailureMode::Closed;
+    config.reconnect_cap = Duration::from_millis(200);
+    let client = Client::start(config).expect("client");
+    let key = client
+        .key(&Target::new("api").entry("user", "u"))
+        .expect("key");
+    for _ in 0..10 {
+        assert_eq!(client.spend(&key, 1).await, Decision::Allowed);
+    }
+    let held = client.held_units(&key);
+    assert!(held > 0, "a lease is held");
+    agent.kill();
+
+    // Every held unit still spends, with no agent.
+    for i in 0..held {
+        assert_eq!(
+            client.spend(&key, 1).await,
+            Decision::Allowed,
+            "unit {i} of {held}"
+        );
+    }
+    // Then the failure mode (closed) refuses, and says so.
+    assert_eq!(
+        client.spend(&key, 1).await,
+        Decision::Unavailable { allowed: false }
+    );
+    assert!(client.stats().failed_closed >= 1);
+
+    // The agent comes back at the same address: the client reconnects and admits again.
+    let _agent = Agent::start(&dir, &grpc);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if client.spend(&key, 1).await == Decision::Allowed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reconnection: {:?}",
+            client.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(client.connected());
+    assert!(client.stats().reconnects >= 1);
+    client.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_gives_unused_units_back() {
+    let dir = scratch("shutdown", QUOTA_LARGE);
+    let agent = Agent::start(&dir, &free_address());
+    let client = Client::start(config(&agent, 100)).expect("client");
+    let key = client
+        .key(&Target::new("api").entry("user", "u"))
+        .expect("key");
+    for _ in 0..10 {
+        assert_eq!(client.spend(&key, 1).await, Decision::Allowed);
+    }
+    let held = client.held_units(&key);
+    assert!(held > 0);
+    client.shutdown().await;
+    let returned = agent.metric(&metric_of("allot_lease_returned_units_total", "api/user"));
+    assert_eq!(returned, held as f64);
+}
+
+const ONE_SLOT: &str = "\
+domain: jobs
+descriptors:
+  - key: worker
+    rate_limit: {unit: day, requests_per_unit: 1000}
+    allot:
+      concurrency: {max_slots: 1, slot_ttl: 30s}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_slot_guard_gives_the_slot_back() {
+    let dir = scratch("slots", ONE_SLOT);
+    let agent = Agent::start(&dir, &free_address());
+    let client = Client::start(config(&agent, 10)).expect("client");
+    let target = Target::new("jobs").entry("worker", "w1");
+    // The driver connects in the background: wait for it, so the first answer is the agent's.
+    let deadline = Instant::now() + PATIENCE;
+    while !client.connected() {
+        assert!(Instant::now() < deadline, "no connection");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let held = client.acquire_slot(&target).await.expect("the one slot");
+    assert!(
+        matches!(
+            client.acquire_slot(&target).await,
+            Err(Decision::Denied { .. })
+        ),
+        "a second slot while the first is held"
+    );
+    drop(held);
+    let deadline = Instant::now() + PATIENCE;
+    let again = loop {
+        if let Ok(guard) = client.acquire_slot(&target).await {
+            break guard;
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(again);
+    client.shutdown().await;
+}
