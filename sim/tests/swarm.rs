@@ -314,12 +314,12 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
 /// fit `ALLOT_SWARM_SECONDS` (default 120), from `ALLOT_SWARM_FIRST_SEED` (default 0). Every
 /// seed must hold; each failing one is printed with its replay command.
 ///
-/// Ignored until the restart mechanisms of issue 8 are fixed: 78 of the first 2,000 seeds
-/// fail, every one with an `agent_restore` or a `config_reload` (a restart from an old store,
-/// or an agent restarting after a reload; sim/swarm-findings/README.md). Run it with
+/// Ignored until the last mechanisms of issue 8 are fixed: 52 of the first 10,000 seeds
+/// fail, 45 of them with a `config_reload` and a region clock off by more than a window, 7
+/// with an `agent_restore` (sim/swarm-findings/README.md). Run it with
 /// `cargo test -p allot-sim --test swarm -- --ignored`; remove the attribute once it passes.
 #[test]
-#[ignore = "issue 8: restarts from old stores and after reloads still break invariants (sim/swarm-findings/)"]
+#[ignore = "issue 8: reloads with clocks off by more than a window, and some restores, still break invariants (sim/swarm-findings/)"]
 fn swarm_seeds_hold() {
     let env_u64 = |name: &str, default: u64| {
         std::env::var(name)
