@@ -328,10 +328,10 @@ async fn two_regions_share_quota_through_the_test_server_and_survive_its_outage(
         assert_eq!(agent.metric("allot_sync_connected"), Some(1.0));
     }
 
-    // Eventual: 40 of a's default 50 go through; 20 more are refused (past the default, no
-    // view yet), which reports the counter; with the view, a may use what b leaves.
+    // Eventual: 40 of a's default 50 go through; 20 more are refused until the coordinator
+    // knows the counter (reported on the refusal, or already on the projection of the 40);
+    // with the view, a may use what b leaves.
     assert!(a.acquire("shared", 40).await.allowed);
-    assert!(!a.acquire("shared", 20).await.allowed);
     let mut tries = 0;
     while !a.acquire("shared", 20).await.allowed {
         tries += 1;
@@ -349,9 +349,9 @@ async fn two_regions_share_quota_through_the_test_server_and_survive_its_outage(
     assert!(!b.acquire("shared", 41).await.allowed);
 
     // Strict: a's default is 30,000; demand beyond it grows a's allowance into the
-    // unassigned 40%.
+    // unassigned 40% (the 10,000 more are refused, unless the grow came first).
     assert!(a.acquire("strict", 30_000).await.allowed);
-    assert!(!a.acquire("strict", 10_000).await.allowed);
+    a.acquire("strict", 10_000).await;
     let grown = eventually(
         "a's strict allowance grows",
         || a.key("strict"),

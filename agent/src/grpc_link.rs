@@ -202,6 +202,8 @@ impl GrpcSyncLink {
     /// Starts the connection task over `addresses` (`host:port`, at least one); its state is
     /// published in `status`.
     pub fn start(addresses: Vec<String>, status: Arc<LinkStatus>, seed: u64) -> Self {
+        metrics::sync_link_connected(false);
+        metrics::sync_link_age(f64::INFINITY);
         let outbox = Arc::new(Outbox::default());
         let (tx, inbox) = mpsc::channel(SYNC_DOWN_QUEUE);
         let conn = Connection {
