@@ -25,6 +25,9 @@ pub mod lease {
 pub mod raft {
     pub mod v1 {
         tonic::include_proto!("allot.raft.v1");
+    }
+}
+
 pub mod sync {
     pub mod v1 {
         tonic::include_proto!("allot.sync.v1");

@@ -113,6 +113,7 @@ fn stats_to_wire(s: LimitWindowStats) -> pb::LimitWindowStats {
             fail_open_units: f.fail_open_units,
             settle_overage_units: f.settle_overage_units,
             peak_grant_units_per_sec: f.peak_grant_units_per_sec,
+            settle_clamped_units: f.settle_clamped_units,
         }),
     }
 }
@@ -256,6 +257,7 @@ fn stats_from_wire(s: pb::LimitWindowStats) -> Result<LimitWindowStats> {
             fail_open_units: f.fail_open_units,
             settle_overage_units: f.settle_overage_units,
             peak_grant_units_per_sec: f.peak_grant_units_per_sec,
+            settle_clamped_units: f.settle_clamped_units,
         },
     })
 }
