@@ -54,12 +54,14 @@ fn stats() -> impl Strategy<Value = LimitWindowStats> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
+        any::<u64>(),
     )
-        .prop_map(|(s, n, f, o, p)| BoundFigures {
+        .prop_map(|(s, n, f, o, p, c)| BoundFigures {
             time_open: Duration::new(s, n),
             fail_open_units: f,
             settle_overage_units: o,
             peak_grant_units_per_sec: p,
+            settle_clamped_units: c,
         });
     (name(), any::<u64>(), figures).prop_map(|(l, w, figures)| LimitWindowStats {
         limit: LimitId::new(l),
