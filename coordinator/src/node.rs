@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
 
 use crate::error::{Error, Result};
 use crate::network::{GrpcNetwork, RaftGrpcService};
@@ -41,6 +42,16 @@ impl RaftNode {
     /// Opens the storage in `settings.data_dir` (recovering what a previous run left), starts
     /// raft and serves it on `listener`.
     pub async fn start(settings: NodeSettings, listener: TcpListener) -> Result<RaftNode> {
+        Self::start_with(settings, listener, |_, _| Routes::default()).await
+    }
+
+    /// As [`RaftNode::start`], serving beside raft the services `extra` builds from the raft
+    /// handle and the state reader (the daemon's sync stream).
+    pub async fn start_with(
+        settings: NodeSettings,
+        listener: TcpListener,
+        extra: impl FnOnce(&Raft<TypeConfig>, &StateReader) -> Routes,
+    ) -> Result<RaftNode> {
         let (log_store, state_machine) = store::open(&settings.data_dir)?;
         let state = state_machine.reader();
         let cluster = settings.raft.cluster_name.clone();
@@ -63,8 +74,9 @@ impl RaftNode {
             // back behind the peer's delayed acknowledgement.
             conn.and_then(|s| s.set_nodelay(true).map(|()| s))
         });
+        let routes = extra(&raft, &state).add_service(service);
         let server = tonic::transport::Server::builder()
-            .add_service(service)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });

@@ -42,7 +42,9 @@ pub enum ClusterCommand {
     /// changes do not ride in a round: they are [`ClusterCommand::PutLimits`] and the
     /// membership commands.
     Round(Vec<TableCommand>),
-    /// A new limits configuration. `version` must be above the current one.
+    /// A new limits configuration. `version` must be above the current one. Every region a
+    /// limit's weights name becomes a member (default weight) at the same version, as agents
+    /// take the deployment's regions from the same limits.
     PutLimits {
         version: u64,
         limits: Vec<LimitSpec>,
@@ -218,7 +220,18 @@ impl ClusterState {
                 limits: limits.len(),
             });
         }
-        self.configure(version, limits, self.regions.clone())
+        let mut regions = self.regions.clone();
+        for region in named_regions(&limits) {
+            regions
+                .entry(region)
+                .or_insert(RegionMember { weight_ppm: None });
+        }
+        if regions.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: regions.len(),
+            });
+        }
+        self.configure(version, limits, regions)
     }
 
     fn add_region(
@@ -294,6 +307,15 @@ impl ClusterState {
         }
         Ok(CommandOutcome::ClocksRecorded)
     }
+}
+
+/// Every region some limit's weights name: the deployment's regions as an agent computes
+/// them from the same limits (they join with the default weight, at the put's version).
+fn named_regions(limits: &[LimitSpec]) -> std::collections::BTreeSet<RegionId> {
+    limits
+        .iter()
+        .flat_map(|l| l.weights.iter().map(|(r, _)| r.clone()))
+        .collect()
 }
 
 /// The limits the table enforces: a limit that names its own weights keeps them; one that

@@ -1,0 +1,196 @@
+//! Who answers an agent: the [`RaftSyncHandler`] hands a SyncUp to the leader's rebalancer
+//! task when this node runs one, and otherwise answers with the leader's address (from the
+//! raft membership: nodes serve raft and sync on the same gRPC address). [`supervise`]
+//! starts the rebalancer when this node becomes leader and drops it when it stops leading.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use allot_core::rebalance::CoordinatorConfig;
+use allot_core::sync::SyncUp;
+use allot_core::time::Timestamp;
+use openraft::{Raft, ServerState};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader};
+use crate::daemon::metrics as m;
+use crate::store::StateReader;
+use crate::sync_service::{Answer, SyncHandler};
+use crate::types::TypeConfig;
+
+/// How often the supervisor looks again without a raft change (to restart a rebalancer that
+/// ended while this node still leads).
+const SUPERVISE_EVERY: Duration = Duration::from_millis(250);
+
+/// Longest a new leader waits to confirm its leadership and apply every earlier entry before
+/// building its rebalancer; it tries again after.
+const LEADER_START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The queue of the running rebalancer task, with its term; empty when none runs.
+#[derive(Default)]
+pub struct LeaderSlot(Mutex<Option<(u64, mpsc::Sender<Job>)>>);
+
+impl LeaderSlot {
+    pub fn sender(&self) -> Option<mpsc::Sender<Job>> {
+        self.lock().as_ref().map(|(_, tx)| tx.clone())
+    }
+
+    fn set(&self, term: u64, tx: mpsc::Sender<Job>) {
+        *self.lock() = Some((term, tx));
+    }
+
+    /// Empties the slot if it still holds `term`'s queue (or any, with `None`).
+    fn clear(&self, term: Option<u64>) {
+        let mut slot = self.lock();
+        if term.is_none() || slot.as_ref().map(|(t, _)| *t) == term {
+            *slot = None;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, mpsc::Sender<Job>)>> {
+        // The slot is one assignment: a panic elsewhere cannot leave it half-set.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The sync stream's handler on a raft node.
+pub struct RaftSyncHandler {
+    raft: Raft<TypeConfig>,
+    slot: Arc<LeaderSlot>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl RaftSyncHandler {
+    pub fn new(
+        raft: Raft<TypeConfig>,
+        slot: Arc<LeaderSlot>,
+        stopping: watch::Receiver<bool>,
+    ) -> Self {
+        RaftSyncHandler {
+            raft,
+            slot,
+            stopping,
+        }
+    }
+
+    /// The answer of a node whose rebalancer cannot take the SyncUp: the leader's address,
+    /// or none if this node leads (its rebalancer is starting: the agent retries).
+    fn not_leading(&self) -> Answer {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        match m.current_leader {
+            Some(leader) if leader == m.id => {
+                metrics::counter!(m::SYNC_UPS_DROPPED).increment(1);
+                Answer::Unanswered
+            }
+            leader => {
+                metrics::counter!(m::NOT_LEADER_ANSWERS).increment(1);
+                let address = leader.and_then(|id| {
+                    let membership = m.membership_config.membership();
+                    membership.get_node(&id).map(|n| n.addr.clone())
+                });
+                Answer::NotLeader(address)
+            }
+        }
+    }
+}
+
+impl SyncHandler for RaftSyncHandler {
+    async fn handle(&self, received_at: Timestamp, up: SyncUp) -> Answer {
+        metrics::counter!(m::SYNC_UPS).increment(1);
+        if *self.stopping.borrow() {
+            return Answer::Refused("this coordinator node is stopping".to_owned());
+        }
+        let Some(jobs) = self.slot.sender() else {
+            return self.not_leading();
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Sync {
+            received_at,
+            up,
+            reply,
+        };
+        match jobs.try_send(job) {
+            Ok(()) => answer.await.unwrap_or_else(|_| self.not_leading()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!(m::SYNC_UPS_DROPPED).increment(1);
+                Answer::Unanswered
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => self.not_leading(),
+        }
+    }
+}
+
+/// Runs the rebalancer while this node leads: started for each term it is elected in,
+/// dropped (and its queue with it) as soon as raft says it no longer leads, until `stop`.
+pub async fn supervise(
+    raft: Raft<TypeConfig>,
+    state: StateReader,
+    slot: Arc<LeaderSlot>,
+    cfg: CoordinatorConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut metrics = raft.metrics();
+    let mut running: Option<(u64, JoinHandle<()>)> = None;
+    loop {
+        let (id, state_now, leader, term) = {
+            let m = metrics.borrow_and_update();
+            (m.id, m.state, m.current_leader, m.current_term)
+        };
+        metrics::gauge!(m::TERM).set(term as f64);
+        let leading = state_now == ServerState::Leader && leader == Some(id);
+        let current = running
+            .as_ref()
+            .is_some_and(|(t, h)| *t == term && !h.is_finished());
+        if !(leading && current) {
+            if let Some((t, h)) = running.take() {
+                h.abort();
+                slot.clear(Some(t));
+            }
+        }
+        if leading && !current {
+            let task = lead(raft.clone(), state.clone(), slot.clone(), cfg.clone(), term);
+            running = Some((term, tokio::spawn(task)));
+        }
+        metrics::gauge!(m::IS_LEADER).set(if leading { 1.0 } else { 0.0 });
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep(SUPERVISE_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    if let Some((_, h)) = running {
+        h.abort();
+    }
+    slot.clear(None);
+}
+
+/// One term's rebalancer: built once every earlier entry is applied, served until it ends.
+async fn lead(
+    raft: Raft<TypeConfig>,
+    state: StateReader,
+    slot: Arc<LeaderSlot>,
+    cfg: CoordinatorConfig,
+    term: u64,
+) {
+    match tokio::time::timeout(LEADER_START_TIMEOUT, raft.ensure_linearizable()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return tracing::info!(term, error = %e, "not leading after all"),
+        Err(_) => return tracing::warn!(term, "leadership not confirmed in time; retrying"),
+    }
+    let leader = Leader::new(raft, &state, cfg, term);
+    let (tx, rx) = mpsc::channel(JOB_QUEUE);
+    slot.set(term, tx);
+    tracing::info!(term, "leading: the rebalancer runs");
+    let ended = leader.run(rx).await;
+    slot.clear(Some(term));
+    match ended {
+        Ended::Diverged(why) => {
+            metrics::counter!(m::REBUILDS).increment(1);
+            tracing::error!(term, why, "the rebalancer's table left the replicated one: rebuilding it");
+        }
+        Ended::Lost(why) => tracing::info!(term, why, "leadership lost: rebalancer dropped"),
+        Ended::Closed => {}
+    }
+}
