@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use allot_proto::raft::v1::raft_service_server::RaftServiceServer;
 use openraft::{Config, Raft};
@@ -19,6 +20,9 @@ use crate::network::{GrpcNetwork, RaftGrpcService};
 use crate::raft_config::MAX_RAFT_MESSAGE_BYTES;
 use crate::store::{self, StateReader};
 use crate::types::{NodeId, TypeConfig};
+
+/// Longest a stopping node waits for its open streams to end before closing them.
+pub const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a node is started with.
 #[derive(Debug)]
@@ -93,10 +97,16 @@ impl RaftNode {
     pub async fn shutdown(self) -> Result<()> {
         let stopped = self.raft.shutdown().await;
         let _ = self.stop.send(true);
-        let served = self
-            .server
-            .await
-            .map_err(|e| Error::Raft(format!("raft server task: {e}")))?;
+        let mut server = self.server;
+        let served = match tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await {
+            Ok(joined) => joined.map_err(|e| Error::Raft(format!("raft server task: {e}")))?,
+            Err(_) => {
+                // A stream that neither ends nor sends (until its idle timeout) must not hold
+                // the node: its connections go with the task.
+                server.abort();
+                Ok(())
+            }
+        };
         served.map_err(|e| Error::Raft(format!("raft server: {e}")))?;
         stopped.map_err(|e| Error::Raft(format!("raft shutdown: {e}")))
     }

@@ -457,6 +457,27 @@ mod tests {
         assert_eq!(state.table().config_version(), 11);
     }
 
+    /// An agent takes the deployment's regions from its limits' weights; a put makes the
+    /// same regions members at the put's own version, so both ends agree on version and shares.
+    #[test]
+    fn a_limits_put_makes_the_regions_its_weights_name_members_at_its_version() {
+        let mut state = ClusterState::default();
+        let mut spec = LimitSpec::simple("api", QUOTA_UNITS, Duration::from_secs(60));
+        let ppm = [(region("eu"), 300_000), (region("us"), 300_000)].into();
+        spec.weights = RegionWeights::new(ppm).expect("weights");
+        let put = ClusterCommand::PutLimits {
+            version: 1,
+            limits: vec![spec],
+        };
+        assert_eq!(
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(1)
+        );
+        assert_eq!(state.table().regions(), [region("eu"), region("us")]);
+        assert_eq!(state.table().allowance(&counter(), &region("eu")), 270);
+        assert!(state.regions().values().all(|m| m.weight_ppm.is_none()));
+    }
+
     #[test]
     fn a_round_above_the_quota_is_refused_by_the_table_and_changes_nothing() {
         let mut state = two_regions();

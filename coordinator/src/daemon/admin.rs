@@ -94,7 +94,11 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
     let mut s = raft_status(&admin);
     let mut heard: BTreeMap<RegionId, RegionHeard> = BTreeMap::new();
     if let Some(l) = leader {
-        heard = l.regions.into_iter().map(|r| (r.region.clone(), r)).collect();
+        heard = l
+            .regions
+            .into_iter()
+            .map(|r| (r.region.clone(), r))
+            .collect();
         s.limits = Some(l.limits);
         s.limits_left_out = l.limits_left_out;
     }
@@ -160,5 +164,8 @@ async fn leader_status(admin: &Admin) -> Option<LeaderStatus> {
     let jobs = admin.slot.sender()?;
     let (reply, answer) = oneshot::channel();
     jobs.try_send(Job::Status { reply }).ok()?;
-    tokio::time::timeout(STATUS_TIMEOUT, answer).await.ok()?.ok()
+    tokio::time::timeout(STATUS_TIMEOUT, answer)
+        .await
+        .ok()?
+        .ok()
 }

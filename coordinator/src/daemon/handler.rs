@@ -188,7 +188,11 @@ async fn lead(
     match ended {
         Ended::Diverged(why) => {
             metrics::counter!(m::REBUILDS).increment(1);
-            tracing::error!(term, why, "the rebalancer's table left the replicated one: rebuilding it");
+            tracing::error!(
+                term,
+                why,
+                "the rebalancer's table left the replicated one: rebuilding it"
+            );
         }
         Ended::Lost(why) => tracing::info!(term, why, "leadership lost: rebalancer dropped"),
         Ended::Closed => {}

@@ -195,7 +195,10 @@ impl Leader {
         metrics::counter!(m::ROUNDS).increment(1);
         metrics::counter!(m::ROUND_COMMANDS).increment(cmds.len() as u64);
         let CommandOutcome::Round(outcomes) = written.data else {
-            return Err(Ended::Diverged(format!("a round answered {:?}", written.data)));
+            return Err(Ended::Diverged(format!(
+                "a round answered {:?}",
+                written.data
+            )));
         };
         self.apply_round(&cmds, outcomes)
     }

@@ -1,6 +1,6 @@
 //! The daemon's Prometheus metrics: names, help texts and the process-wide recorder.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -19,21 +19,28 @@ pub const REJECTED_COMMANDS: &str = "allot_coordinator_rejected_commands_total";
 pub const COMMIT_SECONDS: &str = "allot_coordinator_commit_seconds";
 pub const REBUILDS: &str = "allot_coordinator_rebalancer_rebuilds_total";
 
-/// Installs the process-wide Prometheus recorder (once; later calls get the same handle).
+/// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
+/// same handle).
 pub fn install() -> Result<PrometheusHandle> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(h) = HANDLE.get() {
+    static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    // Held only to install once; a panic inside cannot leave a half-installed recorder.
+    let mut slot = HANDLE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = slot.as_ref() {
         return Ok(h.clone());
     }
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| Error::Config(format!("metrics recorder: {e}")))?;
     describe();
-    Ok(HANDLE.get_or_init(|| handle).clone())
+    *slot = Some(handle.clone());
+    Ok(handle)
 }
 
 fn describe() {
-    describe_gauge!(IS_LEADER, "1 while this node leads and runs the rebalancer.");
+    describe_gauge!(
+        IS_LEADER,
+        "1 while this node leads and runs the rebalancer."
+    );
     describe_gauge!(TERM, "This node's raft term.");
     describe_counter!(SYNC_UPS, "SyncUps received from agents.");
     describe_counter!(
@@ -48,7 +55,10 @@ fn describe() {
         REFUSED_SYNC_UPS,
         "SyncUps refused (a region the table does not know); the stream ends."
     );
-    describe_counter!(ROUNDS, "Rebalancing rounds committed through raft (one entry each).");
+    describe_counter!(
+        ROUNDS,
+        "Rebalancing rounds committed through raft (one entry each)."
+    );
     describe_counter!(ROUND_COMMANDS, "Table commands committed in rounds.");
     describe_counter!(
         REJECTED_COMMANDS,

@@ -155,10 +155,15 @@ fn initial_members(
     grpc_addr: SocketAddr,
 ) -> Result<BTreeMap<NodeId, BasicNode>> {
     if peers.is_empty() {
-        return Ok(BTreeMap::from([(id, BasicNode::new(grpc_addr.to_string()))]));
+        return Ok(BTreeMap::from([(
+            id,
+            BasicNode::new(grpc_addr.to_string()),
+        )]));
     }
     if !peers.contains_key(&id) {
-        return Err(Error::Config(format!("--peers does not name this node's id {id}")));
+        return Err(Error::Config(format!(
+            "--peers does not name this node's id {id}"
+        )));
     }
     Ok(peers
         .iter()
