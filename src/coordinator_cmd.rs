@@ -146,7 +146,12 @@ pub fn status(args: StatusArgs) -> ExitCode {
     let status = match read {
         Ok(Ok(v)) => v,
         Ok(Err(msg)) => return fail(2, &msg),
-        Err(_) => return fail(2, &format!("{}: no answer in {STATUS_TIMEOUT:?}", args.coordinator)),
+        Err(_) => {
+            return fail(
+                2,
+                &format!("{}: no answer in {STATUS_TIMEOUT:?}", args.coordinator),
+            );
+        }
     };
     if args.json {
         println!("{status}");
@@ -185,13 +190,19 @@ async fn get_json(addr: &str, path: &str) -> Result<Value, String> {
 fn summary(s: &Value) -> String {
     let mut out = format!(
         "node {} ({}), term {}, leader {} at {}\nmembers:",
-        s["node"], s["state"].as_str().unwrap_or("?"), s["term"], s["leader"],
+        s["node"],
+        s["state"].as_str().unwrap_or("?"),
+        s["term"],
+        s["leader"],
         s["leader_address"].as_str().unwrap_or("unknown"),
     );
     for m in s["members"].as_array().into_iter().flatten() {
         out += &format!(" {}={}", m["id"], m["address"].as_str().unwrap_or("?"));
     }
-    out += &format!("\nconfiguration version {}\nregions:\n", s["config_version"]);
+    out += &format!(
+        "\nconfiguration version {}\nregions:\n",
+        s["config_version"]
+    );
     for r in s["regions"].as_array().into_iter().flatten() {
         out += &region_line(r);
     }
@@ -214,7 +225,10 @@ fn region_line(r: &Value) -> String {
     }
     format!(
         "  {name}: heard {} ms ago, clock offset {} ns, round trip {} ms, view expired {}, config version {}\n",
-        r["sync_lag_ms"], r["clock_offset_nanos"], r["round_trip_ms"], r["view_expired"],
+        r["sync_lag_ms"],
+        r["clock_offset_nanos"],
+        r["round_trip_ms"],
+        r["view_expired"],
         r["config_version"],
     )
 }
@@ -230,7 +244,11 @@ fn bound_line(b: &Value) -> String {
         .flatten()
         .map(|t| format!("{}={}", t["name"].as_str().unwrap_or("?"), t["units"]))
         .collect();
-    format!("  {limit}: {} units ({})\n", b["total_units"], terms.join(", "))
+    format!(
+        "  {limit}: {} units ({})\n",
+        b["total_units"],
+        terms.join(", ")
+    )
 }
 
 fn fail(code: u8, msg: &str) -> ExitCode {
