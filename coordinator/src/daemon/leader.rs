@@ -17,6 +17,7 @@ use allot_core::rebalance::{Bound, Coordinator, CoordinatorConfig, TableCommand}
 use allot_core::sync::SyncUp;
 use allot_core::time::Timestamp;
 use openraft::Raft;
+use openraft::raft::ClientWriteResponse;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
@@ -30,6 +31,11 @@ use crate::types::TypeConfig;
 /// unanswered (counted); the agent's next SyncUp carries everything again. With at most
 /// `MAX_REGIONS` (64) agents syncing every interval, this is four intervals of every agent.
 pub const JOB_QUEUE: usize = 256;
+
+/// Longest a commit may take before this leader gives its rebalancer up (a leader cut off
+/// from its quorum keeps its role until it hears a newer term; agents meanwhile go to the
+/// other nodes after their own answer timeout).
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most limits whose bound one status answer carries.
 pub const MAX_STATUS_LIMITS: usize = 1_000;
@@ -186,11 +192,7 @@ impl Leader {
             return Ok(());
         }
         let started = Instant::now();
-        let written = self
-            .raft
-            .client_write(ClusterCommand::Round(cmds.clone()))
-            .await
-            .map_err(|e| Ended::Lost(e.to_string()))?;
+        let written = self.commit(ClusterCommand::Round(cmds.clone())).await?;
         metrics::histogram!(m::COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         metrics::counter!(m::ROUNDS).increment(1);
         metrics::counter!(m::ROUND_COMMANDS).increment(cmds.len() as u64);
@@ -230,13 +232,19 @@ impl Leader {
         Ok(())
     }
 
+    /// Commits one entry. A failure or a commit slower than [`COMMIT_TIMEOUT`] ends the
+    /// task: the entry may still commit later, so the rebalancer cannot know its table.
+    async fn commit(&self, cmd: ClusterCommand) -> Result<ClientWriteResponse<TypeConfig>, Ended> {
+        match tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(cmd)).await {
+            Ok(Ok(written)) => Ok(written),
+            Ok(Err(e)) => Err(Ended::Lost(e.to_string())),
+            Err(_) => Err(Ended::Lost(format!("no commit in {COMMIT_TIMEOUT:?}"))),
+        }
+    }
+
     /// A configuration change, committed; its `SetConfig` goes to the rebalancer's table.
     async fn write(&mut self, cmd: ClusterCommand) -> Result<CommandOutcome, Ended> {
-        let written = self
-            .raft
-            .client_write(cmd)
-            .await
-            .map_err(|e| Ended::Lost(e.to_string()))?;
+        let written = self.commit(cmd).await?;
         if let CommandOutcome::Configured { set_config, .. } = &written.data {
             let mine = self.coordinator.handle_committed(system_now(), set_config);
             if !mine.is_applied() {
