@@ -143,11 +143,11 @@ pub async fn supervise(
         let current = running
             .as_ref()
             .is_some_and(|(t, h)| *t == term && !h.is_finished());
-        if !(leading && current) {
-            if let Some((t, h)) = running.take() {
-                h.abort();
-                slot.clear(Some(t));
-            }
+        if !(leading && current)
+            && let Some((t, h)) = running.take()
+        {
+            h.abort();
+            slot.clear(Some(t));
         }
         if leading && !current {
             let task = lead(raft.clone(), state.clone(), slot.clone(), cfg.clone(), term);
