@@ -212,11 +212,23 @@ async fn a_single_node_grants_only_what_it_committed_and_reports_the_region() {
         bound["terms"].as_array().is_some_and(|t| !t.is_empty()),
         "{status}"
     );
+    // An agent on another configuration version is answered, and counted.
+    let mut other = up("a", 100);
+    other.config_version = 2;
+    assert!(matches!(
+        send(addr, other).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
     let metrics = http_get(d.http_addr(), "/metrics");
     assert!(
         metrics.contains("allot_coordinator_rounds_total"),
         "{metrics}"
     );
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("allot_coordinator_other_version_sync_ups_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(counted >= Some(1.0), "{metrics}");
     d.shutdown().await.expect("stops");
 }
 

@@ -170,6 +170,10 @@ impl Leader {
             metrics::counter!(m::REFUSED_SYNC_UPS).increment(1);
             return Ok(Answer::Refused(e.to_string()));
         }
+        if heard.config_version != self.coordinator.table().config_version() {
+            // Nothing is planned until every region runs the table's version (D19).
+            metrics::counter!(m::OTHER_VERSION_SYNC_UPS).increment(1);
+        }
         self.heard.insert(region.clone(), heard);
         self.commit_proposals().await?;
         if self.coordinator.has_uncommitted_proposals() {

@@ -13,6 +13,7 @@ pub const SYNC_UPS: &str = "allot_coordinator_sync_ups_total";
 pub const SYNC_UPS_DROPPED: &str = "allot_coordinator_sync_ups_dropped_total";
 pub const NOT_LEADER_ANSWERS: &str = "allot_coordinator_not_leader_answers_total";
 pub const REFUSED_SYNC_UPS: &str = "allot_coordinator_refused_sync_ups_total";
+pub const OTHER_VERSION_SYNC_UPS: &str = "allot_coordinator_other_version_sync_ups_total";
 pub const ROUNDS: &str = "allot_coordinator_rounds_total";
 pub const ROUND_COMMANDS: &str = "allot_coordinator_round_commands_total";
 pub const REJECTED_COMMANDS: &str = "allot_coordinator_rejected_commands_total";
