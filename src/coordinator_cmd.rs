@@ -206,6 +206,10 @@ fn summary(s: &Value) -> String {
     for r in s["regions"].as_array().into_iter().flatten() {
         out += &region_line(r);
     }
+    out += "escalated counters:\n";
+    for c in s["counters"].as_array().into_iter().flatten() {
+        out += &counter_line(c);
+    }
     match s["limits"].as_array() {
         None => out += "bounds: ask the leader\n",
         Some(limits) => {
@@ -230,6 +234,26 @@ fn region_line(r: &Value) -> String {
         r["round_trip_ms"],
         r["view_expired"],
         r["config_version"],
+    )
+}
+
+fn counter_line(c: &Value) -> String {
+    let counter = &c["counter"];
+    let rows: Vec<String> = c["regions"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(region, row)| match row["used_units"].as_u64() {
+            Some(used) => format!("{region}={} (used {used})", row["allowance_units"]),
+            None => format!("{region}={}", row["allowance_units"]),
+        })
+        .collect();
+    format!(
+        "  {} {} window {}: {}\n",
+        counter["limit"].as_str().unwrap_or("?"),
+        counter["key"].as_str().unwrap_or("?"),
+        counter["window"],
+        rows.join(", ")
     )
 }
 

@@ -19,7 +19,9 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::daemon::handler::LeaderSlot;
-use crate::daemon::leader::{Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT};
+use crate::daemon::leader::{
+    CounterStatus, Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT, counters_status,
+};
 use crate::store::StateReader;
 use crate::sync_service::system_now;
 use crate::types::{NodeId, TypeConfig};
@@ -81,9 +83,13 @@ struct Status {
     leader: Option<NodeId>,
     leader_address: Option<String>,
     members: Vec<Member>,
+    last_log_index: Option<u64>,
     last_applied_index: Option<u64>,
     config_version: u64,
     regions: Vec<RegionStatus>,
+    /// Rows of the committed table per escalated counter (the first `MAX_STATUS_COUNTERS`),
+    /// with each region's use on the leader.
+    counters: Vec<CounterStatus>,
     /// The live bound per limit; on the leader only (followers name the leader instead).
     limits: Option<Vec<crate::daemon::leader::LimitBound>>,
     limits_left_out: usize,
@@ -100,6 +106,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
             .map(|r| (r.region.clone(), r))
             .collect();
         s.limits = Some(l.limits);
+        s.counters = l.counters;
         s.limits_left_out = l.limits_left_out;
     }
     let now_ms = system_now().as_unix_millis();
@@ -131,7 +138,7 @@ fn raft_status(admin: &Admin) -> Status {
     let leader_address = m
         .current_leader
         .and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
-    let (config_version, regions) = admin.state.read(|a| {
+    let (config_version, regions, counters) = admin.state.read(|a| {
         let regions = a
             .state
             .regions()
@@ -142,7 +149,8 @@ fn raft_status(admin: &Admin) -> Status {
                 heard: None,
             })
             .collect();
-        (a.state.table().config_version(), regions)
+        let counters = counters_status(a.state.table(), |_, _| None);
+        (a.state.table().config_version(), regions, counters)
     });
     Status {
         node: m.id,
@@ -151,9 +159,11 @@ fn raft_status(admin: &Admin) -> Status {
         leader: m.current_leader,
         leader_address,
         members,
+        last_log_index: m.last_log_index,
         last_applied_index: m.last_applied.map(|l| l.index),
         config_version,
         regions,
+        counters,
         limits: None,
         limits_left_out: 0,
     }

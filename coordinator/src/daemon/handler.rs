@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader};
 use crate::daemon::metrics as m;
+use crate::state::ClusterCommand;
 use crate::store::StateReader;
 use crate::sync_service::{Answer, SyncHandler};
 use crate::types::TypeConfig;
@@ -23,8 +24,8 @@ use crate::types::TypeConfig;
 /// ended while this node still leads).
 const SUPERVISE_EVERY: Duration = Duration::from_millis(250);
 
-/// Longest a new leader waits to confirm its leadership and apply every earlier entry before
-/// building its rebalancer; it tries again after.
+/// Longest a new leader waits for its start entry to commit before building its rebalancer;
+/// it tries again after.
 const LEADER_START_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The queue of the running rebalancer task, with its term; empty when none runs.
@@ -166,7 +167,10 @@ pub async fn supervise(
     slot.clear(None);
 }
 
-/// One term's rebalancer: built once every earlier entry is applied, served until it ends.
+/// One rebalancer: it commits an entry of its own first (an empty round), so that, once that
+/// answers, the applied state holds every entry committed before (also after a restart in
+/// which this node leads again in its old term and appends no blank entry of its own: the
+/// whole-cluster restart test caught a rebalancer built one committed grow short that way).
 async fn lead(
     raft: Raft<TypeConfig>,
     state: StateReader,
@@ -174,15 +178,20 @@ async fn lead(
     cfg: CoordinatorConfig,
     term: u64,
 ) {
-    match tokio::time::timeout(LEADER_START_TIMEOUT, raft.ensure_linearizable()).await {
-        Ok(Ok(_)) => {}
+    let start = tokio::time::timeout(
+        LEADER_START_TIMEOUT,
+        raft.client_write(ClusterCommand::Round(Vec::new())),
+    );
+    let start_index = match start.await {
+        Ok(Ok(written)) => written.log_id.index,
         Ok(Err(e)) => return tracing::info!(term, error = %e, "not leading after all"),
-        Err(_) => return tracing::warn!(term, "leadership not confirmed in time; retrying"),
-    }
-    let leader = Leader::new(raft, &state, cfg, term);
+        Err(_) => return tracing::warn!(term, "no quorum to start leading; retrying"),
+    };
+    let leader_term = rebalancer_term(term, start_index);
+    tracing::info!(term, start_index, "leading: the rebalancer runs");
+    let leader = Leader::new(raft, &state, cfg, leader_term);
     let (tx, rx) = mpsc::channel(JOB_QUEUE);
     slot.set(term, tx);
-    tracing::info!(term, "leading: the rebalancer runs");
     let ended = leader.run(rx).await;
     slot.clear(Some(term));
     match ended {
@@ -197,4 +206,13 @@ async fn lead(
         Ended::Lost(why) => tracing::info!(term, why, "leadership lost: rebalancer dropped"),
         Ended::Closed => {}
     }
+}
+
+/// The rebalancer's `leader_term`: the raft term above, the index of its start entry below.
+/// It grows with every rebalancer, also within one raft term (a node restarted with its own
+/// committed vote leads again in the same term; a rebuilt rebalancer), so agents resend
+/// everything to each new one. A start entry is committed after every earlier one, so its
+/// index is above every earlier rebalancer's.
+pub fn rebalancer_term(raft_term: u64, start_index: u64) -> u64 {
+    (raft_term << 32) | (start_index & u64::from(u32::MAX))
 }

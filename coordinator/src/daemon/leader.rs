@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::Quota;
-use allot_core::rebalance::{Bound, Coordinator, CoordinatorConfig, TableCommand};
-use allot_core::sync::SyncUp;
+use allot_core::rebalance::{AllowanceTable, Bound, Coordinator, CoordinatorConfig, TableCommand};
+use allot_core::sync::{CounterRef, SyncUp};
 use allot_core::time::Timestamp;
 use openraft::Raft;
 use openraft::raft::ClientWriteResponse;
@@ -82,6 +82,49 @@ pub struct RegionHeard {
     pub config_version: u64,
 }
 
+/// Most escalated counters one status answer lists.
+pub const MAX_STATUS_COUNTERS: usize = 100;
+
+/// One escalated counter: per region its row and, on the leader, its use as last reported.
+#[derive(Clone, Debug, Serialize)]
+pub struct CounterStatus {
+    pub counter: CounterRef,
+    pub regions: BTreeMap<RegionId, RowStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RowStatus {
+    pub allowance_units: u64,
+    /// A release asked of the region and not yet acknowledged.
+    pub pending_release_units: Option<u64>,
+    pub used_units: Option<u64>,
+}
+
+/// The first [`MAX_STATUS_COUNTERS`] escalated counters of `table`, with the use `used` knows.
+pub fn counters_status(
+    table: &AllowanceTable,
+    used: impl Fn(&CounterRef, &RegionId) -> Option<u64>,
+) -> Vec<CounterStatus> {
+    table
+        .counters()
+        .take(MAX_STATUS_COUNTERS)
+        .map(|(counter, rows)| CounterStatus {
+            counter: counter.clone(),
+            regions: rows
+                .iter()
+                .map(|(region, row)| {
+                    let status = RowStatus {
+                        allowance_units: row.allowance_units,
+                        pending_release_units: row.pending.as_ref().map(|p| p.units),
+                        used_units: used(counter, region),
+                    };
+                    (region.clone(), status)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// One limit's live bound for its current window.
 #[derive(Clone, Debug, Serialize)]
 pub struct LimitBound {
@@ -93,6 +136,8 @@ pub struct LimitBound {
 #[derive(Clone, Debug, Serialize)]
 pub struct LeaderStatus {
     pub regions: Vec<RegionHeard>,
+    /// Escalated counters (with a row in the table), with each region's use as last reported.
+    pub counters: Vec<CounterStatus>,
     pub limits: Vec<LimitBound>,
     /// Limits left out past `MAX_STATUS_LIMITS`.
     pub limits_left_out: usize,
@@ -278,8 +323,10 @@ impl Leader {
                 });
             }
         }
+        let c = &self.coordinator;
         LeaderStatus {
             regions: self.heard.values().cloned().collect(),
+            counters: counters_status(table, |counter, region| c.used_units(counter, region)),
             limits,
             limits_left_out: left_out,
         }
