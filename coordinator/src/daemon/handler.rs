@@ -216,3 +216,15 @@ async fn lead(
 pub fn rebalancer_term(raft_term: u64, start_index: u64) -> u64 {
     (raft_term << 32) | (start_index & u64::from(u32::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebalancer_term_grows_with_the_raft_term_and_within_one() {
+        assert!(rebalancer_term(3, 11) > rebalancer_term(3, 10));
+        assert!(rebalancer_term(4, 1) > rebalancer_term(3, u64::from(u32::MAX)));
+        assert_eq!(rebalancer_term(3, 11) >> 32, 3);
+    }
+}
