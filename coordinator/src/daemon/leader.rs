@@ -50,7 +50,7 @@ pub enum Job {
     /// A configuration change (limits, membership); answered with its outcome.
     Write {
         cmd: ClusterCommand,
-        reply: oneshot::Sender<Result<CommandOutcome, String>>,
+        reply: oneshot::Sender<CommandOutcome>,
     },
     Status {
         reply: oneshot::Sender<LeaderStatus>,
@@ -151,18 +151,18 @@ pub struct Leader {
 }
 
 impl Leader {
-    /// A rebalancer over the committed table, for `term`. The caller has made sure the state
-    /// holds every entry committed before this term (`ensure_linearizable`).
+    /// A rebalancer over the applied table, answering under `leader_term`. The caller has
+    /// committed a start entry of its own, so the state holds every entry committed before.
     pub fn new(
         raft: Raft<TypeConfig>,
         state: &StateReader,
         cfg: CoordinatorConfig,
-        term: u64,
+        leader_term: u64,
     ) -> Leader {
         let table = state.read(|a| a.state.table().clone());
         Leader {
             raft,
-            coordinator: Coordinator::new(cfg, table, system_now(), term),
+            coordinator: Coordinator::new(cfg, table, system_now(), leader_term),
             heard: BTreeMap::new(),
         }
     }
@@ -198,7 +198,7 @@ impl Leader {
             }
             Job::Write { cmd, reply } => {
                 let outcome = self.write(cmd).await?;
-                let _ = reply.send(Ok(outcome));
+                let _ = reply.send(outcome);
             }
             Job::Status { reply } => {
                 let _ = reply.send(self.status());

@@ -84,5 +84,5 @@ async fn try_put(slot: &LeaderSlot, version: u64, limits: &[LimitSpec]) -> Optio
         limits: limits.to_vec(),
     };
     jobs.send(Job::Write { cmd, reply }).await.ok()?;
-    answer.await.ok()?.ok()
+    answer.await.ok()
 }
