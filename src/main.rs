@@ -2,6 +2,7 @@
 
 mod agent_cmd;
 mod check_config;
+mod coordinator_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,12 @@ enum Command {
     /// Run the regional agent: the lease API and Envoy's rate limit service on gRPC, admin
     /// HTTP, state in a local store. Every flag has an ALLOT_* environment variable.
     Agent(agent_cmd::AgentArgs),
+    /// Run one node of the coordinator cluster: raft and the agents' sync stream on gRPC,
+    /// admin HTTP. With no flags: a single-node cluster on loopback. See docs/coordinator.md.
+    Coordinator(coordinator_cmd::CoordinatorArgs),
+    /// Print a coordinator node's status: members, leader, regions, and per limit the live
+    /// bound (from the leader). Exits 2 when the node cannot be read.
+    Status(coordinator_cmd::StatusArgs),
     /// Call a running agent's Acquire once and print the decision as JSON.
     ///
     /// Exits 0 whether allowed or denied; 2 on a connection or input error.
@@ -54,6 +61,8 @@ fn main() -> std::process::ExitCode {
             merge_domains,
         } => check_config::run(&files, merge_domains),
         Command::Agent(args) => agent_cmd::agent(args),
+        Command::Coordinator(args) => coordinator_cmd::coordinator(args),
+        Command::Status(args) => coordinator_cmd::status(args),
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),

@@ -10,10 +10,11 @@
 //! - [`types`]: the openraft type configuration.
 //! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
 //! - [`sync_service`]: the agents' sync stream (`allot.sync.v1`) over a [`sync_service::SyncHandler`].
-//!
-//! The daemon (rebalancer driver over raft, admin API) is still to come.
+//! - [`daemon`]: one node as `allot coordinator` runs it: raft and sync on one gRPC address,
+//!   the leader's rebalancer committing through raft, the admin HTTP API.
 
 mod codec;
+pub mod daemon;
 pub mod error;
 pub mod network;
 pub mod node;

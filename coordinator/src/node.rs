@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use allot_proto::raft::v1::raft_service_server::RaftServiceServer;
 use openraft::{Config, Raft};
@@ -12,12 +13,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
 
 use crate::error::{Error, Result};
 use crate::network::{GrpcNetwork, RaftGrpcService};
 use crate::raft_config::MAX_RAFT_MESSAGE_BYTES;
 use crate::store::{self, StateReader};
 use crate::types::{NodeId, TypeConfig};
+
+/// Longest a stopping node waits for its open streams to end before closing them.
+pub const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a node is started with.
 #[derive(Debug)]
@@ -41,6 +46,16 @@ impl RaftNode {
     /// Opens the storage in `settings.data_dir` (recovering what a previous run left), starts
     /// raft and serves it on `listener`.
     pub async fn start(settings: NodeSettings, listener: TcpListener) -> Result<RaftNode> {
+        Self::start_with(settings, listener, |_, _| Routes::default()).await
+    }
+
+    /// As [`RaftNode::start`], serving beside raft the services `extra` builds from the raft
+    /// handle and the state reader (the daemon's sync stream).
+    pub async fn start_with(
+        settings: NodeSettings,
+        listener: TcpListener,
+        extra: impl FnOnce(&Raft<TypeConfig>, &StateReader) -> Routes,
+    ) -> Result<RaftNode> {
         let (log_store, state_machine) = store::open(&settings.data_dir)?;
         let state = state_machine.reader();
         let cluster = settings.raft.cluster_name.clone();
@@ -63,8 +78,9 @@ impl RaftNode {
             // back behind the peer's delayed acknowledgement.
             conn.and_then(|s| s.set_nodelay(true).map(|()| s))
         });
+        let routes = extra(&raft, &state).add_service(service);
         let server = tonic::transport::Server::builder()
-            .add_service(service)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
@@ -81,10 +97,16 @@ impl RaftNode {
     pub async fn shutdown(self) -> Result<()> {
         let stopped = self.raft.shutdown().await;
         let _ = self.stop.send(true);
-        let served = self
-            .server
-            .await
-            .map_err(|e| Error::Raft(format!("raft server task: {e}")))?;
+        let mut server = self.server;
+        let served = match tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await {
+            Ok(joined) => joined.map_err(|e| Error::Raft(format!("raft server task: {e}")))?,
+            Err(_) => {
+                // A stream that neither ends nor sends (until its idle timeout) must not hold
+                // the node: its connections go with the task.
+                server.abort();
+                Ok(())
+            }
+        };
         served.map_err(|e| Error::Raft(format!("raft server: {e}")))?;
         stopped.map_err(|e| Error::Raft(format!("raft shutdown: {e}")))
     }

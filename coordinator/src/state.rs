@@ -42,7 +42,9 @@ pub enum ClusterCommand {
     /// changes do not ride in a round: they are [`ClusterCommand::PutLimits`] and the
     /// membership commands.
     Round(Vec<TableCommand>),
-    /// A new limits configuration. `version` must be above the current one.
+    /// A new limits configuration. `version` must be above the current one. Every region a
+    /// limit's weights name becomes a member (default weight) at the same version, as agents
+    /// take the deployment's regions from the same limits.
     PutLimits {
         version: u64,
         limits: Vec<LimitSpec>,
@@ -218,7 +220,18 @@ impl ClusterState {
                 limits: limits.len(),
             });
         }
-        self.configure(version, limits, self.regions.clone())
+        let mut regions = self.regions.clone();
+        for region in named_regions(&limits) {
+            regions
+                .entry(region)
+                .or_insert(RegionMember { weight_ppm: None });
+        }
+        if regions.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: regions.len(),
+            });
+        }
+        self.configure(version, limits, regions)
     }
 
     fn add_region(
@@ -294,6 +307,15 @@ impl ClusterState {
         }
         Ok(CommandOutcome::ClocksRecorded)
     }
+}
+
+/// Every region some limit's weights name: the deployment's regions as an agent computes
+/// them from the same limits (they join with the default weight, at the put's version).
+fn named_regions(limits: &[LimitSpec]) -> std::collections::BTreeSet<RegionId> {
+    limits
+        .iter()
+        .flat_map(|l| l.weights.iter().map(|(r, _)| r.clone()))
+        .collect()
 }
 
 /// The limits the table enforces: a limit that names its own weights keeps them; one that
@@ -433,6 +455,27 @@ mod tests {
             Some(11)
         );
         assert_eq!(state.table().config_version(), 11);
+    }
+
+    /// An agent takes the deployment's regions from its limits' weights; a put makes the
+    /// same regions members at the put's own version, so both ends agree on version and shares.
+    #[test]
+    fn a_limits_put_makes_the_regions_its_weights_name_members_at_its_version() {
+        let mut state = ClusterState::default();
+        let mut spec = LimitSpec::simple("api", QUOTA_UNITS, Duration::from_secs(60));
+        let ppm = [(region("eu"), 300_000), (region("us"), 300_000)].into();
+        spec.weights = RegionWeights::new(ppm).expect("weights");
+        let put = ClusterCommand::PutLimits {
+            version: 1,
+            limits: vec![spec],
+        };
+        assert_eq!(
+            state.apply(put).ok().and_then(|o| o.configured_version()),
+            Some(1)
+        );
+        assert_eq!(state.table().regions(), [region("eu"), region("us")]);
+        assert_eq!(state.table().allowance(&counter(), &region("eu")), 270);
+        assert!(state.regions().values().all(|m| m.weight_ppm.is_none()));
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum Answer {
     NotLeader(Option<String>),
     /// The SyncUp is refused (unknown region...): the stream ends with this message.
     Refused(String),
+    /// No answer to this SyncUp (the leader is busy or just starting): the stream goes on.
+    /// SyncUps are cumulative, so the agent's next one carries everything again.
+    Unanswered,
 }
 
 /// Takes a SyncUp with the time it was received, gives the answer for its region.
@@ -127,6 +130,7 @@ async fn serve_stream<H: SyncHandler>(
                 })),
             }),
             Answer::Refused(msg) => Err(Status::failed_precondition(msg)),
+            Answer::Unanswered => continue,
         };
         let last = answer.is_err();
         if tx.send(answer).await.is_err() || last {
@@ -136,7 +140,7 @@ async fn serve_stream<H: SyncHandler>(
 }
 
 /// The coordinator's clock, as the core's `now`.
-fn system_now() -> Timestamp {
+pub fn system_now() -> Timestamp {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));

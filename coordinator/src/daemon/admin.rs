@@ -1,0 +1,181 @@
+//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON) and `/metrics` (Prometheus).
+//!
+//! Every node answers `/v1/status` with what raft and the committed state say (members,
+//! leader, term, configuration, member regions); the leader adds what only its rebalancer
+//! knows: regions as last heard (clock offset, sync lag) and per limit the live bound with its
+//! terms (`Coordinator::bound`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use allot_core::ids::RegionId;
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use openraft::Raft;
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::daemon::handler::LeaderSlot;
+use crate::daemon::leader::{
+    CounterStatus, Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT, counters_status,
+};
+use crate::store::StateReader;
+use crate::sync_service::system_now;
+use crate::types::{NodeId, TypeConfig};
+
+#[derive(Clone)]
+pub struct Admin {
+    pub raft: Raft<TypeConfig>,
+    pub state: StateReader,
+    pub slot: Arc<LeaderSlot>,
+    pub prometheus: PrometheusHandle,
+}
+
+pub fn router(admin: Admin) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(render_metrics))
+        .route("/v1/status", get(status))
+        .with_state(admin)
+}
+
+async fn render_metrics(State(admin): State<Admin>) -> String {
+    admin.prometheus.render()
+}
+
+#[derive(Serialize)]
+struct Member {
+    id: NodeId,
+    /// Its raft and sync address.
+    address: String,
+}
+
+#[derive(Serialize)]
+struct RegionStatus {
+    region: RegionId,
+    /// `None`: the default weight.
+    weight_ppm: Option<u32>,
+    /// As the leader last heard it (absent on a follower, or before the region syncs).
+    #[serde(flatten)]
+    heard: Option<HeardStatus>,
+}
+
+#[derive(Serialize)]
+struct HeardStatus {
+    last_heard_unix_ms: u64,
+    /// Time since its last SyncUp arrived.
+    sync_lag_ms: u64,
+    clock_offset_nanos: Option<i64>,
+    round_trip_ms: Option<u64>,
+    view_expired: bool,
+    config_version: u64,
+}
+
+#[derive(Serialize)]
+struct Status {
+    node: NodeId,
+    /// leader, follower, candidate, learner.
+    state: String,
+    term: u64,
+    leader: Option<NodeId>,
+    leader_address: Option<String>,
+    members: Vec<Member>,
+    last_log_index: Option<u64>,
+    last_applied_index: Option<u64>,
+    config_version: u64,
+    regions: Vec<RegionStatus>,
+    /// Rows of the committed table per escalated counter (the first `MAX_STATUS_COUNTERS`),
+    /// with each region's use on the leader.
+    counters: Vec<CounterStatus>,
+    /// The live bound per limit; on the leader only (followers name the leader instead).
+    limits: Option<Vec<crate::daemon::leader::LimitBound>>,
+    limits_left_out: usize,
+}
+
+async fn status(State(admin): State<Admin>) -> Json<Status> {
+    let leader = leader_status(&admin).await;
+    let mut s = raft_status(&admin);
+    let mut heard: BTreeMap<RegionId, RegionHeard> = BTreeMap::new();
+    if let Some(l) = leader {
+        heard = l
+            .regions
+            .into_iter()
+            .map(|r| (r.region.clone(), r))
+            .collect();
+        s.limits = Some(l.limits);
+        s.counters = l.counters;
+        s.limits_left_out = l.limits_left_out;
+    }
+    let now_ms = system_now().as_unix_millis();
+    for r in &mut s.regions {
+        r.heard = heard.remove(&r.region).map(|h| HeardStatus {
+            last_heard_unix_ms: h.last_heard_unix_ms,
+            sync_lag_ms: now_ms.saturating_sub(h.last_heard_unix_ms),
+            clock_offset_nanos: h.clock_offset_nanos,
+            round_trip_ms: h.round_trip_ms,
+            view_expired: h.view_expired,
+            config_version: h.config_version,
+        });
+    }
+    Json(s)
+}
+
+/// What raft and the committed state say, on any node.
+fn raft_status(admin: &Admin) -> Status {
+    let metrics = admin.raft.metrics();
+    let m = metrics.borrow();
+    let membership = m.membership_config.membership();
+    let members = membership
+        .nodes()
+        .map(|(id, n)| Member {
+            id: *id,
+            address: n.addr.clone(),
+        })
+        .collect();
+    let leader_address = m
+        .current_leader
+        .and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
+    let (config_version, regions, counters) = admin.state.read(|a| {
+        let regions = a
+            .state
+            .regions()
+            .iter()
+            .map(|(r, member)| RegionStatus {
+                region: r.clone(),
+                weight_ppm: member.weight_ppm,
+                heard: None,
+            })
+            .collect();
+        let counters = counters_status(a.state.table(), |_, _| None);
+        (a.state.table().config_version(), regions, counters)
+    });
+    Status {
+        node: m.id,
+        state: format!("{:?}", m.state).to_lowercase(),
+        term: m.current_term,
+        leader: m.current_leader,
+        leader_address,
+        members,
+        last_log_index: m.last_log_index,
+        last_applied_index: m.last_applied.map(|l| l.index),
+        config_version,
+        regions,
+        counters,
+        limits: None,
+        limits_left_out: 0,
+    }
+}
+
+/// The rebalancer's part, if this node runs one and it answers in time.
+async fn leader_status(admin: &Admin) -> Option<LeaderStatus> {
+    let jobs = admin.slot.sender()?;
+    let (reply, answer) = oneshot::channel();
+    jobs.try_send(Job::Status { reply }).ok()?;
+    tokio::time::timeout(STATUS_TIMEOUT, answer)
+        .await
+        .ok()?
+        .ok()
+}

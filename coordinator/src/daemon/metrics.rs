@@ -1,0 +1,73 @@
+//! The daemon's Prometheus metrics: names, help texts and the process-wide recorder.
+
+use std::sync::Mutex;
+
+use metrics::{describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::error::{Error, Result};
+
+pub const IS_LEADER: &str = "allot_coordinator_is_leader";
+pub const TERM: &str = "allot_coordinator_term";
+pub const SYNC_UPS: &str = "allot_coordinator_sync_ups_total";
+pub const SYNC_UPS_DROPPED: &str = "allot_coordinator_sync_ups_dropped_total";
+pub const NOT_LEADER_ANSWERS: &str = "allot_coordinator_not_leader_answers_total";
+pub const REFUSED_SYNC_UPS: &str = "allot_coordinator_refused_sync_ups_total";
+pub const OTHER_VERSION_SYNC_UPS: &str = "allot_coordinator_other_version_sync_ups_total";
+pub const ROUNDS: &str = "allot_coordinator_rounds_total";
+pub const ROUND_COMMANDS: &str = "allot_coordinator_round_commands_total";
+pub const REJECTED_COMMANDS: &str = "allot_coordinator_rejected_commands_total";
+pub const COMMIT_SECONDS: &str = "allot_coordinator_commit_seconds";
+pub const REBUILDS: &str = "allot_coordinator_rebalancer_rebuilds_total";
+
+/// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
+/// same handle).
+pub fn install() -> Result<PrometheusHandle> {
+    static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    // Held only to install once; a panic inside cannot leave a half-installed recorder.
+    let mut slot = HANDLE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = slot.as_ref() {
+        return Ok(h.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Error::Config(format!("metrics recorder: {e}")))?;
+    describe();
+    *slot = Some(handle.clone());
+    Ok(handle)
+}
+
+fn describe() {
+    describe_gauge!(
+        IS_LEADER,
+        "1 while this node leads and runs the rebalancer."
+    );
+    describe_gauge!(TERM, "This node's raft term.");
+    describe_counter!(SYNC_UPS, "SyncUps received from agents.");
+    describe_counter!(
+        SYNC_UPS_DROPPED,
+        "SyncUps left unanswered because the leader's queue was full or its rebalancer was starting (the agent's next SyncUp carries everything again)."
+    );
+    describe_counter!(
+        NOT_LEADER_ANSWERS,
+        "SyncUps answered with the leader's address (this node does not lead)."
+    );
+    describe_counter!(
+        REFUSED_SYNC_UPS,
+        "SyncUps refused (a region the table does not know); the stream ends."
+    );
+    describe_counter!(
+        ROUNDS,
+        "Rebalancing rounds committed through raft (one entry each)."
+    );
+    describe_counter!(ROUND_COMMANDS, "Table commands committed in rounds.");
+    describe_counter!(
+        REJECTED_COMMANDS,
+        "Table commands the table refused when committed (a stale proposal): nothing changed."
+    );
+    describe_histogram!(COMMIT_SECONDS, "Time to commit one round through raft.");
+    describe_counter!(
+        REBUILDS,
+        "Times the leader's rebalancer was rebuilt from the committed state within one term (its table disagreed with the replicated one)."
+    );
+}

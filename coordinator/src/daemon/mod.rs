@@ -1,0 +1,254 @@
+//! The coordinator daemon: one raft node serving raft and the agents' sync stream on its gRPC
+//! address and the admin API on its HTTP address, with the leader's rebalancer beside it.
+//!
+//! - [`handler`]: the sync stream's handler (the leader's rebalancer takes the SyncUp, a
+//!   follower names the leader) and the supervisor that runs the rebalancer while this node
+//!   leads.
+//! - [`leader`]: the rebalancer task and the driver contract over raft.
+//! - [`admin`]: `/healthz`, `/v1/status`, `/metrics`.
+//! - [`limits`]: the limits files given at start, put through raft when the cluster has an
+//!   older version.
+//!
+//! Everything the rebalancer decides is in `allot_core`; this module only moves messages
+//! between the wire, the rebalancer and raft.
+
+pub mod admin;
+pub mod handler;
+pub mod leader;
+pub mod limits;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use allot_core::limit::LimitSpec;
+use allot_core::rebalance::CoordinatorConfig;
+use openraft::error::{InitializeError, RaftError};
+use openraft::{BasicNode, Raft};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::service::Routes;
+
+use crate::error::{Error, Result};
+use crate::node::{NodeSettings, RaftNode};
+use crate::store::StateReader;
+use crate::sync_service::SyncService;
+use crate::types::{NodeId, TypeConfig};
+use handler::{LeaderSlot, RaftSyncHandler};
+
+/// What a daemon is started with.
+#[derive(Debug)]
+pub struct DaemonSettings {
+    pub id: NodeId,
+    /// Every initial member's id and gRPC address (raft and sync), this node included. Empty:
+    /// a single-node cluster at this node's gRPC listener. Used only to initialise a fresh
+    /// cluster; afterwards the membership is what raft committed.
+    pub peers: BTreeMap<NodeId, String>,
+    pub data_dir: PathBuf,
+    pub raft: openraft::Config,
+    /// The rebalancer's settings; `sync_interval` and `view_ttl` must be the agents'.
+    pub rebalance: CoordinatorConfig,
+    /// Limits to put at this version when the cluster holds an older one.
+    pub limits: Option<(u64, Vec<LimitSpec>)>,
+}
+
+/// A running coordinator node.
+pub struct Daemon {
+    node: RaftNode,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Opens the node's storage in `settings.data_dir`, serves raft and sync on `grpc` and
+    /// the admin API on `http`, initialises a fresh cluster with `settings.peers`, and runs
+    /// the rebalancer whenever this node leads.
+    pub async fn start(
+        settings: DaemonSettings,
+        grpc: TcpListener,
+        http: TcpListener,
+    ) -> Result<Daemon> {
+        let prometheus = metrics::install()?;
+        let grpc_addr = local_addr(&grpc)?;
+        let http_addr = local_addr(&http)?;
+        let members = initial_members(settings.id, &settings.peers, grpc_addr)?;
+        let slot = Arc::new(LeaderSlot::default());
+        let (stop, stopping) = watch::channel(false);
+        let node = start_node(&settings, grpc, slot.clone(), stopping.clone()).await?;
+        initialize(&node.raft, members).await?;
+        let mut tasks = vec![tokio::spawn(handler::supervise(
+            node.raft.clone(),
+            node.state.clone(),
+            slot.clone(),
+            settings.rebalance.clone(),
+            stopping.clone(),
+        ))];
+        if let Some((version, specs)) = settings.limits {
+            let put = limits::put_when_older(
+                node.state.clone(),
+                slot.clone(),
+                version,
+                specs,
+                stopping.clone(),
+            );
+            tasks.push(tokio::spawn(put));
+        }
+        let admin = admin::Admin {
+            raft: node.raft.clone(),
+            state: node.state.clone(),
+            slot,
+            prometheus,
+        };
+        tasks.push(tokio::spawn(serve_admin(http, admin, stopping)));
+        Ok(Daemon {
+            node,
+            grpc_addr,
+            http_addr,
+            stop,
+            tasks,
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.node.raft
+    }
+
+    /// The applied state, read beside raft.
+    pub fn state(&self) -> &StateReader {
+        &self.node.state
+    }
+
+    /// Stops the node: agents' streams are refused from now on (they go to another node),
+    /// the rebalancer is dropped, then raft and both servers stop.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.node.shutdown().await
+    }
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
+    listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("listener address: {e}")))
+}
+
+/// The members a fresh cluster starts with: `peers`, or this node alone at `grpc_addr`.
+fn initial_members(
+    id: NodeId,
+    peers: &BTreeMap<NodeId, String>,
+    grpc_addr: SocketAddr,
+) -> Result<BTreeMap<NodeId, BasicNode>> {
+    if peers.is_empty() {
+        return Ok(BTreeMap::from([(
+            id,
+            BasicNode::new(grpc_addr.to_string()),
+        )]));
+    }
+    if !peers.contains_key(&id) {
+        return Err(Error::Config(format!(
+            "--peers does not name this node's id {id}"
+        )));
+    }
+    Ok(peers
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode::new(addr.clone())))
+        .collect())
+}
+
+/// The raft node, with the sync stream served beside raft.
+async fn start_node(
+    settings: &DaemonSettings,
+    grpc: TcpListener,
+    slot: Arc<LeaderSlot>,
+    stopping: watch::Receiver<bool>,
+) -> Result<RaftNode> {
+    let node_settings = NodeSettings {
+        id: settings.id,
+        data_dir: settings.data_dir.clone(),
+        raft: settings.raft.clone(),
+    };
+    RaftNode::start_with(node_settings, grpc, move |raft, _| {
+        let handler = RaftSyncHandler::new(raft.clone(), slot, stopping);
+        Routes::new(SyncService::new(Arc::new(handler)).into_server())
+    })
+    .await
+}
+
+/// Initialises a fresh node's cluster. Every initial member does it with the same members,
+/// which openraft allows; a node that already holds a log or a vote keeps its membership.
+async fn initialize(raft: &Raft<TypeConfig>, members: BTreeMap<NodeId, BasicNode>) -> Result<()> {
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| Error::Raft(e.to_string()))?;
+    if initialized {
+        return Ok(());
+    }
+    match raft.initialize(members).await {
+        Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(Error::Raft(format!("initialise the cluster: {e}"))),
+    }
+}
+
+async fn serve_admin(http: TcpListener, admin: admin::Admin, mut stopping: watch::Receiver<bool>) {
+    let served = axum::serve(http, admin::router(admin))
+        .with_graceful_shutdown(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "admin HTTP server failed");
+    }
+}
+
+/// Parses `--peers 1=HOST:PORT,2=HOST:PORT,...`.
+pub fn parse_peers(text: &str) -> std::result::Result<BTreeMap<NodeId, String>, String> {
+    let mut peers = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| format!("peer '{item}': expected ID=HOST:PORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|e| format!("peer '{item}': bad id: {e}"))?;
+        let addr = addr.trim();
+        if addr.is_empty() {
+            return Err(format!("peer '{item}': empty address"));
+        }
+        if peers.insert(id, addr.to_owned()).is_some() {
+            return Err(format!("peer id {id} named twice"));
+        }
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_ones_are_named() {
+        let peers = parse_peers("1=127.0.0.1:7070, 2=10.0.0.2:7070").expect("parses");
+        assert_eq!(peers[&2], "10.0.0.2:7070");
+        assert!(parse_peers("1=a:1,1=b:2").unwrap_err().contains("twice"));
+        assert!(parse_peers("x=a:1").unwrap_err().contains("bad id"));
+        assert!(parse_peers("1").unwrap_err().contains("ID=HOST:PORT"));
+    }
+}

@@ -1,0 +1,303 @@
+//! The daemon in one process on loopback ports: the leader's rebalancer answers an agent's
+//! SyncUp only from committed state, a follower names the leader, and after the leader's node
+//! stops a new leader's rebalancer (a larger term) takes over.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use allot_coordinator::daemon::{Daemon, DaemonSettings};
+use allot_coordinator::{ClusterState, NodeId};
+use allot_core::ids::{KeyId, LimitId, RegionId};
+use allot_core::limit::{LimitSpec, RegionWeights};
+use allot_core::rebalance::CoordinatorConfig;
+use allot_core::sync::{CounterEntry, CounterRef, DemandReport, SyncDown, SyncUp};
+use allot_core::time::{Timestamp, Window};
+use allot_proto::sync::v1 as pb;
+use allot_proto::sync::v1::sync_client::SyncClient;
+use allot_proto::sync_convert::{sync_down_from_wire, sync_up_to_wire};
+use openraft::{Config, SnapshotPolicy};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// Longest a test waits for an election or a commit on a loaded 2-core machine: a bound on a
+/// hang, not a timing claim.
+const PATIENCE: Duration = Duration::from_secs(20);
+const LIMIT: &str = "api/t";
+
+/// Fast raft timers, so elections take well under a second.
+fn raft_config() -> Config {
+    Config {
+        cluster_name: "allot-daemon-test".to_string(),
+        heartbeat_interval: 50,
+        election_timeout_min: 300,
+        election_timeout_max: 600,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(100),
+        ..Config::default()
+    }
+    .validate()
+    .expect("valid raft config")
+}
+
+/// 1000 an hour, 30% each for `a` and `b`: 400 free for a grow.
+fn limits() -> Vec<LimitSpec> {
+    let mut spec = LimitSpec::simple(LIMIT, 1000, HOUR);
+    let ppm: BTreeMap<RegionId, u32> = [("a", 300_000), ("b", 300_000)]
+        .into_iter()
+        .map(|(r, w)| (RegionId::from(r), w))
+        .collect();
+    spec.weights = RegionWeights::new(ppm).expect("weights");
+    vec![spec]
+}
+
+async fn start(
+    id: NodeId,
+    dir: &Path,
+    grpc: TcpListener,
+    peers: BTreeMap<NodeId, String>,
+) -> Daemon {
+    let settings = DaemonSettings {
+        id,
+        peers,
+        data_dir: dir.join(format!("node-{id}")),
+        raft: raft_config(),
+        rebalance: CoordinatorConfig::default(),
+        limits: Some((1, limits())),
+    };
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    Daemon::start(settings, grpc, http)
+        .await
+        .expect("daemon starts")
+}
+
+fn now() -> Timestamp {
+    allot_coordinator::sync_service::system_now()
+}
+
+fn counter(at: Timestamp) -> CounterRef {
+    CounterRef {
+        limit: LimitId::from(LIMIT),
+        key: KeyId::from("t=1"),
+        window: Window::new(HOUR).index(at),
+    }
+}
+
+/// `region` has used all of its 300 and wants more.
+fn up(region: &str, seq: u64) -> SyncUp {
+    let at = now();
+    SyncUp {
+        region: RegionId::from(region),
+        boot: 1,
+        seq,
+        sent_at: at,
+        config_version: 1,
+        entries: vec![CounterEntry {
+            counter: counter(at),
+            region: RegionId::from(region),
+            granted_units: 300,
+            refunded_units: 0,
+        }],
+        demand: vec![DemandReport {
+            counter: counter(at),
+            demand_units_per_sec: 10,
+            allowance_units: 300,
+        }],
+        release_acks: Vec::new(),
+        clock: None,
+        stats: Vec::new(),
+        view_expired: false,
+    }
+}
+
+/// Sends one SyncUp on a new stream; the first answer, or the status that ended the stream.
+async fn send(addr: SocketAddr, up: SyncUp) -> Result<pb::sync_answer::Answer, tonic::Status> {
+    let mut client = SyncClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connects");
+    let mut answers = client
+        .stream(tokio_stream::iter([sync_up_to_wire(up)]))
+        .await?
+        .into_inner();
+    match answers.message().await? {
+        Some(a) => Ok(a.answer.expect("an answer")),
+        None => Err(tonic::Status::unknown("the stream ended without an answer")),
+    }
+}
+
+/// Sends SyncUps until one is answered with a SyncDown (the rebalancer may be starting).
+async fn sync_down(addr: SocketAddr, region: &str) -> SyncDown {
+    let deadline = Instant::now() + PATIENCE;
+    let mut seq = 1;
+    loop {
+        let answer = send(addr, up(region, seq)).await;
+        if let Ok(pb::sync_answer::Answer::SyncDown(down)) = answer {
+            return sync_down_from_wire(down).expect("converts");
+        }
+        assert!(Instant::now() < deadline, "never answered: {answer:?}");
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn state(d: &Daemon) -> ClusterState {
+    d.state().read(|a| a.state.clone())
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("admin HTTP");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_grants_only_what_it_committed_and_reports_the_region() {
+    let dir = TempDir::new().expect("temporary directory");
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = grpc.local_addr().expect("address");
+    let d = start(1, dir.path(), grpc, BTreeMap::new()).await;
+    // The limits are put (at version 1) once the node leads; the regions they name join.
+    wait_for("limits put", || state(&d).table().config_version() == 1).await;
+    assert_eq!(state(&d).regions().len(), 2);
+
+    let down = sync_down(addr, "a").await;
+    let grant = down.grants.first().expect("a grow in the answer");
+    assert!(grant.allowance_units > 300, "{grant:?}");
+    // Read at once: the answer was built after the grow committed and applied here.
+    let table = state(&d).table().clone();
+    assert_eq!(
+        table.allowance(&grant.counter, &grant.region),
+        grant.allowance_units
+    );
+    // The raft term above, the rebalancer's start entry below.
+    assert_eq!(
+        down.leader_term >> 32,
+        d.raft().metrics().borrow().current_term
+    );
+
+    // A region the configuration does not name: the stream ends with a clear status.
+    let refused = send(addr, up("mars", 1)).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("unknown region mars"),
+        "{refused:?}"
+    );
+    assert_eq!(state(&d).table(), &table);
+
+    let status: serde_json::Value =
+        serde_json::from_str(&http_get(d.http_addr(), "/v1/status")).expect("JSON");
+    assert_eq!(status["state"], "leader", "{status}");
+    let a = &status["regions"][0];
+    assert_eq!(a["region"], "a", "{status}");
+    assert!(a["sync_lag_ms"].as_u64().is_some(), "{status}");
+    assert!(status["regions"][1]["sync_lag_ms"].is_null(), "{status}");
+    let bound = &status["limits"][0]["bound"];
+    assert_eq!(bound["limit"], LIMIT, "{status}");
+    assert!(
+        bound["terms"].as_array().is_some_and(|t| !t.is_empty()),
+        "{status}"
+    );
+    // An agent on another configuration version is answered, and counted.
+    let mut other = up("a", 100);
+    other.config_version = 2;
+    assert!(matches!(
+        send(addr, other).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
+    let metrics = http_get(d.http_addr(), "/metrics");
+    assert!(
+        metrics.contains("allot_coordinator_rounds_total"),
+        "{metrics}"
+    );
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("allot_coordinator_other_version_sync_ups_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(counted >= Some(1.0), "{metrics}");
+    d.shutdown().await.expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_term() {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut listeners = BTreeMap::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=3 {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        peers.insert(id, l.local_addr().expect("address").to_string());
+        listeners.insert(id, l);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, l) in listeners {
+        nodes.insert(id, start(id, dir.path(), l, peers.clone()).await);
+    }
+    let leader_of = |nodes: &BTreeMap<NodeId, Daemon>| {
+        nodes
+            .values()
+            .find_map(|d| d.raft().metrics().borrow().current_leader)
+            .filter(|l| nodes.contains_key(l))
+    };
+    wait_for("a leader", || leader_of(&nodes).is_some()).await;
+    let first = leader_of(&nodes).expect("checked");
+    wait_for("limits put", || {
+        state(&nodes[&first]).table().config_version() == 1
+    })
+    .await;
+    let follower = nodes
+        .keys()
+        .copied()
+        .find(|id| *id != first)
+        .expect("three");
+    let redirect = send(nodes[&follower].grpc_addr(), up("a", 1)).await;
+    let Ok(pb::sync_answer::Answer::NotLeader(n)) = redirect else {
+        panic!("a follower redirects: {redirect:?}");
+    };
+    assert_eq!(n.leader_address, peers[&first]);
+    let before = sync_down(nodes[&first].grpc_addr(), "a").await;
+    let grown = before.grants.first().expect("a grow").allowance_units;
+
+    // The leader's node stops; another is elected and its rebalancer answers from the
+    // replicated table under a larger term (agents resend everything on seeing it).
+    nodes
+        .remove(&first)
+        .expect("the leader")
+        .shutdown()
+        .await
+        .expect("stops");
+    wait_for("a new leader", || {
+        leader_of(&nodes).is_some_and(|l| l != first)
+    })
+    .await;
+    let second = leader_of(&nodes).expect("checked");
+    let after = sync_down(nodes[&second].grpc_addr(), "a").await;
+    assert!(after.leader_term > before.leader_term, "{after:?}");
+    let c = counter(now());
+    assert_eq!(
+        state(&nodes[&second])
+            .table()
+            .allowance(&c, &RegionId::from("a")),
+        grown
+    );
+    for (_, d) in nodes {
+        d.shutdown().await.expect("stops");
+    }
+}
