@@ -108,6 +108,8 @@ fn up(region: &str, seq: u64) -> SyncUp {
         clock: None,
         stats: Vec::new(),
         view_expired: false,
+        restored: false,
+        clock_guard: None,
     }
 }
 
