@@ -42,8 +42,11 @@ use crate::scenario::{Fault, LimitsSection, Scenario};
 /// does by upserting keys; here the log of drained batches is compacted instead).
 pub const STORE_COMPACT_RECORDS: usize = 50_000;
 
-/// Terms of a window's bound that are measured and may still grow after the window ended
-/// (late settles, a partitioned region's time open reported after the heal).
+/// Terms of a window's bound that are measured and may still grow after the window ended on
+/// every region's clock (late settles, a partitioned region's time open reported after the
+/// heal). The others are taken while some region may still be in the window: a region whose
+/// clock is behind admits in a window that ended on the coordinator's clock
+/// (`Coordinator::live_window_range`).
 const LATE_TERMS: [&str; 2] = ["settle_overage", "fail_open"];
 
 /// Builds the real machines for the runs of one scenario.
@@ -735,8 +738,9 @@ pub struct CoreCoordinator {
 }
 
 impl CoreCoordinator {
-    /// States the bound of every limit: in full for the window in progress, and for the
-    /// windows just ended only the measured terms that can still grow.
+    /// States the bound of every limit: in full for the windows some region may still be in,
+    /// and for the windows that ended on every region's clock only the measured terms that
+    /// can still grow.
     fn state_bounds(&mut self, now: Timestamp) {
         if !self.active {
             return;
@@ -748,12 +752,16 @@ impl CoreCoordinator {
             let current = window.index(now);
             let oldest = current.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
             let first_judged = window.index(self.first_judged_at).0;
+            let first_live = self
+                .coordinator
+                .live_window_range(&spec.id, now)
+                .map_or(current, |(first, _)| first.min(current));
             for w in oldest.max(first_judged)..=current.0 {
                 let Some(b) = self.coordinator.bound(now, &spec.id, WindowIndex(w)) else {
                     continue;
                 };
                 let mut b = sim_bound(&b);
-                if w < current.0 {
+                if w < first_live.0 {
                     b.terms.retain(|t| LATE_TERMS.contains(&t.name.as_str()));
                 }
                 self.stated

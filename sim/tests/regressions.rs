@@ -1665,3 +1665,133 @@ traffic:
     rate: {constant_per_sec: 500}
     arrivals: uniform
 "#;
+
+/// Swarm seed 1901 (drawn whole, not shrunk): region r1's clock is 10 s behind, and two reloads
+/// take a 4 s strict limit to eventual and back. r1 admits under the eventual configuration in
+/// window indexes that had already ended on the coordinator's clock, whose bound the harness
+/// took only while they were in progress there (then only the late-measured terms): before, 2
+/// violations (314 admitted above 311 on r1's clock, twice). The coordinator's statements are
+/// now taken while some region may still be in the window (`live_window_range`), and its
+/// `reload` term covers them; 0 after. Seeds 0..2000 of the swarm: 15 failing worlds before,
+/// 3 after.
+#[test]
+fn a_region_behind_is_judged_against_what_was_stated_while_it_was_still_in_the_window() {
+    let s = parsed("swarm-1901.yaml", SWARM_1901);
+    assert_no_violation(&run(&s, 1901..1902));
+}
+
+const SWARM_1901: &str = r#"
+name: swarm-1901
+description: drawn by `allot sim --swarm --seeds 1901..1902`
+duration: 54000ms
+sync_interval: 100ms
+view_ttl: 700ms
+coordinator: {commit_latency: 10ms}
+measure: {sample_interval: 400ms}
+lease: {initial_units: 15, max_units: 95, ttl: 545ms, target: 68ms, idle_release_after: 760ms, max_leases_per_key: 2}
+regions:
+  - {id: r0, latency: 52ms, gateways: 1}
+  - {id: r1, latency: 2ms, gateways: 3, clock: {offset: -9998ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 311}
+      allot:
+        window: 4s
+        consistency: strict
+        partition_policy: floor
+        rate_cap: {rate: 510/4s, burst: 17}
+        failure_mode: closed
+    - key: l1
+      rate_limit: {requests_per_unit: 4382}
+      allot:
+        window: 9s
+        consistency: eventual
+        partition_policy: closed
+        rate_cap: {rate: 4251/9s, burst: 845}
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 217.956}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+  - region: r0
+    limit: swarm/l0
+    key: l0=k1
+    rate: {diurnal: {base_per_sec: 26.182, peak_per_sec: 261.82, period: 54000ms, peak_at: 14327ms}}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {flash_crowd: {base_per_sec: 26.114, factor: 7.412, start: 20185ms, end: 49211ms}}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+  - region: r0
+    limit: swarm/l1
+    key: l1=k0
+    rate: {constant_per_sec: 277.778}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+  - region: r0
+    limit: swarm/l1
+    key: l1=k1
+    rate: {flash_crowd: {base_per_sec: 83.333, factor: 4.289, start: 35569ms, end: 48184ms}}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: {immediate: {max_retries: 3, delay: 36ms}}
+faults:
+  - config_reload:
+      at: 28754ms
+      stagger: {r1: 678ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 311}
+            allot:
+              window: 4s
+              consistency: eventual
+              partition_policy: floor
+              rate_cap: {rate: 510/4s, burst: 17}
+              failure_mode: closed
+              weights: {r0: 0.2, r1: 0.799}
+          - key: l1
+            rate_limit: {requests_per_unit: 4382}
+            allot:
+              window: 9s
+              consistency: strict
+              partition_policy: closed
+              rate_cap: {rate: 4251/9s, burst: 845}
+              failure_mode: closed
+  - config_reload:
+      at: 33119ms
+      stagger: {r0: 110ms, r1: 6331ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 311}
+            allot:
+              window: 4s
+              consistency: strict
+              partition_policy: floor
+              rate_cap: {rate: 510/4s, burst: 17}
+              failure_mode: closed
+          - key: l1
+            rate_limit: {requests_per_unit: 4382}
+            allot:
+              window: 9s
+              consistency: strict
+              partition_policy: floor
+              rate_cap: {rate: 2801/9s, burst: 102}
+              failure_mode: closed
+              weights: {r0: 0.462, r1: 0.537}
+"#;

@@ -739,6 +739,19 @@ impl Coordinator {
         widest.saturating_add(self.cfg.drift_margin)
     }
 
+    /// The first and last window of `limit` that some region may be in at `now` (our clock,
+    /// widened by the regions' clock slack): a window before the first has ended on every
+    /// region's clock, so only its measured terms (late settles, time open reported after a
+    /// heal) can still grow. `None` for a limit without windows.
+    pub fn live_window_range(
+        &self,
+        limit: &LimitId,
+        now: Timestamp,
+    ) -> Option<(WindowIndex, WindowIndex)> {
+        let window = self.finite_window(limit)?;
+        Some(self.live_windows(window, now))
+    }
+
     /// The first and last window of `window` that some region may be in at `now` (our clock):
     /// its rows, views and statistics are kept, and its reports taken.
     fn live_windows(&self, window: Window, now: Timestamp) -> (WindowIndex, WindowIndex) {
