@@ -11,6 +11,7 @@
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -76,15 +77,34 @@ impl std::fmt::Debug for Disk {
     }
 }
 
+/// Longest `open` waits for the file lock of a database closed a moment ago in this process:
+/// sled's background threads hold it briefly after the last handle drops. A node restarted as
+/// a new process never waits (the old one's exit released the lock); a node restarted in the
+/// same process (an embedded cluster, the tests) would otherwise fail at random.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+fn open_db(path: &Path) -> Result<sled::Db> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        // Raft says when a write must be durable; sled's timer would only add flushes.
+        let opened = sled::Config::new().path(path).flush_every_ms(None).open();
+        match opened {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 impl Disk {
     /// Opens (or creates) the database in `dir`.
     pub fn open(dir: &Path) -> Result<Disk> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let db = sled::Config::new()
-            .path(dir.join("raft"))
-            // Raft says when a write must be durable; sled's timer would only add flushes.
-            .flush_every_ms(None)
-            .open()?;
+        let db = open_db(&dir.join("raft"))?;
         Ok(Disk {
             log: db.open_tree(LOG_TREE)?,
             meta: db.open_tree(META_TREE)?,
