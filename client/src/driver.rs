@@ -6,6 +6,7 @@
 //! failure mode decides once its leases are spent) and the driver reconnects with capped
 //! exponential backoff and full jitter.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -134,15 +135,13 @@ impl Driver {
             let Some(slot_id) = self.shared.pending_slots().pop_front() else {
                 return;
             };
-            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            let (shared, conn) = (self.shared.clone(), conn.clone());
+            if !self
+                .spawn_call(async move { release_slot_call(&shared, conn, slot_id).await })
+                .await
+            {
                 return;
-            };
-            let shared = self.shared.clone();
-            let conn = conn.clone();
-            tokio::spawn(async move {
-                release_slot_call(&shared, conn, slot_id).await;
-                drop(permit);
-            });
+            }
         }
     }
 
@@ -193,14 +192,22 @@ impl Driver {
             let n = pending.len().min(MAX_RETURNS_PER_LEASE);
             pending.drain(..n).collect()
         };
-        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-            return;
-        };
         let shared = self.shared.clone();
+        self.spawn_call(async move { lease_call(&shared, conn, shard, w, returns).await })
+            .await;
+    }
+
+    /// Runs `call` on its own task once one of the bounded in-flight permits is free, holding
+    /// the permit until it ends. False when the permits are closed (shutting down).
+    async fn spawn_call(&self, call: impl Future<Output = ()> + Send + 'static) -> bool {
+        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            return false;
+        };
         tokio::spawn(async move {
-            lease_call(&shared, conn, shard, w, returns).await;
+            call.await;
             drop(permit);
         });
+        true
     }
 
     /// Hand-backs that found no lease request to ride with go as Release calls.
@@ -212,15 +219,13 @@ impl Driver {
             let Some(release) = self.shared.pending_returns().pop_front() else {
                 return;
             };
-            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            let (shared, conn) = (self.shared.clone(), conn.clone());
+            if !self
+                .spawn_call(async move { release_call(&shared, conn, release).await })
+                .await
+            {
                 return;
-            };
-            let shared = self.shared.clone();
-            let conn = conn.clone();
-            tokio::spawn(async move {
-                release_call(&shared, conn, release).await;
-                drop(permit);
-            });
+            }
         }
     }
 
