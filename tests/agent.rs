@@ -3,10 +3,12 @@
 //! store surviving SIGKILL under load, configuration reloads, graceful shutdown, and the
 //! `acquire` / `rls` commands' exit codes.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output};
 use std::time::{Duration, Instant};
 
 use allot_proto::envoy::common::RateLimitDescriptor;
@@ -18,6 +20,8 @@ use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use serde_json::Value;
 use tonic::transport::Channel;
+
+use support::Ready;
 
 /// Longest any test waits for the agent to do something it should do promptly (start, pick
 /// up a reload, exit): a bound on a hang, not a timing claim.
@@ -52,44 +56,25 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 impl Agent {
     fn start(dir: &Path, extra: &[&str]) -> Agent {
         let data = dir.join("data");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allot"))
-            .args([
-                "agent",
-                "--grpc",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-                "--data",
-            ])
-            .arg(&data)
-            .args(["--config"])
-            .arg(dir.join("limits.yaml"))
-            .args(extra)
-            .env("ALLOT_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the allot binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .and_then(|l| l.ok())
-            .unwrap_or_default();
-        let addr = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .map(str::to_owned)
-        };
-        let (Some(grpc), Some(http)) = (addr("grpc"), addr("http")) else {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = child.kill();
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("agent did not become ready: {line:?}\n{err}");
-        };
-        let stderr = child.stderr.take();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+        cmd.args([
+            "agent",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(&data)
+        .args(["--config"])
+        .arg(dir.join("limits.yaml"))
+        .args(extra);
+        let Ready {
+            child,
+            grpc,
+            http,
+            stderr,
+        } = support::spawn_ready(cmd, "agent");
         Agent {
             child,
             grpc,

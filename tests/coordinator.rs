@@ -11,11 +11,13 @@
 //!   data directory beside an `allot agent --coordinator`: `/v1/status` and `allot status`
 //!   show the region heard.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use allot_coordinator::daemon::{Daemon, DaemonSettings, limits};
@@ -26,6 +28,8 @@ use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use serde_json::Value;
 use tonic::transport::Channel;
+
+use support::Ready;
 
 /// Longest a test waits for something that should happen within a few sync intervals, an
 /// election, or a reconnect's backoff: a bound on a hang, not a timing claim.
@@ -73,33 +77,13 @@ struct Process {
 }
 
 impl Process {
-    fn start(mut cmd: Command) -> Process {
-        let mut child = cmd
-            .env("ALLOT_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the allot binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .and_then(|l| l.ok())
-            .unwrap_or_default();
-        let addr = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .map(str::to_owned)
-        };
-        let (Some(grpc), Some(http)) = (addr("grpc"), addr("http")) else {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = child.kill();
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("not ready: {line:?}\n{err}");
-        };
-        let stderr = child.stderr.take();
+    fn start(cmd: Command) -> Process {
+        let Ready {
+            child,
+            grpc,
+            http,
+            stderr,
+        } = support::spawn_ready(cmd, "process");
         Process {
             child,
             grpc,

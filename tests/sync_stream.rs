@@ -5,11 +5,13 @@
 //! and partition state and heals when it comes back, a follower's redirect is followed, and
 //! broken servers (garbage bytes, bad answers, closed streams) never stop an agent answering.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +27,8 @@ use serde_json::Value;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::Channel;
+
+use support::Ready;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Longest a test waits for something that should happen within a few sync intervals (or,
@@ -161,38 +165,19 @@ struct Agent {
 impl Agent {
     fn start(dir: &Path, region: &str, coordinators: &str) -> Agent {
         let data = dir.join(format!("data-{region}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allot"))
-            .args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+        cmd.args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .arg("--data")
             .arg(&data)
             .arg("--config")
             .arg(dir.join("limits.yaml"))
-            .args(["--region", region, "--coordinator", coordinators])
-            .env("ALLOT_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the allot binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .and_then(|l| l.ok())
-            .unwrap_or_default();
-        let addr = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .map(str::to_owned)
-        };
-        let (Some(grpc), Some(http)) = (addr("grpc"), addr("http")) else {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = child.kill();
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("agent did not become ready: {line:?}\n{err}");
-        };
-        let stderr = child.stderr.take();
+            .args(["--region", region, "--coordinator", coordinators]);
+        let Ready {
+            child,
+            grpc,
+            http,
+            stderr,
+        } = support::spawn_ready(cmd, "agent");
         Agent {
             child,
             grpc,
