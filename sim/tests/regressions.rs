@@ -1795,3 +1795,100 @@ faults:
               failure_mode: closed
               weights: {r0: 0.462, r1: 0.537}
 "#;
+
+/// Restores (`agent_restore`) into a window already in progress: the lost copy admitted there
+/// after its last report, and the restored region, holding at the use the coordinator knew,
+/// released the rest of its allowance, which the leader granted to a busy region. Two swarm
+/// worlds, shrunk, with uniform arrivals; before, on seeds 0..4 each:
+/// - `RESTORE_MID_WINDOW` (seed 4498): strict, `floor`, L = 2,422 per 3 s window, `r0` busy,
+///   `r1` restored at 6.447 s from its store at 3.048 s: window 589075202 on the regions'
+///   clocks admitted 2,433 against 2,422 (quota plus the bound without its skew term).
+/// - `RESTORE_AT_OUTAGE_END` (seed 3123): L = 449 per 9 s window, the idle `r3` restored at
+///   15.224 s from its store at 6.972 s, just before a coordinator outage ends: window
+///   196358401 admitted 458 against 449.
+///
+/// A window that began before a restored start now releases nothing: the lost copy may have
+/// spent all the region held there. After: 0 violations, and the busy region still gets L
+/// in the windows after.
+#[test]
+fn a_restored_region_releases_nothing_of_a_window_its_lost_copy_may_have_spent() {
+    for (name, yaml) in [
+        ("restore-mid-window", RESTORE_MID_WINDOW),
+        ("restore-at-outage-end", RESTORE_AT_OUTAGE_END),
+    ] {
+        let r = run_tiers(name, yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+        assert!(
+            r.figures.utilization_p50.is_some_and(|u| u > 0.99),
+            "{name}: {:?}",
+            r.figures.utilization_p50
+        );
+    }
+}
+
+const RESTORE_MID_WINDOW: &str = r#"
+name: restore-mid-window
+duration: 12000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 13ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 5, max_units: 205, ttl: 4487ms}
+regions:
+  - {id: r0, weight: 0.293, latency: 17ms, gateways: 1}
+  - {id: r1, weight: 0.216, latency: 39ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 2422}
+      allot:
+        window: 3s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - {region: r0, limit: swarm/l0, key: l0=k0, rate: {constant_per_sec: 334.21}, arrivals: uniform, cost: {constant_units: 3}, retry: none}
+  - region: r1
+    limit: swarm/l0
+    key: l0=k0
+    rate: {flash_crowd: {base_per_sec: 99.737, factor: 5.222, start: 4862ms, end: 7149ms}}
+    arrivals: uniform
+    cost: {constant_units: 3}
+    retry: none
+faults:
+  - agent_restore: {region: r1, at: 6447ms, from: 3048ms}
+"#;
+
+const RESTORE_AT_OUTAGE_END: &str = r#"
+name: restore-at-outage-end
+duration: 27000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 25ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 13, max_units: 164, ttl: 3200ms}
+regions:
+  - {id: r1, latency: 2ms, gateways: 1}
+  - {id: r3, latency: 20ms, gateways: 1}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 449}
+      allot:
+        window: 9s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {steps: [{at: 0ms, per_sec: 24.143}, {at: 4956ms, per_sec: 74.172}]}
+    arrivals: uniform
+    cost: {constant_units: 1}
+    retry: none
+  - {region: r3, limit: swarm/l0, key: l0=k1, rate: {constant_per_sec: 1.571}, arrivals: uniform, cost: {constant_units: 1}, retry: none}
+faults:
+  - coordinator_outage: {start: 10876ms, end: 15263ms}
+  - agent_restore: {region: r3, at: 15224ms, from: 6972ms}
+"#;

@@ -97,6 +97,17 @@ impl Restore {
         }
     }
 
+    /// Whether the window starting at `window_start` began before a restored start (one
+    /// that is closed, or will be once answered): the lost copy may have admitted up to what
+    /// it held there, so none of it may be released to another region.
+    pub fn keeps_held(&self, window_start: Timestamp) -> bool {
+        match *self {
+            Restore::Normal => false,
+            Restore::Awaiting { started_at, .. } => window_start < started_at,
+            Restore::Closed { before } => window_start < before,
+        }
+    }
+
     pub fn is_awaiting(&self) -> bool {
         matches!(self, Restore::Awaiting { .. })
     }
@@ -144,6 +155,20 @@ mod tests {
             r.on_first_answer(true),
             Restore::Closed { before: ms(5_000) }
         );
+    }
+
+    #[test]
+    fn windows_before_a_restored_start_keep_what_is_held_while_awaiting_and_once_closed() {
+        let r = Restore::start(ms(5_000), RestoreStart::Declared, true);
+        assert!(r.keeps_held(ms(4_000)), "awaiting: the window will close");
+        assert!(
+            !r.keeps_held(ms(5_000)),
+            "a window starting at the start is normal"
+        );
+        let r = r.on_first_answer(false);
+        assert!(r.keeps_held(ms(4_000)));
+        assert!(!r.keeps_held(ms(6_000)));
+        assert!(!Restore::Normal.keeps_held(ms(0)));
     }
 
     #[test]

@@ -604,10 +604,18 @@ impl RegionBudget {
             // The window is over: nothing more can be admitted in it, nothing to release.
             Some(lim) if r.counter.window < lim.params.window_index(now) => Some(ack(0, 0)),
             Some(lim) => {
+                // A window that began before a restored start keeps all it holds: the lost
+                // copy may have spent it, and a release would grow another region into it.
+                let keep =
+                    (self.view.restore).keeps_held(lim.params.window_start(r.counter.window));
                 let mut touched = Vec::new();
                 let max_keys = self.cfg.max_keys_per_limit;
                 let out = lim.with_key(now, &r.counter.key, max_keys, &mut touched, |p, ks, _| {
-                    let (released, after) = release_in_key(p, ks, &r, &fresh);
+                    let (released, after) = if keep {
+                        (0, admit::allowance(p, ks, r.counter.window, &fresh).units)
+                    } else {
+                        release_in_key(p, ks, &r, &fresh)
+                    };
                     ack(released, after)
                 });
                 let done = out.is_ok();
