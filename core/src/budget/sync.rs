@@ -606,8 +606,8 @@ impl RegionBudget {
             Some(lim) => {
                 // A window that began before a restored start keeps all it holds: the lost
                 // copy may have spent it, and a release would grow another region into it.
-                let keep =
-                    (self.view.restore).keeps_held(lim.params.window_start(r.counter.window));
+                let start = lim.params.window_start(r.counter.window);
+                let keep = self.view.restore.keeps_held(start);
                 let mut touched = Vec::new();
                 let max_keys = self.cfg.max_keys_per_limit;
                 let out = lim.with_key(now, &r.counter.key, max_keys, &mut touched, |p, ks, _| {
