@@ -668,12 +668,20 @@ impl RegionNode for CoreRegion {
             } else {
                 admitted_before_reload
             };
+            // Awaiting its boot's first answer, a restored region admits nothing from its
+            // allowances and states them at its own count of use. That count is the old
+            // copy's: it may hold units the lost copy refunded later, and released, so it
+            // may be above the table's row. Nothing is left to admit; the answer brings the
+            // region's entries back and its count down. Judged against the row only if it
+            // could admit more.
+            let held_at_own_count =
+                k.restore_awaiting && k.allowance_units <= net.saturating_sub(k.excess_units);
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance
                     .max(admitted_before_reload.unwrap_or(0))
                     .saturating_add(k.excess_units),
-                strict_allowance_units: strict.then_some(k.allowance_units),
+                strict_allowance_units: (strict && !held_at_own_count).then_some(k.allowance_units),
                 counter: k.counter,
             });
         }

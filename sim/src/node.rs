@@ -220,7 +220,8 @@ pub struct AllowanceView {
     /// admissions while partitioned).
     pub limit_units: u64,
     /// A strict, coordinated region's own `a_r` for the counter, held against the
-    /// coordinator's table (`None` where the table has no say).
+    /// coordinator's table (`None` where the table has no say, or where a restored region
+    /// awaiting its first answer is held at its own count and admits nothing more from it).
     pub strict_allowance_units: Option<u64>,
 }
 

@@ -124,6 +124,10 @@ pub struct KeyView {
     /// admitted in it, and its use may be above `allowance_units` by what the lost copy of the
     /// state admitted, which the coordinator sent back.
     pub restore_closed: bool,
+    /// A restored start awaits its boot's first answer: it admits nothing from its
+    /// allowances, and states `allowance_units` at its own count of use, the old copy's,
+    /// which may include units the lost copy refunded after the copy was taken.
+    pub restore_awaiting: bool,
 }
 
 impl RegionBudget {
@@ -340,6 +344,7 @@ impl RegionBudget {
                     allowance_units: allowance.units,
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
                     restore_closed: ctx.restore.closes(start),
+                    restore_awaiting: ctx.restore.awaiting,
                 });
             }
         }

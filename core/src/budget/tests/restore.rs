@@ -123,3 +123,17 @@ fn the_windows_a_restore_closed_stay_closed_after_a_crash() {
     assert!(!acquire(&mut r, at(40_000), "api", "k", 1).allowed);
     assert!(acquire(&mut r, at(60_000), "api", "k", 1).allowed);
 }
+
+#[test]
+fn key_views_say_a_restore_awaits_its_answer_until_it_comes() {
+    let mut b = restored(RestoreStart::Declared);
+    let awaiting = |b: &RegionBudget| b.key_views(at(30_200))[0].restore_awaiting;
+    assert!(awaiting(&b));
+    assert_eq!(
+        b.key_views(at(30_200))[0].allowance_units,
+        10,
+        "its own count"
+    );
+    answer_with(&mut b, at(30_100), false);
+    assert!(!awaiting(&b));
+}
