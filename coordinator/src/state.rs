@@ -288,35 +288,25 @@ impl ClusterState {
         self.configure(version, limits, regions)
     }
 
-    /// Loads `files` and puts their limits, keeping the files; refused as a whole when the
-    /// version is stale, the files do not load, or they name other regions than the limits in
-    /// force.
+    /// Loads `files` and puts their limits, keeping the files; refused as a whole when
+    /// [`ClusterState::check_config`] refuses them.
     fn put_config(&mut self, files: ConfigFiles) -> std::result::Result<CommandOutcome, Refusal> {
-        let current = self.table.config_version();
-        if files.version <= current {
-            return Err(Refusal::StaleVersion {
-                proposed: files.version,
-                current,
-            });
-        }
-        files.check_size().map_err(Refusal::BadConfig)?;
-        let config = files
-            .load()
-            .map_err(|errors| Refusal::BadConfig(errors.to_string()))?;
-        let limits: Vec<LimitSpec> = config.rules().map(|r| r.spec.clone()).collect();
-        if !self.limits.is_empty() {
-            let in_force = named_regions(&self.limits);
-            let proposed = named_regions(&limits);
-            if in_force != proposed {
-                return Err(Refusal::RegionsChanged {
-                    in_force: in_force.into_iter().collect(),
-                    proposed: proposed.into_iter().collect(),
-                });
-            }
-        }
+        let limits = self.check_config(&files)?;
         let outcome = self.put_limits(files.version, limits)?;
         self.config_files = Some(files);
         Ok(outcome)
+    }
+
+    /// What a configuration put is checked against (see [`ConfigInForce::check`]).
+    pub fn config_in_force(&self) -> ConfigInForce {
+        ConfigInForce {
+            version: self.table.config_version(),
+            regions: (!self.limits.is_empty()).then(|| named_regions(&self.limits)),
+        }
+    }
+
+    fn check_config(&self, files: &ConfigFiles) -> std::result::Result<Vec<LimitSpec>, Refusal> {
+        self.config_in_force().check(files)
     }
 
     fn add_region(
@@ -391,6 +381,44 @@ impl ClusterState {
             self.clocks.insert(clock.region.clone(), clock);
         }
         Ok(CommandOutcome::ClocksRecorded)
+    }
+}
+
+/// The version in force and the regions its limits name (`None` before any limits): all a
+/// configuration put is checked against, small enough to read out of the state's lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigInForce {
+    pub version: u64,
+    pub regions: Option<std::collections::BTreeSet<RegionId>>,
+}
+
+impl ConfigInForce {
+    /// The limits `files` load to, if a put of them would be taken: refused when the version
+    /// is not above the one in force, the files are too many or too large or do not load,
+    /// or they name other regions than the limits in force. The admin call asks it before
+    /// committing anything; applying the put asks it again.
+    pub fn check(&self, files: &ConfigFiles) -> std::result::Result<Vec<LimitSpec>, Refusal> {
+        if files.version <= self.version {
+            return Err(Refusal::StaleVersion {
+                proposed: files.version,
+                current: self.version,
+            });
+        }
+        files.check_size().map_err(Refusal::BadConfig)?;
+        let config = files
+            .load()
+            .map_err(|errors| Refusal::BadConfig(errors.to_string()))?;
+        let limits: Vec<LimitSpec> = config.rules().map(|r| r.spec.clone()).collect();
+        if let Some(in_force) = &self.regions {
+            let proposed = named_regions(&limits);
+            if *in_force != proposed {
+                return Err(Refusal::RegionsChanged {
+                    in_force: in_force.iter().cloned().collect(),
+                    proposed: proposed.into_iter().collect(),
+                });
+            }
+        }
+        Ok(limits)
     }
 }
 

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use allot_coordinator::daemon::limits::StartLimits;
 use allot_coordinator::daemon::{Daemon, DaemonSettings};
 use allot_coordinator::{ClusterState, NodeId};
 use allot_core::ids::{KeyId, LimitId, RegionId};
@@ -64,7 +65,10 @@ async fn start(
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config(),
         rebalance: CoordinatorConfig::default(),
-        limits: Some((1, limits())),
+        limits: Some(StartLimits::Specs {
+            version: 1,
+            limits: limits(),
+        }),
     };
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     Daemon::start(settings, grpc, http)
