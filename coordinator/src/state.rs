@@ -138,13 +138,20 @@ pub enum Refusal {
     /// Agents build their quota shares over the regions the limits name, and cannot change
     /// them without a restart.
     #[error(
-        "the limits name the regions {proposed:?}, the limits in force {in_force:?}: the \
-         deployment's regions cannot change by a configuration put"
+        "the limits name the regions [{}], the limits in force [{}]: the deployment's regions \
+         cannot change by a configuration put",
+        names(proposed),
+        names(in_force)
     )]
     RegionsChanged {
         in_force: Vec<RegionId>,
         proposed: Vec<RegionId>,
     },
+}
+
+fn names(regions: &[RegionId]) -> String {
+    let names: Vec<&str> = regions.iter().map(|r| r.as_str()).collect();
+    names.join(", ")
 }
 
 /// The replicated state. Serialisable as a whole: it is the raft snapshot.
