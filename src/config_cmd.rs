@@ -145,12 +145,10 @@ async fn put(args: PutArgs) -> ExitCode {
     .to_string();
     let mut tried = Vec::new();
     for addr in &args.coordinator {
-        let answer = tokio::time::timeout(
-            PUT_TIMEOUT,
-            request(addr, "PUT", "/v1/config", Some(&body)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer in {PUT_TIMEOUT:?}")));
+        let answer =
+            tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(&body)))
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer in {PUT_TIMEOUT:?}")));
         match answer {
             Ok((200, v)) => {
                 println!(
@@ -194,10 +192,7 @@ async fn get(args: GetArgs) -> ExitCode {
     let v = match answer {
         Ok((200, v)) => v,
         Ok((status, v)) => {
-            return fail(
-                2,
-                &format!("{}: {status} {}", args.coordinator, v["error"]),
-            );
+            return fail(2, &format!("{}: {status} {}", args.coordinator, v["error"]));
         }
         Err(e) => return fail(2, &format!("{}: {e}", args.coordinator)),
     };

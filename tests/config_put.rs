@@ -187,17 +187,22 @@ async fn clear_of_the_day_boundary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_ones_change_nothing()
-{
+async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_ones_change_nothing() {
     clear_of_the_day_boundary().await;
     let dir = scratch("put");
     std::fs::write(dir.join("limits.yaml"), limits(100)).expect("limits");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-    cmd.args(["coordinator", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .arg("--data")
-        .arg(dir.join("coordinator"))
-        .arg("--limits")
-        .arg(dir.join("limits.yaml"));
+    cmd.args([
+        "coordinator",
+        "--grpc",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .arg("--data")
+    .arg(dir.join("coordinator"))
+    .arg("--limits")
+    .arg(dir.join("limits.yaml"));
     let coordinator = Process::start(cmd);
     let agent = Process::agent(&dir, &coordinator.grpc);
     eventually(

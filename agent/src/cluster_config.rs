@@ -81,6 +81,9 @@ mod tests {
         assert_eq!(read(dir.path()), Ok(Some(files)));
         fs::write(path(dir.path()), b"{\"version\": 1").expect("damage");
         let err = read(dir.path()).expect_err("damaged");
-        assert!(err.contains("cluster-limits.json: not a kept configuration"), "{err}");
+        assert!(
+            err.contains("cluster-limits.json: not a kept configuration"),
+            "{err}"
+        );
     }
 }

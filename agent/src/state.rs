@@ -23,9 +23,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 
+use crate::cluster_config;
 use crate::commit::{Committer, Ticket};
 use crate::error::{Error, Result};
-use crate::cluster_config;
 use crate::limits::{self, Limits, RuleInfo, Source};
 use crate::metrics;
 use crate::negative::NegativeCache;
@@ -708,23 +708,31 @@ impl Agent {
             .await;
         self.negative.invalidate();
         metrics::config_reload(true, version);
-        tracing::info!(version, rules, "limits configuration taken from the coordinator cluster");
+        tracing::info!(
+            version,
+            rules,
+            "limits configuration taken from the coordinator cluster"
+        );
         if let Err(e) = res {
             tracing::error!(error = %e, "the new configuration's state is not yet persisted");
         }
         let dir = self.settings.data_dir.clone();
-        let kept =
-            tokio::task::spawn_blocking(move || cluster_config::persist(&dir, &files)).await;
+        let kept = tokio::task::spawn_blocking(move || cluster_config::persist(&dir, &files)).await;
         match kept {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the cluster's limits are not kept for the next start"),
-            Err(e) => tracing::error!(error = %e, "the cluster's limits are not kept for the next start"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the cluster's limits are not kept for the next start")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the cluster's limits are not kept for the next start")
+            }
         }
         true
     }
 
     fn refuse_cluster_config(&self, version: u64, in_force: u64) -> bool {
-        self.refused_cluster_version.store(version, Ordering::Relaxed);
+        self.refused_cluster_version
+            .store(version, Ordering::Relaxed);
         metrics::config_reload(false, in_force);
         false
     }
@@ -1126,9 +1134,18 @@ mod tests {
         assert_eq!(rule.quota_units, 40);
         assert_eq!(a.lock().config_version(), 3);
         // Older or the same: nothing. Other regions: refused.
-        assert!(!a.take_cluster_config(cluster(2, limits(5, "{r: 0.5, s: 0.5}"))).await);
-        assert!(!a.take_cluster_config(cluster(3, limits(5, "{r: 0.5, s: 0.5}"))).await);
-        assert!(!a.take_cluster_config(cluster(4, limits(5, "{r: 0.5, t: 0.5}"))).await);
+        assert!(
+            !a.take_cluster_config(cluster(2, limits(5, "{r: 0.5, s: 0.5}")))
+                .await
+        );
+        assert!(
+            !a.take_cluster_config(cluster(3, limits(5, "{r: 0.5, s: 0.5}")))
+                .await
+        );
+        assert!(
+            !a.take_cluster_config(cluster(4, limits(5, "{r: 0.5, t: 0.5}")))
+                .await
+        );
         assert_eq!(a.limits().version, 3);
         // The local files no longer reload.
         assert!(!a.reload("test").await);

@@ -819,17 +819,26 @@ mod tests {
         assert_eq!(state.limits().len(), 1);
         assert_eq!(state.limits()[0].id.as_str(), "d/k");
         assert_eq!(state.regions().len(), 2);
-        assert_eq!(state.config_files(), Some(files(1, 100, "{a: 0.5, b: 0.5}")));
+        assert_eq!(
+            state.config_files(),
+            Some(files(1, 100, "{a: 0.5, b: 0.5}"))
+        );
         // Another quota, same regions: in force at 2.
         let put = ClusterCommand::PutConfig(files(2, 70, "{a: 0.6, b: 0.4}"));
-        assert_eq!(state.apply(put).expect("applies").configured_version(), Some(2));
+        assert_eq!(
+            state.apply(put).expect("applies").configured_version(),
+            Some(2)
+        );
         assert_eq!(state.config_files().map(|f| f.version), Some(2));
         // A membership change moves the version; the files stay, at the new version.
         let join = ClusterCommand::AddRegion {
             region: region("a"),
             weight_ppm: Some(500_000),
         };
-        assert_eq!(state.apply(join).expect("applies").configured_version(), Some(3));
+        assert_eq!(
+            state.apply(join).expect("applies").configured_version(),
+            Some(3)
+        );
         let in_force = state.config_files().expect("files kept");
         assert_eq!(in_force.version, 3);
         assert_eq!(in_force.files, files(2, 70, "{a: 0.6, b: 0.4}").files);
@@ -838,7 +847,13 @@ mod tests {
             version: 4,
             limits: state.limits().to_vec(),
         };
-        assert!(state.apply(put).expect("applies").configured_version().is_some());
+        assert!(
+            state
+                .apply(put)
+                .expect("applies")
+                .configured_version()
+                .is_some()
+        );
         assert_eq!(state.config_files(), None);
     }
 

@@ -318,10 +318,14 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
     assert_eq!(old.config_version, 2);
     let files = old.config.expect("the files of version 2");
     assert_eq!(files.version, 2);
-    assert!(files.files[0].text.contains("requests_per_unit: 500"), "{files:?}");
+    assert!(
+        files.files[0].text.contains("requests_per_unit: 500"),
+        "{files:?}"
+    );
     let mut current = up("a", 1_000);
     current.config_version = 2;
-    let Ok(pb::sync_answer::Answer::SyncDown(down)) = send(nodes[&second].grpc_addr(), current).await
+    let Ok(pb::sync_answer::Answer::SyncDown(down)) =
+        send(nodes[&second].grpc_addr(), current).await
     else {
         panic!("the leader answers");
     };
@@ -352,5 +356,8 @@ fn http_put(addr: SocketAddr, body: &str) -> (String, String) {
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("read");
     let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
+    (
+        head.lines().next().unwrap_or_default().to_owned(),
+        body.to_owned(),
+    )
 }

@@ -193,7 +193,11 @@ pub async fn get(State(admin): State<Admin>) -> Json<Value> {
             .iter()
             .map(|l| l.id.as_str().to_owned())
             .collect();
-        (a.state.table().config_version(), a.state.config_files(), limits)
+        (
+            a.state.table().config_version(),
+            a.state.config_files(),
+            limits,
+        )
     });
     Json(json!({
         "version": version,

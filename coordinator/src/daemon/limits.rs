@@ -27,7 +27,10 @@ const PUT_RETRY: Duration = Duration::from_millis(500);
 #[derive(Clone, Debug)]
 pub enum StartLimits {
     Files(ConfigFiles),
-    Specs { version: u64, limits: Vec<LimitSpec> },
+    Specs {
+        version: u64,
+        limits: Vec<LimitSpec>,
+    },
 }
 
 impl StartLimits {

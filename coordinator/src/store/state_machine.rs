@@ -17,9 +17,7 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
-use crate::codec::{
-    FORMAT_V1, FORMAT_V2, decode_body, encode_as, split_format, unknown_format,
-};
+use crate::codec::{FORMAT_V1, FORMAT_V2, decode_body, encode_as, split_format, unknown_format};
 use crate::error::Error;
 use crate::state::{ClusterState, ClusterStateV1, CommandOutcome};
 use crate::types::{

@@ -342,7 +342,10 @@ fn a_configuration_outside_its_bounds_is_refused_and_named() {
     let mut c = wire_config();
     c.files[0].text = "#".repeat(allot_core::sync::MAX_CONFIG_BYTES);
     let err = down_with(c).expect_err("refused").to_string();
-    assert!(err.starts_with("config.files: 196619 bytes of limits text"), "{err}");
+    assert!(
+        err.starts_with("config.files: 196619 bytes of limits text"),
+        "{err}"
+    );
     let mut c = wire_config();
     c.files = vec![c.files[0].clone(); allot_core::sync::MAX_CONFIG_FILES + 1];
     let err = down_with(c).expect_err("refused").to_string();
