@@ -164,10 +164,18 @@ fn refused(refusal: &Refusal) -> Reply {
 }
 
 /// `421 Misdirected Request`, naming the leader as raft knows it (its raft and sync address:
-/// the operator's list of admin addresses says which admin address that node has).
+/// the operator's list of admin addresses says which admin address that node has); `503`
+/// from a leader whose rebalancer is still starting.
 fn not_leader(admin: &Admin) -> Reply {
     let metrics = admin.raft.metrics();
     let m = metrics.borrow();
+    if m.current_leader == Some(m.id) {
+        // Elected, but its rebalancer (which commits every configuration change) is starting.
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node leads but its rebalancer is starting: put again in a moment",
+        );
+    }
     let leader_address = m.current_leader.and_then(|id| {
         m.membership_config
             .membership()
