@@ -40,7 +40,7 @@ pub fn run(files: &[PathBuf], merge_domains: bool) -> ExitCode {
     }
 }
 
-fn read_limited(path: &PathBuf) -> Result<String, String> {
+pub fn read_limited(path: &PathBuf) -> Result<String, String> {
     let file = File::open(path).map_err(|e| format!("cannot read file: {e}"))?;
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_FILE_BYTES + 1)

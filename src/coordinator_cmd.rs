@@ -82,8 +82,9 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
     let limits = if args.limits.is_empty() {
         None
     } else {
-        let specs = limits::load(&args.limits, args.merge_domains).map_err(|p| p.join("\n"))?;
-        Some((args.limits_version, specs))
+        let files = limits::read(&args.limits, args.limits_version, args.merge_domains)
+            .map_err(|p| p.join("\n"))?;
+        Some(limits::StartLimits::Files(files))
     };
     Ok(DaemonSettings {
         id: args.id,

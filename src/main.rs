@@ -2,6 +2,7 @@
 
 mod agent_cmd;
 mod check_config;
+mod config_cmd;
 mod coordinator_cmd;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,11 @@ enum Command {
     /// Print a coordinator node's status: members, leader, regions, and per limit the live
     /// bound (from the leader). Exits 2 when the node cannot be read.
     Status(coordinator_cmd::StatusArgs),
+    /// The coordinator cluster's limits configuration: `put` checks files and replicates them
+    /// as a new version (agents take it from the sync stream), `get` prints the version in
+    /// force. See docs/coordinator.md.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
     /// Call a running agent's Acquire once and print the decision as JSON.
     ///
     /// Exits 0 whether allowed or denied; 2 on a connection or input error.
@@ -63,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent_cmd::agent(args),
         Command::Coordinator(args) => coordinator_cmd::coordinator(args),
         Command::Status(args) => coordinator_cmd::status(args),
+        Command::Config(cmd) => config_cmd::run(cmd),
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),

@@ -194,14 +194,14 @@ async fn start_node(
     grpc: tokio::net::TcpListener,
     peers: &BTreeMap<u64, String>,
 ) -> Daemon {
-    let specs = limits::load(&[dir.join("limits.yaml")], false).expect("limits load");
+    let files = limits::read(&[dir.join("limits.yaml")], 1, false).expect("limits load");
     let settings = DaemonSettings {
         id,
         peers: peers.clone(),
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config("allot-test").expect("raft settings"),
         rebalance: CoordinatorConfig::default(),
-        limits: Some((1, specs)),
+        limits: Some(limits::StartLimits::Files(files)),
     };
     let http = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

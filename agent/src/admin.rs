@@ -101,6 +101,7 @@ async fn status(State(a): State<Admin>) -> Response {
     Json(json!({
         "region": a.agent.settings().region.as_str(),
         "config_version": limits.version,
+        "config_source": limits.source.as_str(),
         "sync": sync,
         "limits": rules,
     }))

@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod clock;
+pub mod cluster_config;
 pub mod commit;
 pub mod convert;
 pub mod driver;

@@ -13,6 +13,7 @@ use allot_core::config::{
 };
 use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::{FailureMode, LimitSpec, Quota};
+use allot_core::sync::ConfigFiles;
 
 use crate::metrics::RuleMetrics;
 
@@ -20,12 +21,32 @@ use crate::metrics::RuleMetrics;
 /// device) from being read whole.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// Where the configuration in force came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The agent's own `--config` files (or the embedded default).
+    Files,
+    /// The coordinator cluster's, from the sync stream (or as persisted from it).
+    Cluster,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Files => "files",
+            Source::Cluster => "cluster",
+        }
+    }
+}
+
 /// One loaded configuration.
 #[derive(Debug)]
 pub struct Limits {
     pub config: LimitsConfig,
-    /// Successful loads so far, this one included.
+    /// From files: successful loads so far, this one included. From the cluster: the
+    /// cluster's version.
     pub version: u64,
+    pub source: Source,
     rules: HashMap<LimitId, Arc<RuleInfo>>,
 }
 
@@ -91,6 +112,24 @@ pub fn load(
         .collect();
     let config = LimitsConfig::load(&sources, &LoadOptions { merge_domains })
         .map_err(|errors| errors.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    Ok(with_rules(config, version, Source::Files, near_limit_ratio))
+}
+
+/// Loads the cluster's configuration `files` at their version, or returns every problem.
+pub fn load_cluster(files: &ConfigFiles, near_limit_ratio: f64) -> Result<Limits, Vec<String>> {
+    files.check_size().map_err(|p| vec![p])?;
+    let config = files
+        .load()
+        .map_err(|errors| errors.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    Ok(with_rules(
+        config,
+        files.version,
+        Source::Cluster,
+        near_limit_ratio,
+    ))
+}
+
+fn with_rules(config: LimitsConfig, version: u64, source: Source, near_limit_ratio: f64) -> Limits {
     let rules = config
         .rules()
         .map(|r| {
@@ -98,11 +137,12 @@ pub fn load(
             (r.spec.id.clone(), Arc::new(info))
         })
         .collect();
-    Ok(Limits {
+    Limits {
         config,
         version,
+        source,
         rules,
-    })
+    }
 }
 
 pub(crate) fn rule_info(spec: &LimitSpec, near_limit_ratio: f64) -> RuleInfo {

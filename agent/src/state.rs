@@ -17,15 +17,16 @@ use allot_core::budget::{
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
-use allot_core::sync::{SyncDown, SyncUp};
+use allot_core::sync::{ConfigFiles, SyncDown, SyncUp};
 use allot_core::time::Timestamp;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 
+use crate::cluster_config;
 use crate::commit::{Committer, Ticket};
 use crate::error::{Error, Result};
-use crate::limits::{self, Limits, RuleInfo};
+use crate::limits::{self, Limits, RuleInfo, Source};
 use crate::metrics;
 use crate::negative::NegativeCache;
 use crate::settings::Settings;
@@ -163,6 +164,9 @@ pub struct Agent {
     timer: TimerWake,
     jitter: Mutex<ChaCha8Rng>,
     ready: AtomicBool,
+    /// The last cluster configuration version that was refused (it did not load, or named
+    /// other regions): not tried, nor logged, again at every answer.
+    refused_cluster_version: AtomicU64,
     /// The corrected clock windows are read on (`max_clock_uncertainty`), if any.
     timebase: Option<Mutex<Timebase>>,
 }
@@ -194,13 +198,7 @@ impl Agent {
     /// Loads the limits and restores the machine from `store`.
     pub fn open(settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
         settings.validate()?;
-        let limits = limits::load(
-            &settings.config_files,
-            settings.merge_domains,
-            1,
-            settings.near_limit_ratio,
-        )
-        .map_err(|problems| Error::Config(problems.join("\n")))?;
+        let limits = initial_limits(&settings)?;
         let budget_config = settings.budget_config(&limits.regions())?;
         metrics::config_reload(true, limits.version);
         let records = store.load()?;
@@ -241,6 +239,7 @@ impl Agent {
             },
             jitter: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             ready: AtomicBool::new(false),
+            refused_cluster_version: AtomicU64::new(0),
             timebase,
             settings,
         })
@@ -601,6 +600,18 @@ impl Agent {
     /// every problem is logged and counted.
     pub async fn reload(&self, why: &str) -> bool {
         let current = self.limits();
+        if current.source == Source::Cluster {
+            // The cluster numbers its versions; a local load would take a number that means
+            // other limits there (D25).
+            tracing::error!(
+                why,
+                version = current.version,
+                "limits configuration not reloaded: the limits in force are the coordinator \
+                 cluster's; change them with `allot config put`"
+            );
+            metrics::config_reload(false, current.version);
+            return false;
+        }
         let version = current.version + 1;
         let s = &self.settings;
         let loaded = limits::load(
@@ -655,6 +666,77 @@ impl Agent {
         true
     }
 
+    /// Takes the coordinator cluster's configuration, as a reload takes files (rules that
+    /// still exist keep their counters; grants of changed limits go), when it is newer than
+    /// the cluster's version in force, or when the agent still runs its own files at another
+    /// version: the cluster's wins (D25). Kept in the data directory for the next start.
+    pub async fn take_cluster_config(&self, files: ConfigFiles) -> bool {
+        let current = self.limits();
+        let newer = match current.source {
+            Source::Cluster => files.version > current.version,
+            Source::Files => files.version != current.version,
+        };
+        if !newer || self.refused_cluster_version.load(Ordering::Relaxed) == files.version {
+            return false;
+        }
+        let new = match limits::load_cluster(&files, self.settings.near_limit_ratio) {
+            Ok(l) => Arc::new(l),
+            Err(problems) => {
+                for p in &problems {
+                    tracing::error!(problem = %p, version = files.version, "the cluster's limits do not load here");
+                }
+                return self.refuse_cluster_config(files.version, current.version);
+            }
+        };
+        if new.regions() != current.regions() {
+            tracing::error!(
+                version = files.version,
+                "the cluster's limits name other regions than the ones in force; the \
+                 deployment's regions change only with a restart"
+            );
+            return self.refuse_cluster_config(files.version, current.version);
+        }
+        let now = self.now();
+        let version = files.version;
+        let rules = new.config.rules().len();
+        let res = self
+            .with_budget(|b| {
+                b.set_limits(now, new.specs());
+                b.set_config_version(version);
+                *self.limits.write().unwrap_or_else(|p| p.into_inner()) = new;
+            })
+            .await;
+        self.negative.invalidate();
+        metrics::config_reload(true, version);
+        tracing::info!(
+            version,
+            rules,
+            "limits configuration taken from the coordinator cluster"
+        );
+        if let Err(e) = res {
+            tracing::error!(error = %e, "the new configuration's state is not yet persisted");
+        }
+        let dir = self.settings.data_dir.clone();
+        let kept = tokio::task::spawn_blocking(move || cluster_config::persist(&dir, &files)).await;
+        match kept {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the cluster's limits are not kept for the next start")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the cluster's limits are not kept for the next start")
+            }
+        }
+        true
+    }
+
+    fn refuse_cluster_config(&self, version: u64, in_force: u64) -> bool {
+        self.refused_cluster_version
+            .store(version, Ordering::Relaxed);
+        metrics::config_reload(false, in_force);
+        false
+    }
+
     /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent
     /// (already durable, as the machine's contract asks).
     pub async fn on_timer(&self) -> Result<(Option<Timestamp>, Option<SyncUp>)> {
@@ -673,7 +755,11 @@ impl Agent {
 
     /// A message from the coordinator: grants may have raised allowances, so the negative
     /// cache is forgotten.
-    pub async fn on_sync_down(&self, down: SyncDown) -> Result<()> {
+    pub async fn on_sync_down(&self, mut down: SyncDown) -> Result<()> {
+        if let Some(files) = down.config.take() {
+            // Before the rest: the answer's grants are of the version it carries.
+            self.take_cluster_config(files).await;
+        }
         let now = self.now();
         self.with_budget(|b| {
             b.handle_sync_down(now, down);
@@ -815,6 +901,42 @@ impl Agent {
 }
 
 /// Counts a decision in the rule's metrics and wraps it.
+/// The limits an agent starts with: with a coordinator, the cluster's configuration as last
+/// taken (kept in the data directory), if there is one; otherwise its own files at version 1.
+fn initial_limits(settings: &Settings) -> Result<Limits> {
+    if settings.is_coordinated() {
+        let kept = cluster_config::read(&settings.data_dir).map_err(|e| {
+            Error::Config(format!(
+                "{e}: remove it to start from the limits files (the cluster sends its version \
+                 again)"
+            ))
+        })?;
+        if let Some(files) = kept {
+            let limits =
+                limits::load_cluster(&files, settings.near_limit_ratio).map_err(|problems| {
+                    Error::Config(format!(
+                        "the kept cluster configuration ({}) does not load: {}",
+                        cluster_config::path(&settings.data_dir).display(),
+                        problems.join("\n")
+                    ))
+                })?;
+            tracing::info!(
+                version = limits.version,
+                "starting with the coordinator cluster's limits as last taken; the limits \
+                 files are not read"
+            );
+            return Ok(limits);
+        }
+    }
+    limits::load(
+        &settings.config_files,
+        settings.merge_domains,
+        1,
+        settings.near_limit_ratio,
+    )
+    .map_err(|problems| Error::Config(problems.join("\n")))
+}
+
 fn record(rule: Arc<RuleInfo>, decision: Decision) -> Checked {
     count(&rule, &decision);
     Checked::Decided { rule, decision }
@@ -974,6 +1096,66 @@ mod tests {
         std::fs::write(&file, limits("{r: 0.5, t: 0.5}")).expect("limits file");
         assert!(!a.reload("test").await, "other regions");
         assert_eq!(a.limits().version, 2);
+    }
+
+    /// The cluster's configuration replaces the agent's files (its version, not a load
+    /// count), is kept for the next start, and stops local reloads; an older version, or one
+    /// naming other regions, changes nothing.
+    #[tokio::test]
+    async fn the_clusters_configuration_wins_is_kept_and_stops_local_reloads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("limits.yaml");
+        let limits = |quota: u64, weights: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {quota}}}\n    allot: {{weights: {weights}}}\n"
+            )
+        };
+        let cluster = |version: u64, text: String| ConfigFiles {
+            version,
+            merge_domains: false,
+            files: vec![allot_core::sync::ConfigFile {
+                name: "cluster.yaml".into(),
+                text,
+            }],
+        };
+        std::fs::write(&file, limits(10, "{r: 0.5, s: 0.5}")).expect("limits file");
+        let mut s = Settings::new(RegionId::from("r"), dir.path().to_path_buf());
+        s.config_files = vec![file.clone()];
+        s.coordinators = vec!["127.0.0.1:7000".into()];
+        let a = Agent::open(s.clone(), Arc::new(MemoryStore::new())).expect("agent");
+        assert_eq!(a.limits().source, Source::Files);
+        assert!(
+            a.take_cluster_config(cluster(3, limits(40, "{r: 0.5, s: 0.5}")))
+                .await
+        );
+        let l = a.limits();
+        assert_eq!((l.version, l.source), (3, Source::Cluster));
+        let rule = l.rules().next().expect("a rule");
+        assert_eq!(rule.quota_units, 40);
+        assert_eq!(a.lock().config_version(), 3);
+        // Older or the same: nothing. Other regions: refused.
+        assert!(
+            !a.take_cluster_config(cluster(2, limits(5, "{r: 0.5, s: 0.5}")))
+                .await
+        );
+        assert!(
+            !a.take_cluster_config(cluster(3, limits(5, "{r: 0.5, s: 0.5}")))
+                .await
+        );
+        assert!(
+            !a.take_cluster_config(cluster(4, limits(5, "{r: 0.5, t: 0.5}")))
+                .await
+        );
+        assert_eq!(a.limits().version, 3);
+        // The local files no longer reload.
+        assert!(!a.reload("test").await);
+        assert_eq!(a.limits().version, 3);
+        drop(a);
+        // A restart starts from the kept cluster configuration, not the files.
+        let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+        let l = a.limits();
+        assert_eq!((l.version, l.source), (3, Source::Cluster));
+        assert_eq!(l.rules().next().map(|r| r.quota_units), Some(40));
     }
 
     #[test]

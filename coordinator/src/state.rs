@@ -17,7 +17,7 @@ use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
 use allot_core::rebalance::{
     AllowanceTable, ApplyOutcome, MAX_PROPOSALS_PER_POLL, RejectReason, TableCommand,
 };
-use allot_core::sync::ClockSample;
+use allot_core::sync::{ClockSample, ConfigFiles};
 use allot_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +60,11 @@ pub enum ClusterCommand {
     /// The leader's latest clock samples, so that a new leader states the skew term from the
     /// first round rather than treating every region's clock as unknown.
     RecordClocks(Vec<RegionClock>),
+    /// A new limits configuration as its files (`allot config put`, `--limits`): loaded here
+    /// with the configuration loader (deterministic, so every node gets the same limits), put
+    /// as [`ClusterCommand::PutLimits`] puts limits, and kept, so that the leader sends them
+    /// to agents on another version. Last of the variants: entries written before it decode.
+    PutConfig(ConfigFiles),
 }
 
 /// One region's clock sample as the leader took it.
@@ -127,6 +132,26 @@ pub enum Refusal {
     WeightsAboveOne { total_ppm: u64 },
     #[error("the allowance table refused the configuration: {0}")]
     Table(RejectReason),
+    /// The files are too many or too large, or do not load (every problem, file:line:column).
+    #[error("the limits do not load:\n{0}")]
+    BadConfig(String),
+    /// Agents build their quota shares over the regions the limits name, and cannot change
+    /// them without a restart.
+    #[error(
+        "the limits name the regions [{}], the limits in force [{}]: the deployment's regions \
+         cannot change by a configuration put",
+        names(proposed),
+        names(in_force)
+    )]
+    RegionsChanged {
+        in_force: Vec<RegionId>,
+        proposed: Vec<RegionId>,
+    },
+}
+
+fn names(regions: &[RegionId]) -> String {
+    let names: Vec<&str> = regions.iter().map(|r| r.as_str()).collect();
+    names.join(", ")
 }
 
 /// The replicated state. Serialisable as a whole: it is the raft snapshot.
@@ -137,6 +162,31 @@ pub struct ClusterState {
     limits: Vec<LimitSpec>,
     regions: BTreeMap<RegionId, RegionMember>,
     clocks: BTreeMap<RegionId, RegionClock>,
+    /// The files `limits` were loaded from, when they were put as files (`PutConfig`); their
+    /// version is the put's, which a membership change moves on from.
+    config_files: Option<ConfigFiles>,
+}
+
+/// The snapshot layout before the configuration's files were kept (format 1): read, never
+/// written.
+#[derive(Deserialize)]
+pub(crate) struct ClusterStateV1 {
+    table: AllowanceTable,
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+}
+
+impl From<ClusterStateV1> for ClusterState {
+    fn from(v1: ClusterStateV1) -> Self {
+        ClusterState {
+            table: v1.table,
+            limits: v1.limits,
+            regions: v1.regions,
+            clocks: v1.clocks,
+            config_files: None,
+        }
+    }
 }
 
 impl Default for ClusterState {
@@ -146,6 +196,7 @@ impl Default for ClusterState {
             limits: Vec::new(),
             regions: BTreeMap::new(),
             clocks: BTreeMap::new(),
+            config_files: None,
         }
     }
 }
@@ -167,6 +218,14 @@ impl ClusterState {
         &self.clocks
     }
 
+    /// The files of the limits in force, at the table's version (a membership change moves
+    /// the version, not the files); `None` when the limits were put without their files.
+    pub fn config_files(&self) -> Option<ConfigFiles> {
+        let mut files = self.config_files.clone()?;
+        files.version = self.table.config_version();
+        Some(files)
+    }
+
     /// Applies one committed command, then checks invariant 2 over the whole table. An `Err`
     /// means the table broke it: the node must stop applying (every replica would break it the
     /// same way, and a grant from a broken table could overshoot).
@@ -177,6 +236,7 @@ impl ClusterState {
             ClusterCommand::AddRegion { region, weight_ppm } => self.add_region(region, weight_ppm),
             ClusterCommand::RemoveRegion { region } => self.remove_region(&region),
             ClusterCommand::RecordClocks(clocks) => self.record_clocks(clocks),
+            ClusterCommand::PutConfig(files) => self.put_config(files),
         };
         self.table
             .check_invariants()
@@ -220,6 +280,7 @@ impl ClusterState {
                 limits: limits.len(),
             });
         }
+        self.config_files = None;
         let mut regions = self.regions.clone();
         for region in named_regions(&limits) {
             regions
@@ -232,6 +293,27 @@ impl ClusterState {
             });
         }
         self.configure(version, limits, regions)
+    }
+
+    /// Loads `files` and puts their limits, keeping the files; refused as a whole when
+    /// [`ClusterState::check_config`] refuses them.
+    fn put_config(&mut self, files: ConfigFiles) -> std::result::Result<CommandOutcome, Refusal> {
+        let limits = self.check_config(&files)?;
+        let outcome = self.put_limits(files.version, limits)?;
+        self.config_files = Some(files);
+        Ok(outcome)
+    }
+
+    /// What a configuration put is checked against (see [`ConfigInForce::check`]).
+    pub fn config_in_force(&self) -> ConfigInForce {
+        ConfigInForce {
+            version: self.table.config_version(),
+            regions: (!self.limits.is_empty()).then(|| named_regions(&self.limits)),
+        }
+    }
+
+    fn check_config(&self, files: &ConfigFiles) -> std::result::Result<Vec<LimitSpec>, Refusal> {
+        self.config_in_force().check(files)
     }
 
     fn add_region(
@@ -306,6 +388,44 @@ impl ClusterState {
             self.clocks.insert(clock.region.clone(), clock);
         }
         Ok(CommandOutcome::ClocksRecorded)
+    }
+}
+
+/// The version in force and the regions its limits name (`None` before any limits): all a
+/// configuration put is checked against, small enough to read out of the state's lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigInForce {
+    pub version: u64,
+    pub regions: Option<std::collections::BTreeSet<RegionId>>,
+}
+
+impl ConfigInForce {
+    /// The limits `files` load to, if a put of them would be taken: refused when the version
+    /// is not above the one in force, the files are too many or too large or do not load,
+    /// or they name other regions than the limits in force. The admin call asks it before
+    /// committing anything; applying the put asks it again.
+    pub fn check(&self, files: &ConfigFiles) -> std::result::Result<Vec<LimitSpec>, Refusal> {
+        if files.version <= self.version {
+            return Err(Refusal::StaleVersion {
+                proposed: files.version,
+                current: self.version,
+            });
+        }
+        files.check_size().map_err(Refusal::BadConfig)?;
+        let config = files
+            .load()
+            .map_err(|errors| Refusal::BadConfig(errors.to_string()))?;
+        let limits: Vec<LimitSpec> = config.rules().map(|r| r.spec.clone()).collect();
+        if let Some(in_force) = &self.regions {
+            let proposed = named_regions(&limits);
+            if *in_force != proposed {
+                return Err(Refusal::RegionsChanged {
+                    in_force: in_force.iter().cloned().collect(),
+                    proposed: proposed.into_iter().collect(),
+                });
+            }
+        }
+        Ok(limits)
     }
 }
 
@@ -674,5 +794,103 @@ mod tests {
             }
             assert_eq!(leader.table(), state.table());
         }
+    }
+
+    fn files(version: u64, quota: u64, weights: &str) -> ConfigFiles {
+        ConfigFiles {
+            version,
+            merge_domains: false,
+            files: vec![allot_core::sync::ConfigFile {
+                name: "limits.yaml".to_owned(),
+                text: format!(
+                    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, \
+                     requests_per_unit: {quota}}}\n    allot: {{weights: {weights}}}\n"
+                ),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_config_put_loads_its_files_and_keeps_them_at_the_tables_version() {
+        let mut state = ClusterState::default();
+        let put = ClusterCommand::PutConfig(files(1, 100, "{a: 0.5, b: 0.5}"));
+        let outcome = state.apply(put).expect("applies");
+        assert_eq!(outcome.configured_version(), Some(1));
+        assert_eq!(state.limits().len(), 1);
+        assert_eq!(state.limits()[0].id.as_str(), "d/k");
+        assert_eq!(state.regions().len(), 2);
+        assert_eq!(
+            state.config_files(),
+            Some(files(1, 100, "{a: 0.5, b: 0.5}"))
+        );
+        // Another quota, same regions: in force at 2.
+        let put = ClusterCommand::PutConfig(files(2, 70, "{a: 0.6, b: 0.4}"));
+        assert_eq!(
+            state.apply(put).expect("applies").configured_version(),
+            Some(2)
+        );
+        assert_eq!(state.config_files().map(|f| f.version), Some(2));
+        // A membership change moves the version; the files stay, at the new version.
+        let join = ClusterCommand::AddRegion {
+            region: region("a"),
+            weight_ppm: Some(500_000),
+        };
+        assert_eq!(
+            state.apply(join).expect("applies").configured_version(),
+            Some(3)
+        );
+        let in_force = state.config_files().expect("files kept");
+        assert_eq!(in_force.version, 3);
+        assert_eq!(in_force.files, files(2, 70, "{a: 0.6, b: 0.4}").files);
+        // Limits put without files leave no files to send.
+        let put = ClusterCommand::PutLimits {
+            version: 4,
+            limits: state.limits().to_vec(),
+        };
+        assert!(
+            state
+                .apply(put)
+                .expect("applies")
+                .configured_version()
+                .is_some()
+        );
+        assert_eq!(state.config_files(), None);
+    }
+
+    #[test]
+    fn a_bad_stale_or_region_changing_config_put_is_refused_and_changes_nothing() {
+        let mut state = ClusterState::default();
+        let put = ClusterCommand::PutConfig(files(5, 100, "{a: 0.5, b: 0.5}"));
+        state.apply(put).expect("applies");
+        let before = state.clone();
+        let refused = |state: &mut ClusterState, put: ConfigFiles| match state
+            .apply(ClusterCommand::PutConfig(put))
+            .expect("no invariant broken")
+        {
+            CommandOutcome::Refused(r) => r,
+            other => panic!("applied: {other:?}"),
+        };
+        assert_eq!(
+            refused(&mut state, files(5, 90, "{a: 0.5, b: 0.5}")),
+            Refusal::StaleVersion {
+                proposed: 5,
+                current: 5
+            }
+        );
+        let mut bad = files(6, 90, "{a: 0.5, b: 0.5}");
+        bad.files[0].text = bad.files[0].text.replace("unit: day", "unit: fortnight");
+        let Refusal::BadConfig(why) = refused(&mut state, bad) else {
+            panic!("not a bad configuration")
+        };
+        assert!(why.starts_with("limits.yaml:4:"), "{why}");
+        assert!(why.contains("fortnight"), "{why}");
+        assert!(matches!(
+            refused(&mut state, files(6, 90, "{a: 0.5, c: 0.5}")),
+            Refusal::RegionsChanged { .. }
+        ));
+        let mut empty = files(6, 90, "{a: 0.5, b: 0.5}");
+        empty.files.clear();
+        assert!(matches!(refused(&mut state, empty), Refusal::BadConfig(_)));
+        assert_eq!(state, before);
     }
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use allot_coordinator::daemon::limits::StartLimits;
 use allot_coordinator::daemon::{Daemon, DaemonSettings};
 use allot_coordinator::{ClusterState, NodeId};
 use allot_core::ids::{KeyId, LimitId, RegionId};
@@ -64,7 +65,10 @@ async fn start(
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config(),
         rebalance: CoordinatorConfig::default(),
-        limits: Some((1, limits())),
+        limits: Some(StartLimits::Specs {
+            version: 1,
+            limits: limits(),
+        }),
     };
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     Daemon::start(settings, grpc, http)
@@ -274,6 +278,11 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
         panic!("a follower redirects: {redirect:?}");
     };
     assert_eq!(n.leader_address, peers[&first]);
+    // A configuration put on a follower commits nothing: 421, naming the leader.
+    let (line, body) = http_put(nodes[&follower].http_addr(), &config_put(5));
+    assert!(line.contains("421"), "{line} {body}");
+    assert!(body.contains(&peers[&first]), "{body}");
+    assert_eq!(state(&nodes[&follower]).table().config_version(), 1);
     let before = sync_down(nodes[&first].grpc_addr(), "a").await;
     let grown = before.grants.first().expect("a grow").allowance_units;
 
@@ -299,7 +308,56 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
             .allowance(&c, &RegionId::from("a")),
         grown
     );
+
+    // A put on the new leader commits version 2 with its files; a region still on version 1
+    // gets them in its answer, one on version 2 does not.
+    let (line, body) = http_put(nodes[&second].http_addr(), &config_put(500));
+    assert!(line.contains("200"), "{line} {body}");
+    assert!(body.contains("\"version\":2"), "{body}");
+    let old = sync_down(nodes[&second].grpc_addr(), "a").await;
+    assert_eq!(old.config_version, 2);
+    let files = old.config.expect("the files of version 2");
+    assert_eq!(files.version, 2);
+    assert!(
+        files.files[0].text.contains("requests_per_unit: 500"),
+        "{files:?}"
+    );
+    let mut current = up("a", 1_000);
+    current.config_version = 2;
+    let Ok(pb::sync_answer::Answer::SyncDown(down)) =
+        send(nodes[&second].grpc_addr(), current).await
+    else {
+        panic!("the leader answers");
+    };
+    assert_eq!(sync_down_from_wire(down).expect("converts").config, None);
     for (_, d) in nodes {
         d.shutdown().await.expect("stops");
     }
+}
+
+/// A `PUT /v1/config` body: the test's limit at `quota` units, as a file.
+fn config_put(quota: u64) -> String {
+    let text = format!(
+        "domain: api\ndescriptors:\n  - key: t\n    rate_limit: {{unit: hour, requests_per_unit: {quota}}}\n    allot: {{weights: {{a: 0.3, b: 0.3}}}}\n"
+    );
+    serde_json::json!({ "files": [{ "name": "limits.yaml", "text": text }] }).to_string()
+}
+
+/// The status line and body of a `PUT /v1/config`.
+fn http_put(addr: SocketAddr, body: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("admin HTTP");
+    write!(
+        s,
+        "PUT /v1/config HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    (
+        head.lines().next().unwrap_or_default().to_owned(),
+        body.to_owned(),
+    )
 }

@@ -15,12 +15,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::time::{Timestamp, WindowIndex};
 
 /// Most entries (counter entries, demand reports, grants, ...) one message carries; the rest
 /// waits for the next interval. Bounds memory and message size whatever the key count.
 pub const MAX_ITEMS_PER_MESSAGE: usize = 4096;
+
+/// Most files one limits configuration is made of.
+pub const MAX_CONFIG_FILES: usize = 64;
+
+/// Most bytes of text (names and contents) one limits configuration holds. Real ones are
+/// kilobytes; the bound keeps a configuration one raft entry that a full append (64 entries,
+/// 16 MiB) carries, and a SyncDown that carries it within its 16 MiB.
+pub const MAX_CONFIG_BYTES: usize = 192 * 1024;
 
 /// One (limit, key, window) counter, as every state machine names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -207,4 +216,72 @@ pub struct SyncDown {
     /// store empty lost it, rather than starting for the first time.
     #[serde(default)]
     pub known_region: bool,
+    /// The limits configuration of `config_version`, sent to a region whose SyncUp named
+    /// another version; the region loads it as it loads its own files. `None` otherwise, and
+    /// from a coordinator that holds limits without their files.
+    #[serde(default)]
+    pub config: Option<ConfigFiles>,
+}
+
+/// A limits configuration as the files it was loaded from, so that every end loads the same
+/// rules with the same loader (`LimitsConfig::load`), matching trees included.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigFiles {
+    pub version: u64,
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`, as the files were checked with.
+    pub merge_domains: bool,
+    pub files: Vec<ConfigFile>,
+}
+
+/// One limits file: the name its errors are reported under, and its text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigFile {
+    pub name: String,
+    pub text: String,
+}
+
+impl ConfigFiles {
+    /// Bytes of text: names and contents.
+    pub fn text_bytes(&self) -> usize {
+        self.files.iter().map(|f| f.name.len() + f.text.len()).sum()
+    }
+
+    /// Why these files cannot be a configuration before anything loads them: too many, too
+    /// large, or a file without a name.
+    pub fn check_size(&self) -> Result<(), String> {
+        if self.files.is_empty() {
+            return Err("a configuration needs at least one file".to_owned());
+        }
+        if self.files.len() > MAX_CONFIG_FILES {
+            return Err(format!(
+                "{} files, above the most, {MAX_CONFIG_FILES}",
+                self.files.len()
+            ));
+        }
+        if self.text_bytes() > MAX_CONFIG_BYTES {
+            return Err(format!(
+                "{} bytes of limits text, above the most, {MAX_CONFIG_BYTES}",
+                self.text_bytes()
+            ));
+        }
+        if let Some(i) = self.files.iter().position(|f| f.name.is_empty()) {
+            return Err(format!("file {i} has no name"));
+        }
+        Ok(())
+    }
+
+    /// Loads the files with the configuration loader, or gives every problem in them.
+    pub fn load(&self) -> Result<LimitsConfig, ConfigErrors> {
+        let sources: Vec<SourceFile<'_>> = self
+            .files
+            .iter()
+            .map(|f| SourceFile::new(&f.name, &f.text))
+            .collect();
+        LimitsConfig::load(
+            &sources,
+            &LoadOptions {
+                merge_domains: self.merge_domains,
+            },
+        )
+    }
 }

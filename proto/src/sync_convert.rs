@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use allot_core::ids::{Epoch, KeyId, LimitId, RegionId};
 use allot_core::sync::{
-    AllowanceGrant, BoundFigures, ClockGuard, ClockSample, CounterEntry, CounterRef, DemandReport,
-    LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
+    AllowanceGrant, BoundFigures, ClockGuard, ClockSample, ConfigFile, ConfigFiles, CounterEntry,
+    CounterRef, DemandReport, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest,
+    SyncDown, SyncUp,
 };
 use allot_core::time::{Timestamp, WindowIndex, duration_nanos};
 
@@ -71,6 +72,22 @@ pub fn sync_down_to_wire(down: SyncDown) -> pb::SyncDown {
             .map(release_to_wire)
             .collect(),
         known_region: down.known_region,
+        config: down.config.map(config_to_wire),
+    }
+}
+
+pub fn config_to_wire(c: ConfigFiles) -> pb::ConfigFiles {
+    pb::ConfigFiles {
+        version: c.version,
+        merge_domains: c.merge_domains,
+        files: c
+            .files
+            .into_iter()
+            .map(|f| pb::ConfigFile {
+                name: f.name,
+                text: f.text,
+            })
+            .collect(),
     }
 }
 
@@ -179,7 +196,36 @@ pub fn sync_down_from_wire(down: pb::SyncDown) -> Result<SyncDown> {
         grants: list(down.grants, "grants", grant_from_wire)?,
         release_requests: list(down.release_requests, "release_requests", release_from_wire)?,
         known_region: down.known_region,
+        config: down
+            .config
+            .map(config_from_wire)
+            .transpose()
+            .map_err(|e| e.within("config"))?,
     })
+}
+
+/// Refuses version 0, no file, a file without a name, and more files or text than a
+/// configuration may hold; the texts are loaded (and their YAML checked) by the receiver.
+pub fn config_from_wire(c: pb::ConfigFiles) -> Result<ConfigFiles> {
+    if c.version == 0 {
+        return Err(WireError::out_of_range("version", "must be above 0"));
+    }
+    let files = ConfigFiles {
+        version: c.version,
+        merge_domains: c.merge_domains,
+        files: c
+            .files
+            .into_iter()
+            .map(|f| ConfigFile {
+                name: f.name,
+                text: f.text,
+            })
+            .collect(),
+    };
+    files
+        .check_size()
+        .map_err(|problem| WireError::out_of_range("files", problem))?;
+    Ok(files)
 }
 
 /// Converts every item, refusing a list longer than the core ever sends in one message.

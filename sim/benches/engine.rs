@@ -81,6 +81,7 @@ impl CoordinatorNode for NullCoordinator {
             grants: Vec::new(),
             release_requests: Vec::new(),
             known_region: false,
+            config: None,
         }
     }
     fn poll_proposals(&mut self, _: Timestamp) -> Vec<()> {

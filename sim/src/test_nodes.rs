@@ -281,6 +281,7 @@ impl CoordinatorNode for TestCoordinator {
             grants: Vec::new(),
             release_requests: Vec::new(),
             known_region: false,
+            config: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON) and `/metrics` (Prometheus).
+//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON), `/metrics` (Prometheus) and
+//! `/v1/config` (the limits configuration: [`config`]).
 //!
 //! Every node answers `/v1/status` with what raft and the committed state say (members,
 //! leader, term, configuration, member regions); the leader adds what only its rebalancer
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use allot_core::ids::RegionId;
 use axum::Json;
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -18,6 +20,7 @@ use openraft::Raft;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::daemon::config;
 use crate::daemon::handler::LeaderSlot;
 use crate::daemon::leader::{
     CounterStatus, Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT, counters_status,
@@ -39,6 +42,12 @@ pub fn router(admin: Admin) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(render_metrics))
         .route("/v1/status", get(status))
+        .route(
+            "/v1/config",
+            get(config::get)
+                .put(config::put)
+                .layer(DefaultBodyLimit::max(config::MAX_PUT_BODY_BYTES)),
+        )
         .with_state(admin)
 }
 

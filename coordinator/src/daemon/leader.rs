@@ -146,6 +146,7 @@ pub struct LeaderStatus {
 /// The leader's rebalancer and the raft handle it commits through.
 pub struct Leader {
     raft: Raft<TypeConfig>,
+    state: StateReader,
     coordinator: Coordinator,
     heard: BTreeMap<RegionId, RegionHeard>,
 }
@@ -162,6 +163,7 @@ impl Leader {
         let table = state.read(|a| a.state.table().clone());
         Leader {
             raft,
+            state: state.clone(),
             coordinator: Coordinator::new(cfg, table, system_now(), leader_term),
             heard: BTreeMap::new(),
         }
@@ -215,7 +217,8 @@ impl Leader {
             metrics::counter!(m::REFUSED_SYNC_UPS).increment(1);
             return Ok(Answer::Refused(e.to_string()));
         }
-        if heard.config_version != self.coordinator.table().config_version() {
+        let other_version = heard.config_version != self.coordinator.table().config_version();
+        if other_version {
             // Nothing is planned until every region runs the table's version (D19).
             metrics::counter!(m::OTHER_VERSION_SYNC_UPS).increment(1);
         }
@@ -226,11 +229,19 @@ impl Leader {
             // contract's guard, never an answer past an uncommitted proposal.
             return Ok(Answer::Unanswered);
         }
-        Ok(Answer::Down(self.coordinator.poll_sync_down(
-            system_now(),
-            &region,
-            seq,
-        )))
+        let mut down = self.coordinator.poll_sync_down(system_now(), &region, seq);
+        if other_version {
+            // The region takes the files of the version in force from this answer (D25); the
+            // applied state holds the rebalancer's version, as every change goes through it.
+            down.config = self
+                .state
+                .read(|a| a.state.config_files())
+                .filter(|files| files.version == down.config_version);
+            if down.config.is_some() {
+                metrics::counter!(m::CONFIG_SENT).increment(1);
+            }
+        }
+        Ok(Answer::Down(down))
     }
 
     /// Polls the rebalancer and commits what it proposes as one round entry, then hands it

@@ -19,6 +19,8 @@ pub const ROUND_COMMANDS: &str = "allot_coordinator_round_commands_total";
 pub const REJECTED_COMMANDS: &str = "allot_coordinator_rejected_commands_total";
 pub const COMMIT_SECONDS: &str = "allot_coordinator_commit_seconds";
 pub const REBUILDS: &str = "allot_coordinator_rebalancer_rebuilds_total";
+pub const CONFIG_SENT: &str = "allot_coordinator_config_sent_total";
+pub const CONFIG_PUTS: &str = "allot_coordinator_config_puts_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
 /// same handle).
@@ -66,6 +68,14 @@ fn describe() {
         "Table commands the table refused when committed (a stale proposal): nothing changed."
     );
     describe_histogram!(COMMIT_SECONDS, "Time to commit one round through raft.");
+    describe_counter!(
+        CONFIG_SENT,
+        "Answers that carried the limits configuration's files to a region on another version."
+    );
+    describe_counter!(
+        CONFIG_PUTS,
+        "Configuration puts by the admin API, by result (committed, refused, not_leader, failed)."
+    );
     describe_counter!(
         REBUILDS,
         "Times the leader's rebalancer was rebuilt from the committed state within one term (its table disagreed with the replicated one)."

@@ -5,7 +5,8 @@
 //!   follower names the leader) and the supervisor that runs the rebalancer while this node
 //!   leads.
 //! - [`leader`]: the rebalancer task and the driver contract over raft.
-//! - [`admin`]: `/healthz`, `/v1/status`, `/metrics`.
+//! - [`admin`]: `/healthz`, `/v1/status`, `/metrics`; [`config`]: `/v1/config`, the limits
+//!   configuration put (`allot config put`) and read.
 //! - [`limits`]: the limits files given at start, put through raft when the cluster has an
 //!   older version.
 //!
@@ -13,6 +14,7 @@
 //! between the wire, the rebalancer and raft.
 
 pub mod admin;
+pub mod config;
 pub mod handler;
 pub mod leader;
 pub mod limits;
@@ -23,7 +25,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use allot_core::limit::LimitSpec;
 use allot_core::rebalance::CoordinatorConfig;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft};
@@ -51,8 +52,8 @@ pub struct DaemonSettings {
     pub raft: openraft::Config,
     /// The rebalancer's settings; `sync_interval` and `view_ttl` must be the agents'.
     pub rebalance: CoordinatorConfig,
-    /// Limits to put at this version when the cluster holds an older one.
-    pub limits: Option<(u64, Vec<LimitSpec>)>,
+    /// Limits to put when the cluster holds an older version.
+    pub limits: Option<limits::StartLimits>,
 }
 
 /// A running coordinator node.
@@ -88,12 +89,11 @@ impl Daemon {
             settings.rebalance.clone(),
             stopping.clone(),
         ))];
-        if let Some((version, specs)) = settings.limits {
+        if let Some(start_limits) = settings.limits {
             let put = limits::put_when_older(
                 node.state.clone(),
                 slot.clone(),
-                version,
-                specs,
+                start_limits,
                 stopping.clone(),
             );
             tasks.push(tokio::spawn(put));

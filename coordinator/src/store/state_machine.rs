@@ -17,9 +17,9 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
-use crate::codec::{decode, encode};
+use crate::codec::{FORMAT_V1, FORMAT_V2, decode_body, encode_as, split_format, unknown_format};
 use crate::error::Error;
-use crate::state::{ClusterState, CommandOutcome};
+use crate::state::{ClusterState, ClusterStateV1, CommandOutcome};
 use crate::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -81,7 +81,12 @@ impl StateMachineStore {
 
 /// Decodes a snapshot's state and checks the table's invariant before anything uses it.
 fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
-    let state: ClusterState = decode("snapshot state", data)?;
+    const WHAT: &str = "snapshot state";
+    let state: ClusterState = match split_format(WHAT, data)? {
+        (FORMAT_V2, body) => decode_body(WHAT, body)?,
+        (FORMAT_V1, body) => decode_body::<ClusterStateV1>(WHAT, body)?.into(),
+        (format, _) => return Err(unknown_format(WHAT, format)),
+    };
     // `check_invariants` asserts the row count (a bug in the table, where it is kept); in a
     // decoded record a wrong count is damage, so it is checked first and reported as such.
     let rows: usize = state.table().counters().map(|(_, rows)| rows.len()).sum();
@@ -96,6 +101,11 @@ fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
         .check_invariants()
         .map_err(|reason| Error::Invariant { reason })?;
     Ok(state)
+}
+
+/// The state as a snapshot carries it (format 2).
+pub(crate) fn encode_state(state: &ClusterState) -> Result<Vec<u8>, Error> {
+    encode_as(FORMAT_V2, "snapshot state", state)
 }
 
 fn read_lock(lock: &RwLock<Applied>) -> RwLockReadGuard<'_, Applied> {
@@ -119,7 +129,7 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let write = storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Write);
-        let data = encode("snapshot state", &self.applied.state).map_err(write)?;
+        let data = encode_state(&self.applied.state).map_err(write)?;
         let meta = SnapshotMeta {
             last_log_id: self.applied.last_applied,
             last_membership: self.applied.membership.clone(),

@@ -277,7 +277,7 @@ fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
     let outcome = state.apply(ClusterCommand::Round(vec![release]));
     assert!(matches!(outcome, Ok(CommandOutcome::Round(_))));
     assert_eq!(state.table().row_count(), 1);
-    let mut data = crate::codec::encode("state", &state).expect("encode");
+    let mut data = super::state_machine::encode_state(&state).expect("encode");
     // The table comes first and its row count is its last field: one varint byte here.
     let table_len = postcard::to_stdvec(state.table()).expect("encode").len();
     assert_eq!(data[table_len], 1);
@@ -297,4 +297,36 @@ fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
         assert_eq!(sm.applied_state().await.expect("applied").0, None);
         assert!(sm.get_current_snapshot().await.expect("read").is_none());
     });
+}
+
+/// Snapshots written before the state kept its configuration's files (format 1) still
+/// install: the state comes back whole, with no files.
+#[test]
+fn a_format_1_snapshot_state_still_installs() {
+    let dir = TempDir::new().expect("temporary directory");
+    let state = expected_state();
+    let v1 = (
+        state.table(),
+        state.limits(),
+        state.regions(),
+        state.clocks(),
+    );
+    let data = crate::codec::encode_as(crate::codec::FORMAT_V1, "state", &v1).expect("encode");
+    let meta = crate::types::SnapshotMeta {
+        last_log_id: Some(log_id(1, 9)),
+        last_membership: Default::default(),
+        snapshot_id: "format-1".to_string(),
+    };
+    runtime().block_on(async {
+        let (_, mut sm) = open(dir.path()).expect("open");
+        sm.install_snapshot(&meta, Box::new(std::io::Cursor::new(data)))
+            .await
+            .expect("a format 1 snapshot installs");
+        let (last, _) = sm.applied_state().await.expect("applied");
+        assert_eq!(last, Some(log_id(1, 9)));
+    });
+    let (_, sm) = open(dir.path()).expect("reopen");
+    let installed = sm.reader().read(|a| a.state.clone());
+    assert_eq!(installed, state);
+    assert_eq!(installed.config_files(), None);
 }

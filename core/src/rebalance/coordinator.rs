@@ -893,6 +893,7 @@ impl Coordinator {
             grants,
             release_requests,
             known_region: view.known_before_boot,
+            config: None,
         }
     }
 

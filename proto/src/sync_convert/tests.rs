@@ -152,19 +152,35 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
         vec(grant(), 0..LIST_ITEMS),
         vec(release(), 0..LIST_ITEMS),
     );
-    (head, lists, any::<bool>()).prop_map(
-        |((seq, term, t1, t2, v), (entries, grants, release_requests), known_region)| SyncDown {
-            reply_to_seq: seq,
-            leader_term: term,
-            received_at: Timestamp::from_unix_nanos(t1),
-            sent_at: Timestamp::from_unix_nanos(t2),
-            config_version: v,
-            entries,
-            grants,
-            release_requests,
-            known_region,
+    (head, lists, any::<bool>(), option::of(config_files())).prop_map(
+        |((seq, term, t1, t2, v), (entries, grants, release_requests), known_region, config)| {
+            SyncDown {
+                reply_to_seq: seq,
+                leader_term: term,
+                received_at: Timestamp::from_unix_nanos(t1),
+                sent_at: Timestamp::from_unix_nanos(t2),
+                config_version: v,
+                entries,
+                grants,
+                release_requests,
+                known_region,
+                config,
+            }
         },
     )
+}
+
+/// Any configuration the wire accepts: its texts are not YAML, which the receiver's loader
+/// (not the conversion) refuses.
+fn config_files() -> impl Strategy<Value = ConfigFiles> {
+    let file = (name(), ".{0,40}").prop_map(|(name, text)| ConfigFile { name, text });
+    (1..u64::MAX, any::<bool>(), vec(file, 1..4)).prop_map(|(version, merge_domains, files)| {
+        ConfigFiles {
+            version,
+            merge_domains,
+            files,
+        }
+    })
 }
 
 proptest! {
@@ -287,4 +303,51 @@ fn out_of_range_values_are_refused() {
     up.entries = vec![wire_entry(); MAX_ITEMS_PER_MESSAGE + 1];
     let err = sync_up_from_wire(up).expect_err("refused").to_string();
     assert!(err.starts_with("entries: 4097 items"), "{err}");
+}
+
+fn wire_config() -> pb::ConfigFiles {
+    pb::ConfigFiles {
+        version: 2,
+        merge_domains: false,
+        files: vec![pb::ConfigFile {
+            name: "limits.yaml".to_owned(),
+            text: "domain: d\n".to_owned(),
+        }],
+    }
+}
+
+fn down_with(config: pb::ConfigFiles) -> Result<SyncDown> {
+    sync_down_from_wire(pb::SyncDown {
+        config: Some(config),
+        ..pb::SyncDown::default()
+    })
+}
+
+#[test]
+fn a_configuration_outside_its_bounds_is_refused_and_named() {
+    let down = down_with(wire_config()).expect("converts");
+    assert_eq!(down.config.map(|c| c.version), Some(2));
+    let mut c = wire_config();
+    c.version = 0;
+    let err = down_with(c).expect_err("refused").to_string();
+    assert_eq!(err, "config.version: must be above 0");
+    let mut c = wire_config();
+    c.files.clear();
+    let err = down_with(c).expect_err("refused").to_string();
+    assert_eq!(err, "config.files: a configuration needs at least one file");
+    let mut c = wire_config();
+    c.files[0].name.clear();
+    let err = down_with(c).expect_err("refused").to_string();
+    assert_eq!(err, "config.files: file 0 has no name");
+    let mut c = wire_config();
+    c.files[0].text = "#".repeat(allot_core::sync::MAX_CONFIG_BYTES);
+    let err = down_with(c).expect_err("refused").to_string();
+    assert!(
+        err.starts_with("config.files: 196619 bytes of limits text"),
+        "{err}"
+    );
+    let mut c = wire_config();
+    c.files = vec![c.files[0].clone(); allot_core::sync::MAX_CONFIG_FILES + 1];
+    let err = down_with(c).expect_err("refused").to_string();
+    assert_eq!(err, "config.files: 65 files, above the most, 64");
 }

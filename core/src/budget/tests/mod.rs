@@ -161,6 +161,7 @@ pub(super) fn answer(up: &SyncUp, now: Timestamp) -> SyncDown {
         grants: Vec::new(),
         release_requests: Vec::new(),
         known_region: false,
+        config: None,
     }
 }
 

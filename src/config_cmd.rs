@@ -1,0 +1,285 @@
+//! `allot config put|get`: the coordinator cluster's limits configuration.
+//!
+//! `put` loads the files as every daemon will and sends nothing unless they load (every
+//! problem printed as file:line:column); then it puts them on the cluster's admin HTTP
+//! (`PUT /v1/config`), trying the addresses given in turn until the leader takes them, and
+//! prints the version committed. Agents take it from the sync stream. `get` prints the version
+//! in force and its rules.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use allot_core::sync::{ConfigFile, ConfigFiles};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::check_config::{read_limited, rule_line};
+
+/// Time for one node to answer a put: the leader waits up to 10 s for the commit.
+const PUT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Time for one node to answer a read.
+const GET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest answer read: a configuration's files, JSON-escaped, and its limit ids.
+const MAX_ANSWER_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Check limits files and put them on the coordinator cluster as a new version; agents
+    /// take it from the sync stream. Exits 1 when the files do not load or the cluster refuses
+    /// them (nothing changes), 2 when no node took the put.
+    Put(PutArgs),
+    /// Print the configuration version in force on a coordinator node and its rules.
+    Get(GetArgs),
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    /// envoyproxy/ratelimit YAML files, with optional `allot:` blocks.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
+    /// takes the put: give every node's.
+    #[arg(
+        long,
+        env = "ALLOT_COORDINATOR_HTTP",
+        default_value = "127.0.0.1:7071",
+        value_delimiter = ','
+    )]
+    coordinator: Vec<String>,
+    /// The version to put at; it must be above the version in force. Default: the next one.
+    #[arg(long)]
+    version: Option<u64>,
+    /// Merge files of the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+    #[arg(long)]
+    merge_domains: bool,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    /// A coordinator node's admin HTTP address (its --http).
+    #[arg(long, env = "ALLOT_COORDINATOR_HTTP", default_value = "127.0.0.1:7071")]
+    coordinator: String,
+    /// Print the node's JSON (with the files' texts) as it is.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: ConfigCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(2, &format!("cannot start the runtime: {e}")),
+    };
+    match cmd {
+        ConfigCommand::Put(args) => runtime.block_on(put(args)),
+        ConfigCommand::Get(args) => runtime.block_on(get(args)),
+    }
+}
+
+/// The files as a configuration, or every problem with them (unreadable files, then the
+/// loader's errors in file order).
+fn checked_files(args: &PutArgs) -> Result<ConfigFiles, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut files = Vec::new();
+    for path in &args.files {
+        let name = path.display().to_string();
+        match read_limited(path) {
+            Ok(text) => files.push(ConfigFile { name, text }),
+            Err(p) => problems.push(format!("{name}: {p}")),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let config = ConfigFiles {
+        version: args.version.unwrap_or(1),
+        merge_domains: args.merge_domains,
+        files,
+    };
+    config.check_size().map_err(|p| vec![p])?;
+    match config.load() {
+        Ok(_) => Ok(config),
+        Err(errors) => {
+            let mut problems: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            if errors.omitted() > 0 {
+                problems.push(format!("... and {} more errors", errors.omitted()));
+            }
+            Err(problems)
+        }
+    }
+}
+
+async fn put(args: PutArgs) -> ExitCode {
+    let files = match checked_files(&args) {
+        Ok(f) => f,
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            return fail(
+                1,
+                &format!(
+                    "config put: the limits do not load ({} problem{}): nothing sent",
+                    problems.len(),
+                    if problems.len() == 1 { "" } else { "s" }
+                ),
+            );
+        }
+    };
+    let body = json!({
+        "version": args.version,
+        "merge_domains": files.merge_domains,
+        "files": files
+            .files
+            .iter()
+            .map(|f| json!({ "name": f.name, "text": f.text }))
+            .collect::<Vec<_>>(),
+    })
+    .to_string();
+    let mut tried = Vec::new();
+    for addr in &args.coordinator {
+        let answer =
+            tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(&body)))
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer in {PUT_TIMEOUT:?}")));
+        match answer {
+            Ok((200, v)) => {
+                println!(
+                    "version {} committed ({} rules) by {addr}",
+                    v["version"], v["rules"]
+                );
+                return ExitCode::SUCCESS;
+            }
+            Ok((421, v)) => tried.push(format!(
+                "{addr}: not the leader (leader: node {} at {})",
+                v["leader"],
+                v["leader_address"].as_str().unwrap_or("unknown")
+            )),
+            Ok((status, v)) if (400..500).contains(&status) => {
+                for p in v["problems"].as_array().into_iter().flatten() {
+                    eprintln!("{}", p.as_str().unwrap_or_default());
+                }
+                let error = v["error"].as_str().unwrap_or("refused");
+                return fail(1, &format!("config put refused by {addr}: {error}"));
+            }
+            Ok((status, v)) => tried.push(format!(
+                "{addr}: {status} {}",
+                v["error"].as_str().unwrap_or("")
+            )),
+            Err(e) => tried.push(format!("{addr}: {e}")),
+        }
+    }
+    fail(
+        2,
+        &format!("config put: no node took it: {}", tried.join("; ")),
+    )
+}
+
+async fn get(args: GetArgs) -> ExitCode {
+    let answer = tokio::time::timeout(
+        GET_TIMEOUT,
+        request(&args.coordinator, "GET", "/v1/config", None),
+    )
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer in {GET_TIMEOUT:?}")));
+    let v = match answer {
+        Ok((200, v)) => v,
+        Ok((status, v)) => {
+            return fail(2, &format!("{}: {status} {}", args.coordinator, v["error"]));
+        }
+        Err(e) => return fail(2, &format!("{}: {e}", args.coordinator)),
+    };
+    if args.json {
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    print!("{}", summary(&v));
+    ExitCode::SUCCESS
+}
+
+/// `version N`, then one line per rule as `check-config` prints them (from the files), or the
+/// limit ids when the cluster holds limits without their files.
+fn summary(v: &Value) -> String {
+    let mut out = format!("version {}\n", v["version"]);
+    let files: Option<Vec<ConfigFile>> = v["files"].as_array().map(|fs| {
+        fs.iter()
+            .map(|f| ConfigFile {
+                name: f["name"].as_str().unwrap_or_default().to_owned(),
+                text: f["text"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect()
+    });
+    let loaded = files.and_then(|files| {
+        ConfigFiles {
+            version: v["version"].as_u64().unwrap_or(0),
+            merge_domains: v["merge_domains"].as_bool().unwrap_or(false),
+            files,
+        }
+        .load()
+        .ok()
+    });
+    match loaded {
+        Some(config) => {
+            for rule in config.rules() {
+                out += &rule_line(rule);
+                out.push('\n');
+            }
+        }
+        None => {
+            out += "(put without its files: limit ids only)\n";
+            for id in v["limits"].as_array().into_iter().flatten() {
+                out += &format!("limit={}\n", id.as_str().unwrap_or("?"));
+            }
+        }
+    }
+    out
+}
+
+/// One HTTP/1.1 request on a fresh connection: the status code and the body as JSON (`null`
+/// when it is not JSON).
+async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, Value), String> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut resp = Vec::new();
+    s.take(MAX_ANSWER_BYTES)
+        .read_to_end(&mut resp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let resp = String::from_utf8_lossy(&resp);
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| "not an HTTP answer".to_owned())?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {head}"))?;
+    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+fn fail(code: u8, msg: &str) -> ExitCode {
+    eprintln!("allot: {msg}");
+    ExitCode::from(code)
+}
