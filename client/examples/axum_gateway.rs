@@ -16,9 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_client::{AllotLayer, Client, ClientConfig, Descriptor, Policy};
-use axum::Router;
+use axum::extract::Request;
+use axum::{Router, ServiceExt};
 use axum::http::request::Parts;
 use axum::routing::get;
+use tower::Layer;
 
 /// The command line; every flag has a default.
 struct Args {
@@ -96,7 +98,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layer = AllotLayer::new(client.clone(), by_api_key)
         .cost(batch_size)
         .policy("api", policy);
-    axum::serve(listener, app.layer(layer))
+    // Around the whole router, once: `Router::layer` would wrap each route, and axum boxes
+    // and clones each route's service per request, a cost of its own added to the layer's.
+    let app = layer.layer(app);
+    axum::serve(listener, ServiceExt::<Request>::into_make_service(app))
         .with_graceful_shutdown(ctrl_c())
         .await?;
     // The server and its layer are gone: give the unused leased units back to the agent.

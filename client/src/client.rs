@@ -395,7 +395,7 @@ impl Client {
     /// The failure mode's decision for a request of `domain` that cannot be counted at all (its
     /// key cannot be resolved), counted like any other.
     #[cfg(feature = "tower")]
-    pub(crate) fn failure_mode_of(&self, domain: &str) -> Decision {
+    pub(crate) fn failure_mode_decision(&self, domain: &str) -> Decision {
         self.count_failure_mode(self.shared.config.failure_mode_of(domain))
     }
 

@@ -287,7 +287,7 @@ where
             return Verdict::Pass;
         };
         let Some(key) = self.keys.key(&self.client, &descriptor) else {
-            let decision = self.client.failure_mode_of(descriptor.domain);
+            let decision = self.client.failure_mode_decision(descriptor.domain);
             return self.answer(decision, descriptor.domain);
         };
         let cost_units = (self.cost)(parts);
@@ -547,7 +547,7 @@ mod tests {
 
         fn call(&mut self, _: Request<String>) -> Self::Future {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(Response::new("served".to_owned())))
+            std::future::ready(Ok(Response::new(String::new())))
         }
     }
 
@@ -720,6 +720,79 @@ mod tests {
             let stats = client.stats();
             assert_eq!(stats.failed_open + stats.failed_closed, 1);
         }
+    }
+
+    /// Counts the allocations of the thread that makes them (the tests below run their
+    /// requests on their own thread, with no runtime).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            pub static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        // SAFETY: every call is forwarded to the system allocator unchanged; the count is a
+        // thread-local Cell with no destructor, so counting itself never allocates.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+                // SAFETY: the caller's contract, passed on.
+                unsafe { System.alloc(layout) }
+            }
+
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: the caller's contract, passed on.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static GLOBAL: Counting = Counting;
+
+        pub fn count() -> u64 {
+            ALLOCATIONS.with(Cell::get)
+        }
+    }
+
+    /// Requests of a key already seen, spent from a held lease, allocate nothing in the layer
+    /// (the describe and cost closures, the key cache, the decision, the inner call), as the
+    /// client's own `try_spend` allocates nothing.
+    #[test]
+    fn the_fast_path_allocates_nothing() {
+        const REQUESTS: usize = 1_000;
+        let client = detached(FailureMode::Closed);
+        let mut service = AllotLayer::new(client.clone(), by_api_key)
+            .cost(cost_header)
+            .layer(Inner::new());
+        let a = key(&client, "a");
+        assert_eq!(client.try_spend(&a, 1), None);
+        grant(&client, &a, 1_000_000);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut requests: Vec<_> = (0..=REQUESTS).map(|_| request(Some("a"), 1)).collect();
+        let mut serve = |request| {
+            assert!(service.poll_ready(&mut cx).is_ready());
+            let mut future = std::pin::pin!(service.call(request));
+            match future.as_mut().poll(&mut cx) {
+                Poll::Ready(Ok(response)) => response.status(),
+                other => panic!("{other:?}"),
+            }
+        };
+        // The first request resolves the key into the layer's cache (this allocates).
+        assert_eq!(serve(requests.pop().expect("one")), StatusCode::OK);
+        let before = counting::count();
+        for request in requests.drain(..) {
+            assert_eq!(serve(request), StatusCode::OK);
+        }
+        let layer_allocations = counting::count() - before;
+        let before = counting::count();
+        for _ in 0..REQUESTS {
+            assert_eq!(client.try_spend(&a, 1), Some(Decision::Allowed));
+        }
+        let client_allocations = counting::count() - before;
+        assert_eq!((layer_allocations, client_allocations), (0, 0));
     }
 
     #[test]
