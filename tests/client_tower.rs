@@ -5,8 +5,10 @@
 mod support;
 
 use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,10 +25,7 @@ descriptors:
 ";
 
 /// The agent; killed when dropped.
-struct Agent {
-    child: Child,
-    grpc: String,
-}
+struct Agent(support::Ready);
 
 impl Agent {
     fn start(dir: &Path) -> Agent {
@@ -36,18 +35,34 @@ impl Agent {
             .arg(dir.join("data"))
             .arg("--config")
             .arg(dir.join("limits.yaml"));
-        let ready = support::spawn_ready(cmd, "agent");
-        Agent {
-            child: ready.child,
-            grpc: ready.grpc,
-        }
+        Agent(support::spawn_ready(cmd, "agent"))
+    }
+
+    /// One value of the agent's /metrics (0 when absent).
+    fn metric(&self, line_prefix: &str) -> f64 {
+        let mut s = TcpStream::connect(&self.0.http).expect("admin HTTP");
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.0.http
+        )
+        .expect("send");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read");
+        body.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
     }
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+        // Held until now so the agent never blocks on a full stderr pipe.
+        drop(self.0.stderr.take());
     }
 }
 
@@ -90,7 +105,7 @@ fn header(response: &Response<String>, name: &str) -> String {
 async fn the_layer_answers_429_once_a_keys_quota_is_used() {
     let dir = scratch("quota", QUOTA_10);
     let agent = Agent::start(&dir);
-    let mut config = ClientConfig::new(format!("http://{}", agent.grpc));
+    let mut config = ClientConfig::new(format!("http://{}", agent.0.grpc));
     config.gateway.initial_lease_units = 4;
     config.gateway.max_lease_units = 4;
     let client = Arc::new(Client::start(config).expect("client"));
@@ -118,7 +133,10 @@ async fn the_layer_answers_429_once_a_keys_quota_is_used() {
     assert_eq!(admitted, 10, "the quota, no more and no less");
     assert_eq!(refusals.len(), 5);
     for r in &refusals {
-        assert_eq!(header(r, "ratelimit-policy"), r#""per-api-key";q=10;w=86400"#);
+        assert_eq!(
+            header(r, "ratelimit-policy"),
+            r#""per-api-key";q=10;w=86400"#
+        );
         assert!(header(r, "ratelimit").starts_with(r#""per-api-key";r=0;t="#));
         assert_eq!(header(r, "x-ratelimit-limit"), "10");
         assert_eq!(header(r, "x-ratelimit-remaining"), "0");
@@ -130,5 +148,23 @@ async fn the_layer_answers_429_once_a_keys_quota_is_used() {
     let uncounted = service.oneshot(request(None)).await;
     assert_eq!(uncounted.expect("infallible").status(), StatusCode::OK);
     let stats = client.stats();
-    assert_eq!((stats.failed_open, stats.failed_closed), (0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.failed_open, stats.failed_closed),
+        (0, 0),
+        "{stats:?}"
+    );
+
+    // What reached the service is what the agent granted and did not get back.
+    drop(layer);
+    let client = Arc::into_inner(client).expect("the services are gone");
+    client.shutdown().await;
+    let rule = "{rule=\"api/api_key\"}";
+    let granted = agent.metric(&format!("allot_lease_granted_units_total{rule}"));
+    let returned = agent.metric(&format!("allot_lease_returned_units_total{rule}"));
+    // k2 and its one admitted request count too.
+    assert_eq!(
+        granted - returned,
+        11.0,
+        "granted {granted}, returned {returned}"
+    );
 }

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use allot_client::{AllotLayer, Client, ClientConfig, Descriptor, Policy};
 use axum::extract::Request;
-use axum::{Router, ServiceExt};
 use axum::http::request::Parts;
 use axum::routing::get;
+use axum::{Router, ServiceExt};
 use tower::Layer;
 
 /// The command line; every flag has a default.

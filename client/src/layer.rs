@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -116,12 +116,44 @@ pub fn one_unit(_: &Parts) -> u64 {
 /// no allocation. Bounded by [`MAX_CACHED_KEYS`].
 struct KeyCache {
     hasher: RandomState,
-    shards: Box<[Mutex<HashMap<u64, Cached>>]>,
+    shards: Box<[Mutex<CacheShard>]>,
 }
+
+/// The descriptor's hash is already a keyed SipHash: the map uses it as is.
+type CacheShard = HashMap<u64, Cached, BuildHasherDefault<AsIs>>;
 
 struct Cached {
     target: Target,
     key: Arc<Key>,
+}
+
+/// A hasher that hands a `u64` key back unchanged.
+#[derive(Default)]
+struct AsIs(u64);
+
+impl Hasher for AsIs {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// What the cache and the client made of one request.
+enum Spent {
+    Decided(Decision),
+    /// No held lease decides: wait for the agent.
+    Wait(Arc<Key>),
+    /// The descriptor names no key the client can hold.
+    Unresolvable,
 }
 
 impl KeyCache {
@@ -129,25 +161,26 @@ impl KeyCache {
         KeyCache {
             hasher: RandomState::new(),
             shards: (0..CACHE_SHARDS)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Mutex::new(CacheShard::default()))
                 .collect(),
         }
     }
 
-    fn shard(&self, hash: u64) -> MutexGuard<'_, HashMap<u64, Cached>> {
-        // CACHE_SHARDS is a power of two, so the mask keeps the index in range.
-        let index = (hash as usize) & (CACHE_SHARDS - 1);
+    fn shard(&self, hash: u64) -> MutexGuard<'_, CacheShard> {
+        // Bits the map uses neither for its buckets (the low ones) nor for its tags (the top
+        // seven); CACHE_SHARDS is a power of two, so the mask keeps the index in range.
+        let index = ((hash >> 32) as usize) & (CACHE_SHARDS - 1);
         // The map is whole after any panic (inserts and clears only): take it over.
         self.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The key `descriptor` names; `None` when it cannot be counted (too many entries, or
-    /// the client's gateways hold their most keys).
-    fn key(&self, client: &Client, descriptor: &Descriptor<'_>) -> Option<Arc<Key>> {
+    /// Spends `cost_units` of the key `descriptor` names. A known key is decided under the
+    /// cache's lock, so the fast path touches no reference count.
+    fn spend(&self, client: &Client, descriptor: &Descriptor<'_>, cost_units: u64) -> Spent {
         if descriptor.overflow {
-            return None;
+            return Spent::Unresolvable;
         }
         let hash = self
             .hasher
@@ -155,12 +188,15 @@ impl KeyCache {
         if let Some(cached) = self.shard(hash).get(&hash)
             && descriptor.names(&cached.target)
         {
-            return Some(cached.key.clone());
+            return spend(client, &cached.key, cost_units);
         }
         // A miss (or a hash shared with another target, which then replaces it): resolve
         // outside the cache's lock, since it allocates and locks a client shard.
         let target = descriptor.to_target();
-        let key = Arc::new(client.key(&target).ok()?);
+        let Ok(key) = client.key(&target) else {
+            return Spent::Unresolvable;
+        };
+        let key = Arc::new(key);
         let mut shard = self.shard(hash);
         if shard.len() >= MAX_CACHED_KEYS / CACHE_SHARDS {
             shard.clear();
@@ -172,7 +208,15 @@ impl KeyCache {
                 key: key.clone(),
             },
         );
-        Some(key)
+        drop(shard);
+        spend(client, &key, cost_units)
+    }
+}
+
+fn spend(client: &Client, key: &Arc<Key>, cost_units: u64) -> Spent {
+    match client.try_spend(key, cost_units) {
+        Some(decision) => Spent::Decided(decision),
+        None => Spent::Wait(key.clone()),
     }
 }
 
@@ -286,14 +330,15 @@ where
         let Some(descriptor) = (self.describe)(parts) else {
             return Verdict::Pass;
         };
-        let Some(key) = self.keys.key(&self.client, &descriptor) else {
-            let decision = self.client.failure_mode_decision(descriptor.domain);
-            return self.answer(decision, descriptor.domain);
-        };
         let cost_units = (self.cost)(parts);
-        match self.client.try_spend(&key, cost_units) {
-            Some(decision) => self.answer(decision, key.domain()),
-            None => Verdict::Wait(key, cost_units),
+        let domain = descriptor.domain;
+        match self.keys.spend(&self.client, &descriptor, cost_units) {
+            Spent::Decided(decision) => self.answer(decision, domain),
+            Spent::Wait(key) => Verdict::Wait(key, cost_units),
+            Spent::Unresolvable => {
+                let decision = self.client.failure_mode_decision(domain);
+                self.answer(decision, domain)
+            }
         }
     }
 }
