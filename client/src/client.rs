@@ -64,6 +64,13 @@ pub struct Key {
     failure_mode: FailureMode,
 }
 
+impl Key {
+    /// The target's domain (the gateway's limit name).
+    pub fn domain(&self) -> &str {
+        self.limit.as_str()
+    }
+}
+
 /// Units reserved for a request whose cost is known only afterwards; give it to
 /// [`Client::settle`]. Dropped unsettled, the reservation counts as used in full.
 #[derive(Debug)]
@@ -239,7 +246,7 @@ impl Client {
     }
 
     /// The client without its driver task (tests feed the gateways by hand).
-    fn detached(config: ClientConfig) -> Result<(Client, watch::Receiver<bool>)> {
+    pub(crate) fn detached(config: ClientConfig) -> Result<(Client, watch::Receiver<bool>)> {
         config.validate()?;
         crate::driver::check_address(&config.agent)?;
         let shards = (0..config.shards)
@@ -385,6 +392,13 @@ impl Client {
         }
     }
 
+    /// The failure mode's decision for a request of `domain` that cannot be counted at all (its
+    /// key cannot be resolved), counted like any other.
+    #[cfg(feature = "tower")]
+    pub(crate) fn failure_mode_decision(&self, domain: &str) -> Decision {
+        self.count_failure_mode(self.shared.config.failure_mode_of(domain))
+    }
+
     /// Units the key holds in live leases now.
     pub fn held_units(&self, key: &Key) -> u64 {
         let handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
@@ -495,6 +509,31 @@ impl Drop for SlotGuard {
             self.shared.push_slot_release(self.slot_id);
             self.shared.wake_driver.notify_one();
         }
+    }
+}
+
+/// What the layer's tests need of the driver: answering a key's lease requests by hand.
+#[cfg(all(test, feature = "tower"))]
+impl Client {
+    pub(crate) fn answer_lease_requests(
+        &self,
+        key: &Key,
+        mut answer: impl FnMut(&mut Gateway, Timestamp, allot_core::gateway::LeaseWanted),
+    ) -> usize {
+        let shard = &self.shared.shards[key.shard];
+        let mut answered = 0;
+        {
+            let mut gateway = shard.lock();
+            let now = self.shared.now();
+            while let Some(message) = gateway.poll_transmit(now) {
+                if let allot_core::gateway::ToAgent::LeaseWanted(w) = message {
+                    answer(&mut gateway, now, w);
+                    answered += 1;
+                }
+            }
+        }
+        shard.answered.notify_waiters();
+        answered
     }
 }
 
