@@ -387,6 +387,28 @@ impl RegionBudget {
         self.view.set_clock_guard(band, guard);
     }
 
+    /// The timebase's correction (`Timebase::correction_nanos`), kept with the durable
+    /// state: a restart reads windows on the clock its counters were written on.
+    pub fn set_clock_correction(&mut self, correction_nanos: i64) {
+        if self.view.set_clock_correction(correction_nanos) {
+            self.dirty.mark(Dirty::Clock);
+        }
+    }
+
+    /// The correction last set, or read back from the store.
+    pub fn clock_correction(&self) -> Option<i64> {
+        self.view.clock_correction()
+    }
+
+    /// A restored start (`start_restored`) was dated on a clock the first sample since then
+    /// corrected: it started at `start` on the corrected one. Windows that began before it
+    /// are the lost copy's (on its corrected clock) and close; the start only moves later.
+    pub fn restore_started_no_earlier_than(&mut self, start: Timestamp) {
+        if self.view.restore.start_no_earlier_than(start) {
+            self.dirty.mark(Dirty::Restore);
+        }
+    }
+
     pub fn key_count(&self, limit: &LimitId) -> usize {
         self.limits.get(limit).map_or(0, |l| l.keys.len())
     }

@@ -86,6 +86,12 @@ pub enum PersistRecord {
     RestoredBefore {
         before: Timestamp,
     },
+    /// The correction the timebase had measured (`budget::Timebase`, D22): a restart reads
+    /// windows on the clock its counters were written on, not on the raw one, which may be
+    /// windows behind (it would count again in windows it has left) or ahead.
+    ClockCorrection {
+        correction_nanos: i64,
+    },
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -215,6 +221,7 @@ pub(crate) enum Dirty {
     Stats(LimitId, WindowIndex),
     Allocation(LimitId),
     Restore,
+    Clock,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -231,6 +238,7 @@ pub(crate) struct DirtySet {
     stats: Vec<(LimitId, WindowIndex)>,
     allocations: Vec<LimitId>,
     restore: bool,
+    clock: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -253,6 +261,7 @@ impl DirtySet {
             Dirty::Stats(l, w) => self.stats.push((l, w)),
             Dirty::Allocation(l) => self.allocations.push(l),
             Dirty::Restore => self.restore = true,
+            Dirty::Clock => self.clock = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -284,6 +293,9 @@ impl DirtySet {
         }
         if taken.restore {
             out.push(Dirty::Restore);
+        }
+        if taken.clock {
+            out.push(Dirty::Clock);
         }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();
@@ -338,6 +350,9 @@ impl RegionBudget {
         }
         if let Some(before) = self.view.restore.closed_before() {
             out.push(PersistRecord::RestoredBefore { before });
+        }
+        if let Some(correction_nanos) = self.view.clock_correction() {
+            out.push(PersistRecord::ClockCorrection { correction_nanos });
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
@@ -437,6 +452,10 @@ impl RegionBudget {
             // Marked only once a restore closed windows: the mark and the state go together.
             Dirty::Restore => PersistRecord::RestoredBefore {
                 before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
+            },
+            // Marked only once a correction was set.
+            Dirty::Clock => PersistRecord::ClockCorrection {
+                correction_nanos: self.view.clock_correction().unwrap_or(0),
             },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
@@ -575,6 +594,9 @@ impl RegionBudget {
             // Compared with the configuration in force once every record is in (`restore`).
             PersistRecord::Allocation(_) => {}
             PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
+            PersistRecord::ClockCorrection { correction_nanos } => {
+                self.view.set_clock_correction(correction_nanos);
+            }
         }
     }
 

@@ -60,13 +60,28 @@ impl Timebase {
     }
 
     /// A timebase for an agent restarted from its store: its counters and leases are on the
-    /// corrected clock it had, which a restart forgets. Until the first sample it admits
-    /// nothing in strict mode, so the raw clock counts nothing in the wrong window.
-    pub fn restarted(max_uncertainty: Duration) -> Self {
+    /// corrected clock it had. It reads on the correction the store kept
+    /// (`RegionBudget::clock_correction`; none in a store written before the first sample,
+    /// or lost with it), so that the region does not go back into windows it has left nor
+    /// forward past grants. How far that is from the coordinator's clock is not known until
+    /// the first sample: until then it admits nothing in strict mode.
+    pub fn restarted(max_uncertainty: Duration, stored_correction_nanos: Option<i64>) -> Self {
         Timebase {
             hold_until_sampled: true,
+            correction_nanos: stored_correction_nanos.unwrap_or(0),
             ..Timebase::new(max_uncertainty)
         }
+    }
+
+    /// The correction in force: what the driver hands the budget to persist.
+    pub fn correction_nanos(&self) -> i64 {
+        self.correction_nanos
+    }
+
+    /// `local + correction`: the corrected estimate of local time `local`, even one before
+    /// the latest reading (for dating a past event, such as a restored start, on it).
+    pub fn estimate(&self, local: Timestamp) -> Timestamp {
+        shift(local, self.correction_nanos)
     }
 
     /// [`Timebase::read`] without moving anything: what a reading at `local` would be.
@@ -215,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_restarted_region_admits_nothing_strict_until_its_first_sample() {
-        let mut tb = Timebase::restarted(Duration::from_millis(250));
+        let mut tb = Timebase::restarted(Duration::from_millis(250), None);
         assert_eq!(tb.band(ms(5_000)), Some(Duration::MAX));
         assert!(tb.guard().is_none());
         assert!(tb.on_sample(ms(5_010), ms(5_000), sample(700, 10)));
