@@ -1937,3 +1937,60 @@ traffic:
 faults:
   - agent_restore: {region: r1, at: 7467ms, from: 3042ms}
 "#;
+
+/// Swarm seed 2859 with `--max-clock-uncertainty-ms 250`, shrunk: strict, L = 13,630 in 8 s
+/// windows, region r0's clock 1,632 ms ahead, its agent restored from an empty store at
+/// 1,076 ms. Its first sample corrected the clock back by 1.6 s, and the timebase held the
+/// clock still until local time caught up: every deadline on it (syncs, view and lease
+/// expiries) stood still too, so from its first sync to the restore r0 reported nothing of
+/// what it admitted. The restored start holds window 0 at the use it can learn (the entries
+/// the coordinator has), so the table gave the unreported rest to r3: before, 1 violation on
+/// every seed (admitted 14,196 above 13,630 in window 0 on the regions' clocks; 119 SyncUps
+/// in the run). A backward correction now slows the clock to half speed instead of stopping
+/// it (`timebase::SLEW_DIVISOR`), so time passes and the region keeps syncing: 0 (121
+/// SyncUps, 12,944 admitted).
+#[test]
+fn a_clock_corrected_back_keeps_running_so_the_region_keeps_syncing() {
+    let r = run(&parsed("swarm-2859.yaml", SWARM_2859), 2859..2861);
+    assert_no_violation(&r);
+}
+
+const SWARM_2859: &str = r#"
+name: swarm-2859
+max_clock_uncertainty: 250ms
+duration: 16000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 8ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 20, max_units: 104, ttl: 3019ms}
+regions:
+  - {id: r0, weight: 0.227, latency: 3ms, gateways: 1, clock: {offset: 1632ms, drift_ppm: 0}}
+  - {id: r3, weight: 0.351, latency: 127ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 13630}
+      allot:
+        window: 8s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 540.943}
+    arrivals: uniform
+    cost: {constant_units: 4}
+    retry: none
+  - region: r3
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 483.227}
+    arrivals: uniform
+    cost: {constant_units: 4}
+    retry: none
+faults:
+  - agent_restore: {region: r0, at: 1076ms, from: 0ms}
+"#;
