@@ -278,7 +278,7 @@ impl Agent {
             && let Some((sent_at, sample)) = b.clock_round_trip()
             && tb.on_sample(local, sent_at, sample)
         {
-            b.set_clock_correction(tb.correction_nanos());
+            b.set_clock_correction(tb.correction());
             let started = self
                 .restored_at_local
                 .lock()

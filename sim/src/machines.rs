@@ -490,7 +490,7 @@ impl CoreRegion {
             return;
         };
         if tb.on_sample(local, sent_at, sample) {
-            self.budget.set_clock_correction(tb.correction_nanos());
+            self.budget.set_clock_correction(tb.correction());
             if let Some(start) = self.restore_started_local.take() {
                 self.budget
                     .restore_started_no_earlier_than(tb.estimate(start));

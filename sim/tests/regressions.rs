@@ -1994,3 +1994,50 @@ traffic:
 faults:
   - agent_restore: {region: r0, at: 1076ms, from: 0ms}
 "#;
+
+/// Swarm seed 2279 with `--max-clock-uncertainty-ms 250` (after the half-speed run above),
+/// shrunk: strict, 16 s windows, one region 24 s ahead whose first sample came just before a
+/// coordinator outage (177 ms to 28.4 s), its agent crashed at 20.4 s. Its clock ran at half
+/// speed from 24.2 s and read window 2 (32 s on) when it crashed; restarted on the stored
+/// correction alone it read 21.3 s, back in window 1, whose counter then went from (10,858,
+/// 9,949) granted and refunded to (0, 0): before, 1 violation on every seed
+/// (`counter_decreased`). The store now keeps the slowed run with the correction
+/// (`ClockCorrection::slowed_from`), and the restart reads on as the lost copy did: 0.
+#[test]
+fn a_restart_during_a_slowed_run_reads_on_from_where_the_clock_was() {
+    let r = run(&parsed("swarm-2279.yaml", SWARM_2279), 2279..2281);
+    assert_no_violation(&r);
+}
+
+const SWARM_2279: &str = r#"
+name: swarm-2279
+max_clock_uncertainty: 250ms
+duration: 32000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 46ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 7, max_units: 47, ttl: 627ms}
+regions:
+  - {id: r1, latency: 80ms, gateways: 1, clock: {offset: 23999ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 48337}
+      allot:
+        window: 16s
+        consistency: strict
+        partition_policy: closed
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k2
+    rate: {constant_per_sec: 62.711}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 75, actual: {lognormal: {median_units: 9, sigma: 0.29, max_units: 81}}, settle_after: {uniform: [3383ms, 5382ms]}}}
+    retry: none
+faults:
+  - agent_crash: {region: r1, at: 20444ms, restart_after: 895ms}
+  - coordinator_outage: {start: 177ms, end: 28419ms}
+"#;

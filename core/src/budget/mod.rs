@@ -53,7 +53,7 @@ pub use config::BudgetConfig;
 pub use persist::PersistRecord;
 pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
-pub use timebase::{ClockGuard, Timebase};
+pub use timebase::{ClockCorrection, ClockGuard, Timebase};
 
 use admit::{Ctx, Want};
 use api::Remembered;
@@ -387,16 +387,16 @@ impl RegionBudget {
         self.view.set_clock_guard(band, guard);
     }
 
-    /// The timebase's correction (`Timebase::correction_nanos`), kept with the durable
-    /// state: a restart reads windows on the clock its counters were written on.
-    pub fn set_clock_correction(&mut self, correction_nanos: i64) {
-        if self.view.set_clock_correction(correction_nanos) {
+    /// The timebase's correction (`Timebase::correction`), kept with the durable state: a
+    /// restart reads windows on the clock its counters were written on.
+    pub fn set_clock_correction(&mut self, correction: ClockCorrection) {
+        if self.view.set_clock_correction(correction) {
             self.dirty.mark(Dirty::Clock);
         }
     }
 
     /// The correction last set, or read back from the store.
-    pub fn clock_correction(&self) -> Option<i64> {
+    pub fn clock_correction(&self) -> Option<ClockCorrection> {
         self.view.clock_correction()
     }
 

@@ -31,6 +31,7 @@ use super::key::{KeyState, WindowAllowance};
 use super::lease::Lease;
 use super::limits::LimitState;
 use super::slots::SlotHome;
+use super::timebase::ClockCorrection;
 use super::stats::{LimitStats, WindowStats};
 use super::sync::{AckEntry, KeyRef};
 use super::{BudgetConfig, Outcome, RegionBudget};
@@ -89,9 +90,7 @@ pub enum PersistRecord {
     /// The correction the timebase had measured (`budget::Timebase`, D22): a restart reads
     /// windows on the clock its counters were written on, not on the raw one, which may be
     /// windows behind (it would count again in windows it has left) or ahead.
-    ClockCorrection {
-        correction_nanos: i64,
-    },
+    ClockCorrection(ClockCorrection),
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -351,8 +350,8 @@ impl RegionBudget {
         if let Some(before) = self.view.restore.closed_before() {
             out.push(PersistRecord::RestoredBefore { before });
         }
-        if let Some(correction_nanos) = self.view.clock_correction() {
-            out.push(PersistRecord::ClockCorrection { correction_nanos });
+        if let Some(c) = self.view.clock_correction() {
+            out.push(PersistRecord::ClockCorrection(c));
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
@@ -454,9 +453,12 @@ impl RegionBudget {
                 before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
             },
             // Marked only once a correction was set.
-            Dirty::Clock => PersistRecord::ClockCorrection {
-                correction_nanos: self.view.clock_correction().unwrap_or(0),
-            },
+            Dirty::Clock => PersistRecord::ClockCorrection(self.view.clock_correction().unwrap_or(
+                ClockCorrection {
+                    correction_nanos: 0,
+                    slowed_from: None,
+                },
+            )),
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
                 Some(lim) => PersistRecord::Allocation(AllocationRecord::of(&lim.params.spec)),
@@ -594,8 +596,8 @@ impl RegionBudget {
             // Compared with the configuration in force once every record is in (`restore`).
             PersistRecord::Allocation(_) => {}
             PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
-            PersistRecord::ClockCorrection { correction_nanos } => {
-                self.view.set_clock_correction(correction_nanos);
+            PersistRecord::ClockCorrection(c) => {
+                self.view.set_clock_correction(c);
             }
         }
     }

@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 pub use crate::sync::ClockGuard;
 use crate::sync::ClockSample;
 use crate::time::{Timestamp, duration_nanos};
@@ -29,6 +31,15 @@ const PPM: u128 = 1_000_000;
 /// what it admitted meanwhile would go unreported; at half speed a region ahead by `H` syncs at
 /// half its rate for `2 H`.
 pub const SLEW_DIVISOR: u32 = 2;
+
+/// What a restart needs to read on as the timebase did (persisted with the budget's state,
+/// `PersistRecord::ClockCorrection`): the correction, and the slowed run after a backward one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockCorrection {
+    pub correction_nanos: i64,
+    /// The local time and the reading a slowed run started from, until the estimate catches up.
+    pub slowed_from: Option<(Timestamp, Timestamp)>,
+}
 
 /// A region's corrected clock.
 #[derive(Clone, Debug)]
@@ -76,17 +87,35 @@ impl Timebase {
     /// or lost with it), so that the region does not go back into windows it has left nor
     /// forward past grants. How far that is from the coordinator's clock is not known until
     /// the first sample: until then it admits nothing in strict mode.
-    pub fn restarted(max_uncertainty: Duration, stored_correction_nanos: Option<i64>) -> Self {
-        Timebase {
+    pub fn restarted(max_uncertainty: Duration, stored: Option<ClockCorrection>) -> Self {
+        let mut tb = Timebase {
             hold_until_sampled: true,
-            correction_nanos: stored_correction_nanos.unwrap_or(0),
             ..Timebase::new(max_uncertainty)
+        };
+        if let Some(c) = stored {
+            tb.correction_nanos = c.correction_nanos;
+            tb.slew_from = c.slowed_from;
+            // A round trip sent while the clock runs slow is not taken, as before the restart.
+            tb.steady_from = c
+                .slowed_from
+                .map_or(Timestamp::ZERO, |(local, from)| tb.slow_until(local, from));
         }
+        tb
     }
 
     /// The correction in force: what the driver hands the budget to persist.
-    pub fn correction_nanos(&self) -> i64 {
-        self.correction_nanos
+    pub fn correction(&self) -> ClockCorrection {
+        ClockCorrection {
+            correction_nanos: self.correction_nanos,
+            slowed_from: self.slew_from,
+        }
+    }
+
+    /// The reading at which a run slowed from reading `from` at local time `local` meets the
+    /// estimate again.
+    fn slow_until(&self, local: Timestamp, from: Timestamp) -> Timestamp {
+        let behind = from.saturating_duration_since(shift(local, self.correction_nanos));
+        from + behind / SLEW_DIVISOR.saturating_sub(1).max(1)
     }
 
     /// `local + correction`: the corrected estimate of local time `local`, even one before
@@ -149,9 +178,7 @@ impl Timebase {
         if estimate < now {
             // Slow from `now` until the estimate catches up: the reading then.
             self.slew_from = Some((local, now));
-            let behind = now.saturating_duration_since(estimate);
-            let divisor = SLEW_DIVISOR.saturating_sub(1).max(1);
-            self.steady_from = now + behind / divisor;
+            self.steady_from = self.slow_until(local, now);
         } else {
             self.slew_from = None;
             self.steady_from = estimate;

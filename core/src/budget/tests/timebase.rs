@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::budget::{ClockGuard, PersistRecord, Reason, RestoreStart, Timebase};
+use crate::budget::{ClockCorrection, ClockGuard, PersistRecord, Reason, RestoreStart, Timebase};
 use crate::limit::Consistency;
 
 const BAND: Duration = Duration::from_millis(30);
@@ -99,18 +99,39 @@ fn syncups_carry_the_guard_and_the_round_trip_feeds_the_timebase() {
 fn the_correction_is_kept_with_the_durable_state() {
     let mut b = budget(vec![per_minute("api", 400)]);
     assert_eq!(b.clock_correction(), None);
-    b.set_clock_correction(-1_500_000_000);
+    let c = ClockCorrection {
+        correction_nanos: -1_500_000_000,
+        slowed_from: Some((at(2_000), at(3_500))),
+    };
+    b.set_clock_correction(c);
     let records = b.drain_dirty();
-    assert!(records.contains(&PersistRecord::ClockCorrection {
-        correction_nanos: -1_500_000_000
-    }));
+    assert!(records.contains(&PersistRecord::ClockCorrection(c)));
     let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], records).expect("restore");
-    assert_eq!(r.clock_correction(), Some(-1_500_000_000));
+    assert_eq!(r.clock_correction(), Some(c));
     let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.snapshot())
         .expect("restore");
-    assert_eq!(r.clock_correction(), Some(-1_500_000_000), "in a snapshot too");
-    b.set_clock_correction(-1_500_000_000);
+    assert_eq!(r.clock_correction(), Some(c), "in a snapshot too");
+    b.set_clock_correction(c);
     assert!(b.drain_dirty().is_empty(), "unchanged: nothing to write");
+}
+
+#[test]
+fn a_restarted_timebase_reads_on_as_the_one_it_stored_did() {
+    let mut tb = Timebase::new(Duration::from_millis(250));
+    tb.read(at(10_000));
+    // 2 s ahead: the clock runs slow from 10,040.
+    let sample = crate::sync::ClockSample {
+        offset_nanos: -2_000_000_000,
+        round_trip_nanos: 40_000_000,
+    };
+    assert!(tb.on_sample(at(10_040), at(10_000), sample));
+    let before = tb.read(at(12_040));
+    let mut again = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    assert_eq!(again.read(at(12_040)), before, "not back to the estimate");
+    assert_eq!(again.read(at(14_100)), at(12_100), "and on the estimate after it");
+    // Its round trips are not taken while it runs slow, as before the restart.
+    let mut slow = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    assert!(!slow.on_sample(at(12_100), at(11_000), sample));
 }
 
 #[test]
