@@ -126,9 +126,11 @@ impl Timebase {
 
     /// [`Timebase::read`] without moving anything: what a reading at `local` would be.
     pub fn peek(&self, local: Timestamp) -> Timestamp {
-        let slewed = self.slew_from.map_or(Timestamp::ZERO, |(from_local, from)| {
-            from + local.saturating_duration_since(from_local) / SLEW_DIVISOR
-        });
+        let slewed = self
+            .slew_from
+            .map_or(Timestamp::ZERO, |(from_local, from)| {
+                from + local.saturating_duration_since(from_local) / SLEW_DIVISOR
+            });
         shift(local, self.correction_nanos)
             .max(slewed)
             .max(self.last_read)

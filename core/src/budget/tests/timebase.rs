@@ -108,8 +108,8 @@ fn the_correction_is_kept_with_the_durable_state() {
     assert!(records.contains(&PersistRecord::ClockCorrection(c)));
     let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], records).expect("restore");
     assert_eq!(r.clock_correction(), Some(c));
-    let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.snapshot())
-        .expect("restore");
+    let r =
+        RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.snapshot()).expect("restore");
     assert_eq!(r.clock_correction(), Some(c), "in a snapshot too");
     b.set_clock_correction(c);
     assert!(b.drain_dirty().is_empty(), "unchanged: nothing to write");
@@ -128,7 +128,11 @@ fn a_restarted_timebase_reads_on_as_the_one_it_stored_did() {
     let before = tb.read(at(12_040));
     let mut again = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
     assert_eq!(again.read(at(12_040)), before, "not back to the estimate");
-    assert_eq!(again.read(at(14_100)), at(12_100), "and on the estimate after it");
+    assert_eq!(
+        again.read(at(14_100)),
+        at(12_100),
+        "and on the estimate after it"
+    );
     // Its round trips are not taken while it runs slow, as before the restart.
     let mut slow = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
     assert!(!slow.on_sample(at(12_100), at(11_000), sample));
