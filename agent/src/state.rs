@@ -169,6 +169,9 @@ pub struct Agent {
     refused_cluster_version: AtomicU64,
     /// The corrected clock windows are read on (`max_clock_uncertainty`), if any.
     timebase: Option<Mutex<Timebase>>,
+    /// A restored start, on the local clock, until the first clock sample dates it on the
+    /// corrected one (the store's correction may be missing or old).
+    restored_at_local: Mutex<Option<Timestamp>>,
 }
 
 /// Wakes the timer task when a call makes the machine's next deadline earlier.
@@ -208,21 +211,25 @@ impl Agent {
         } else {
             records.is_empty().then_some(RestoreStart::EmptyStore)
         };
-        let timebase = settings.max_clock_uncertainty.map(|u| {
-            Mutex::new(if records.is_empty() {
-                Timebase::new(u)
-            } else {
-                Timebase::restarted(u)
-            })
-        });
+        let restarted = !records.is_empty();
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
+        let mut timebase = settings.max_clock_uncertainty.map(|u| {
+            if restarted {
+                Timebase::restarted(u, budget.clock_correction())
+            } else {
+                Timebase::new(u)
+            }
+        });
+        let mut restored_at_local = None;
         if let Some(why) = restore {
             tracing::info!(
                 ?why,
                 "a start that may have lost state: earlier windows stay shut"
             );
-            budget.start_restored(settings.clock.now(), why);
+            let local = settings.clock.now();
+            budget.start_restored(timebase.as_mut().map_or(local, |tb| tb.read(local)), why);
+            restored_at_local = timebase.is_some().then_some(local);
         }
         let seed = settings.jitter_seed.unwrap_or_else(|| {
             settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
@@ -240,7 +247,8 @@ impl Agent {
             jitter: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             ready: AtomicBool::new(false),
             refused_cluster_version: AtomicU64::new(0),
-            timebase,
+            timebase: timebase.map(Mutex::new),
+            restored_at_local: Mutex::new(restored_at_local),
             settings,
         })
     }
@@ -265,8 +273,19 @@ impl Agent {
         let Some(tb) = &self.timebase else { return };
         let mut tb = tb.lock().unwrap_or_else(|p| p.into_inner());
         let local = self.settings.clock.now();
-        if sampled && let Some((sent_at, sample)) = b.clock_round_trip() {
-            tb.on_sample(local, sent_at, sample);
+        if sampled
+            && let Some((sent_at, sample)) = b.clock_round_trip()
+            && tb.on_sample(local, sent_at, sample)
+        {
+            b.set_clock_correction(tb.correction());
+            let started = self
+                .restored_at_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(start) = started {
+                b.restore_started_no_earlier_than(tb.estimate(start));
+            }
         }
         let band = tb.band(local);
         b.set_clock_guard(band, tb.guard());

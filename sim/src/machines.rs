@@ -174,7 +174,7 @@ impl CoreFactory {
         let coordinated = setup.policy == Policy::Rebalancing;
         let timebase = self.max_clock_uncertainty.filter(|_| coordinated).map(|u| {
             if restarted {
-                Timebase::restarted(u)
+                Timebase::restarted(u, budget.clock_correction())
             } else {
                 Timebase::new(u)
             }
@@ -182,6 +182,7 @@ impl CoreFactory {
         CoreRegion {
             budget,
             timebase,
+            restore_started_local: None,
             lease_ttl: self.lease_ttl,
             coordinated: setup.policy == Policy::Rebalancing,
             sync_interval: self.coordinator.sync_interval,
@@ -349,14 +350,19 @@ impl NodeFactory for CoreFactory {
         store: &CoreStore,
         now: Timestamp,
     ) -> CoreRegion {
-        let mut budget = self.budget(setup, store.records.clone());
-        // As the agent starts: a declared restore, or an empty store, may have lost state.
-        if setup.restored {
-            budget.start_restored(now, RestoreStart::Declared);
-        } else if store.records.is_empty() {
-            budget.start_restored(now, RestoreStart::EmptyStore);
-        }
+        let budget = self.budget(setup, store.records.clone());
         let mut region = self.core_region(setup, budget, !store.records.is_empty());
+        // As the agent starts: a declared restore, or an empty store, may have lost state.
+        let why = if setup.restored {
+            Some(RestoreStart::Declared)
+        } else {
+            store.records.is_empty().then_some(RestoreStart::EmptyStore)
+        };
+        if let Some(why) = why {
+            let start = region.timebase.as_mut().map_or(now, |tb| tb.read(now));
+            region.budget.start_restored(start, why);
+            region.restore_started_local = region.timebase.is_some().then_some(now);
+        }
         region.used_at_reload.clone_from(&store.used_at_reload);
         if store.config != setup.reload {
             // A reload reached the region while it was down: what it had admitted, it
@@ -432,6 +438,9 @@ pub struct CoreRegion {
     /// The corrected clock the budget reads windows on (`max_clock_uncertainty`), if any:
     /// every `now` passed in is on the region's own clock and goes through it.
     timebase: Option<Timebase>,
+    /// A restored start, on the local clock, until the first clock sample dates it on the
+    /// corrected one (the store's correction may be missing or old).
+    restore_started_local: Option<Timestamp>,
     /// Gateway messages the machine refused (a release of a lease that already expired at the
     /// agent, a settle for one it forgot): expected in small numbers, never a panic.
     pub refused_calls: u64,
@@ -481,6 +490,11 @@ impl CoreRegion {
             return;
         };
         if tb.on_sample(local, sent_at, sample) {
+            self.budget.set_clock_correction(tb.correction());
+            if let Some(start) = self.restore_started_local.take() {
+                self.budget
+                    .restore_started_no_earlier_than(tb.estimate(start));
+            }
             let band = tb.band(local);
             self.budget.set_clock_guard(band, tb.guard());
         }

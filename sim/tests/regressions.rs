@@ -1594,19 +1594,26 @@ faults:
 /// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L, bound/L p50 2.33), and the true-clock
 /// overshoot it covers reaches 1,148 (window 0) and 401 (window 8). With
 /// `max_clock_uncertainty: 250ms` each agent reads windows on the coordinator's timebase and
-/// keeps its edge band (D22): overshoot 0 in every window, the skew term 0 in every window
-/// its guards cover (bound/L p50 0). b jumps forward at its first sample and is guarded at
-/// once; a holds its clock until true time catches up, guarded from about 2.55 s, so windows
-/// starting at 2.55 + 0.25 (U) + 2 (a lease's window) = 4.8 s or later count it at 0: window
-/// 3 (6 s) on. Utilization p50 rises from 0.917 to 0.990 (aligned windows).
+/// keeps its edge band (D22): overshoot 0 in every window after the first, the skew term 0
+/// in every window its guards cover (bound/L p50 0). b jumps forward at its first sample and
+/// is guarded at once; a's clock runs at half speed until true time catches up (2.5 s behind
+/// it, so 5 s), guarded once within 250 ms of it, at about 4.5 s, so windows starting at
+/// 4.5 + 0.25 (U) + 2 (a lease's window) = 6.75 s or later count it at 0: window 4 (8 s) on.
+/// The first window, before a is guarded, admits 475 above L within its skew term (5,997).
+/// (With the clock held still rather than slowed, a was guarded at 2.55 s and window 0 had no
+/// overshoot, but nothing timed on a's clock ran while it was held: see
+/// `a_clock_corrected_back_keeps_running_so_the_region_keeps_syncing`.) Utilization p50
+/// rises from 0.917 to 0.993 (aligned windows).
 #[test]
 fn strict_mode_on_a_corrected_timebase_has_a_skew_term_of_0() {
     let r = run_tiers("skew-zero.yaml", SKEW_ZERO, 0..1, SLOW_SEEDS);
     assert_no_violation(&r);
     for seed in &r.per_seed {
         for w in seed.windows.iter().filter(|w| !w.cut_off) {
-            assert_eq!(w.overshoot_units, 0, "window at {} ms: {w:?}", w.start_ms);
-            if w.start_ms >= 6_000 {
+            if w.start_ms >= 2_000 {
+                assert_eq!(w.overshoot_units, 0, "window at {} ms: {w:?}", w.start_ms);
+            }
+            if w.start_ms >= 8_000 {
                 assert_eq!(skew_units(w), Some(0), "window at {} ms", w.start_ms);
             }
         }
@@ -1794,6 +1801,252 @@ faults:
               rate_cap: {rate: 2801/9s, burst: 102}
               failure_mode: closed
               weights: {r0: 0.462, r1: 0.537}
+"#;
+
+/// Swarm seed 1373 with `--max-clock-uncertainty-ms 250`, shrunk: one region 2,127 ms behind,
+/// eventual, 1 s windows, its agent crashed at 2,131 ms and back 1,311 ms later. The restarted
+/// timebase read the raw clock (the correction lived only in memory), back in window 1, which
+/// the region had left on its corrected clock: it counted there again from a counter its store
+/// no longer held. Before, 1 violation (`counter_decreased`: window 1's (granted, refunded)
+/// went from (22, 1) to (8, 0)); the store now keeps the correction
+/// (`PersistRecord::ClockCorrection`) and a restart reads on it: 0.
+#[test]
+fn a_restarted_agent_reads_windows_on_the_correction_it_stored() {
+    let s = parsed("swarm-1373.yaml", SWARM_1373);
+    assert_no_violation(&run(&s, 1373..1374));
+}
+
+const SWARM_1373: &str = r#"
+name: swarm-1373
+max_clock_uncertainty: 250ms
+duration: 4000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 4ms}
+measure: {sample_interval: 100ms}
+lease: {initial_units: 7, max_units: 86, ttl: 2129ms}
+regions:
+  - {id: r0, latency: 66ms, gateways: 2, clock: {offset: -2127ms, drift_ppm: -2652}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 767}
+      allot:
+        window: 1s
+        consistency: eventual
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k1
+    rate: {constant_per_sec: 11.114}
+    arrivals: poisson
+    cost: {constant_units: 2}
+    retry: none
+faults:
+  - agent_crash: {region: r0, at: 2131ms, restart_after: 1311ms}
+"#;
+
+/// Swarm seed 2691 with `--max-clock-uncertainty-ms 250`, shrunk: one region 1,183 ms behind,
+/// strict, 17 s windows, cut off from 17.7 s to the end, its agent crashed at 28 s and back
+/// 2.6 s later. On the raw clock, 1.2 s behind the one its store was written on, the
+/// restarted region still enforced its grant where the coordinator's table had fallen back to
+/// the floor: before, 1 violation (`region_allowance_above_table`: enforces 209, the table
+/// gives it 31, at 34 s); on the stored correction, 0.
+#[test]
+fn a_restarted_agent_on_its_stored_correction_keeps_to_the_table_s_floor() {
+    let s = parsed("swarm-2691.yaml", SWARM_2691);
+    assert_no_violation(&run(&s, 2691..2692));
+}
+
+const SWARM_2691: &str = r#"
+name: swarm-2691
+max_clock_uncertainty: 250ms
+duration: 51000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 42ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 19, max_units: 280, ttl: 4972ms}
+regions:
+  - {id: r0, weight: 0.132, latency: 40ms, gateways: 2, clock: {offset: -1183ms, drift_ppm: -878}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 239}
+      allot:
+        window: 17s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l1
+    key: l1=k2
+    rate: {constant_per_sec: 11.187}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - partition: {region: r0, start: 17714ms, end: 51000ms, direction: both}
+  - agent_crash: {region: r0, at: 27981ms, restart_after: 2556ms}
+"#;
+
+/// Swarm seed 583 with `--max-clock-uncertainty-ms 250`, shrunk: one region 1,711 ms behind,
+/// strict, L = 3,598 in 3 s windows, restored at 7,467 ms (true) from its store as it was at
+/// 3,042 ms, or from an empty one. The restore closes the windows that began before its start
+/// (docs/budget.md, "Restores"), and dated the start on the raw clock, 5,756 ms: window 2
+/// (6 s to 9 s), which the lost copy had spent on its corrected clock, stayed open. Before,
+/// 1 violation on either store (admitted 4,254 above 3,598 in window 2 on the regions'
+/// clocks; the empty store fails so on seeds 0..20 too, up to 776 above). The start is now
+/// read on the stored correction, and re-dated on the corrected clock at the first sample
+/// since the start (an empty store has no correction): 0.
+#[test]
+fn a_restored_start_closes_the_windows_the_lost_copy_spent_on_its_corrected_clock() {
+    let old = parsed("swarm-583.yaml", SWARM_583);
+    assert_no_violation(&run(&old, 583..584));
+    let empty = parsed(
+        "swarm-583-empty.yaml",
+        &SWARM_583.replace("from: 3042ms", "from: 0ms"),
+    );
+    assert_no_violation(&run(&empty, 0..4));
+}
+
+const SWARM_583: &str = r#"
+name: swarm-583
+max_clock_uncertainty: 250ms
+duration: 12000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 3ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 6, max_units: 869, ttl: 1580ms}
+regions:
+  - {id: r1, weight: 0.327, latency: 6ms, gateways: 3, clock: {offset: -1711ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 3598}
+      allot:
+        window: 3s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k0
+    rate: {flash_crowd: {base_per_sec: 154.44, factor: 3.849, start: 7010ms, end: 9433ms}}
+    arrivals: poisson
+    cost: {constant_units: 6}
+    retry: {immediate: {max_retries: 1, delay: 13ms}}
+faults:
+  - agent_restore: {region: r1, at: 7467ms, from: 3042ms}
+"#;
+
+/// Swarm seed 2859 with `--max-clock-uncertainty-ms 250`, shrunk: strict, L = 13,630 in 8 s
+/// windows, region r0's clock 1,632 ms ahead, its agent restored from an empty store at
+/// 1,076 ms. Its first sample corrected the clock back by 1.6 s, and the timebase held the
+/// clock still until local time caught up: every deadline on it (syncs, view and lease
+/// expiries) stood still too, so from its first sync to the restore r0 reported nothing of
+/// what it admitted. The restored start holds window 0 at the use it can learn (the entries
+/// the coordinator has), so the table gave the unreported rest to r3: before, 1 violation on
+/// every seed (admitted 14,196 above 13,630 in window 0 on the regions' clocks; 119 SyncUps
+/// in the run). A backward correction now slows the clock to half speed instead of stopping
+/// it (`timebase::SLEW_DIVISOR`), so time passes and the region keeps syncing: 0 (121
+/// SyncUps, 12,944 admitted).
+#[test]
+fn a_clock_corrected_back_keeps_running_so_the_region_keeps_syncing() {
+    let r = run(&parsed("swarm-2859.yaml", SWARM_2859), 2859..2861);
+    assert_no_violation(&r);
+}
+
+const SWARM_2859: &str = r#"
+name: swarm-2859
+max_clock_uncertainty: 250ms
+duration: 16000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 8ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 20, max_units: 104, ttl: 3019ms}
+regions:
+  - {id: r0, weight: 0.227, latency: 3ms, gateways: 1, clock: {offset: 1632ms, drift_ppm: 0}}
+  - {id: r3, weight: 0.351, latency: 127ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 13630}
+      allot:
+        window: 8s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 540.943}
+    arrivals: uniform
+    cost: {constant_units: 4}
+    retry: none
+  - region: r3
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 483.227}
+    arrivals: uniform
+    cost: {constant_units: 4}
+    retry: none
+faults:
+  - agent_restore: {region: r0, at: 1076ms, from: 0ms}
+"#;
+
+/// Swarm seed 2279 with `--max-clock-uncertainty-ms 250` (after the half-speed run above),
+/// shrunk: strict, 16 s windows, one region 24 s ahead whose first sample came just before a
+/// coordinator outage (177 ms to 28.4 s), its agent crashed at 20.4 s. Its clock ran at half
+/// speed from 24.2 s and read window 2 (32 s on) when it crashed; restarted on the stored
+/// correction alone it read 21.3 s, back in window 1, whose counter then went from (10,858,
+/// 9,949) granted and refunded to (0, 0): before, 1 violation on every seed
+/// (`counter_decreased`). The store now keeps the slowed run with the correction
+/// (`ClockCorrection::slowed_from`), and the restart reads on as the lost copy did: 0.
+#[test]
+fn a_restart_during_a_slowed_run_reads_on_from_where_the_clock_was() {
+    let r = run(&parsed("swarm-2279.yaml", SWARM_2279), 2279..2281);
+    assert_no_violation(&r);
+}
+
+const SWARM_2279: &str = r#"
+name: swarm-2279
+max_clock_uncertainty: 250ms
+duration: 32000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 46ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 7, max_units: 47, ttl: 627ms}
+regions:
+  - {id: r1, latency: 80ms, gateways: 1, clock: {offset: 23999ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 48337}
+      allot:
+        window: 16s
+        consistency: strict
+        partition_policy: closed
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k2
+    rate: {constant_per_sec: 62.711}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 75, actual: {lognormal: {median_units: 9, sigma: 0.29, max_units: 81}}, settle_after: {uniform: [3383ms, 5382ms]}}}
+    retry: none
+faults:
+  - agent_crash: {region: r1, at: 20444ms, restart_after: 895ms}
+  - coordinator_outage: {start: 177ms, end: 28419ms}
 "#;
 
 /// Restores (`agent_restore`) into a window already in progress: the lost copy admitted there

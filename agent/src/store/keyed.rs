@@ -20,6 +20,8 @@ const IDEMPOTENCY: u8 = b'i';
 const KEY: u8 = b'k';
 const LEASE: u8 = b'l';
 const META: &[u8] = b"m";
+/// The timebase's correction (`PersistRecord::ClockCorrection`).
+const CLOCK_CORRECTION: &[u8] = b"o";
 const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
@@ -98,6 +100,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
         PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
         PersistRecord::RestoredBefore { .. } => RESTORED.to_vec(),
+        PersistRecord::ClockCorrection(_) => CLOCK_CORRECTION.to_vec(),
     })
 }
 

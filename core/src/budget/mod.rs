@@ -53,7 +53,7 @@ pub use config::BudgetConfig;
 pub use persist::PersistRecord;
 pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
-pub use timebase::{ClockGuard, Timebase};
+pub use timebase::{ClockCorrection, ClockGuard, Timebase};
 
 use admit::{Ctx, Want};
 use api::Remembered;
@@ -390,6 +390,28 @@ impl RegionBudget {
     /// SyncUps carry `guard`. `None` for both: admission as without a timebase.
     pub fn set_clock_guard(&mut self, band: Option<Duration>, guard: Option<ClockGuard>) {
         self.view.set_clock_guard(band, guard);
+    }
+
+    /// The timebase's correction (`Timebase::correction`), kept with the durable state: a
+    /// restart reads windows on the clock its counters were written on.
+    pub fn set_clock_correction(&mut self, correction: ClockCorrection) {
+        if self.view.set_clock_correction(correction) {
+            self.dirty.mark(Dirty::Clock);
+        }
+    }
+
+    /// The correction last set, or read back from the store.
+    pub fn clock_correction(&self) -> Option<ClockCorrection> {
+        self.view.clock_correction()
+    }
+
+    /// A restored start (`start_restored`) was dated on a clock the first sample since then
+    /// corrected: it started at `start` on the corrected one. Windows that began before it
+    /// are the lost copy's (on its corrected clock) and close; the start only moves later.
+    pub fn restore_started_no_earlier_than(&mut self, start: Timestamp) {
+        if self.view.restore.start_no_earlier_than(start) {
+            self.dirty.mark(Dirty::Restore);
+        }
     }
 
     pub fn key_count(&self, limit: &LimitId) -> usize {

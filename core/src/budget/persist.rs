@@ -33,6 +33,7 @@ use super::limits::LimitState;
 use super::slots::SlotHome;
 use super::stats::{LimitStats, WindowStats};
 use super::sync::{AckEntry, KeyRef};
+use super::timebase::ClockCorrection;
 use super::{BudgetConfig, Outcome, RegionBudget};
 use crate::algo::concurrency::{HeldSlot, SlotId};
 use crate::algo::gcra::GcraState;
@@ -86,6 +87,10 @@ pub enum PersistRecord {
     RestoredBefore {
         before: Timestamp,
     },
+    /// The correction the timebase had measured (`budget::Timebase`, D22): a restart reads
+    /// windows on the clock its counters were written on, not on the raw one, which may be
+    /// windows behind (it would count again in windows it has left) or ahead.
+    ClockCorrection(ClockCorrection),
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -215,6 +220,7 @@ pub(crate) enum Dirty {
     Stats(LimitId, WindowIndex),
     Allocation(LimitId),
     Restore,
+    Clock,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -231,6 +237,7 @@ pub(crate) struct DirtySet {
     stats: Vec<(LimitId, WindowIndex)>,
     allocations: Vec<LimitId>,
     restore: bool,
+    clock: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -253,6 +260,7 @@ impl DirtySet {
             Dirty::Stats(l, w) => self.stats.push((l, w)),
             Dirty::Allocation(l) => self.allocations.push(l),
             Dirty::Restore => self.restore = true,
+            Dirty::Clock => self.clock = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -284,6 +292,9 @@ impl DirtySet {
         }
         if taken.restore {
             out.push(Dirty::Restore);
+        }
+        if taken.clock {
+            out.push(Dirty::Clock);
         }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();
@@ -338,6 +349,9 @@ impl RegionBudget {
         }
         if let Some(before) = self.view.restore.closed_before() {
             out.push(PersistRecord::RestoredBefore { before });
+        }
+        if let Some(c) = self.view.clock_correction() {
+            out.push(PersistRecord::ClockCorrection(c));
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
@@ -438,6 +452,13 @@ impl RegionBudget {
             Dirty::Restore => PersistRecord::RestoredBefore {
                 before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
             },
+            // Marked only once a correction was set.
+            Dirty::Clock => PersistRecord::ClockCorrection(self.view.clock_correction().unwrap_or(
+                ClockCorrection {
+                    correction_nanos: 0,
+                    slowed_from: None,
+                },
+            )),
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
                 Some(lim) => PersistRecord::Allocation(AllocationRecord::of(&lim.params.spec)),
@@ -575,6 +596,9 @@ impl RegionBudget {
             // Compared with the configuration in force once every record is in (`restore`).
             PersistRecord::Allocation(_) => {}
             PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
+            PersistRecord::ClockCorrection(c) => {
+                self.view.set_clock_correction(c);
+            }
         }
     }
 

@@ -108,6 +108,22 @@ impl Restore {
         }
     }
 
+    /// The start was dated on a clock since corrected to read `start` then: it moves later,
+    /// never earlier. Returns whether a closing moved (it must be persisted).
+    pub fn start_no_earlier_than(&mut self, start: Timestamp) -> bool {
+        match self {
+            Restore::Awaiting { started_at, .. } => {
+                *started_at = (*started_at).max(start);
+                false
+            }
+            Restore::Closed { before } if *before < start => {
+                *before = start;
+                true
+            }
+            Restore::Normal | Restore::Closed { .. } => false,
+        }
+    }
+
     pub fn is_awaiting(&self) -> bool {
         matches!(self, Restore::Awaiting { .. })
     }

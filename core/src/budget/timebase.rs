@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 pub use crate::sync::ClockGuard;
 use crate::sync::ClockSample;
 use crate::time::{Timestamp, duration_nanos};
@@ -23,6 +25,22 @@ pub const MAX_CLOCK_DRIFT_PPM: u64 = 10_000;
 
 const PPM: u128 = 1_000_000;
 
+/// A backward correction does not stop the clock: it runs at `1 / SLEW_DIVISOR` of local
+/// speed until the corrected clock catches up. Stopped, nothing timed on it would pass (syncs,
+/// view and lease expiries) for as long as the region was ahead, up to several windows, and
+/// what it admitted meanwhile would go unreported; at half speed a region ahead by `H` syncs at
+/// half its rate for `2 H`.
+pub const SLEW_DIVISOR: u32 = 2;
+
+/// What a restart needs to read on as the timebase did (persisted with the budget's state,
+/// `PersistRecord::ClockCorrection`): the correction, and the slowed run after a backward one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockCorrection {
+    pub correction_nanos: i64,
+    /// The local time and the reading a slowed run started from, until the estimate catches up.
+    pub slowed_from: Option<(Timestamp, Timestamp)>,
+}
+
 /// A region's corrected clock.
 #[derive(Clone, Debug)]
 pub struct Timebase {
@@ -32,6 +50,9 @@ pub struct Timebase {
     correction_nanos: i64,
     /// The latest reading handed out: readings never go back.
     last_read: Timestamp,
+    /// After a backward correction: the local time and reading it was taken at, from which
+    /// the clock runs slow until `local + correction` catches up.
+    slew_from: Option<(Timestamp, Timestamp)>,
     /// Readings from this one on are `local + correction` again (after the last change of the
     /// correction, and after the wait a backward change holds the clock for). A round trip
     /// sent before it measured a clock that changed or stood still: it is not taken.
@@ -52,6 +73,7 @@ impl Timebase {
             max_uncertainty,
             correction_nanos: 0,
             last_read: Timestamp::ZERO,
+            slew_from: None,
             steady_from: Timestamp::ZERO,
             sample: None,
             guarded_since: None,
@@ -60,32 +82,82 @@ impl Timebase {
     }
 
     /// A timebase for an agent restarted from its store: its counters and leases are on the
-    /// corrected clock it had, which a restart forgets. Until the first sample it admits
-    /// nothing in strict mode, so the raw clock counts nothing in the wrong window.
-    pub fn restarted(max_uncertainty: Duration) -> Self {
-        Timebase {
+    /// corrected clock it had. It reads on the correction the store kept
+    /// (`RegionBudget::clock_correction`; none in a store written before the first sample,
+    /// or lost with it), so that the region does not go back into windows it has left nor
+    /// forward past grants. How far that is from the coordinator's clock is not known until
+    /// the first sample: until then it admits nothing in strict mode.
+    pub fn restarted(max_uncertainty: Duration, stored: Option<ClockCorrection>) -> Self {
+        let mut tb = Timebase {
             hold_until_sampled: true,
             ..Timebase::new(max_uncertainty)
+        };
+        if let Some(c) = stored {
+            tb.correction_nanos = c.correction_nanos;
+            tb.slew_from = c.slowed_from;
+            // A round trip sent while the clock runs slow is not taken, as before the restart.
+            tb.steady_from = c
+                .slowed_from
+                .map_or(Timestamp::ZERO, |(local, from)| tb.slow_until(local, from));
         }
+        tb
+    }
+
+    /// The correction in force: what the driver hands the budget to persist.
+    pub fn correction(&self) -> ClockCorrection {
+        ClockCorrection {
+            correction_nanos: self.correction_nanos,
+            slowed_from: self.slew_from,
+        }
+    }
+
+    /// The reading at which a run slowed from reading `from` at local time `local` meets the
+    /// estimate again.
+    fn slow_until(&self, local: Timestamp, from: Timestamp) -> Timestamp {
+        let behind = from.saturating_duration_since(shift(local, self.correction_nanos));
+        from + behind / SLEW_DIVISOR.saturating_sub(1).max(1)
+    }
+
+    /// `local + correction`: the corrected estimate of local time `local`, even one before
+    /// the latest reading (for dating a past event, such as a restored start, on it).
+    pub fn estimate(&self, local: Timestamp) -> Timestamp {
+        shift(local, self.correction_nanos)
     }
 
     /// [`Timebase::read`] without moving anything: what a reading at `local` would be.
     pub fn peek(&self, local: Timestamp) -> Timestamp {
-        shift(local, self.correction_nanos).max(self.last_read)
+        let slewed = self
+            .slew_from
+            .map_or(Timestamp::ZERO, |(from_local, from)| {
+                from + local.saturating_duration_since(from_local) / SLEW_DIVISOR
+            });
+        shift(local, self.correction_nanos)
+            .max(slewed)
+            .max(self.last_read)
     }
 
-    /// The corrected time at local time `local`: `local + correction`, or the latest reading
-    /// if that is later (a backward correction holds the clock until local time catches up).
+    /// The corrected time at local time `local`: `local + correction`, or, after a backward
+    /// correction, the slowed clock until that catches up ([`SLEW_DIVISOR`]).
     pub fn read(&mut self, local: Timestamp) -> Timestamp {
-        let t = shift(local, self.correction_nanos).max(self.last_read);
+        let t = self.peek(local);
         self.last_read = t;
+        if shift(local, self.correction_nanos) >= t {
+            self.slew_from = None;
+        }
         t
     }
 
     /// The local time at which the corrected clock reads `corrected` (for timers: a deadline
     /// the budget asked for, on the local clock that wakes the driver).
     pub fn to_local(&self, corrected: Timestamp) -> Timestamp {
-        shift(corrected, self.correction_nanos.saturating_neg())
+        let steady = shift(corrected, self.correction_nanos.saturating_neg());
+        match self.slew_from {
+            Some((from_local, from)) if corrected > from => {
+                steady.min(from_local + corrected.saturating_duration_since(from) * SLEW_DIVISOR)
+            }
+            Some((from_local, _)) => steady.min(from_local),
+            None => steady,
+        }
     }
 
     /// An answered round trip, sent at corrected time `sent_at`, measured `sample` (the
@@ -104,7 +176,15 @@ impl Timebase {
         let now = self.read(local);
         self.correction_nanos = self.correction_nanos.saturating_add(sample.offset_nanos);
         self.sample = Some((sent_local, sample.round_trip_nanos.div_ceil(2)));
-        self.steady_from = now.max(shift(local, self.correction_nanos));
+        let estimate = shift(local, self.correction_nanos);
+        if estimate < now {
+            // Slow from `now` until the estimate catches up: the reading then.
+            self.slew_from = Some((local, now));
+            self.steady_from = self.slow_until(local, now);
+        } else {
+            self.slew_from = None;
+            self.steady_from = estimate;
+        }
         true
     }
 
@@ -114,7 +194,7 @@ impl Timebase {
     pub fn uncertainty(&self, local: Timestamp) -> Option<Duration> {
         let (sent_local, half_rtt) = self.sample?;
         let estimate = shift(local, self.correction_nanos);
-        let held = self.last_read.max(estimate).as_unix_nanos() - estimate.as_unix_nanos();
+        let held = self.peek(local).as_unix_nanos() - estimate.as_unix_nanos();
         let since = u128::from(duration_nanos(local.saturating_duration_since(sent_local)));
         let drift = u64::try_from((since * u128::from(MAX_CLOCK_DRIFT_PPM)).div_ceil(PPM))
             .unwrap_or(u64::MAX);
@@ -197,25 +277,29 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_ahead_holds_until_local_time_catches_up_and_is_guarded_then() {
+    fn a_clock_ahead_runs_at_half_speed_until_the_estimate_catches_up_and_is_guarded_then() {
         let mut tb = Timebase::new(Duration::from_millis(250));
         tb.read(ms(10_000));
         assert!(tb.on_sample(ms(10_040), ms(10_000), sample(-2_000, 40)));
-        // Held at the last reading: 2 s ahead of the estimate.
-        assert_eq!(tb.read(ms(10_100)), ms(10_040));
+        // Slowed from the last reading, 2 s ahead of the estimate: half speed, never back.
+        assert_eq!(tb.read(ms(10_100)), ms(10_070));
         assert_eq!(tb.band(ms(10_100)), None, "2 s off: not guarded yet");
-        assert_eq!(tb.read(ms(11_900)), ms(10_040));
-        // From local 12,040 on the clock runs again, within the round trip of the sample.
-        assert_eq!(tb.read(ms(12_100)), ms(10_100));
-        let e = tb.band(ms(12_100)).expect("guarded");
-        assert!(e < Duration::from_millis(50), "{e:?}");
-        // A round trip sent while the clock stood still is not taken.
-        assert!(!tb.on_sample(ms(12_100), ms(10_040), sample(5, 1)));
+        assert_eq!(tb.read(ms(12_040)), ms(11_040));
+        // A deadline on the slowed clock wakes the driver when the slowed clock reaches it:
+        // time still passes, so syncs and expiries do.
+        assert_eq!(tb.to_local(ms(11_540)), ms(13_040));
+        // The estimate catches up at local 14,040 (reading 12,040) and runs on from there.
+        assert_eq!(tb.to_local(ms(12_540)), ms(14_540));
+        assert_eq!(tb.read(ms(14_100)), ms(12_100));
+        let e = tb.band(ms(14_100)).expect("guarded");
+        assert!(e < Duration::from_millis(100), "{e:?}");
+        // A round trip sent while the clock ran slow is not taken.
+        assert!(!tb.on_sample(ms(14_100), ms(11_040), sample(5, 1)));
     }
 
     #[test]
     fn a_restarted_region_admits_nothing_strict_until_its_first_sample() {
-        let mut tb = Timebase::restarted(Duration::from_millis(250));
+        let mut tb = Timebase::restarted(Duration::from_millis(250), None);
         assert_eq!(tb.band(ms(5_000)), Some(Duration::MAX));
         assert!(tb.guard().is_none());
         assert!(tb.on_sample(ms(5_010), ms(5_000), sample(700, 10)));

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::restore::Restore;
-use super::timebase::ClockGuard;
+use super::timebase::{ClockCorrection, ClockGuard};
 use crate::sync::ClockSample;
 use crate::time::Timestamp;
 
@@ -23,6 +23,8 @@ pub(crate) struct View {
     /// The timebase's edge band and guard, as the driver last set them.
     edge_band: Option<Duration>,
     guard: Option<ClockGuard>,
+    /// The timebase's correction, as the driver last set it (persisted).
+    clock_correction: Option<ClockCorrection>,
     /// Time up to which expired periods have been handed out as "time open".
     open_accounted_until: Option<Timestamp>,
     /// A start that may have lost state: ends (or closes earlier windows) at the first answer.
@@ -38,6 +40,7 @@ impl View {
             clock_sent_at: None,
             edge_band: None,
             guard: None,
+            clock_correction: None,
             open_accounted_until: None,
             restore: Restore::default(),
         }
@@ -84,6 +87,17 @@ impl View {
     pub fn set_clock_guard(&mut self, band: Option<Duration>, guard: Option<ClockGuard>) {
         self.edge_band = band;
         self.guard = guard;
+    }
+
+    /// Returns whether it changed.
+    pub fn set_clock_correction(&mut self, c: ClockCorrection) -> bool {
+        let changed = self.clock_correction != Some(c);
+        self.clock_correction = Some(c);
+        changed
+    }
+
+    pub fn clock_correction(&self) -> Option<ClockCorrection> {
+        self.clock_correction
     }
 
     pub fn edge_band(&self) -> Option<Duration> {

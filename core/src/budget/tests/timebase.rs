@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::budget::{ClockGuard, Reason, Timebase};
+use crate::budget::{ClockCorrection, ClockGuard, PersistRecord, Reason, RestoreStart, Timebase};
 use crate::limit::Consistency;
 
 const BAND: Duration = Duration::from_millis(30);
@@ -93,4 +93,68 @@ fn syncups_carry_the_guard_and_the_round_trip_feeds_the_timebase() {
     b.set_clock_guard(band, tb.guard());
     let up = b.poll_transmit(at(3_300)).expect("a sync is due");
     assert_eq!(up.clock_guard.map(|g| g.since), Some(at(3_020)));
+}
+
+#[test]
+fn the_correction_is_kept_with_the_durable_state() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert_eq!(b.clock_correction(), None);
+    let c = ClockCorrection {
+        correction_nanos: -1_500_000_000,
+        slowed_from: Some((at(2_000), at(3_500))),
+    };
+    b.set_clock_correction(c);
+    let records = b.drain_dirty();
+    assert!(records.contains(&PersistRecord::ClockCorrection(c)));
+    let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], records).expect("restore");
+    assert_eq!(r.clock_correction(), Some(c));
+    let r =
+        RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.snapshot()).expect("restore");
+    assert_eq!(r.clock_correction(), Some(c), "in a snapshot too");
+    b.set_clock_correction(c);
+    assert!(b.drain_dirty().is_empty(), "unchanged: nothing to write");
+}
+
+#[test]
+fn a_restarted_timebase_reads_on_as_the_one_it_stored_did() {
+    let mut tb = Timebase::new(Duration::from_millis(250));
+    tb.read(at(10_000));
+    // 2 s ahead: the clock runs slow from 10,040.
+    let sample = crate::sync::ClockSample {
+        offset_nanos: -2_000_000_000,
+        round_trip_nanos: 40_000_000,
+    };
+    assert!(tb.on_sample(at(10_040), at(10_000), sample));
+    let before = tb.read(at(12_040));
+    let mut again = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    assert_eq!(again.read(at(12_040)), before, "not back to the estimate");
+    assert_eq!(
+        again.read(at(14_100)),
+        at(12_100),
+        "and on the estimate after it"
+    );
+    // Its round trips are not taken while it runs slow, as before the restart.
+    let mut slow = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    assert!(!slow.on_sample(at(12_100), at(11_000), sample));
+}
+
+#[test]
+fn a_restored_start_dated_on_the_raw_clock_moves_to_the_corrected_one() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    // Dated on a raw clock 31 s behind the corrected one the lost copy ran on.
+    b.start_restored(at(30_000), RestoreStart::Declared);
+    let up = b.poll_transmit(at(30_100)).expect("sync");
+    b.handle_sync_down(at(30_100), answer(&up, at(30_100)));
+    b.drain_dirty();
+    // The first sample dates the start at 61 s: window 1 (60 s to 120 s) began before it.
+    b.restore_started_no_earlier_than(at(61_000));
+    assert!(
+        b.drain_dirty()
+            .contains(&PersistRecord::RestoredBefore { before: at(61_000) })
+    );
+    assert!(!acquire(&mut b, at(61_500), "api", "k", 1).allowed);
+    b.drain_dirty();
+    b.restore_started_no_earlier_than(at(1_000));
+    assert!(b.drain_dirty().is_empty(), "never earlier");
+    assert!(acquire(&mut b, at(120_000), "api", "k", 1).allowed);
 }
