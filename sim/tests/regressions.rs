@@ -2205,3 +2205,131 @@ traffic:
 faults:
   - agent_restore: {region: r1, at: 30612ms, from: 29101ms}
 "#;
+
+/// Swarm seed 4624, shrunk (`sim/swarm-findings/seed-4624-strict-region-clocks-reload-raise-behind.yaml`,
+/// run here 16 s rather than 12 so that the statements reach the checker before the end):
+/// strict, two regions, 4 s windows; `r1`'s clock 4,728 ms behind. A reload at 11.544 s raises
+/// `L` from 813 to 2,431. `r1` switches while its clock is still in its window index 441806401
+/// (true 4 s .. 8 s, quota 813) and admits there up to its new default. The leader counted it
+/// under both versions for that window, but took the `reload` term against the new `L`: before,
+/// 909 admitted on the regions' clocks against 813 plus a bound of 0. The term is now taken
+/// against the quota in force when the window started (`Coordinator::reload_inputs`): it states
+/// 613 (960 + 466 - 813) for that window, 0 violations after. Seeds 840, 1880, 2246, 2256 and
+/// 3308 have the same shape (a region behind, a quota raised).
+#[test]
+fn a_region_behind_that_reloads_to_a_raised_quota_is_counted_against_the_old_one() {
+    let s = parsed("swarm-4624.yaml", SWARM_4624);
+    assert_no_violation(&run(&s, 4624..4625));
+}
+
+const SWARM_4624: &str = r#"
+name: swarm-4624
+description: drawn by `allot sim --swarm --seeds 4624..4625`, shrunk
+duration: 16000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 7ms}
+measure: {sample_interval: 400ms}
+lease: {initial_units: 11, max_units: 187, ttl: 2845ms}
+regions:
+  - {id: r0, weight: 0.395, latency: 38ms, gateways: 3}
+  - {id: r1, weight: 0.192, latency: 149ms, gateways: 1, clock: {offset: -4728ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 813}
+      allot:
+        window: 4s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k1
+    rate: {constant_per_sec: 17.58}
+    arrivals: poisson
+    cost: {constant_units: 9}
+    retry: none
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {flash_crowd: {base_per_sec: 15.194, factor: 2.636, start: 9271ms, end: 12000ms}}
+    arrivals: poisson
+    cost: {constant_units: 9}
+    retry: {immediate: {max_retries: 3, delay: 34ms}}
+faults:
+  - config_reload:
+      at: 11544ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 2431}
+            allot:
+              window: 4s
+              consistency: strict
+              partition_policy: closed
+              rate_cap: {rate: 4762/4s, burst: 682}
+              failure_mode: closed
+"#;
+
+/// Swarm seed 9968, shrunk (`sim/swarm-findings/seed-9968-region-allowance-above-table-reload-to-closed-while-silent.yaml`):
+/// one region, eventual with the `floor` policy, L = 311 per 3 s window; the region is cut off
+/// from 7.233 s to the end, and a reload at 10.396 s makes the limit strict with the `closed`
+/// policy. The leader, on the new version, reclaimed the silent region's floor from window
+/// 589075203 (9 s .. 12 s) as if it had closed itself when its view expired, but the region was
+/// still on the old version then and admitted up to its floor: before, 5 violations (at 10.5 s
+/// it enforces 25, its use in that window, the table gives it 0; the drawn world: 98 against 0).
+/// A region last heard on a version where the limit was not strict and closed now keeps its
+/// floor while silent (`Coordinator::closes_when_silent`): 0 after.
+#[test]
+fn a_region_silent_since_before_a_reload_to_closed_keeps_its_floor() {
+    let s = parsed("swarm-9968.yaml", SWARM_9968);
+    assert_no_violation(&run(&s, 9968..9969));
+}
+
+const SWARM_9968: &str = r#"
+name: swarm-9968
+description: drawn by `allot sim --swarm --seeds 9968..9969`, shrunk
+duration: 12000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 1ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 2, max_units: 545, ttl: 2802ms}
+regions:
+  - {id: r1, latency: 1ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 311}
+      allot:
+        window: 3s
+        consistency: eventual
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {constant_per_sec: 16.229}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - partition: {region: r1, start: 7233ms, end: 12000ms, direction: both}
+  - config_reload:
+      at: 10396ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 311}
+            allot:
+              window: 3s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: closed
+              weights: {r1: 0.457}
+"#;

@@ -59,6 +59,11 @@ pub struct BoundInputs {
     /// largest grant it held under it). Empty while every region reports the table's version.
     #[serde(default)]
     pub reload_held_units: BTreeMap<RegionId, u64>,
+    /// The quota the `reload` term is taken against when a region counts under an older
+    /// version whose quota was smaller than the table's: the window started under that one.
+    /// `None`: the table's quota.
+    #[serde(default)]
+    pub reload_quota_units: Option<u64>,
 }
 
 impl BoundInputs {
@@ -76,6 +81,7 @@ impl BoundInputs {
             partitioned: BTreeMap::new(),
             deferred_flush_interval: None,
             reload_held_units: BTreeMap::new(),
+            reload_quota_units: None,
         }
     }
 }
@@ -213,8 +219,12 @@ impl Ctx<'_> {
         for (r, u) in held {
             let _ = write!(detail, "{r} {u} + ");
         }
-        let excess = sum.saturating_sub(self.quota_units);
-        let _ = write!(detail, "= {sum} - {} = {excess}", self.quota_units);
+        let quota = self
+            .inputs
+            .reload_quota_units
+            .map_or(self.quota_units, |q| q.min(self.quota_units));
+        let excess = sum.saturating_sub(quota);
+        let _ = write!(detail, "= {sum} - {quota} = {excess}");
         term("reload", excess, detail)
     }
 

@@ -424,7 +424,7 @@ impl Coordinator {
     }
 
     /// Apply a committed command to the leader's table.
-    pub fn handle_committed(&mut self, _now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
+    pub fn handle_committed(&mut self, now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
         if let Some(key) = proposal_key(cmd)
             && let Some((_, left)) = self.in_flight.get_mut(&key)
         {
@@ -451,7 +451,7 @@ impl Coordinator {
             self.confirm_from_ack(&ack, cmd);
         }
         if let (Some(before), true) = (before, outcome.is_applied()) {
-            self.kept_configs.remember(&before);
+            self.kept_configs.remember(&before, now);
             self.forget_dropped_rows();
         }
         outcome
@@ -577,7 +577,9 @@ impl Coordinator {
                 let starting =
                     self.is_in_flight(&ProposalKey::StartReclaim(limit.clone(), r.clone()));
                 let ending = self.is_in_flight(&ProposalKey::EndReclaim(limit.clone(), r.clone()));
-                let deadline = self.reclaim_deadline(region).filter(|d| now >= *d);
+                let deadline = self
+                    .reclaim_deadline(region)
+                    .filter(|d| now >= *d && self.closes_when_silent(limit, region));
                 let active = self.table.reclaim(&spec.id, region).is_some();
                 // A start still in flight commits before an end proposed now (log order): if
                 // the region is back, end it too, so that both commit before its answer (the
@@ -596,6 +598,19 @@ impl Coordinator {
                     });
                 }
             }
+        }
+    }
+
+    /// The region was last heard on a version under which `limit` is strict with the closed
+    /// policy (the table's, which the caller checked, or a kept one): it closes itself when its
+    /// view expires. A region silent since before a reload to the closed policy may still be
+    /// admitting under the old version's policy (floor, open, eventual) for as long as the
+    /// reload takes to reach it, which the leader cannot know: its floor is not reclaimed.
+    fn closes_when_silent(&self, limit: &LimitId, region: &RegionId) -> bool {
+        let current = self.table.config_version();
+        match self.region_view(region).config_version {
+            Some(v) if v != current => self.kept_configs.closes_when_silent(v, limit),
+            _ => true,
         }
     }
 
@@ -1139,7 +1154,11 @@ impl Coordinator {
     ///
     /// A region that switched versions counts under both for the windows its clock may have
     /// reached before it switched (`admitted_under_previous`): a region whose clock is ahead
-    /// admitted, under the old version, in windows that start on ours after the reload.
+    /// admitted, under the old version, in windows that start on ours after the reload; one
+    /// whose clock is behind admits, under the new version, in windows that started (and may
+    /// have ended) on ours before it. The term is taken against the smaller of the table's
+    /// quota and the one in force when the window started on our clock: a window that started
+    /// under a smaller quota is judged against it.
     fn reload_inputs(
         &self,
         limit: &LimitId,
@@ -1156,6 +1175,9 @@ impl Coordinator {
             return None;
         }
         let current = self.table.config_version();
+        inputs.reload_quota_units = self
+            .finite_window(limit)
+            .and_then(|w| self.kept_configs.quota_units_at(limit, w, w.start(window)));
         for (r, previous) in self.table.regions().iter().zip(under_previous) {
             let version = self.region_view(r).config_version.unwrap_or(current);
             let mut units = 0u64;

@@ -10,8 +10,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{LimitId, RegionId};
-use crate::limit::{Consistency, LimitSpec, Quota};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::rebalance::table::AllowanceTable;
+use crate::time::{Timestamp, Window};
 
 /// Replaced configurations the leader remembers. A rollout that outlasts this many reloads
 /// leaves regions on versions it no longer knows: their windows are stated unbounded.
@@ -23,6 +24,8 @@ struct KeptConfig {
     version: u64,
     limits: BTreeMap<LimitId, LimitSpec>,
     regions: Vec<RegionId>,
+    /// When the leader applied the configuration that replaced it (its clock).
+    replaced_at: Timestamp,
     /// Per limit and region, the largest explicit allowance any of its rows held.
     largest_row_units: BTreeMap<(LimitId, RegionId), u64>,
 }
@@ -43,8 +46,8 @@ pub(crate) struct KeptConfigs {
 }
 
 impl KeptConfigs {
-    /// Remember the table's configuration before a `SetConfig` replaces it.
-    pub fn remember(&mut self, table: &AllowanceTable) {
+    /// Remember the table's configuration before a `SetConfig` applied at `now` replaces it.
+    pub fn remember(&mut self, table: &AllowanceTable, now: Timestamp) {
         if table.limits().next().is_none() {
             return;
         }
@@ -64,8 +67,34 @@ impl KeptConfigs {
             version: table.config_version(),
             limits: table.limits().map(|l| (l.id.clone(), l.clone())).collect(),
             regions: table.regions().to_vec(),
+            replaced_at: now,
             largest_row_units,
         });
+    }
+
+    /// The quota of `limit` in force at `at` (our clock) when that was under a configuration
+    /// kept here with the same `window`; `None` under the table's own (or a forgotten one), or
+    /// where the window length differed (its counters were other ones).
+    pub fn quota_units_at(&self, limit: &LimitId, window: Window, at: Timestamp) -> Option<u64> {
+        let c = self.configs.iter().find(|c| at < c.replaced_at)?;
+        match c.limits.get(limit)?.quota {
+            Quota::Units { units, window: w } if w == window => Some(units),
+            _ => None,
+        }
+    }
+
+    /// Whether a region on the replaced configuration `version` closes itself when its view
+    /// expires (the limit strict there, with the closed partition policy): only then may the
+    /// leader reclaim its floor while it is silent. An unknown version does not.
+    pub fn closes_when_silent(&self, version: u64, limit: &LimitId) -> bool {
+        let Some(c) = self.configs.iter().rev().find(|c| c.version == version) else {
+            return false;
+        };
+        c.limits.get(limit).is_some_and(|spec| {
+            spec.enabled
+                && spec.consistency == Consistency::Strict
+                && spec.partition_policy == PartitionPolicy::Closed
+        })
     }
 
     /// What `region` may enforce for `limit` under the replaced configuration `version`: its
@@ -103,6 +132,9 @@ mod tests {
     use super::*;
     use crate::rebalance::table::TableCommand;
 
+    /// When the kept configuration was replaced, in the tests.
+    const REPLACED_AT_NANOS: u64 = 10_000_000_000;
+
     fn kept(spec: LimitSpec) -> KeptConfigs {
         let mut table = AllowanceTable::new();
         let regions: Vec<RegionId> = ["a", "b"].into_iter().map(RegionId::from).collect();
@@ -113,7 +145,7 @@ mod tests {
         });
         assert!(outcome.is_applied(), "{outcome:?}");
         let mut kept = KeptConfigs::default();
-        kept.remember(&table);
+        kept.remember(&table, Timestamp::from_unix_nanos(REPLACED_AT_NANOS));
         kept
     }
 
@@ -142,5 +174,42 @@ mod tests {
             k.held(2, &LimitId::from("api"), &RegionId::from("a")),
             Held::UnknownVersion
         );
+    }
+
+    #[test]
+    fn the_quota_in_force_before_a_reload_is_the_replaced_one() {
+        let k = kept(LimitSpec::simple("api", 268, Duration::from_secs(3)));
+        let api = LimitId::from("api");
+        let before = Timestamp::from_unix_nanos(REPLACED_AT_NANOS - 1);
+        let after = Timestamp::from_unix_nanos(REPLACED_AT_NANOS);
+        let w = Window::new(Duration::from_secs(3));
+        assert_eq!(k.quota_units_at(&api, w, before), Some(268));
+        assert_eq!(k.quota_units_at(&api, w, after), None, "the table's own");
+        assert_eq!(k.quota_units_at(&LimitId::from("other"), w, before), None);
+        let longer = Window::new(Duration::from_secs(4));
+        assert_eq!(
+            k.quota_units_at(&api, longer, before),
+            None,
+            "other counters"
+        );
+    }
+
+    #[test]
+    fn only_a_region_on_a_strict_closed_version_closes_itself() {
+        let api = LimitId::from("api");
+        let floor = kept(LimitSpec::simple("api", 268, Duration::from_secs(3)));
+        assert!(!floor.closes_when_silent(1, &api));
+        let closed = kept(LimitSpec {
+            partition_policy: PartitionPolicy::Closed,
+            ..LimitSpec::simple("api", 268, Duration::from_secs(3))
+        });
+        assert!(closed.closes_when_silent(1, &api));
+        assert!(!closed.closes_when_silent(2, &api), "a version not kept");
+        let eventual_closed = kept(LimitSpec {
+            partition_policy: PartitionPolicy::Closed,
+            consistency: Consistency::Eventual,
+            ..LimitSpec::simple("api", 268, Duration::from_secs(3))
+        });
+        assert!(!eventual_closed.closes_when_silent(1, &api));
     }
 }

@@ -2198,3 +2198,73 @@ fn a_guarded_region_counts_0_in_the_skew_term_once_its_guard_covers_the_window()
     let inputs = w.coord.bound_inputs(at_ms(700), &l, WindowIndex(102), None);
     assert!(!inputs.clock_offset_nanos.contains_key(&RegionId::from("a")));
 }
+
+/// b's clock is 4 s behind ours; L = 100 per 10 s window is raised to 300 at 12 s (our window
+/// 101). b switches at 12.1 s while its clock is still in window 100, which started under
+/// L = 100, and may admit there up to its new default, 150: the `reload` term of window 100 is
+/// taken against 100, not 300 (swarm seed 4624: it stated 0, and 909 were admitted against
+/// 813). Window 102 started under the new quota and states 0.
+#[test]
+fn a_window_that_started_before_a_raise_is_stated_against_the_old_quota() {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let sample = ClockSample {
+        offset_nanos: 4_000_000_000,
+        round_trip_nanos: 0,
+    };
+    for (seq, at, version) in [(1, 5_000, 1), (2, 12_100, 2)] {
+        for r in ["a", "b"] {
+            let mut up = up_with(r, seq, &[], 0);
+            up.config_version = version;
+            up.clock = (r == "b").then_some(sample);
+            if version == 2 && seq == 2 && r == "a" {
+                let raise = TableCommand::SetConfig {
+                    version: 2,
+                    limits: vec![LimitSpec::simple("l", 300, Duration::from_secs(10))],
+                    regions: regions(),
+                };
+                assert!(c.handle_committed(at_ms(12_000), &raise).is_applied());
+            }
+            c.handle_sync_up(at_ms(at), up).unwrap();
+        }
+    }
+    let reload = |c: &Coordinator, w: u64| {
+        let b = c
+            .bound(at_ms(12_200), &LimitId::from("l"), WindowIndex(w))
+            .unwrap();
+        b.terms.into_iter().find(|t| t.name == "reload").unwrap()
+    };
+    let started_before = reload(&c, 100);
+    assert_eq!(
+        started_before.units,
+        150 + 150 - 100,
+        "{}",
+        started_before.detail
+    );
+    assert_eq!(reload(&c, 102).units, 0);
+}
+
+/// b, last heard at 1 s on a version where the limit is strict with the `floor` policy, falls
+/// silent; a reload to the `closed` policy is committed at 1.5 s. b may still be on the old
+/// version (the reload reaches it when it does), admitting up to its floor: its floor is not
+/// reclaimed (swarm seed 9968: the leader reclaimed it, and b enforced its use against a row of
+/// 0). Heard once on the new version, it closes itself when silent, and is reclaimed.
+#[test]
+fn a_region_silent_since_before_a_reload_to_closed_keeps_its_floor() {
+    let mut w = silent_b(PartitionPolicy::Floor);
+    let closed = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![with_policy(PartitionPolicy::Closed)],
+        regions: regions(),
+    };
+    assert!(w.coord.handle_committed(at_ms(1_500), &closed).is_applied());
+    assert!(reclaims(&w.coord.poll_proposals(at_ms(60_000))).is_empty());
+
+    let mut msg = w.b.poll_transmit(at_ms(60_000));
+    msg.config_version = 2;
+    msg.clock = Some(ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: 0,
+    });
+    w.coord.handle_sync_up(at_ms(60_000), msg).unwrap();
+    assert_eq!(reclaims(&w.coord.poll_proposals(at_ms(120_000))).len(), 1);
+}
