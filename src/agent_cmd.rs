@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use allot_agent::admin::parse_descriptor;
 use allot_agent::logging;
-use allot_agent::settings::Settings;
+use allot_agent::settings::{DEFAULT_MAX_CLOCK_UNCERTAINTY, Settings};
 use allot_agent::store::Durability;
 use allot_agent::{Listeners, run};
 use allot_core::ids::RegionId;
@@ -76,9 +76,9 @@ pub struct AgentArgs {
     log_format: LogFormat,
     /// Read windows on the coordinator's timebase and keep strict admissions clear of window
     /// edges by the measured clock uncertainty, up to this many milliseconds (docs/bound.md,
-    /// skew). Off by default.
-    #[arg(long, env = "ALLOT_MAX_CLOCK_UNCERTAINTY_MS")]
-    max_clock_uncertainty_ms: Option<u64>,
+    /// skew). 0 turns it off: windows on the agent's own clock.
+    #[arg(long, env = "ALLOT_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = DEFAULT_MAX_CLOCK_UNCERTAINTY.as_millis() as u64)]
+    max_clock_uncertainty_ms: u64,
     /// Seed of the Retry-After jitter (default: drawn from the clock at start).
     #[arg(long, env = "ALLOT_JITTER_SEED", hide = true)]
     jitter_seed: Option<u64>,
@@ -121,7 +121,8 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.near_limit_ratio = args.near_limit_ratio;
     settings.jitter_seed = args.jitter_seed;
     settings.restored = args.restored;
-    settings.max_clock_uncertainty = args.max_clock_uncertainty_ms.map(Duration::from_millis);
+    settings.max_clock_uncertainty = (args.max_clock_uncertainty_ms > 0)
+        .then(|| Duration::from_millis(args.max_clock_uncertainty_ms));
     settings.validate().map_err(|e| e.to_string())?;
     let bind = |addr: String, what: &'static str| async move {
         TcpListener::bind(&addr)

@@ -244,7 +244,7 @@ fn summary(v: &Value) -> String {
 
 /// One HTTP/1.1 request on a fresh connection: the status code and the body as JSON (`null`
 /// when it is not JSON).
-async fn request(
+pub(crate) async fn request(
     addr: &str,
     method: &str,
     path: &str,
@@ -279,7 +279,7 @@ async fn request(
     Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
 }
 
-fn fail(code: u8, msg: &str) -> ExitCode {
+pub(crate) fn fail(code: u8, msg: &str) -> ExitCode {
     eprintln!("allot: {msg}");
     ExitCode::from(code)
 }

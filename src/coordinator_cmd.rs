@@ -28,8 +28,12 @@ pub struct CoordinatorArgs {
     id: u64,
     /// The initial members, ID=HOST:PORT,... (each node's --grpc as the others reach it).
     /// None: a single-node cluster at --grpc. Used only when the data directory is new.
-    #[arg(long, env = "ALLOT_PEERS")]
+    #[arg(long, env = "ALLOT_PEERS", conflicts_with = "join")]
     peers: Option<String>,
+    /// Start empty and wait to be added with `allot cluster add-node` (never initialise a
+    /// cluster of its own). Ignored once the data directory holds the cluster's log.
+    #[arg(long, env = "ALLOT_JOIN")]
+    join: bool,
     /// gRPC address: raft between nodes and the agents' sync stream.
     #[arg(long, env = "ALLOT_COORDINATOR_GRPC", default_value = "127.0.0.1:7070")]
     grpc: String,
@@ -89,6 +93,7 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
     Ok(DaemonSettings {
         id: args.id,
         peers,
+        join: args.join,
         data_dir: args.data.clone(),
         raft: raft_config(&args.cluster).map_err(|e| e.to_string())?,
         rebalance: CoordinatorConfig::default(),
@@ -199,6 +204,14 @@ fn summary(s: &Value) -> String {
     );
     for m in s["members"].as_array().into_iter().flatten() {
         out += &format!(" {}={}", m["id"], m["address"].as_str().unwrap_or("?"));
+        if m["role"] == "learner" {
+            out += " (learner)";
+        }
+    }
+    match s["role"].as_str() {
+        Some("learner") => out += "\nthis node is a learner (no vote)",
+        Some("not_member") => out += "\nthis node is not a member (joining, or removed)",
+        _ => {}
     }
     out += &format!(
         "\nconfiguration version {}\nregions:\n",

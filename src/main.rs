@@ -2,6 +2,7 @@
 
 mod agent_cmd;
 mod check_config;
+mod cluster_cmd;
 mod config_cmd;
 mod coordinator_cmd;
 
@@ -43,6 +44,11 @@ enum Command {
     /// force. See docs/coordinator.md.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// The coordinator cluster's membership: `members` lists the voters and learners,
+    /// `add-node` adds a node started with `allot coordinator --join`, `remove-node` removes
+    /// one (the leader too). See docs/coordinator.md.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Call a running agent's Acquire once and print the decision as JSON.
     ///
     /// Exits 0 whether allowed or denied; 2 on a connection or input error.
@@ -70,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(args) => coordinator_cmd::coordinator(args),
         Command::Status(args) => coordinator_cmd::status(args),
         Command::Config(cmd) => config_cmd::run(cmd),
+        Command::Cluster(cmd) => cluster_cmd::run(cmd),
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),

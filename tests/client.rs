@@ -2,103 +2,41 @@
 //! admits is what the agent granted, it asks the agent rarely, it outlives the agent on held
 //! units and then follows the failure mode, it reconnects, and it gives units back on shutdown.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_client::{Client, ClientConfig, Decision, FailureMode, Target};
 
+use support::Process;
+
 /// Longest any test waits for something that should happen promptly (the agent starting, the
 /// client reconnecting): a bound on a hang, not a timing claim.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// One running agent; killed when dropped.
-struct Agent {
-    child: Child,
-    grpc: String,
-    http: String,
-}
-
-impl Agent {
-    /// Starts the agent on `grpc` (a fixed address, so a restart is found at the same place).
-    fn start(dir: &Path, grpc: &str) -> Agent {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allot"))
-            .args(["agent", "--grpc", grpc, "--http", "127.0.0.1:0", "--data"])
-            .arg(dir.join("data"))
-            .arg("--config")
-            .arg(dir.join("limits.yaml"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the allot binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .and_then(|l| l.ok())
-            .unwrap_or_default();
-        let http = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http="))
-            .unwrap_or_else(|| panic!("agent did not become ready: {line:?}"))
-            .to_owned();
-        Agent {
-            child,
-            grpc: grpc.to_owned(),
-            http,
-        }
-    }
-
-    fn metric(&self, line_prefix: &str) -> f64 {
-        let mut s = TcpStream::connect(&self.http).expect("admin HTTP");
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http
-        )
-        .expect("send");
-        let mut body = String::new();
-        s.read_to_string(&mut body).expect("read");
-        body.lines()
-            .find(|l| l.starts_with(line_prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the agent on `grpc` (a fixed address, so a restart is found at the same place).
+fn start_agent(dir: &Path, grpc: &str) -> Process {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    cmd.args(["agent", "--grpc", grpc, "--http", "127.0.0.1:0", "--data"])
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(dir.join("limits.yaml"));
+    Process::start(cmd, "agent")
 }
 
 fn scratch(test: &str, limits: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("client")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    std::fs::write(dir.join("limits.yaml"), limits).expect("config");
-    dir
+    support::scratch("client", test, Some(limits))
 }
 
 /// A loopback address nothing listens on now (the agent binds it next).
 fn free_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").to_string()
+    format!("127.0.0.1:{}", support::free_port())
 }
 
-fn config(agent: &Agent, lease_units: u64) -> ClientConfig {
+fn config(agent: &Process, lease_units: u64) -> ClientConfig {
     let mut config = ClientConfig::new(format!("http://{}", agent.grpc));
     config.gateway.initial_lease_units = lease_units;
     config.gateway.max_lease_units = lease_units;
@@ -138,7 +76,7 @@ async fn spend_until_denied(client: Arc<Client>, key: Arc<allot_client::Key>) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tasks_admit_exactly_what_the_agent_granted() {
     let dir = scratch("exact", QUOTA_100);
-    let agent = Agent::start(&dir, &free_address());
+    let agent = start_agent(&dir, &free_address());
     let client = Arc::new(Client::start(config(&agent, 30)).expect("client"));
     let key = Arc::new(
         client
@@ -181,7 +119,7 @@ descriptors:
 async fn leases_of_100_ask_the_agent_at_most_once_per_50_requests() {
     const REQUESTS_PER_TASK: u64 = 2_500;
     let dir = scratch("rpcs", QUOTA_LARGE);
-    let agent = Agent::start(&dir, &free_address());
+    let agent = start_agent(&dir, &free_address());
     let client = Arc::new(Client::start(config(&agent, 100)).expect("client"));
     let key = Arc::new(
         client
@@ -217,7 +155,7 @@ async fn leases_of_100_ask_the_agent_at_most_once_per_50_requests() {
 async fn without_the_agent_held_units_spend_then_the_failure_mode_decides_until_it_returns() {
     let dir = scratch("outage", QUOTA_LARGE);
     let grpc = free_address();
-    let agent = Agent::start(&dir, &grpc);
+    let agent = start_agent(&dir, &grpc);
     let mut config = config(&agent, 100);
     config.failure_mode = FailureMode::Closed;
     config.reconnect_cap = Duration::from_millis(200);
@@ -230,7 +168,7 @@ async fn without_the_agent_held_units_spend_then_the_failure_mode_decides_until_
     }
     let held = client.held_units(&key);
     assert!(held > 0, "a lease is held");
-    agent.kill();
+    drop(agent);
 
     // Every held unit still spends, with no agent.
     for i in 0..held {
@@ -248,7 +186,7 @@ async fn without_the_agent_held_units_spend_then_the_failure_mode_decides_until_
     assert!(client.stats().failed_closed >= 1);
 
     // The agent comes back at the same address: the client reconnects and admits again.
-    let _agent = Agent::start(&dir, &grpc);
+    let _agent = start_agent(&dir, &grpc);
     let deadline = Instant::now() + PATIENCE;
     loop {
         if client.spend(&key, 1).await == Decision::Allowed {
@@ -269,7 +207,7 @@ async fn without_the_agent_held_units_spend_then_the_failure_mode_decides_until_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_gives_unused_units_back() {
     let dir = scratch("shutdown", QUOTA_LARGE);
-    let agent = Agent::start(&dir, &free_address());
+    let agent = start_agent(&dir, &free_address());
     let client = Client::start(config(&agent, 100)).expect("client");
     let key = client
         .key(&Target::new("api").entry("user", "u"))
@@ -296,7 +234,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_slot_guard_gives_the_slot_back() {
     let dir = scratch("slots", ONE_SLOT);
-    let agent = Agent::start(&dir, &free_address());
+    let agent = start_agent(&dir, &free_address());
     let client = Client::start(config(&agent, 10)).expect("client");
     let target = Target::new("jobs").entry("worker", "w1");
     // The driver connects in the background: wait for it, so the first answer is the agent's.

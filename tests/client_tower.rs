@@ -5,8 +5,6 @@
 mod support;
 
 use std::convert::Infallible;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -17,6 +15,8 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, ServiceExt, service_fn};
 
+use support::Process;
+
 const QUOTA_10: &str = "\
 domain: api
 descriptors:
@@ -24,56 +24,18 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 10}
 ";
 
-/// The agent; killed when dropped.
-struct Agent(support::Ready);
-
-impl Agent {
-    fn start(dir: &Path) -> Agent {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-        cmd.args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(dir.join("data"))
-            .arg("--config")
-            .arg(dir.join("limits.yaml"));
-        Agent(support::spawn_ready(cmd, "agent"))
-    }
-
-    /// One value of the agent's /metrics (0 when absent).
-    fn metric(&self, line_prefix: &str) -> f64 {
-        let mut s = TcpStream::connect(&self.0.http).expect("admin HTTP");
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.0.http
-        )
-        .expect("send");
-        let mut body = String::new();
-        s.read_to_string(&mut body).expect("read");
-        body.lines()
-            .find(|l| l.starts_with(line_prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-        // Held until now so the agent never blocks on a full stderr pipe.
-        drop(self.0.stderr.take());
-    }
+fn start_agent(dir: &Path) -> Process {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    cmd.args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(dir.join("limits.yaml"));
+    Process::start(cmd, "agent")
 }
 
 fn scratch(test: &str, limits: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("client_tower")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    std::fs::write(dir.join("limits.yaml"), limits).expect("config");
-    dir
+    support::scratch("client_tower", test, Some(limits))
 }
 
 fn by_api_key(parts: &Parts) -> Option<Descriptor<'_>> {
@@ -104,8 +66,8 @@ fn header(response: &Response<String>, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_answers_429_once_a_keys_quota_is_used() {
     let dir = scratch("quota", QUOTA_10);
-    let agent = Agent::start(&dir);
-    let mut config = ClientConfig::new(format!("http://{}", agent.0.grpc));
+    let agent = start_agent(&dir);
+    let mut config = ClientConfig::new(format!("http://{}", agent.grpc));
     config.gateway.initial_lease_units = 4;
     config.gateway.max_lease_units = 4;
     let client = Arc::new(Client::start(config).expect("client"));

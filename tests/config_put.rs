@@ -8,121 +8,16 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
 
-use allot_proto::lease::v1 as pb;
-use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use serde_json::Value;
-use tonic::transport::Channel;
-
-use support::Ready;
-
-/// Longest a test waits for something that should happen within a few sync intervals: a
-/// bound on a hang, not a timing claim.
-const PATIENCE: Duration = Duration::from_secs(30);
+use support::{Process, clear_of_the_day_boundary, eventually, free_port, scratch};
 
 /// One region `a` holding the whole quota of a strict day limit.
 fn limits(quota: u64) -> String {
     format!(
         "domain: shop\ndescriptors:\n  - key: strict\n    rate_limit: {{unit: day, requests_per_unit: {quota}}}\n    allot: {{weights: {{a: 1}}}}\n"
     )
-}
-
-fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("config_put")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-/// A child process that printed its ready line; killed when dropped.
-struct Process {
-    child: Child,
-    grpc: String,
-    http: String,
-    _stderr: Option<ChildStderr>,
-}
-
-impl Process {
-    fn start(cmd: Command) -> Process {
-        let Ready {
-            child,
-            grpc,
-            http,
-            stderr,
-        } = support::spawn_ready(cmd, "process");
-        Process {
-            child,
-            grpc,
-            http,
-            _stderr: stderr,
-        }
-    }
-
-    fn agent(dir: &Path, coordinator: &str) -> Process {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-        cmd.args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(dir.join("data-a"))
-            .arg("--config")
-            .arg(dir.join("limits.yaml"))
-            .args(["--region", "a", "--coordinator", coordinator]);
-        Process::start(cmd)
-    }
-
-    fn json(&self, path: &str) -> Value {
-        get_json(&self.http, path)
-    }
-
-    async fn acquire(&self, key: &str, cost: u64) -> bool {
-        let channel = Channel::from_shared(format!("http://{}", self.grpc))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connects to the agent");
-        LeaseServiceClient::new(channel)
-            .acquire(pb::AcquireRequest {
-                target: Some(pb::Target {
-                    domain: "shop".to_owned(),
-                    entries: vec![pb::Entry {
-                        key: "strict".to_owned(),
-                        value: key.to_owned(),
-                    }],
-                }),
-                cost_units: cost,
-                idempotency_key: String::new(),
-            })
-            .await
-            .expect("the agent answers")
-            .into_inner()
-            .decision
-            .is_some_and(|d| d.allowed)
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn get_json(addr: &str, path: &str) -> Value {
-    let mut s = TcpStream::connect(addr).expect("admin HTTP");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    serde_json::from_str(body).expect("JSON")
 }
 
 /// Sends `body` as-is and returns the status line and the body.
@@ -156,40 +51,10 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Polls `probe` until `check` holds; panics with `what` and the last value otherwise.
-async fn eventually<T: std::fmt::Debug>(
-    what: &str,
-    mut probe: impl FnMut() -> T,
-    check: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let v = probe();
-        if check(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: never held; last {v:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits past the end of the day if it is less than a minute away: the counters are of the
-/// day's window and must not roll over mid-test.
-async fn clear_of_the_day_boundary() {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let left = 86_400 - secs % 86_400;
-    if left < 60 {
-        tokio::time::sleep(Duration::from_secs(left + 1)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_ones_change_nothing() {
     clear_of_the_day_boundary().await;
-    let dir = scratch("put");
+    let dir = scratch("config_put", "put", None);
     std::fs::write(dir.join("limits.yaml"), limits(100)).expect("limits");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     cmd.args([
@@ -203,15 +68,15 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     .arg(dir.join("coordinator"))
     .arg("--limits")
     .arg(dir.join("limits.yaml"));
-    let coordinator = Process::start(cmd);
-    let agent = Process::agent(&dir, &coordinator.grpc);
+    let coordinator = Process::start(cmd, "coordinator");
+    let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
     eventually(
         "the agent syncs",
         || agent.json("/v1/status")["sync"]["connected"].clone(),
         |c| *c == Value::Bool(true),
     )
     .await;
-    assert!(agent.acquire("t1", 6).await, "6 of 100");
+    assert!(agent.acquire("shop", "strict", "t1", 6).await, "6 of 100");
 
     // Version 2: the quota goes from 100 to 5. Nothing is copied to the agent.
     std::fs::write(dir.join("smaller.yaml"), limits(5)).expect("limits");
@@ -235,9 +100,12 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     let key = agent.json("/v1/keys?domain=shop&descriptor=strict=t1");
     assert_eq!(key["quota_units"], 5, "{key}");
     // Enforced: 6 used is above the new quota; a fresh key gets 5 and no more.
-    assert!(!agent.acquire("t1", 1).await, "t1 is over the new quota");
-    assert!(agent.acquire("t2", 5).await, "5 of 5");
-    assert!(!agent.acquire("t2", 1).await, "6 of 5");
+    assert!(
+        !agent.acquire("shop", "strict", "t1", 1).await,
+        "t1 is over the new quota"
+    );
+    assert!(agent.acquire("shop", "strict", "t2", 5).await, "5 of 5");
+    assert!(!agent.acquire("shop", "strict", "t2", 1).await, "6 of 5");
 
     // A file that does not load: every problem at file:line:column, nothing sent.
     std::fs::write(
@@ -295,15 +163,10 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     // A restart keeps the cluster's version over the agent's own files (quota 100), from its
     // first answer on.
     drop(agent);
-    let agent = Process::agent(&dir, &coordinator.grpc);
+    let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
     let status = agent.json("/v1/status");
     assert_eq!(status["config_version"], 2, "{status}");
     assert_eq!(status["config_source"], "cluster", "{status}");
     let key = agent.json("/v1/keys?domain=shop&descriptor=strict=t2");
     assert_eq!(key["quota_units"], 5, "{key}");
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").port()
 }

@@ -17,9 +17,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use allot_bench::agent::{AgentCommand, AgentProcess};
-use allot_bench::envoy::{EnvoyProcess, EnvoySetup, HttpResponse, find_envoy, http_get};
+use allot_bench::envoy::{EnvoyProcess, EnvoySetup, HttpResponse, http_get};
 use allot_bench::noop::{self, NoopOptions};
-use allot_bench::process::missing_tools_are_errors;
+
+#[path = "support/envoy.rs"]
+mod envoy_support;
+use envoy_support::envoy_or_skip;
 
 /// Requests each key may make (the limits file's quota, the no-op server's threshold).
 const QUOTA: u64 = 3;
@@ -41,22 +44,6 @@ fn limits_yaml() -> String {
                unit: day\n      \
                requests_per_unit: {QUOTA}\n"
     )
-}
-
-/// The Envoy binary, or `None` when this tier is off or (outside CI) Envoy is missing.
-fn envoy_or_skip(test: &str) -> Option<PathBuf> {
-    if std::env::var("ALLOT_SLOW_TESTS").as_deref() != Ok("1") {
-        eprintln!("{test}: skipped (slow tier; set ALLOT_SLOW_TESTS=1)");
-        return None;
-    }
-    match find_envoy() {
-        Ok(path) => Some(path),
-        Err(e) if missing_tools_are_errors() => panic!("{test}: {e}"),
-        Err(e) => {
-            eprintln!("{test}: skipped: {e}");
-            None
-        }
-    }
 }
 
 fn setup(rls_addr: SocketAddr) -> EnvoySetup {

@@ -9,7 +9,8 @@
 //! - [`commit`]: group commit, persistence before answers; [`store`]: the `Store` trait, sled
 //!   behind a write-ahead log, the in-memory store, their conformance suite.
 //! - [`service`]: the gRPC services (lease API, Envoy RLS) and rate limit headers;
-//!   [`convert`]: protobuf <-> core, with input bounds.
+//!   [`convert`]: protobuf <-> core, with input bounds. [`rlqs`]: Envoy's rate limit quota
+//!   service (streamed usage reports, token bucket assignments backed by leases).
 //! - [`admin`]: HTTP metrics, health, readiness, key view; [`metrics`]: names and handles.
 //! - [`driver`]: timers, checkpoints, config reloads; [`sync_link`]: the coordinator seam;
 //!   [`grpc_link`]: its real implementation, the sync stream to the coordinator's leader.
@@ -28,6 +29,7 @@ pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod negative;
+pub mod rlqs;
 pub mod run;
 pub mod service;
 pub mod settings;

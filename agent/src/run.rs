@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use allot_proto::envoy::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use allot_proto::envoy::rls::rate_limit_service_server::RateLimitServiceServer;
 use allot_proto::lease::v1::lease_service_server::LeaseServiceServer;
 use tokio::net::TcpListener;
@@ -17,6 +18,7 @@ use crate::driver;
 use crate::error::{Error, Result};
 use crate::grpc_link::{GrpcSyncLink, LinkStatus};
 use crate::metrics;
+use crate::rlqs::Rlqs;
 use crate::service::lease::LeaseApi;
 use crate::service::rls::Rls;
 use crate::settings::{MAX_MESSAGE_BYTES, Settings};
@@ -26,7 +28,7 @@ use crate::sync_link::NoCoordinator;
 
 /// The two sockets the agent serves, bound by the caller.
 pub struct Listeners {
-    /// gRPC: the lease API and Envoy's rate limit service.
+    /// gRPC: the lease API, Envoy's rate limit service and its rate limit quota service.
     pub grpc: TcpListener,
     /// HTTP: metrics, health, readiness, the key view.
     pub http: TcpListener,
@@ -96,6 +98,10 @@ pub async fn run(
         )
         .add_service(
             RateLimitServiceServer::new(Rls::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimitQuotaServiceServer::new(Rlqs::new(agent.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));

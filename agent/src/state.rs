@@ -214,13 +214,18 @@ impl Agent {
         let restarted = !records.is_empty();
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
-        let mut timebase = settings.max_clock_uncertainty.map(|u| {
-            if restarted {
-                Timebase::restarted(u, budget.clock_correction())
-            } else {
-                Timebase::new(u)
-            }
-        });
+        // With no coordinator there is no timebase to read and no sample to take.
+        let coordinated = !settings.coordinators.is_empty();
+        let mut timebase = settings
+            .max_clock_uncertainty
+            .filter(|_| coordinated)
+            .map(|u| {
+                if restarted {
+                    Timebase::restarted(u, budget.clock_correction())
+                } else {
+                    Timebase::new(u)
+                }
+            });
         let mut restored_at_local = None;
         if let Some(why) = restore {
             tracing::info!(
@@ -355,7 +360,7 @@ impl Agent {
             request_id,
         };
         let res = self.with_budget(|b| b.acquire(now, req)).await?;
-        Ok(self.checked(now, rule, pair, res))
+        self.checked(now, rule, pair, res)
     }
 
     /// Every descriptor of one ShouldRateLimit request, under one lock and one commit.
@@ -418,7 +423,11 @@ impl Agent {
             })
             .await?;
         for ((i, rule, pair, _), res) in asks.into_iter().zip(results) {
-            answers[i] = Some(self.checked(now, rule, pair, res));
+            // Without request ids the machine refuses nothing else a descriptor could carry.
+            answers[i] = Some(
+                self.checked(now, rule, pair, res)
+                    .unwrap_or(Checked::NoRule),
+            );
         }
         Ok(answers
             .into_iter()
@@ -667,17 +676,8 @@ impl Agent {
             metrics::config_reload(false, current.version);
             return false;
         }
-        let now = self.now();
         let rules = new.config.rules().len();
-        let res = self
-            .with_budget(|b| {
-                b.set_limits(now, new.specs());
-                b.set_config_version(version);
-                *self.limits.write().unwrap_or_else(|p| p.into_inner()) = new;
-            })
-            .await;
-        self.negative.invalidate();
-        metrics::config_reload(true, version);
+        let res = self.put_in_force(new, version).await;
         tracing::info!(why, version, rules, "limits configuration reloaded");
         if let Err(e) = res {
             tracing::error!(error = %e, "the reloaded state is not yet persisted");
@@ -715,18 +715,9 @@ impl Agent {
             );
             return self.refuse_cluster_config(files.version, current.version);
         }
-        let now = self.now();
         let version = files.version;
         let rules = new.config.rules().len();
-        let res = self
-            .with_budget(|b| {
-                b.set_limits(now, new.specs());
-                b.set_config_version(version);
-                *self.limits.write().unwrap_or_else(|p| p.into_inner()) = new;
-            })
-            .await;
-        self.negative.invalidate();
-        metrics::config_reload(true, version);
+        let res = self.put_in_force(new, version).await;
         tracing::info!(
             version,
             rules,
@@ -747,6 +738,23 @@ impl Agent {
             }
         }
         true
+    }
+
+    /// Puts `new` in force as `version`, from files or from the cluster: the machine's limits
+    /// (rules that still exist keep their counters), the rules requests read, and the negative
+    /// cache, whose denials were the old rules'.
+    async fn put_in_force(&self, new: Arc<Limits>, version: u64) -> Result<()> {
+        let now = self.now();
+        let res = self
+            .with_budget(|b| {
+                b.set_limits(now, new.specs());
+                b.set_config_version(version);
+                *self.limits.write().unwrap_or_else(|p| p.into_inner()) = new;
+            })
+            .await;
+        self.negative.invalidate();
+        metrics::config_reload(true, version);
+        res
     }
 
     fn refuse_cluster_config(&self, version: u64, in_force: u64) -> bool {
@@ -835,13 +843,15 @@ impl Agent {
         rule: Arc<RuleInfo>,
         pair: (LimitId, KeyId),
         res: allot_core::Result<Decision>,
-    ) -> Checked {
+    ) -> Result<Checked> {
         match res {
             Ok(decision) => {
                 self.negative.remember(now, pair, &decision);
-                record(rule, decision)
+                Ok(record(rule, decision))
             }
-            Err(e) => self.failed(rule, e).unwrap_or(Checked::NoRule),
+            // Not an answer: a refused request id (reused for another request) must reach the
+            // caller as an error, never as "no rule" (which admits).
+            Err(e) => self.failed(rule, e),
         }
     }
 

@@ -64,11 +64,30 @@ impl AgentProcess {
         probe_domain: &str,
         work_dir: &Path,
     ) -> Result<Self> {
+        let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
+        let http_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
+        Self::start_at(
+            command,
+            limits_yaml,
+            probe_domain,
+            work_dir,
+            (grpc_addr, http_addr),
+        )
+        .await
+    }
+
+    /// As [`AgentProcess::start`], on the given (gRPC, HTTP) addresses: a restart of an
+    /// agent that ran in `work_dir` takes up its data and its addresses again.
+    pub async fn start_at(
+        command: &AgentCommand,
+        limits_yaml: &str,
+        probe_domain: &str,
+        work_dir: &Path,
+        (grpc_addr, http_addr): (SocketAddr, SocketAddr),
+    ) -> Result<Self> {
         let limits = work_dir.join("limits.yaml");
         std::fs::write(&limits, limits_yaml)
             .map_err(|e| Error::io(format!("writing {}", limits.display()), e))?;
-        let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
-        let http_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
         let mut cmd = Command::new(&command.binary);
         cmd.arg("agent")
             .arg("--config")

@@ -16,6 +16,9 @@ use crate::process::{ChildProcess, find_on_path, free_loopback_port, is_executab
 /// The bootstrap template (placeholders `{{name}}`, listed in its header).
 pub const BOOTSTRAP_TEMPLATE: &str = include_str!("../../deploy/envoy/envoy.yaml");
 
+/// The rate limit quota (RLQS) bootstrap template (placeholders listed in its header).
+pub const RLQS_BOOTSTRAP_TEMPLATE: &str = include_str!("../../deploy/envoy/rlqs.yaml");
+
 /// Environment variable naming the `envoy` binary.
 pub const ENVOY_ENV: &str = "ALLOT_ENVOY";
 
@@ -109,6 +112,40 @@ pub fn render_bootstrap(setup: &EnvoySetup, ports: EnvoyPorts) -> Result<String>
     render(BOOTSTRAP_TEMPLATE, &vars)
 }
 
+/// Which of Envoy's rate limit filters the bootstrap uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvoyFilter {
+    /// `envoy.filters.http.ratelimit`: one call to the service per request (envoy.yaml).
+    Rls,
+    /// `envoy.filters.http.rate_limit_quota`: usage reports every `reporting_interval`,
+    /// assignments enforced locally (rlqs.yaml).
+    Rlqs { reporting_interval: Duration },
+}
+
+/// Fills the RLQS template's placeholders (`setup.rls_timeout` is not used: Envoy never waits
+/// on the service).
+pub fn render_rlqs_bootstrap(
+    setup: &EnvoySetup,
+    ports: EnvoyPorts,
+    reporting_interval: Duration,
+) -> Result<String> {
+    let vars = BTreeMap::from([
+        ("admin_port", ports.admin.to_string()),
+        ("listen_port", ports.listen.to_string()),
+        ("upstream_port", ports.upstream.to_string()),
+        ("agent_host", setup.rls_addr.ip().to_string()),
+        ("agent_port", setup.rls_addr.port().to_string()),
+        ("domain", setup.domain.clone()),
+        ("descriptor_header", setup.descriptor_header.clone()),
+        ("descriptor_key", setup.descriptor_key.clone()),
+        (
+            "reporting_interval",
+            format!("{}s", reporting_interval.as_secs_f64()),
+        ),
+    ]);
+    render(RLQS_BOOTSTRAP_TEMPLATE, &vars)
+}
+
 /// Replaces every `{{name}}` in `template` by `vars[name]`; an unknown name is an error.
 fn render(template: &str, vars: &BTreeMap<&str, String>) -> Result<String> {
     let mut out = String::with_capacity(template.len());
@@ -142,13 +179,29 @@ impl EnvoyProcess {
     /// Renders the bootstrap into `work_dir`, starts Envoy (one worker thread, no hot
     /// restart) and waits until its admin interface says it is ready.
     pub fn start(binary: &Path, setup: &EnvoySetup, work_dir: &Path) -> Result<Self> {
+        Self::start_with(binary, setup, EnvoyFilter::Rls, work_dir)
+    }
+
+    /// As [`EnvoyProcess::start`], with the bootstrap of `filter`.
+    pub fn start_with(
+        binary: &Path,
+        setup: &EnvoySetup,
+        filter: EnvoyFilter,
+        work_dir: &Path,
+    ) -> Result<Self> {
         let ports = EnvoyPorts {
             admin: free_loopback_port()?,
             listen: free_loopback_port()?,
             upstream: free_loopback_port()?,
         };
+        let bootstrap = match filter {
+            EnvoyFilter::Rls => render_bootstrap(setup, ports)?,
+            EnvoyFilter::Rlqs { reporting_interval } => {
+                render_rlqs_bootstrap(setup, ports, reporting_interval)?
+            }
+        };
         let config = work_dir.join("envoy.yaml");
-        std::fs::write(&config, render_bootstrap(setup, ports)?)
+        std::fs::write(&config, bootstrap)
             .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
         let mut cmd = Command::new(binary);
         cmd.arg("-c")

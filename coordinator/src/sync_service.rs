@@ -282,7 +282,7 @@ mod tests {
             }],
             demand: vec![DemandReport {
                 counter,
-                demand_units_per_sec: 10,
+                demand_micro_units_per_sec: 10_000_000,
                 allowance_units: 300,
             }],
             release_acks: Vec::new(),

@@ -62,6 +62,7 @@ async fn start(
     let settings = DaemonSettings {
         id,
         peers,
+        join: false,
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config(),
         rebalance: CoordinatorConfig::default(),
@@ -105,7 +106,7 @@ fn up(region: &str, seq: u64) -> SyncUp {
         }],
         demand: vec![DemandReport {
             counter: counter(at),
-            demand_units_per_sec: 10,
+            demand_micro_units_per_sec: 10_000_000,
             allowance_units: 300,
         }],
         release_acks: Vec::new(),

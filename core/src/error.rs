@@ -22,6 +22,29 @@ pub enum Error {
     },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request id (an idempotency key) came back with another request than the one it was
+    /// first used for: another kind of call, or other parameters. Refused, never answered
+    /// with the first request's outcome; nothing is charged.
+    #[error(
+        "idempotency key already used for {} request{}: a retry must repeat its request exactly, \
+         and another request needs another key",
+        article(.first),
+        if .first == .this { " with other parameters".to_owned() } else { format!(", not {}", .this) }
+    )]
+    IdempotencyConflict {
+        /// The kind of call the id was first used for.
+        first: &'static str,
+        /// The kind of call that reused it.
+        this: &'static str,
+    },
+}
+
+/// "a lease", "an acquire".
+fn article(kind: &str) -> String {
+    match kind.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u') => format!("an {kind}"),
+        _ => format!("a {kind}"),
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

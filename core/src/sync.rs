@@ -48,12 +48,17 @@ pub struct CounterEntry {
     pub refunded_units: u64,
 }
 
+/// Millionths of a unit in a unit: demand rates are carried in these.
+pub const MICRO_UNITS_PER_UNIT: u128 = 1_000_000;
+
 /// Demand for an escalated key: what the region was asked for, including denied requests.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DemandReport {
     pub counter: CounterRef,
-    /// Requested units per second over the recent past (including denied requests).
-    pub demand_units_per_sec: u64,
+    /// Requested units per second over the recent past (including denied requests), in
+    /// millionths of a unit: a key of a day window asked for 1 unit a second is 1,000,000, and
+    /// one asked for 100 a day is still 1,157, not 0.
+    pub demand_micro_units_per_sec: u64,
     /// The region's allowance for this counter as it enforces it with contact (its grants,
     /// releases or default share; not the closed partition policy's stop while its view is
     /// expired, which ends with the next answer).

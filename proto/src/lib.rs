@@ -5,7 +5,8 @@
 //!   openraft's messages as opaque payloads.
 //! - [`sync::v1`]: the agent <-> coordinator stream (`allot.sync.v1.Sync`), and
 //!   [`sync_convert`], its one protobuf <-> `allot_core::sync` conversion, shared by both ends.
-//! - [`envoy`]: Envoy's rate limit service v3 (RLS) types, re-exported from envoy-types.
+//! - [`envoy`]: Envoy's rate limit service v3 (RLS) and rate limit quota service v3 (RLQS)
+//!   types, re-exported from envoy-types.
 //!
 //! The `.proto` sources live in `proto/allot/`, compiled at build time with protox (pure Rust,
 //! no protoc). The lease API's conversions live in the agent (`agent/src/convert.rs`): only the
@@ -34,11 +35,16 @@ pub mod sync {
     }
 }
 
-/// Envoy's global rate limit service v3.
+/// Envoy's global rate limit service v3 and its rate limit quota service v3.
 pub mod envoy {
     pub use envoy_types::pb::envoy::config::core::v3 as core;
     pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3 as common;
+    /// The rate limit quota service (RLQS): usage reports up, bucket assignments down.
+    pub use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
     pub use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
-    /// Protobuf well-known types as envoy-types compiles them (`Duration`, `UInt64Value`).
+    /// `RateLimitStrategy` and `TokenBucket`, the assignments RLQS sends.
+    pub use envoy_types::pb::envoy::r#type::v3 as types;
+    /// Protobuf well-known types as envoy-types compiles them (`Duration`, `UInt64Value`,
+    /// `UInt32Value`).
     pub use envoy_types::pb::google::protobuf as wkt;
 }

@@ -111,7 +111,7 @@ fn entry_to_wire(e: CounterEntry) -> pb::CounterEntry {
 fn demand_to_wire(d: DemandReport) -> pb::DemandReport {
     pb::DemandReport {
         counter: counter_to_wire(d.counter),
-        demand_units_per_sec: d.demand_units_per_sec,
+        demand_micro_units_per_sec: d.demand_micro_units_per_sec,
         allowance_units: d.allowance_units,
     }
 }
@@ -283,7 +283,7 @@ fn entry_from_wire(e: pb::CounterEntry) -> Result<CounterEntry> {
 fn demand_from_wire(d: pb::DemandReport) -> Result<DemandReport> {
     Ok(DemandReport {
         counter: counter_from_wire(d.counter)?,
-        demand_units_per_sec: d.demand_units_per_sec,
+        demand_micro_units_per_sec: d.demand_micro_units_per_sec,
         allowance_units: d.allowance_units,
     })
 }

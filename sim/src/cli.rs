@@ -51,8 +51,9 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE", requires = "shrink")]
     pub out: Option<PathBuf>,
     /// Run every agent on a corrected timebase with this maximum clock uncertainty, in
-    /// milliseconds, whatever the scenario or drawn world says (`max_clock_uncertainty`,
-    /// docs/bound.md, skew). Replay commands do not repeat it.
+    /// milliseconds, whatever the scenario or drawn world says (`max_clock_uncertainty`, 250 ms
+    /// unless it says otherwise; docs/bound.md, skew); 0: every agent on its own clock.
+    /// Replay commands do not repeat it.
     #[arg(long, value_name = "MS")]
     pub max_clock_uncertainty_ms: Option<u64>,
 }
@@ -61,13 +62,10 @@ pub struct SimArgs {
 fn as_run(args: &SimArgs, scenario: &Scenario) -> Scenario {
     let mut s = scenario.clone();
     if let Some(ms) = args.max_clock_uncertainty_ms {
-        s.max_clock_uncertainty = Some(std::time::Duration::from_millis(ms).max(MIN_UNCERTAINTY));
+        s.max_clock_uncertainty = (ms > 0).then(|| std::time::Duration::from_millis(ms));
     }
     s
 }
-
-/// A zero uncertainty would keep no band at all: the flag's smallest.
-const MIN_UNCERTAINTY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// `A..B` (B excluded, A < B) or a single seed.
 pub fn parse_seeds(text: &str) -> Result<Range<u64>, String> {

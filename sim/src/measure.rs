@@ -106,6 +106,11 @@ pub struct Measure {
     leaderless: Vec<Vec<bool>>,
     /// Per key and true window: the latest true time a settle raised the window's use.
     overage_settled_at: Vec<Vec<u64>>,
+    /// Per key and window index on the regions' clocks (rows of `local_windows`): the latest
+    /// true time an admission or a settle raised its use. A region behind admits in an index
+    /// after its true window ended, so the true window's end does not say when the
+    /// statements covering the index arrive.
+    local_raised_at: Vec<Vec<u64>>,
     /// Windows ending after this, or raised by a settle after it, are not judged: the
     /// statements that would cover them may not have arrived before the run ended.
     judge_until_nanos: u64,
@@ -166,12 +171,14 @@ impl Measure {
         let bounds_first_index = bound_tables.iter().map(|t| t.first_index).collect();
         let leaderless = bounds.iter().map(|b| vec![false; b.len()]).collect();
         let overage_settled_at = true_windows.iter().map(|t| vec![0; t.windows]).collect();
+        let local_raised_at = local_windows.iter().map(|t| vec![0; t.windows]).collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
         let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
         let buckets = (end - start).div_ceil(bucket_nanos) as usize;
         Some(Measure {
             leaderless,
             overage_settled_at,
+            local_raised_at,
             judge_until_nanos,
             start_nanos: start,
             end_nanos: end,
@@ -239,6 +246,8 @@ impl Measure {
         let local_row = local_table.row(local.as_unix_nanos());
         local_table.cells[local_row * self.regions + region].admitted_units += units;
         local_table.admitted_total[local_row] += units;
+        let raised = &mut self.local_raised_at[key][local_row];
+        *raised = (*raised).max(t);
         self.bucket(key, region, t).admitted_units += units;
     }
 
@@ -260,6 +269,9 @@ impl Measure {
                 let row = self.true_windows[key].row(t.as_unix_nanos());
                 let at = &mut self.overage_settled_at[key][row];
                 *at = (*at).max(now.as_unix_nanos());
+                let local_row = self.local_windows[key].row(local.as_unix_nanos());
+                let raised = &mut self.local_raised_at[key][local_row];
+                *raised = (*raised).max(now.as_unix_nanos());
             }
             return;
         }
@@ -473,7 +485,9 @@ impl Measure {
 
     /// Windows on each region's own clock where the sum over regions is above the quota plus
     /// the skew-free part of the bound: (limit, key, window index, admitted, allowed). An index
-    /// whose true window is unbounded or cut off is not judged.
+    /// whose true window is unbounded or cut off is not judged, nor one whose use was raised
+    /// in the run's last `report_lag` (a region behind admitting in it after its true window
+    /// ended): the statements covering that use may not have arrived.
     pub fn local_window_excess(&self) -> Vec<LocalExcess> {
         let mut out = Vec::new();
         for (k, table) in self.local_windows.iter().enumerate() {
@@ -493,6 +507,9 @@ impl Measure {
                     && (r >= self.true_windows[k].windows || self.cut_off(k, r))
                 {
                     // Cut off by the run's end.
+                    continue;
+                }
+                if self.local_raised_at[k][row] > self.judge_until_nanos {
                     continue;
                 }
                 let bound = match self.window_bound(meta.limit_index, index) {
@@ -895,6 +912,37 @@ traffic:
             (excess[0].window_index, excess[0].admitted_units),
             (index, 150)
         );
+    }
+
+    /// The run's end (10 s; a statement may take 2 * 250 ms + 10 ms + 100 ms to arrive, so
+    /// judged until 9.39 s) cuts off an index on the regions' clocks whose use was raised
+    /// after that, though its true window ended before: region b, 1 s behind, admits 150 in
+    /// its window 8 at true 9.6 s. Raised at true 9.2 s, the same index is judged.
+    #[test]
+    fn the_end_cuts_off_an_index_a_region_behind_raised_in_the_run_s_last_report_lag() {
+        let api = LimitId::from("api/t");
+        let judged = |true_ms: u64| {
+            let (s, mut m) = measure();
+            m.admitted(0, 1, at(&s, true_ms), at(&s, true_ms - 1_000), 150);
+            m.bound_sample(&api, window_of(&s, 8_000), &Bound::default(), at(&s, 8_500));
+            assert!(!m.windows()[8].cut_off, "its true window ended in time");
+            m.local_window_excess().len()
+        };
+        assert_eq!(judged(9_600), 0);
+        assert_eq!(judged(9_200), 1);
+        // A settle raising the index in the run's last report lag cuts it off too.
+        let (s, mut m) = measure();
+        m.admitted(0, 1, at(&s, 8_100), at(&s, 8_100), 100);
+        m.settled(
+            0,
+            1,
+            (at(&s, 8_100), at(&s, 8_100)),
+            100,
+            150,
+            at(&s, 9_500),
+        );
+        m.bound_sample(&api, window_of(&s, 8_000), &Bound::default(), at(&s, 8_500));
+        assert!(m.local_window_excess().is_empty());
     }
 
     /// A bound of one term, `name`, of `units`.

@@ -77,10 +77,14 @@ traffic:
 /// `flash-crowd`, before the crowd (100 + 20 requests/s against 1,000 per second): every
 /// window denied a few requests in its last 50 ms, because a lease ending with its window was
 /// cut by the gateway's whole 50 ms expiry margin and arrived already expired. Fixed by
-/// capping the margin at a twentieth of the lease's TTL.
+/// capping the margin at a twentieth of the lease's TTL. On the agents' own clocks: the
+/// corrected timebase's edge band (D22) refuses strict admissions within the measured clock
+/// uncertainty of each window edge by design, quiet window or not.
 #[test]
 fn quiet_windows_deny_nothing_up_to_their_last_millisecond() {
-    let r = run(&shipped("flash-crowd"), 0..1);
+    let mut s = shipped("flash-crowd");
+    s.max_clock_uncertainty = None;
+    let r = run(&s, 0..1);
     let quiet = r.per_seed[0]
         .windows
         .iter()
@@ -203,6 +207,7 @@ fn the_skew_term_counts_the_neighbouring_window_a_shifted_region_spends() {
         r#"
 name: skew-neighbour
 duration: 20s
+max_clock_uncertainty: off
 regions:
   - {id: a, weight: 0.5, latency: 5ms, clock: {offset: 2500ms}}
   - {id: b, weight: 0.5, latency: 5ms}
@@ -820,11 +825,16 @@ fn gateway_clocks_off_by_more_than_a_window_spend_no_unit_outside_its_window() {
     );
     assert_no_violation(&eventual);
     assert!(eventual.figures.bound_min_slack.is_some_and(|s| s >= 0));
+    // On the agents' own clocks: with the timebase's edge band a lease ends the measured
+    // uncertainty before its window does, which hides this broken gateway.
     let broken = "{drift_ppm: -100000}";
     let caught = run(
         &parsed(
             "gateway-clocks-broken.yaml",
-            &gateway_clocks(broken, broken, "strict"),
+            &format!(
+                "max_clock_uncertainty: off\n{}",
+                gateway_clocks(broken, broken, "strict")
+            ),
         ),
         0..2,
     );
@@ -1119,7 +1129,9 @@ traffic:
             .all(|s| s.stats.settle_units_beyond_cap > 0),
         "the draws wanted more than the cap"
     );
-    assert!(r.figures.utilization_min.is_some_and(|u| u > 0.9));
+    // 0.876 on seed 0: the timebase's edge band keeps strict admissions off each 2 s window's
+    // edges (0.903 on the region's own clock).
+    assert!(r.figures.utilization_min.is_some_and(|u| u > 0.85));
     // Seed 638's world as the swarm shrank it (one region, strict, no fault): before, 3,276
     // used in window index 883612801 on the region's clock against L = 3,109 (bound 0).
     let shrunk = parsed("swarm-638-shrunk.yaml", SWARM_638_SHRUNK);
@@ -1589,8 +1601,7 @@ faults:
 /// Issue 8, "make the bound worth stating": strict, 2 s windows, L = 3,000 split three ways,
 /// a's clock 2.5 s ahead and b's 3.3 s behind (beyond a window either way), demand moving
 /// from a to b and back so that neighbouring windows' allowances differ. On their own clocks
-/// (the default, the control run below; before this change the only way, as the scenario's
-/// `max_clock_uncertainty` did not parse) the skew term is every region's neighbouring
+/// (`max_clock_uncertainty: off`, the control run below; before D22 the only way) the skew term is every region's neighbouring
 /// allowances, 5,994 to 7,386 a window (2.0 to 2.5 x L, bound/L p50 2.33), and the true-clock
 /// overshoot it covers reaches 1,148 (window 0) and 401 (window 8). With
 /// `max_clock_uncertainty: 250ms` each agent reads windows on the coordinator's timebase and
@@ -1621,7 +1632,10 @@ fn strict_mode_on_a_corrected_timebase_has_a_skew_term_of_0() {
     // The control: the same traffic on the regions' own clocks.
     let own = parsed(
         "skew-zero-own-clocks.yaml",
-        &SKEW_ZERO.replace("max_clock_uncertainty: 250ms\n", ""),
+        &SKEW_ZERO.replace(
+            "max_clock_uncertainty: 250ms\n",
+            "max_clock_uncertainty: off\n",
+        ),
     );
     let r = run(&own, 0..1);
     assert_no_violation(&r);
@@ -2062,7 +2076,8 @@ faults:
 ///
 /// A window that began before a restored start now releases nothing: the lost copy may have
 /// spent all the region held there. After: 0 violations, and the busy region still gets L
-/// in the windows after.
+/// in the windows after, less what the idle region keeps for its own 1.571 units a second
+/// (read exactly since demand travels in millionths: the median window uses 98.9% of L).
 #[test]
 fn a_restored_region_releases_nothing_of_a_window_its_lost_copy_may_have_spent() {
     for (name, yaml) in [
@@ -2072,7 +2087,7 @@ fn a_restored_region_releases_nothing_of_a_window_its_lost_copy_may_have_spent()
         let r = run_tiers(name, yaml, 0..2, SLOW_SEEDS);
         assert_no_violation(&r);
         assert!(
-            r.figures.utilization_p50.is_some_and(|u| u > 0.99),
+            r.figures.utilization_p50.is_some_and(|u| u > 0.98),
             "{name}: {:?}",
             r.figures.utilization_p50
         );
@@ -2332,4 +2347,78 @@ faults:
               partition_policy: closed
               failure_mode: closed
               weights: {r1: 0.457}
+"#;
+
+/// Swarm seed 2106, shrunk (`sim/swarm-findings/seed-2106-region-allowance-above-table-restore-releases-from-its-old-copy.yaml`):
+/// four equal regions, strict, L = 27,390 per 1 s window; `r3` idle, restored at 2.592 s from
+/// its store at 0 ms (empty). An answer to the lost copy's last SyncUp reached the restored
+/// start, still awaiting its own first answer, with a request to release 1,986 of window 3
+/// (the leader's row 5,939, lowered to 3,953): taken from the empty copy's default share
+/// (6,847), it left 4,861 at a newer epoch, so the row resent by the first answer was
+/// ignored. Before, on seeds 0..10 each: `enforces 4861, the table gives it 3953` at 3.1 s
+/// with the timebase on (`max_clock_uncertainty: 250ms`), and `enforces 16, the table gives
+/// it 0` on `l0` with it off (`region_allowance_above_table`). A restore awaiting its first
+/// answer now applies no release request (`RegionBudget::handle_sync_down`): the first answer
+/// resends the row, then the request. After: 0 violations, both ways.
+#[test]
+fn a_restore_awaiting_its_answer_releases_nothing_from_its_old_copy() {
+    let on = SWARM_2106.replace("measure:", "max_clock_uncertainty: 250ms\nmeasure:");
+    for (name, yaml) in [
+        ("swarm-2106", SWARM_2106),
+        ("swarm-2106-timebase", on.as_str()),
+    ] {
+        assert_no_violation(&run_tiers(name, yaml, 0..2, SLOW_SEEDS));
+    }
+}
+
+const SWARM_2106: &str = r#"
+name: swarm-2106
+description: drawn by `allot sim --swarm --seeds 2106..2107`, shrunk
+duration: 4000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 8ms}
+measure: {sample_interval: 100ms}
+lease: {initial_units: 13, max_units: 124, ttl: 523ms}
+regions:
+  - {id: r0, latency: 50ms, gateways: 3}
+  - {id: r1, latency: 53ms, gateways: 3}
+  - {id: r2, latency: 4ms, gateways: 1}
+  - {id: r3, latency: 96ms, gateways: 2}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 124}
+      allot:
+        window: 1s
+        consistency: strict
+        partition_policy: floor
+        rate_cap: {rate: 198/1s, burst: 8}
+        failure_mode: closed
+    - key: l1
+      rate_limit: {requests_per_unit: 27390}
+      allot:
+        window: 1s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r1
+    limit: swarm/l0
+    key: l0=k1
+    rate: {flash_crowd: {base_per_sec: 21.427, factor: 5.113, start: 1911ms, end: 3554ms}}
+    arrivals: uniform
+    cost: {constant_units: 1}
+    retry: none
+  - region: r2
+    limit: swarm/l1
+    key: l1=k1
+    rate: {constant_per_sec: 13.772}
+    arrivals: uniform
+    cost: {llm: {reserve_units: 983, actual: {lognormal: {median_units: 832, sigma: 0.67, max_units: 3736}}, settle_after: {uniform: [471ms, 3483ms]}}}
+    retry: none
+faults:
+  - agent_crash: {region: r2, at: 1406ms, restart_after: 131ms}
+  - partition: {region: r3, start: 2730ms, end: 2912ms, direction: up}
+  - agent_restore: {region: r3, at: 2592ms, from: 0ms}
 "#;

@@ -314,12 +314,9 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
 /// fit `ALLOT_SWARM_SECONDS` (default 120), from `ALLOT_SWARM_FIRST_SEED` (default 0). Every
 /// seed must hold; each failing one is printed with its replay command.
 ///
-/// Ignored until the last mechanisms of issue 8 are fixed: 16 of the first 10,000 seeds
-/// fail, 9 of them with a `config_reload`, 7 with an `agent_restore` and no reload
-/// (sim/swarm-findings/README.md). Run it with
-/// `cargo test -p allot-sim --test swarm -- --ignored`; remove the attribute once it passes.
+/// `.ci/run` sets `ALLOT_SWARM_FIRST_SEED` from the date, so each day's runs explore seeds
+/// the documented runs did not (docs/benchmarks.md, "Swarm").
 #[test]
-#[ignore = "issue 8: some reloads and restores still break invariants (16 of 10,000 seeds; sim/swarm-findings/)"]
 fn swarm_seeds_hold() {
     let env_u64 = |name: &str, default: u64| {
         std::env::var(name)

@@ -49,3 +49,218 @@ pub fn spawn_ready(mut cmd: Command, what: &str) -> Ready {
         stderr,
     }
 }
+
+// Not every test crate that includes this module uses every helper below.
+#[allow(dead_code)]
+mod process {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, ChildStderr, Command};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use allot_proto::lease::v1 as pb;
+    use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
+    use serde_json::Value;
+    use tonic::transport::Channel;
+
+    use super::Ready;
+
+    /// Longest a test waits for something that should happen within a few sync intervals, an
+    /// election, or a reconnect's backoff: a bound on a hang, not a timing claim.
+    pub const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// A child process that printed its ready line; killed when dropped.
+    pub struct Process {
+        pub child: Child,
+        pub grpc: String,
+        pub http: String,
+        /// Held so the process never blocks on a full stderr pipe.
+        _stderr: Option<ChildStderr>,
+    }
+
+    impl Process {
+        pub fn start(cmd: Command, what: &str) -> Process {
+            let Ready {
+                child,
+                grpc,
+                http,
+                stderr,
+            } = super::spawn_ready(cmd, what);
+            Process {
+                child,
+                grpc,
+                http,
+                _stderr: stderr,
+            }
+        }
+
+        /// `allot agent` for `region` with `DIR/limits.yaml` and data in `DIR/data-REGION`,
+        /// synced with `coordinators` (comma-separated) when given.
+        pub fn agent(dir: &Path, region: &str, coordinators: Option<&str>) -> Process {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+            agent_args(&mut cmd, dir, region, coordinators);
+            Process::start(cmd, "agent")
+        }
+
+        pub fn json(&self, path: &str) -> Value {
+            get_json(&self.http, path)
+        }
+
+        /// One value of the process's /metrics (0 when absent).
+        pub fn metric(&self, line_prefix: &str) -> f64 {
+            get_text(&self.http, "/metrics")
+                .lines()
+                .find(|l| l.starts_with(line_prefix))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        }
+
+        /// Whether the agent admits `cost` units of `domain` `key=value`.
+        pub async fn acquire(&self, domain: &str, key: &str, value: &str, cost: u64) -> bool {
+            decide(&mut self.lease_client().await, domain, key, value, cost)
+                .await
+                .allowed
+        }
+
+        /// A client of the agent's lease API, for a test that sends many calls on one
+        /// connection.
+        pub async fn lease_client(&self) -> LeaseServiceClient<Channel> {
+            let channel = Channel::from_shared(format!("http://{}", self.grpc))
+                .expect("url")
+                .connect()
+                .await
+                .expect("connects to the agent");
+            LeaseServiceClient::new(channel)
+        }
+    }
+
+    /// The arguments of [`Process::agent`], after `cmd`'s own (a command that runs the binary
+    /// elsewhere, in a network namespace, takes the same).
+    pub fn agent_args(cmd: &mut Command, dir: &Path, region: &str, coordinators: Option<&str>) {
+        cmd.args(["agent", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .arg("--data")
+            .arg(dir.join(format!("data-{region}")))
+            .arg("--config")
+            .arg(dir.join("limits.yaml"))
+            .args(["--region", region]);
+        if let Some(c) = coordinators {
+            cmd.args(["--coordinator", c]);
+        }
+    }
+
+    /// The agent's decision on `cost` units of `domain` `key=value`.
+    pub async fn decide(
+        client: &mut LeaseServiceClient<Channel>,
+        domain: &str,
+        key: &str,
+        value: &str,
+        cost: u64,
+    ) -> pb::Decision {
+        client
+            .acquire(pb::AcquireRequest {
+                target: Some(pb::Target {
+                    domain: domain.to_owned(),
+                    entries: vec![pb::Entry {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    }],
+                }),
+                cost_units: cost,
+                idempotency_key: String::new(),
+            })
+            .await
+            .expect("the agent answers")
+            .into_inner()
+            .decision
+            .unwrap_or_default()
+    }
+
+    impl Drop for Process {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The body of `GET path`, which must answer 200.
+    pub fn get_text(addr: &str, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).expect("admin HTTP");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read");
+        assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+        let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        body.to_owned()
+    }
+
+    pub fn get_json(addr: &str, path: &str) -> Value {
+        serde_json::from_str(&get_text(addr, path)).expect("JSON")
+    }
+
+    /// An empty directory `CARGO_TARGET_TMPDIR/GROUP/TEST`, with `limits.yaml` when given.
+    pub fn scratch(group: &str, test: &str, limits: Option<&str>) -> PathBuf {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(group)
+            .join(test);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        if let Some(l) = limits {
+            std::fs::write(dir.join("limits.yaml"), l).expect("config");
+        }
+        dir
+    }
+
+    /// A loopback port nothing listens on now (the test binds it next).
+    pub fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("address").port()
+    }
+
+    /// Whether the slow tier runs (`ALLOT_SLOW_TESTS=1`, which `.ci/run` sets).
+    pub fn slow_tier() -> bool {
+        if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
+            return true;
+        }
+        eprintln!("skipped: set ALLOT_SLOW_TESTS=1 to run it");
+        false
+    }
+
+    /// Polls `probe` until `check` holds; panics with `what` and the last value otherwise.
+    pub async fn eventually<T: std::fmt::Debug>(
+        what: &str,
+        mut probe: impl FnMut() -> T,
+        check: impl Fn(&T) -> bool,
+    ) -> T {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let v = probe();
+            if check(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{what}: never held; last {v:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits past the end of the day if it is less than a minute away: the counters are of
+    /// the day's window and must not roll over mid-test.
+    pub async fn clear_of_the_day_boundary() {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let left = 86_400 - secs % 86_400;
+        if left < 60 {
+            tokio::time::sleep(Duration::from_secs(left + 1)).await;
+        }
+    }
+}
+
+#[allow(unused_imports)]
+pub use process::*;

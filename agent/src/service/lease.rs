@@ -308,8 +308,8 @@ mod tests {
         ))
     }
 
-    fn lease_of(api: &LeaseApi, key: &str, idempotency_key: &str) -> u64 {
-        let req = pb::LeaseRequest {
+    fn lease_request(key: &str, idempotency_key: &str, units: u64) -> pb::LeaseRequest {
+        pb::LeaseRequest {
             target: Some(pb::Target {
                 domain: "default".into(),
                 entries: vec![pb::Entry {
@@ -317,18 +317,25 @@ mod tests {
                     value: key.into(),
                 }],
             }),
-            units_wanted: 5,
+            units_wanted: units,
             min_units: 1,
             ttl_ms: 1_000,
             idempotency_key: idempotency_key.into(),
             ..pb::LeaseRequest::default()
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
+        }
+    }
+
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("runtime");
-        let answer = rt
-            .block_on(api.lease(Request::new(req)))
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    fn lease_of(api: &LeaseApi, key: &str, idempotency_key: &str) -> u64 {
+        let req = lease_request(key, idempotency_key, 5);
+        let answer = block_on(api.lease(Request::new(req)))
             .expect("lease")
             .into_inner();
         answer.lease.expect("granted").lease_id
@@ -348,5 +355,41 @@ mod tests {
         );
         let b = lease_of(&api, "tenant-b", "retry-1");
         assert_ne!(a, b, "another target's call is not a replay of the first");
+    }
+
+    /// A key sent again for the same target with other parameters (another lease size, then
+    /// another cost) is refused with FAILED_PRECONDITION and a message saying why; nothing is
+    /// charged. Before requests were fingerprinted the lease of 9 units was answered with the
+    /// first lease (its id, its 5 units); and a refused acquire was answered `allowed` with
+    /// reason `no_rule` (the agent read any refusal of an acquire as "no rule").
+    #[test]
+    fn a_reused_idempotency_key_with_other_parameters_is_refused() {
+        let api = api();
+        let first = lease_of(&api, "tenant-a", "retry-1");
+        let other = block_on(api.lease(Request::new(lease_request("tenant-a", "retry-1", 9))));
+        let status = other.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status.message().contains("idempotency key already used"),
+            "{}",
+            status.message()
+        );
+        // The same request again is still a retry of the first.
+        assert_eq!(lease_of(&api, "tenant-a", "retry-1"), first);
+
+        let acquire = |cost_units: u64| pb::AcquireRequest {
+            target: lease_request("tenant-a", "", 0).target,
+            cost_units,
+            idempotency_key: "order-7".into(),
+        };
+        let once = block_on(api.acquire(Request::new(acquire(2))))
+            .expect("acquire")
+            .into_inner();
+        let status = block_on(api.acquire(Request::new(acquire(3)))).expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        let again = block_on(api.acquire(Request::new(acquire(2))))
+            .expect("retry")
+            .into_inner();
+        assert_eq!(again, once);
     }
 }

@@ -20,6 +20,10 @@ pub(crate) fn status(service: &'static str, e: Error) -> Status {
         }
         Error::Core(e @ allot_core::Error::UnknownLease(_)) => Status::not_found(e.to_string()),
         Error::Core(e @ allot_core::Error::UnknownLimit(_)) => Status::not_found(e.to_string()),
+        // Repeating the call cannot help: the key belongs to another request.
+        Error::Core(e @ allot_core::Error::IdempotencyConflict { .. }) => {
+            Status::failed_precondition(e.to_string())
+        }
         Error::Core(e @ allot_core::Error::TooManyKeys { .. }) => {
             Status::resource_exhausted(e.to_string())
         }

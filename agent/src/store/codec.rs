@@ -19,7 +19,11 @@ const POSTCARD_V2: u8 = 0x02;
 
 /// The first byte of every encoding written now: the second layout and the `Allocation`
 /// record, a new last variant. Records of the second layout are records of this one that
-/// never name it, so both read through today's types.
+/// never name it, so both read through today's types. Later records were added the same way,
+/// as new last variants (`RestoredBefore`, `ClockCorrection`, the fingerprinted
+/// `Idempotency`, whose older form keeps its place as `IdempotencyUnfingerprinted`): a store
+/// written before them reads unchanged; one written since does not read in a version
+/// before them (an unknown variant is `Corrupt`, the start refuses rather than guesses).
 const POSTCARD_V3: u8 = 0x03;
 
 /// Appends the encoding of one batch of records to `out`.
@@ -178,6 +182,45 @@ mod tests {
         fields.remove("fail_open_units");
         let json = serde_json::to_vec(&json).expect("json");
         assert_eq!(decode_record(&json).expect("decoded"), key);
+    }
+
+    /// Idempotency entries written before they kept their request's fingerprint: variant 11
+    /// of the layout, then the entry. They read back unchanged (as the unfingerprinted kind),
+    /// in postcard and in JSON; entries written now carry the fingerprint and read back too.
+    #[test]
+    fn idempotency_entries_from_before_fingerprints_still_read() {
+        use allot_core::budget::persist::{IdempotencyRecord, UnfingerprintedIdempotencyRecord};
+        use allot_core::budget::{Outcome, ReleaseOutcome, RequestFingerprint};
+        use allot_core::ids::RequestId;
+        use allot_core::time::Timestamp;
+        let old = UnfingerprintedIdempotencyRecord {
+            request: RequestId(7),
+            expires_at: Timestamp::from_unix_millis(1_700_000_300_000),
+            outcome: Outcome::Release(ReleaseOutcome { refunded_units: 3 }),
+        };
+        const OLD_IDEMPOTENCY_VARIANT: u8 = 11;
+        let mut bytes = vec![POSTCARD_V3, OLD_IDEMPOTENCY_VARIANT];
+        bytes.extend(postcard::to_allocvec(&old).expect("encoded"));
+        let read = PersistRecord::IdempotencyUnfingerprinted(old.clone());
+        assert_eq!(decode_record(&bytes).expect("decoded"), read);
+        bytes[0] = POSTCARD_V2;
+        assert_eq!(decode_record(&bytes).expect("decoded"), read);
+        let json = serde_json::json!({ "Idempotency": old });
+        let json = serde_json::to_vec(&json).expect("json");
+        assert_eq!(decode_record(&json).expect("decoded"), read);
+        assert_eq!(
+            encode_record(&read).expect("encoded")[1],
+            OLD_IDEMPOTENCY_VARIANT
+        );
+
+        let new = PersistRecord::Idempotency(IdempotencyRecord {
+            request: old.request,
+            expires_at: old.expires_at,
+            outcome: old.outcome,
+            fingerprint: RequestFingerprint(0xfeed),
+        });
+        let bytes = encode_record(&new).expect("encoded");
+        assert_eq!(decode_record(&bytes).expect("decoded"), new);
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::ReleaseAck(a) => id_key(ACK, a.ack.id),
         PersistRecord::ReleaseForgotten { id } => id_key(ACK, *id),
         PersistRecord::Idempotency(i) => idempotency_key(i.request.0),
+        PersistRecord::IdempotencyUnfingerprinted(i) => idempotency_key(i.request.0),
         PersistRecord::IdempotencyExpired { request } => idempotency_key(request.0),
         PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
@@ -137,6 +138,7 @@ pub(crate) fn load(kv: &dyn Scan) -> Result<Vec<PersistRecord>> {
         .collect::<Result<Vec<_>>>()?;
     records.sort_by_key(|r| match r {
         PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
+        PersistRecord::IdempotencyUnfingerprinted(i) => (true, i.expires_at, i.request),
         _ => (false, Default::default(), allot_core::ids::RequestId(0)),
     });
     Ok(records)

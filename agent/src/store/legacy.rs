@@ -8,8 +8,8 @@
 
 use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::persist::{
-    AckRecord, AllowanceRecord, IdempotencyRecord, KeyRecord, LeaseRecord, MetaRecord, SlotRecord,
-    StatsRecord,
+    AckRecord, AllowanceRecord, KeyRecord, LeaseRecord, MetaRecord, SlotRecord, StatsRecord,
+    UnfingerprintedIdempotencyRecord,
 };
 use allot_core::budget::{
     Decision, LeaseOutcome, Outcome, PersistRecord, ReleaseOutcome, RenewOutcome, SettleOutcome,
@@ -117,11 +117,13 @@ impl From<RecordV1> for PersistRecord {
             RecordV1::SlotEnded { slot } => PersistRecord::SlotEnded { slot },
             RecordV1::ReleaseAck(a) => PersistRecord::ReleaseAck(a),
             RecordV1::ReleaseForgotten { id } => PersistRecord::ReleaseForgotten { id },
-            RecordV1::Idempotency(i) => PersistRecord::Idempotency(IdempotencyRecord {
-                request: i.request,
-                expires_at: i.expires_at,
-                outcome: i.outcome.into(),
-            }),
+            RecordV1::Idempotency(i) => {
+                PersistRecord::IdempotencyUnfingerprinted(UnfingerprintedIdempotencyRecord {
+                    request: i.request,
+                    expires_at: i.expires_at,
+                    outcome: i.outcome.into(),
+                })
+            }
             RecordV1::IdempotencyExpired { request } => {
                 PersistRecord::IdempotencyExpired { request }
             }

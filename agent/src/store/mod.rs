@@ -8,6 +8,7 @@
 //! start, in an order `RegionBudget::restore` accepts. Only this module knows sled.
 
 mod codec;
+mod crash;
 mod keyed;
 mod legacy;
 mod memory;

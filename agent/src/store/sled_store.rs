@@ -15,8 +15,8 @@ use allot_core::budget::PersistRecord;
 use xxhash_rust::xxh3::Xxh3Builder;
 
 use super::keyed::{self, Scan};
-use super::wal::Wal;
-use super::{Durability, Store, WriteOwned};
+use super::wal::{SEGMENT_BYTES, Wal};
+use super::{Durability, Store, WriteOwned, crash};
 use crate::error::{Error, Result};
 
 /// Items written to the log but not yet to the tree, kept (their last record each) to apply
@@ -57,6 +57,15 @@ impl SledStore {
     /// Opens (or creates) the store in `dir`: replays the log left by the last run into the
     /// tree, flushes the tree, and starts a fresh log.
     pub fn open(dir: &Path, durability: Durability) -> Result<SledStore> {
+        SledStore::open_with(dir, durability, SEGMENT_BYTES)
+    }
+
+    /// [`SledStore::open`] with log segments of `segment_bytes` (tests roll segments over).
+    pub(crate) fn open_with(
+        dir: &Path,
+        durability: Durability,
+        segment_bytes: usize,
+    ) -> Result<SledStore> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let db = sled::Config::new()
             .path(dir.join("sled"))
@@ -64,9 +73,13 @@ impl SledStore {
             .flush_every_ms(None)
             .open()?;
         let sync = durability == Durability::Sync;
-        let (wal, replayed) = Wal::open(&dir.join("wal"), sync, |batch| apply(&db, &batch))?;
-        db.flush()?;
-        replayed.remove()?;
+        let wal = Wal::open_with(
+            &dir.join("wal"),
+            sync,
+            segment_bytes,
+            |batch| apply(&db, &batch),
+            || db.flush().map(drop).map_err(Error::from),
+        )?;
         Ok(SledStore {
             db,
             inner: Mutex::new(Inner {
@@ -116,10 +129,13 @@ impl Store for SledStore {
             let applying = self.applying();
             (rotated, std::mem::take(&mut inner.unapplied), applying)
         };
+        crash::point("checkpoint.rotated");
         // On failure the rotated files stay: the next start replays them.
         apply_items(&self.db, unapplied)?;
         drop(applying);
+        crash::point("checkpoint.applied");
         self.db.flush()?;
+        crash::point("checkpoint.flushed");
         rotated.remove()
     }
 

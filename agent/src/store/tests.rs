@@ -351,25 +351,38 @@ mod sled_log {
         let dir = temp();
         let batches = some_records();
         let one_frame = {
-            let (mut wal, _) =
-                Wal::open_with(&dir.path().join("probe"), false, 1 << 20, |_| Ok(())).expect("wal");
+            let mut wal = Wal::open_with(
+                &dir.path().join("probe"),
+                false,
+                1 << 20,
+                |_| Ok(()),
+                || Ok(()),
+            )
+            .expect("wal");
             wal.append(&batches[0]).expect("append");
             wal.end_offset()
         };
         let wal_dir = dir.path().join("wal");
         {
             // Room for one frame a segment: three appends, three segments.
-            let (mut wal, _) = Wal::open_with(&wal_dir, false, one_frame, |_| Ok(())).expect("wal");
+            let mut wal =
+                Wal::open_with(&wal_dir, false, one_frame, |_| Ok(()), || Ok(())).expect("wal");
             for batch in &batches {
                 wal.append(batch).expect("append");
             }
             assert_eq!(wal.bytes_since_rotation(), 3 * one_frame as u64);
         }
         let mut replayed = Vec::new();
-        Wal::open_with(&wal_dir, false, one_frame, |b| {
-            replayed.push(b);
-            Ok(())
-        })
+        Wal::open_with(
+            &wal_dir,
+            false,
+            one_frame,
+            |b| {
+                replayed.push(b);
+                Ok(())
+            },
+            || Ok(()),
+        )
         .expect("reopened");
         assert_eq!(replayed, batches);
     }
@@ -428,7 +441,8 @@ mod sled_log {
         let dir = temp();
         let batches = some_records();
         let end = {
-            let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
+            let mut wal =
+                Wal::open(&dir.path().join("wal"), false, |_| Ok(()), || Ok(())).expect("wal");
             for batch in &batches[..2] {
                 wal.append(batch).expect("append");
             }
@@ -449,12 +463,57 @@ mod sled_log {
         assert_eq!(keys, ["t=a", "t=b"]);
     }
 
+    /// A start that stops after replaying a log whose last write was torn, before the replayed
+    /// files are gone (it dies, or flushing the tree fails). Before the fix the start created
+    /// its fresh segment first, so the torn frame was no longer in the last segment and every
+    /// later start failed with "00000000000000000001.log: damaged log frame at byte 74" (the
+    /// store would not open again); now the next start opens and keeps every complete batch.
+    /// (`crash_sweep` kills a real start at each of its steps.)
+    #[test]
+    fn a_start_that_dies_before_removing_a_torn_log_leaves_a_store_that_opens() {
+        let dir = temp();
+        let batches = some_records();
+        let end = {
+            let mut wal =
+                Wal::open(&dir.path().join("wal"), false, |_| Ok(()), || Ok(())).expect("wal");
+            for batch in &batches[..2] {
+                wal.append(batch).expect("append");
+            }
+            wal.end_offset()
+        };
+        write_at(&log_file(dir.path()), end, &[40, 0, 0, 0, 1, 2]);
+        // The start replays, and fails before its replayed files are gone.
+        let stopped = Wal::open(
+            &dir.path().join("wal"),
+            false,
+            |_| Ok(()),
+            || {
+                Err(crate::error::Error::Corrupt(
+                    "the tree's flush failed".into(),
+                ))
+            },
+        );
+        assert!(stopped.is_err());
+        let store = SledStore::open(dir.path(), Durability::Buffered).expect("opens");
+        let keys: Vec<String> = store
+            .load()
+            .expect("load")
+            .into_iter()
+            .filter_map(|r| match r {
+                PersistRecord::Key(k) => Some(k.key.as_str().to_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys, ["t=a", "t=b"]);
+    }
+
     #[test]
     fn a_damaged_frame_before_the_end_of_the_log_is_an_error() {
         let dir = temp();
         let batches = some_records();
         let first_end = {
-            let (mut wal, _) = Wal::open(&dir.path().join("wal"), false, |_| Ok(())).expect("wal");
+            let mut wal =
+                Wal::open(&dir.path().join("wal"), false, |_| Ok(()), || Ok(())).expect("wal");
             wal.append(&batches[0]).expect("append");
             let end = wal.end_offset();
             wal.rotate().expect("rotate");
@@ -555,6 +614,205 @@ mod sled_log {
         let loaded = store.load().expect("load");
         for record in expected {
             assert!(loaded.contains(&record), "{record:?} lost: {loaded:#?}");
+        }
+    }
+}
+
+/// The crash-point sweep: a child process (this test binary again) runs the sled store's life
+/// (start, admissions persisted before they are acknowledged, segment roll-overs, checkpoints)
+/// and is killed at one step of it (`store::crash`); the next start must open the store, and
+/// every admission the child acknowledged must still be counted.
+///
+/// Each case starts from the same data directory: one earlier life that was killed in the
+/// middle of an append (its log ends in a torn frame), which the crashing start replays.
+/// Before the start was reordered (replay, flush the tree, remove the replayed files, then
+/// create the new segment), the first case, `open.replayed@1`, already left a store whose
+/// every later start failed ("00000000000000000002.log: damaged log frame at byte 216": the
+/// torn frame was no longer in the last segment); now every case opens.
+mod crash_sweep {
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::super::crash::CRASH_POINT_ENV;
+    use super::*;
+
+    const DIR_ENV: &str = "ALLOT_TEST_CRASH_DIR";
+    const LIFE_ENV: &str = "ALLOT_TEST_CRASH_LIFE";
+    /// Small segments, so that a life rolls over to new ones between its checkpoints.
+    const SEGMENT_BYTES: usize = 4 << 10;
+    const KEYS: [&str; 3] = ["t=a", "t=b", "t=c"];
+    const ROUNDS: u64 = 3;
+    const ADMISSIONS_PER_ROUND: u64 = 60;
+    /// The steps a life goes through; each is hit several times (every start replays and
+    /// removes, every checkpoint rotates, applies, flushes and removes).
+    const POINTS: [&str; 10] = [
+        "open.replayed",
+        "open.durable",
+        "open.removed",
+        "open.created",
+        "remove.one",
+        "segment.flushed",
+        "segment.created",
+        "checkpoint.rotated",
+        "checkpoint.applied",
+        "checkpoint.flushed",
+    ];
+    /// Which hits of each point are tried: the first ones and a later one.
+    const HITS: [u32; 3] = [1, 2, 5];
+
+    fn sweep_limits() -> Vec<LimitSpec> {
+        vec![LimitSpec::simple(
+            "api/tenant",
+            1_000_000,
+            Duration::from_secs(3_600),
+        )]
+    }
+
+    /// One life: open, admit, persist, acknowledge (a line in `acks`, after the write
+    /// returned), checkpoint after each round. Time moves on between lives.
+    fn live(dir: &Path, life: u64) {
+        let store = SledStore::open_with(dir, Durability::Buffered, SEGMENT_BYTES).expect("opens");
+        let records = store.load().expect("load");
+        let mut b = RegionBudget::restore(cfg(), sweep_limits(), records).expect("restore");
+        let mut acks = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("acks"))
+            .expect("acks");
+        for round in 0..ROUNDS {
+            for i in 0..ADMISSIONS_PER_ROUND {
+                let key = KEYS[(i % 3) as usize];
+                let now = at(life * 100_000 + round * 1_000 + i);
+                let mut req = acquire(key, 1, None);
+                req.limit = LimitId::new("api/tenant");
+                let d = b.acquire(now, req).expect("acquire");
+                assert!(d.allowed);
+                store.write(&b.drain_dirty()).expect("write");
+                let granted = counted(&b, key);
+                // One write(2): a kill leaves whole lines.
+                acks.write_all(format!("{key} {granted}\n").as_bytes())
+                    .expect("ack");
+            }
+            store.checkpoint().expect("checkpoint");
+        }
+    }
+
+    fn counted(b: &RegionBudget, key: &str) -> u64 {
+        b.counter(&LimitId::new("api/tenant"), &KeyId::new(key))
+            .map_or(0, |c| c.granted_units)
+    }
+
+    /// The child side: runs one life in the directory it is given; nothing on its own.
+    #[test]
+    #[ignore = "run as a child process by the crash-point sweep"]
+    fn crash_child() {
+        let (Ok(dir), Ok(life)) = (std::env::var(DIR_ENV), std::env::var(LIFE_ENV)) else {
+            return;
+        };
+        live(Path::new(&dir), life.parse().expect("life"));
+    }
+
+    /// Runs one life in a child armed at `point`; returns whether the point was reached (the
+    /// child died there) rather than the life ending on its own.
+    fn run_child(dir: &Path, life: u64, point: &str) -> bool {
+        let exe = std::env::current_exe().expect("test binary");
+        let out = Command::new(exe)
+            .args([
+                "--exact",
+                "store::tests::crash_sweep::crash_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_POINT_ENV, point)
+            .env(DIR_ENV, dir)
+            .env(LIFE_ENV, life.to_string())
+            .output()
+            .expect("child runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let name = point.split('@').next().unwrap_or(point);
+        let crashed = stderr.contains(&format!("crash point {name} reached"));
+        assert!(
+            crashed || out.status.success(),
+            "the child at {point} failed otherwise: {stderr}"
+        );
+        crashed
+    }
+
+    /// The largest count acknowledged per key.
+    fn acknowledged(dir: &Path) -> Vec<(String, u64)> {
+        let text = std::fs::read_to_string(dir.join("acks")).unwrap_or_default();
+        let mut best = std::collections::BTreeMap::<String, u64>::new();
+        for line in text.lines() {
+            let (key, n) = line.split_once(' ').expect("an ack line");
+            let n: u64 = n.parse().expect("a count");
+            let e = best.entry(key.to_owned()).or_default();
+            *e = (*e).max(n);
+        }
+        best.into_iter().collect()
+    }
+
+    /// The next start opens, and counts at least what was acknowledged.
+    fn check_start(dir: &Path, case: &str) {
+        let store = SledStore::open_with(dir, Durability::Buffered, SEGMENT_BYTES)
+            .unwrap_or_else(|e| panic!("after a crash at {case}, the store does not open: {e}"));
+        let records = store.load().expect("load");
+        let b = RegionBudget::restore(cfg(), sweep_limits(), records).expect("restore");
+        let acked = acknowledged(dir);
+        assert!(!acked.is_empty(), "{case}: nothing was acknowledged");
+        for (key, n) in acked {
+            let have = counted(&b, &key);
+            assert!(
+                have >= n,
+                "after a crash at {case}: {key} counts {have}, {n} were acknowledged"
+            );
+        }
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).expect("dir");
+        for entry in std::fs::read_dir(from).expect("read dir") {
+            let entry = entry.expect("entry");
+            let target: PathBuf = to.join(entry.file_name());
+            if entry.file_type().expect("type").is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).expect("copy");
+            }
+        }
+    }
+
+    #[test]
+    fn every_crash_point_leaves_a_store_that_opens_with_nothing_acknowledged_lost() {
+        let root = temp();
+        // The earlier life, killed half way through an append in its second round.
+        let base = root.path().join("base");
+        let torn = format!("append.torn@{}", ADMISSIONS_PER_ROUND + 7);
+        assert!(run_child(&base, 0, &torn), "the first life tore a write");
+        let mut reached = 0;
+        for point in POINTS {
+            for hit in HITS {
+                let case = format!("{point}@{hit}");
+                let dir = root.path().join(case.replace(['.', '@'], "-"));
+                copy_dir(&base, &dir);
+                let crashed = run_child(&dir, 1, &case);
+                check_start(&dir, &case);
+                // Every point is on the path of a life.
+                assert!(crashed || hit > 1, "{point} was never reached");
+                if !crashed {
+                    break;
+                }
+                reached += 1;
+            }
+        }
+        assert!(reached > POINTS.len(), "only {reached} crashes happened");
+        // A torn write in the crashing life too, and a life that ends on its own.
+        for (case, life) in [("append.torn@100", 1), ("none", 1)] {
+            let dir = root.path().join(case.replace(['.', '@'], "-"));
+            copy_dir(&base, &dir);
+            run_child(&dir, life, case);
+            check_start(&dir, case);
         }
     }
 }

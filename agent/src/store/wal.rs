@@ -11,8 +11,9 @@
 //! pages are the kernel's page cache, so a batch survives the process being killed the moment
 //! the copy is done, with no system call. In `sync` mode each append is also flushed to the
 //! device (`msync`, which is `fdatasync` of the pages written); in `buffered` mode the agent
-//! flushes the file every flush interval. A checkpoint starts a new segment, flushes sled,
-//! then deletes the older segments; at start the segments left are replayed in order.
+//! flushes the file every flush interval. A checkpoint flushes the current segment and starts
+//! a new one, flushes sled, then deletes the older segments; at start the segments left are
+//! replayed in order, sled is flushed, they are deleted, and only then is a new segment made.
 //!
 //! A frame is `len: u32 LE | crc32(payload): u32 LE | payload` (a batch of records, encoded
 //! as [`super::codec`] says, never empty). A zero length ends a segment: the rest of it was
@@ -31,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use allot_core::budget::PersistRecord;
 use memmap2::MmapMut;
 
-use super::codec;
+use super::{codec, crash};
 use crate::error::{Error, Result};
 
 const FRAME_HEADER_BYTES: usize = 8;
@@ -110,23 +111,34 @@ pub struct Rotated {
 }
 
 impl Wal {
-    /// Replays the files in `dir` (oldest first) through `apply`, then starts a fresh segment
-    /// numbered after them. The replayed files stay until the caller's first checkpoint.
+    /// Replays the files in `dir` (oldest first) through `apply`, calls `durable` (which makes
+    /// what `apply` did survive a crash), removes the replayed files, and only then starts a
+    /// fresh segment numbered after them. (The store opens with [`Wal::open_with`].)
+    #[cfg(test)]
     pub fn open(
         dir: &Path,
         sync_each_write: bool,
         apply: impl FnMut(Vec<PersistRecord>) -> Result<()>,
-    ) -> Result<(Wal, Rotated)> {
-        Wal::open_with(dir, sync_each_write, SEGMENT_BYTES, apply)
+        durable: impl FnOnce() -> Result<()>,
+    ) -> Result<Wal> {
+        Wal::open_with(dir, sync_each_write, SEGMENT_BYTES, apply, durable)
     }
 
     /// [`Wal::open`] with segments of `segment_bytes`.
+    ///
+    /// The order is what makes a start that dies at any point safe to start again: until
+    /// `durable` returns, every replayed file is still there; the files are removed oldest
+    /// first (what is left is always a tail of the log, whose last file is still the last);
+    /// and the new segment is created only once none of them is left, so a torn write at the
+    /// end of the old log can never end up before a later segment (which would make it
+    /// damage, and the store unopenable).
     pub fn open_with(
         dir: &Path,
         sync_each_write: bool,
         segment_bytes: usize,
         mut apply: impl FnMut(Vec<PersistRecord>) -> Result<()>,
-    ) -> Result<(Wal, Rotated)> {
+        durable: impl FnOnce() -> Result<()>,
+    ) -> Result<Wal> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let files = log_files(dir)?;
         let last = files.len().checked_sub(1);
@@ -135,10 +147,23 @@ impl Wal {
                 apply(batch)?;
             }
         }
+        crash::point("open.replayed");
+        durable()?;
+        crash::point("open.durable");
         let number = files.last().map_or(1, |(n, _)| n + 1);
+        if !files.is_empty() {
+            Rotated {
+                files: files.into_iter().map(|(_, p)| p).collect(),
+            }
+            .remove()?;
+            // The removals reach the device before the new segment's name can.
+            sync_dir(dir)?;
+        }
+        crash::point("open.removed");
         let segment = Segment::create(dir, number, segment_bytes)?;
+        crash::point("open.created");
         sync_dir(dir)?;
-        let wal = Wal {
+        Ok(Wal {
             dir: dir.to_path_buf(),
             number,
             segment,
@@ -148,11 +173,7 @@ impl Wal {
             segment_bytes,
             created: 1,
             dir_synced: Arc::new(AtomicU64::new(1)),
-        };
-        let rotated = Rotated {
-            files: files.into_iter().map(|(_, p)| p).collect(),
-        };
-        Ok((wal, rotated))
+        })
     }
 
     /// Appends one batch: a copy into the mapping (and a flush of its pages in sync mode).
@@ -162,6 +183,10 @@ impl Wal {
             self.next_segment(frame.len())?;
         }
         let at = self.segment.end;
+        crash::point_then("append.torn", || {
+            let half = frame.len() / 2;
+            self.segment.map[at..at + half].copy_from_slice(&frame[..half]);
+        });
         self.segment.map[at..at + frame.len()].copy_from_slice(&frame);
         self.segment.end += frame.len();
         self.bytes += frame.len() as u64;
@@ -175,10 +200,13 @@ impl Wal {
     }
 
     /// Starts the next segment; every segment written since the last rotation is returned for
-    /// deletion after the checkpoint, which makes their contents durable in the tree (so the
-    /// old segment is not flushed here, under the log's lock).
+    /// deletion after the checkpoint, which makes their contents durable in the tree. The
+    /// current one is flushed first, as [`Wal::next_segment`] does and for the same reason:
+    /// otherwise a machine crash could keep the new segment's appends (flushed by the next
+    /// log flush) and lose the old one's tail, a damaged frame before the last segment. Cheap:
+    /// what is dirty is what was appended since the last log flush.
     pub fn rotate(&mut self) -> Result<Rotated> {
-        self.start_segment(0)?;
+        self.next_segment(0)?;
         self.bytes = 0;
         Ok(Rotated {
             files: std::mem::take(&mut self.filled),
@@ -215,12 +243,14 @@ impl Wal {
             .map
             .flush()
             .map_err(|e| Error::io(&self.segment.path, e))?;
+        crash::point("segment.flushed");
         self.start_segment(frame_bytes)
     }
 
     fn start_segment(&mut self, frame_bytes: usize) -> Result<()> {
         let size = self.segment_bytes.max(frame_bytes);
         let next = Segment::create(&self.dir, self.number + 1, size)?;
+        crash::point("segment.created");
         self.created += 1;
         if self.sync_each_write {
             // Appends are flushed before their answers, and so must the file's name be.
@@ -303,9 +333,12 @@ fn encode_frame(batch: &[PersistRecord]) -> Result<Vec<u8>> {
 
 impl Rotated {
     /// Deletes the files; called once what they held is durable elsewhere.
+    /// Oldest first: a crash part way leaves a tail of the log, which replays to the same
+    /// state (every record is the whole state of its item).
     pub fn remove(self) -> Result<()> {
         for path in self.files {
             fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            crash::point("remove.one");
         }
         Ok(())
     }

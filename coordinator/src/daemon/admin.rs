@@ -1,5 +1,6 @@
-//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON), `/metrics` (Prometheus) and
-//! `/v1/config` (the limits configuration: [`config`]).
+//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON), `/metrics` (Prometheus),
+//! `/v1/config` (the limits configuration: [`config`]) and `/v1/cluster/nodes` (the
+//! membership: [`cluster`]).
 //!
 //! Every node answers `/v1/status` with what raft and the committed state say (members,
 //! leader, term, configuration, member regions); the leader adds what only its rebalancer
@@ -14,12 +15,13 @@ use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{delete, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::Raft;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::daemon::cluster::{self, Role};
 use crate::daemon::config;
 use crate::daemon::handler::LeaderSlot;
 use crate::daemon::leader::{
@@ -35,6 +37,8 @@ pub struct Admin {
     pub state: StateReader,
     pub slot: Arc<LeaderSlot>,
     pub prometheus: PrometheusHandle,
+    /// Held by a membership change being made on this node.
+    pub membership: cluster::ChangeLock,
 }
 
 pub fn router(admin: Admin) -> Router {
@@ -48,6 +52,13 @@ pub fn router(admin: Admin) -> Router {
                 .put(config::put)
                 .layer(DefaultBodyLimit::max(config::MAX_PUT_BODY_BYTES)),
         )
+        .route(
+            "/v1/cluster/nodes",
+            get(cluster::members)
+                .post(cluster::add)
+                .layer(DefaultBodyLimit::max(cluster::MAX_ADD_BODY_BYTES)),
+        )
+        .route("/v1/cluster/nodes/{id}", delete(cluster::remove))
         .with_state(admin)
 }
 
@@ -60,6 +71,8 @@ struct Member {
     id: NodeId,
     /// Its raft and sync address.
     address: String,
+    /// voter or learner.
+    role: Role,
 }
 
 #[derive(Serialize)]
@@ -88,6 +101,9 @@ struct Status {
     node: NodeId,
     /// leader, follower, candidate, learner.
     state: String,
+    /// This node's place in the membership it holds: voter, learner or not_member (started
+    /// with `--join` and not added yet, or removed).
+    role: Role,
     term: u64,
     leader: Option<NodeId>,
     leader_address: Option<String>,
@@ -142,11 +158,11 @@ fn raft_status(admin: &Admin) -> Status {
         .map(|(id, n)| Member {
             id: *id,
             address: n.addr.clone(),
+            role: cluster::role_of(membership, *id),
         })
         .collect();
-    let leader_address = m
-        .current_leader
-        .and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
+    let leader = cluster::known_leader(&m);
+    let leader_address = leader.and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
     let (config_version, regions, counters) = admin.state.read(|a| {
         let regions = a
             .state
@@ -164,8 +180,9 @@ fn raft_status(admin: &Admin) -> Status {
     Status {
         node: m.id,
         state: format!("{:?}", m.state).to_lowercase(),
+        role: cluster::role_of(membership, m.id),
         term: m.current_term,
-        leader: m.current_leader,
+        leader,
         leader_address,
         members,
         last_log_index: m.last_log_index,

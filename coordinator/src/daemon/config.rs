@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::daemon::admin::Admin;
+use crate::daemon::cluster;
 use crate::daemon::leader::{COMMIT_TIMEOUT, Job};
 use crate::daemon::metrics as m;
 use crate::state::{ClusterCommand, CommandOutcome, Refusal};
@@ -169,27 +170,14 @@ fn refused(refusal: &Refusal) -> Reply {
 fn not_leader(admin: &Admin) -> Reply {
     let metrics = admin.raft.metrics();
     let m = metrics.borrow();
-    if m.current_leader == Some(m.id) {
+    if cluster::leads(&m) {
         // Elected, but its rebalancer (which commits every configuration change) is starting.
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "this node leads but its rebalancer is starting: put again in a moment",
         );
     }
-    let leader_address = m.current_leader.and_then(|id| {
-        m.membership_config
-            .membership()
-            .get_node(&id)
-            .map(|n| n.addr.clone())
-    });
-    (
-        StatusCode::MISDIRECTED_REQUEST,
-        Json(json!({
-            "error": format!("node {} does not lead: put the configuration on the leader", m.id),
-            "leader": m.current_leader,
-            "leader_address": leader_address,
-        })),
-    )
+    cluster::misdirected(&m, "put the configuration")
 }
 
 /// `GET /v1/config`: the configuration in force on this node's applied state.

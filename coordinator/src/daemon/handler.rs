@@ -13,6 +13,7 @@ use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::daemon::cluster;
 use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader};
 use crate::daemon::metrics as m;
 use crate::state::ClusterCommand;
@@ -75,25 +76,18 @@ impl RaftSyncHandler {
         }
     }
 
-    /// The answer of a node whose rebalancer cannot take the SyncUp: the leader's address,
-    /// or none if this node leads (its rebalancer is starting: the agent retries).
+    /// The answer of a node whose rebalancer cannot take the SyncUp: the leader's address
+    /// (from a removed node that knows none, a member's, which knows it), or none if this
+    /// node leads (its rebalancer is starting: the agent retries).
     fn not_leading(&self) -> Answer {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
-        match m.current_leader {
-            Some(leader) if leader == m.id => {
-                metrics::counter!(m::SYNC_UPS_DROPPED).increment(1);
-                Answer::Unanswered
-            }
-            leader => {
-                metrics::counter!(m::NOT_LEADER_ANSWERS).increment(1);
-                let address = leader.and_then(|id| {
-                    let membership = m.membership_config.membership();
-                    membership.get_node(&id).map(|n| n.addr.clone())
-                });
-                Answer::NotLeader(address)
-            }
+        if cluster::leads(&m) {
+            metrics::counter!(m::SYNC_UPS_DROPPED).increment(1);
+            return Answer::Unanswered;
         }
+        metrics::counter!(m::NOT_LEADER_ANSWERS).increment(1);
+        Answer::NotLeader(cluster::redirect_address(&m))
     }
 }
 

@@ -6,7 +6,8 @@
 //!   leads.
 //! - [`leader`]: the rebalancer task and the driver contract over raft.
 //! - [`admin`]: `/healthz`, `/v1/status`, `/metrics`; [`config`]: `/v1/config`, the limits
-//!   configuration put (`allot config put`) and read.
+//!   configuration put (`allot config put`) and read; [`cluster`]: `/v1/cluster/nodes`, the
+//!   membership read and changed (`allot cluster`).
 //! - [`limits`]: the limits files given at start, put through raft when the cluster has an
 //!   older version.
 //!
@@ -14,6 +15,7 @@
 //! between the wire, the rebalancer and raft.
 
 pub mod admin;
+pub mod cluster;
 pub mod config;
 pub mod handler;
 pub mod leader;
@@ -48,6 +50,9 @@ pub struct DaemonSettings {
     /// a single-node cluster at this node's gRPC listener. Used only to initialise a fresh
     /// cluster; afterwards the membership is what raft committed.
     pub peers: BTreeMap<NodeId, String>,
+    /// Start empty and wait to be added (`allot cluster add-node`): never initialise a
+    /// cluster, even a single-node one. Excludes `peers`.
+    pub join: bool,
     pub data_dir: PathBuf,
     pub raft: openraft::Config,
     /// The rebalancer's settings; `sync_interval` and `view_ttl` must be the agents'.
@@ -67,8 +72,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Opens the node's storage in `settings.data_dir`, serves raft and sync on `grpc` and
-    /// the admin API on `http`, initialises a fresh cluster with `settings.peers`, and runs
-    /// the rebalancer whenever this node leads.
+    /// the admin API on `http`, initialises a fresh cluster with `settings.peers` (unless it
+    /// joins: then it waits for the cluster to add it), and runs the rebalancer whenever this
+    /// node leads.
     pub async fn start(
         settings: DaemonSettings,
         grpc: TcpListener,
@@ -77,11 +83,22 @@ impl Daemon {
         let prometheus = metrics::install()?;
         let grpc_addr = local_addr(&grpc)?;
         let http_addr = local_addr(&http)?;
-        let members = initial_members(settings.id, &settings.peers, grpc_addr)?;
+        let members = if settings.join {
+            if !settings.peers.is_empty() {
+                return Err(Error::Config(
+                    "a joining node takes no --peers: the cluster adds it".to_owned(),
+                ));
+            }
+            None
+        } else {
+            Some(initial_members(settings.id, &settings.peers, grpc_addr)?)
+        };
         let slot = Arc::new(LeaderSlot::default());
         let (stop, stopping) = watch::channel(false);
         let node = start_node(&settings, grpc, slot.clone(), stopping.clone()).await?;
-        initialize(&node.raft, members).await?;
+        if let Some(members) = members {
+            initialize(&node.raft, members).await?;
+        }
         let mut tasks = vec![tokio::spawn(handler::supervise(
             node.raft.clone(),
             node.state.clone(),
@@ -103,6 +120,7 @@ impl Daemon {
             state: node.state.clone(),
             slot,
             prometheus,
+            membership: cluster::ChangeLock::default(),
         };
         tasks.push(tokio::spawn(serve_admin(http, admin, stopping)));
         Ok(Daemon {

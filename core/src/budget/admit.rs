@@ -15,6 +15,7 @@ use super::restore::RestoreGate;
 use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::limit::{PartitionPolicy, RateCap};
+use crate::sync::MICRO_UNITS_PER_UNIT;
 use crate::time::{Timestamp, WindowIndex, duration_nanos};
 
 /// The region-wide inputs of an admission.
@@ -222,12 +223,19 @@ pub(crate) fn admit(
     let a = allowance(p, ks, ks.window, ctx);
     if let Some(wait) = edge_wait(p, ctx, ks.window, now) {
         // Neither charged nor counted as demand: the units are refused for where the clock
-        // stands, not for want of allowance.
+        // stands, not for want of allowance. With nothing left, the allowance's own reason
+        // (a closed partition's) stands: the agent's negative cache keeps a refusal with
+        // nothing remaining to the window's end, and the band must not hide it that long.
+        let reason = if a.units <= ks.net_units() {
+            a.reason
+        } else {
+            Reason::Allowance
+        };
         return Admission {
             allowed: false,
             units: 0,
             shadow_denied: false,
-            reason: Reason::Allowance,
+            reason,
             retry_after: Some(wait),
             allowance: a,
             escalated: false,
@@ -620,10 +628,11 @@ pub(crate) fn demand_warmed_up(
 }
 
 /// Demand: units requested this window (refused ones included) per second of the window so
-/// far (see [`demand_elapsed_nanos`]). `unspent_units` of outstanding leases are probably not
+/// far (see [`demand_elapsed_nanos`]), in millionths of a unit (a slow key of a long window
+/// asks for less than one unit a second and must not read as no demand). `unspent_units` of outstanding leases are probably not
 /// spent yet: gateways lease ahead of their use, and early in a short window what they hold
 /// would otherwise read as a rate several times the real one.
-pub(crate) fn demand_units_per_sec(
+pub(crate) fn demand_micro_units_per_sec(
     p: &LimitParams,
     ks: &KeyState,
     now: Timestamp,
@@ -632,7 +641,7 @@ pub(crate) fn demand_units_per_sec(
 ) -> u64 {
     let elapsed = demand_elapsed_nanos(p, ks, now, sync_interval);
     let requested = requested_units(ks).saturating_sub(unspent_units);
-    let rate = u128::from(requested) * 1_000_000_000 / u128::from(elapsed);
+    let rate = u128::from(requested) * MICRO_UNITS_PER_UNIT * 1_000_000_000 / u128::from(elapsed);
     u64::try_from(rate).unwrap_or(u64::MAX)
 }
 

@@ -177,6 +177,81 @@ pub enum SlotOutcome {
     Unmetered,
 }
 
+/// What identifies a mutating call's request beyond its request id: the call's kind and every
+/// parameter that can change its outcome (target, amounts, TTL), hashed (xxh3-64 of the
+/// length-prefixed parts: fixed and unseeded, since it is persisted). Remembered with the
+/// outcome, so that an id sent again with other parameters is refused rather than answered
+/// with an outcome that was not for it (`Error::IdempotencyConflict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestFingerprint(pub u64);
+
+impl RequestFingerprint {
+    /// Starts the fingerprint of a call of `kind` (one of [`Outcome::kind`]'s names).
+    pub(crate) fn of(kind: &'static str) -> FingerprintParts {
+        let mut parts = FingerprintParts(Vec::with_capacity(64));
+        parts.push(kind.as_bytes());
+        parts
+    }
+}
+
+/// A fingerprint being built: each part is length-prefixed, so no two requests read the same.
+pub(crate) struct FingerprintParts(Vec<u8>);
+
+impl FingerprintParts {
+    fn push(&mut self, bytes: &[u8]) {
+        // Parts are names bounded by the callers' checks, or integers: far below 4 GiB.
+        self.0
+            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(bytes);
+    }
+
+    pub fn str(mut self, s: &str) -> Self {
+        self.push(s.as_bytes());
+        self
+    }
+
+    pub fn u64(mut self, n: u64) -> Self {
+        self.push(&n.to_le_bytes());
+        self
+    }
+
+    pub fn duration(self, d: Duration) -> Self {
+        self.u64(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    pub fn finish(self) -> RequestFingerprint {
+        RequestFingerprint(xxhash_rust::xxh3::xxh3_64(&self.0))
+    }
+}
+
+impl AcquireRequest {
+    pub(crate) fn fingerprint(&self) -> RequestFingerprint {
+        RequestFingerprint::of("acquire")
+            .str(self.limit.as_str())
+            .str(self.key.as_str())
+            .u64(self.cost_units)
+            .finish()
+    }
+}
+
+impl LeaseRequest {
+    /// `denied_units` is left out: it reports demand and changes no outcome, and a caller
+    /// retrying may have counted more denials since.
+    pub(crate) fn fingerprint(&self, top_up: Option<LeaseId>) -> RequestFingerprint {
+        RequestFingerprint::of("lease")
+            .str(self.limit.as_str())
+            .str(self.key.as_str())
+            .u64(self.units_wanted)
+            // 0 and 1 both mean "any".
+            .u64(self.min_units.max(1))
+            .u64(u64::from(self.rate_units_per_sec.is_some()))
+            .u64(self.rate_units_per_sec.unwrap_or(0))
+            .duration(self.ttl)
+            .u64(top_up.map_or(0, |l| l.0))
+            .finish()
+    }
+}
+
 /// What a mutating call answered, remembered under its request id so that a retry gets the
 /// same answer and charges nothing again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,11 @@
 //! the call then `fill`s with its outcome, or `cancel`s if it failed (errors are not
 //! remembered).
 //!
+//! Each entry keeps the fingerprint of its request (`RequestFingerprint`): an id that comes
+//! back with other parameters is refused by the caller, never answered with an outcome that
+//! was not for it. Entries read from stores written before fingerprints have none, and replay
+//! on the call kind alone, as they did.
+//!
 //! When the cache is full the oldest entry is forgotten early (counted), which only weakens
 //! protection for the oldest retries; refusing new requests instead would turn a full cache
 //! into an outage.
@@ -17,7 +22,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::api::Outcome;
+use super::api::{Outcome, RequestFingerprint};
 use crate::ids::RequestId;
 use crate::time::Timestamp;
 
@@ -25,6 +30,8 @@ use crate::time::Timestamp;
 pub(crate) struct IdempotencyEntry {
     pub expires_at: Timestamp,
     pub outcome: Outcome,
+    /// `None` only for an entry restored from a store written before fingerprints.
+    pub fingerprint: Option<RequestFingerprint>,
 }
 
 #[derive(Clone, Debug)]
@@ -45,8 +52,8 @@ struct Slot {
 /// What `reserve` found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Reserved {
-    /// A retry: the first call's outcome.
-    Replay(Outcome),
+    /// The id is known: the first call's entry (the caller compares fingerprints).
+    Replay(IdempotencyEntry),
     /// A new call: its slot, to `fill` or `cancel`.
     Ticket(Ticket),
 }
@@ -55,6 +62,7 @@ pub(crate) enum Reserved {
 pub(crate) struct Ticket {
     id: RequestId,
     seq: u64,
+    fingerprint: RequestFingerprint,
 }
 
 #[derive(Clone, Debug)]
@@ -91,9 +99,14 @@ impl IdempotencyCache {
         }
     }
 
-    /// A retry's first outcome, or a pending slot for a new call (which may hold the cache
-    /// one above its capacity until it is filled or cancelled).
-    pub fn reserve(&mut self, now: Timestamp, id: RequestId) -> Reserved {
+    /// A known id's entry, or a pending slot for a new call of request `fingerprint` (which
+    /// may hold the cache one above its capacity until it is filled or cancelled).
+    pub fn reserve(
+        &mut self,
+        now: Timestamp,
+        id: RequestId,
+        fingerprint: RequestFingerprint,
+    ) -> Reserved {
         let seq = self.first_seq + self.ring.len() as u64;
         let replaced = match self.index.entry(id) {
             Entry::Vacant(v) => {
@@ -106,7 +119,7 @@ impl IdempotencyCache {
                 if let Some(SlotState::Live(e)) = first.map(|pos| &self.ring[pos].state)
                     && e.expires_at > now
                 {
-                    return Reserved::Replay(e.outcome.clone());
+                    return Reserved::Replay(e.clone());
                 }
                 // Expired but not yet dropped: the id starts afresh.
                 o.insert(seq);
@@ -124,7 +137,11 @@ impl IdempotencyCache {
         });
         self.live += 1;
         debug_assert_eq!(self.index.len(), self.live);
-        Reserved::Ticket(Ticket { id, seq })
+        Reserved::Ticket(Ticket {
+            id,
+            seq,
+            fingerprint,
+        })
     }
 
     /// The call behind `ticket` succeeded: remember its outcome until the TTL. Ids forgotten
@@ -136,6 +153,7 @@ impl IdempotencyCache {
             self.ring[pos].state = SlotState::Live(IdempotencyEntry {
                 expires_at,
                 outcome,
+                fingerprint: Some(ticket.fingerprint),
             });
         }
         // The oldest slot goes first; the one just filled is the newest, so it stays.
@@ -276,10 +294,12 @@ mod tests {
         })
     }
 
+    const FP: RequestFingerprint = RequestFingerprint(1);
+
     /// Reserve and fill, as a successful call does; returns the ids evicted.
     fn remember(c: &mut IdempotencyCache, now: Timestamp, id: u64, o: Outcome) -> Vec<RequestId> {
         let mut evicted = Vec::new();
-        match c.reserve(now, RequestId(id.into())) {
+        match c.reserve(now, RequestId(id.into()), FP) {
             Reserved::Ticket(t) => c.fill(t, o, |e| evicted.push(e)),
             Reserved::Replay(_) => panic!("id {id} is not new"),
         }
@@ -287,8 +307,11 @@ mod tests {
     }
 
     fn get(c: &mut IdempotencyCache, now: Timestamp, id: u64) -> Option<Outcome> {
-        match c.reserve(now, RequestId(id.into())) {
-            Reserved::Replay(o) => Some(o),
+        match c.reserve(now, RequestId(id.into()), FP) {
+            Reserved::Replay(e) => {
+                assert_eq!(e.fingerprint, Some(FP), "the entry keeps its fingerprint");
+                Some(e.outcome)
+            }
             Reserved::Ticket(t) => {
                 c.cancel(t);
                 None

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::admit::{self, Ctx, Want};
 use super::api::{
     Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Reason, ReleaseOutcome,
-    RenewOutcome, ReservationDelta, ReturnedLease, SettleOutcome,
+    RenewOutcome, RequestFingerprint, ReservationDelta, ReturnedLease, SettleOutcome,
 };
 use super::config::{ENDED_LEASES_KEPT, MAX_LEASE_RETURNS};
 use super::key::KeyState;
@@ -272,7 +272,8 @@ impl RegionBudget {
     /// Grant `min(units_wanted, available)` units for `min(ttl, lease_ttl_max)`, never past
     /// the end of the window; if that is fewer than `min_units` (at least 1), grant nothing.
     pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
-        self.once(now, req.request_id, |b| b.lease_once(now, req))
+        let request = req.request_id.map(|id| (id, req.fingerprint(None)));
+        self.once(now, request, |b| b.lease_once(now, req))
     }
 
     /// Like [`Self::lease`], but the grant is added to `lease`, a live lease of the same key
@@ -287,7 +288,8 @@ impl RegionBudget {
         lease: LeaseId,
         req: LeaseRequest,
     ) -> Result<LeaseOutcome> {
-        self.once(now, req.request_id, |b| {
+        let request = req.request_id.map(|id| (id, req.fingerprint(Some(lease))));
+        self.once(now, request, |b| {
             let live = b.leases.get(lease).filter(|l| l.expires_at > now);
             if let Some(l) = live
                 && (l.limit != req.limit || l.key != req.key)
@@ -375,7 +377,11 @@ impl RegionBudget {
         ttl: Duration,
         request_id: Option<RequestId>,
     ) -> Result<RenewOutcome> {
-        self.once(now, request_id, |b| b.renew_once(now, lease, ttl))
+        let request = request_id.map(|id| {
+            let fp = RequestFingerprint::of("renew").u64(lease.0).duration(ttl);
+            (id, fp.finish())
+        });
+        self.once(now, request, |b| b.renew_once(now, lease, ttl))
     }
 
     fn renew_once(
@@ -404,9 +410,13 @@ impl RegionBudget {
         unused_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<ReleaseOutcome> {
-        self.once(now, request_id, |b| {
-            b.release_once(now, lease, unused_units)
-        })
+        let request = request_id.map(|id| {
+            let fp = RequestFingerprint::of("release")
+                .u64(lease.0)
+                .u64(unused_units);
+            (id, fp.finish())
+        });
+        self.once(now, request, |b| b.release_once(now, lease, unused_units))
     }
 
     fn release_once(
@@ -489,7 +499,13 @@ impl RegionBudget {
         actual_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
-        self.once(now, request_id, |b| b.settle_once(now, lease, actual_units))
+        let request = request_id.map(|id| {
+            let fp = RequestFingerprint::of("settle")
+                .u64(lease.0)
+                .u64(actual_units);
+            (id, fp.finish())
+        });
+        self.once(now, request, |b| b.settle_once(now, lease, actual_units))
     }
 
     fn settle_once(
@@ -579,7 +595,15 @@ impl RegionBudget {
         delta: ReservationDelta,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
-        self.once(now, request_id, |b| {
+        let request = request_id.map(|id| {
+            let (how, units) = match delta {
+                ReservationDelta::Refund { units } => ("refund", units),
+                ReservationDelta::Overage { units } => ("overage", units),
+            };
+            let fp = RequestFingerprint::of("settle_reservation").u64(lease.0);
+            (id, fp.str(how).u64(units).finish())
+        });
+        self.once(now, request, |b| {
             b.settle_reservation_once(now, lease, delta)
         })
     }

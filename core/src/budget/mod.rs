@@ -47,7 +47,8 @@ use std::time::Duration;
 
 pub use api::{
     AcquireRequest, Decision, LeaseGrant, LeaseOutcome, LeaseRequest, LeaseReturn, Outcome, Reason,
-    ReleaseOutcome, RenewOutcome, ReservationDelta, ReturnedLease, SettleOutcome, SlotOutcome,
+    ReleaseOutcome, RenewOutcome, RequestFingerprint, ReservationDelta, ReturnedLease,
+    SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;
 pub use persist::PersistRecord;
@@ -254,7 +255,8 @@ impl RegionBudget {
 
     /// Decide one request of `cost_units`, and charge it if allowed.
     pub fn acquire(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
-        self.once(now, req.request_id, |b| b.acquire_once(now, req))
+        let request = req.request_id.map(|id| (id, req.fingerprint()));
+        self.once(now, request, |b| b.acquire_once(now, req))
     }
 
     fn acquire_once(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
@@ -430,29 +432,22 @@ impl RegionBudget {
         Some((p.window_start(l.window), p.window_end(l.window)))
     }
 
-    /// Run a mutating call at most once per request id: a retry within the TTL gets the
-    /// first outcome back and changes nothing (an id used for another kind of call is an
-    /// error). A call that fails is not remembered.
+    /// Run a mutating call at most once per request id: a retry within the TTL (same request
+    /// id, same request) gets the first outcome back and changes nothing; the id sent with
+    /// another request (its fingerprint differs, or another kind of call) is refused with
+    /// [`Error::IdempotencyConflict`]. A call that fails is not remembered.
     fn once<T: Remembered>(
         &mut self,
         now: Timestamp,
-        request_id: Option<RequestId>,
+        request: Option<(RequestId, RequestFingerprint)>,
         op: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
-        let Some(id) = request_id else {
+        let Some((id, fingerprint)) = request else {
             return op(self);
         };
-        let ticket = match self.idempotency.reserve(now, id) {
+        let ticket = match self.idempotency.reserve(now, id, fingerprint) {
             Reserved::Ticket(t) => t,
-            Reserved::Replay(first) => {
-                return T::from_outcome(&first).ok_or_else(|| {
-                    Error::InvalidRequest(format!(
-                        "request id already used for {}, not {}",
-                        first.kind(),
-                        T::KIND
-                    ))
-                });
-            }
+            Reserved::Replay(first) => return replayed(&first, fingerprint),
         };
         let result = op(self);
         match &result {
@@ -523,6 +518,22 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .map(|(from, _)| from),
         restore: view.restore.gate(),
     }
+}
+
+/// The first outcome of a request id, if this call is that request again. An entry restored
+/// from a store written before fingerprints has none: it is checked on the call kind alone.
+fn replayed<T: Remembered>(
+    first: &idempotency::IdempotencyEntry,
+    fingerprint: RequestFingerprint,
+) -> Result<T> {
+    let conflict = || Error::IdempotencyConflict {
+        first: first.outcome.kind(),
+        this: T::KIND,
+    };
+    if first.fingerprint.is_some_and(|f| f != fingerprint) {
+        return Err(conflict());
+    }
+    T::from_outcome(&first.outcome).ok_or_else(conflict)
 }
 
 /// Disabled and unlimited limits admit everything and count nothing.

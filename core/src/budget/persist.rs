@@ -10,7 +10,7 @@
 //!
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
-//! request id; `Idempotency`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
+//! request id; `Idempotency`/`IdempotencyUnfingerprinted`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
 //! (limit, window); `Allocation` by limit; `RestoredBefore` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
 //! clears a limit's keys, leases, slots, stats and allocation.
 //!
@@ -34,7 +34,7 @@ use super::slots::SlotHome;
 use super::stats::{LimitStats, WindowStats};
 use super::sync::{AckEntry, KeyRef};
 use super::timebase::ClockCorrection;
-use super::{BudgetConfig, Outcome, RegionBudget};
+use super::{BudgetConfig, Outcome, RegionBudget, RequestFingerprint};
 use crate::algo::concurrency::{HeldSlot, SlotId};
 use crate::algo::gcra::GcraState;
 use crate::error::Result;
@@ -68,7 +68,12 @@ pub enum PersistRecord {
     ReleaseForgotten {
         id: u64,
     },
-    Idempotency(IdempotencyRecord),
+    /// An idempotency entry as stores written before entries kept their request's
+    /// fingerprint hold it: read (it replays on the call kind alone, as it did then), and
+    /// written again only for such an entry. Its place and name stay, so those stores read
+    /// unchanged.
+    #[serde(rename = "Idempotency")]
+    IdempotencyUnfingerprinted(UnfingerprintedIdempotencyRecord),
     IdempotencyExpired {
         request: RequestId,
     },
@@ -91,6 +96,10 @@ pub enum PersistRecord {
     /// windows on the clock its counters were written on, not on the raw one, which may be
     /// windows behind (it would count again in windows it has left) or ahead.
     ClockCorrection(ClockCorrection),
+    /// An idempotency entry with its request's fingerprint (what is written now). Last, so
+    /// that the layouts written before it existed still read (they hold none).
+    #[serde(rename = "FingerprintedIdempotency")]
+    Idempotency(IdempotencyRecord),
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -202,6 +211,16 @@ pub struct AckRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyRecord {
+    pub request: RequestId,
+    pub expires_at: Timestamp,
+    pub outcome: Outcome,
+    /// The request the outcome answered: the same id with another is refused.
+    pub fingerprint: RequestFingerprint,
+}
+
+/// [`IdempotencyRecord`] as written before it kept its request's fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnfingerprintedIdempotencyRecord {
     pub request: RequestId,
     pub expires_at: Timestamp,
     pub outcome: Outcome,
@@ -373,7 +392,7 @@ impl RegionBudget {
             }
         }
         for (id, e) in self.idempotency.iter() {
-            out.push(PersistRecord::Idempotency(idempotency_record(id, e)));
+            out.push(idempotency_record(id, e));
         }
         out.sort_by_key(idempotency_order);
         out
@@ -488,7 +507,7 @@ impl RegionBudget {
                 None => PersistRecord::ReleaseForgotten { id },
             },
             Dirty::Idempotency(id) => match self.idempotency.entry(id) {
-                Some(e) => PersistRecord::Idempotency(idempotency_record(id, e)),
+                Some(e) => idempotency_record(id, e),
                 None => PersistRecord::IdempotencyExpired { request: id },
             },
             Dirty::Stats(limit, window) => {
@@ -571,6 +590,15 @@ impl RegionBudget {
                 let entry = IdempotencyEntry {
                     expires_at: i.expires_at,
                     outcome: i.outcome,
+                    fingerprint: Some(i.fingerprint),
+                };
+                self.idempotency.restore(i.request, entry);
+            }
+            PersistRecord::IdempotencyUnfingerprinted(i) => {
+                let entry = IdempotencyEntry {
+                    expires_at: i.expires_at,
+                    outcome: i.outcome,
+                    fingerprint: None,
                 };
                 self.idempotency.restore(i.request, entry);
             }
@@ -716,6 +744,7 @@ impl RegionBudget {
 fn idempotency_order(r: &PersistRecord) -> (bool, Timestamp, RequestId) {
     match r {
         PersistRecord::Idempotency(i) => (true, i.expires_at, i.request),
+        PersistRecord::IdempotencyUnfingerprinted(i) => (true, i.expires_at, i.request),
         PersistRecord::IdempotencyExpired { request } => (true, Timestamp::ZERO, *request),
         _ => (false, Timestamp::ZERO, RequestId(0)),
     }
@@ -788,11 +817,19 @@ fn ack_record(e: &AckEntry) -> AckRecord {
     }
 }
 
-fn idempotency_record(id: RequestId, e: &IdempotencyEntry) -> IdempotencyRecord {
-    IdempotencyRecord {
-        request: id,
-        expires_at: e.expires_at,
-        outcome: e.outcome.clone(),
+fn idempotency_record(id: RequestId, e: &IdempotencyEntry) -> PersistRecord {
+    match e.fingerprint {
+        Some(fingerprint) => PersistRecord::Idempotency(IdempotencyRecord {
+            request: id,
+            expires_at: e.expires_at,
+            outcome: e.outcome.clone(),
+            fingerprint,
+        }),
+        None => PersistRecord::IdempotencyUnfingerprinted(UnfingerprintedIdempotencyRecord {
+            request: id,
+            expires_at: e.expires_at,
+            outcome: e.outcome.clone(),
+        }),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::api::SlotOutcome;
+use super::api::{RequestFingerprint, SlotOutcome};
 use super::persist::Dirty;
 use super::persist::IdBlocks;
 use super::{RegionBudget, sync::KeyRef};
@@ -101,7 +101,11 @@ impl RegionBudget {
         key: &KeyId,
         request_id: Option<RequestId>,
     ) -> Result<SlotOutcome> {
-        self.once(now, request_id, |b| b.acquire_slot_once(now, limit, key))
+        let request = request_id.map(|id| {
+            let fp = RequestFingerprint::of("acquire_slot").str(limit.as_str());
+            (id, fp.str(key.as_str()).finish())
+        });
+        self.once(now, request, |b| b.acquire_slot_once(now, limit, key))
     }
 
     fn acquire_slot_once(

@@ -417,6 +417,14 @@ impl RegionBudget {
         for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.apply_grant(now, g);
         }
+        // A restored start awaiting its boot's first answer holds an old copy of its
+        // allowances: a release taken from one (an answer to the lost copy's SyncUp) leaves it
+        // above the row the coordinator lowers. Not applied, not acked: the first answer
+        // resends the row, then the request.
+        if self.view.restore.is_awaiting() {
+            self.stats.sync_items_skipped += msg.release_requests.len() as u64;
+            return;
+        }
         for r in msg.release_requests.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.apply_release(now, r);
         }
@@ -756,7 +764,7 @@ fn report_key(
         };
         up.demand.push(DemandReport {
             counter: counter_ref(kr, ks.window),
-            demand_units_per_sec: admit::demand_units_per_sec(
+            demand_micro_units_per_sec: admit::demand_micro_units_per_sec(
                 p,
                 ks,
                 now,

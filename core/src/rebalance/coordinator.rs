@@ -359,7 +359,7 @@ impl Coordinator {
                 v.demand.insert(
                     msg.region.clone(),
                     DemandView {
-                        units_per_sec: d.demand_units_per_sec,
+                        micro_units_per_sec: d.demand_micro_units_per_sec,
                         allowance_units: d.allowance_units,
                         carried: false,
                     },
@@ -672,7 +672,7 @@ impl Coordinator {
                 let demand = if silent {
                     0
                 } else {
-                    view.demand.get(r).map_or(0, |d| d.units_per_sec)
+                    view.demand.get(r).map_or(0, |d| d.micro_units_per_sec)
                 };
                 let row = self.table.row(counter, r);
                 let reclaimed = self
@@ -847,7 +847,7 @@ impl Coordinator {
             };
             let current = window.index(now);
             let near_end = window.remaining(now) <= self.cfg.pre_issue_lead;
-            let hot = view.demand.values().any(|d| d.units_per_sec > 0);
+            let hot = view.demand.values().any(|d| d.micro_units_per_sec > 0);
             if counter.window == current && near_end && hot {
                 let next = CounterRef {
                     window: current.next(),
@@ -865,7 +865,7 @@ impl Coordinator {
                 // region reports on the next window itself.
                 for (region, d) in demand {
                     let forecast = DemandView {
-                        units_per_sec: d.units_per_sec,
+                        micro_units_per_sec: d.micro_units_per_sec,
                         allowance_units: 0,
                         carried: true,
                     };
@@ -1390,10 +1390,12 @@ fn time_left(window: Window, counter_window: WindowIndex, now: Timestamp) -> Opt
     }
 }
 
-/// `ceil(rate * time)` in units.
-fn need_units(units_per_sec: u64, time: Duration) -> u64 {
+/// `ceil(rate * time)` in units, of a rate in millionths of a unit per second.
+pub(super) fn need_units(micro_units_per_sec: u64, time: Duration) -> u64 {
     let nanos = u128::from(duration_nanos(time));
-    let need = (u128::from(units_per_sec) * nanos).div_ceil(1_000_000_000);
+    // At most 1.8e19 * 3.2e16 (a year of nanoseconds): far inside u128.
+    let need = (u128::from(micro_units_per_sec) * nanos)
+        .div_ceil(crate::sync::MICRO_UNITS_PER_UNIT * 1_000_000_000);
     u64::try_from(need).unwrap_or(u64::MAX)
 }
 

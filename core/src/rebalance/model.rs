@@ -159,7 +159,7 @@ impl ModelRegion {
             .iter()
             .map(|(c, d)| DemandReport {
                 counter: c.clone(),
-                demand_units_per_sec: *d,
+                demand_micro_units_per_sec: d.saturating_mul(1_000_000),
                 allowance_units: self.allowance(c),
             })
             .collect();

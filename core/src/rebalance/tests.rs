@@ -2085,7 +2085,7 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
             window,
             ..counter(0)
         },
-        demand_units_per_sec: 1_000,
+        demand_micro_units_per_sec: 1_000_000_000,
         allowance_units: 50,
     }];
     c.handle_sync_up(at_ms(10), up_a.clone()).unwrap();
@@ -2267,4 +2267,21 @@ fn a_region_silent_since_before_a_reload_to_closed_keeps_its_floor() {
     });
     w.coord.handle_sync_up(at_ms(60_000), msg).unwrap();
     assert_eq!(reclaims(&w.coord.poll_proposals(at_ms(120_000))).len(), 1);
+}
+
+#[test]
+fn a_rate_under_one_unit_a_second_still_needs_units() {
+    // 0.4419 units/s (a day window's slow key) for the 2 h left in its day: 3,182 units.
+    // In whole units per second it read as 0 and the key never grew.
+    let need = super::coordinator::need_units(441_919, Duration::from_secs(7_200));
+    assert_eq!(need, 3_182);
+    assert_eq!(
+        super::coordinator::need_units(0, Duration::from_secs(7_200)),
+        0
+    );
+    assert_eq!(
+        super::coordinator::need_units(u64::MAX, Duration::from_secs(365 * 86_400)),
+        u64::MAX,
+        "saturates"
+    );
 }

@@ -77,7 +77,8 @@ impl RegionView {
 /// A region's latest demand report for one counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DemandView {
-    pub units_per_sec: u64,
+    /// Requested units per second, in millionths of a unit.
+    pub micro_units_per_sec: u64,
     /// What the region said it enforces: a mismatch with the table means a lost grant.
     pub allowance_units: u64,
     /// A forecast carried over from the previous window (pre-issue), not a report of the

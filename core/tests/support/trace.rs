@@ -31,9 +31,9 @@ pub fn up(up: &SyncUp) -> String {
     for d in &up.demand {
         let _ = write!(
             s,
-            " | demand {} {}/s a={}",
+            " | demand {} {}µ/s a={}",
             counter(&d.counter),
-            d.demand_units_per_sec,
+            d.demand_micro_units_per_sec,
             d.allowance_units
         );
     }

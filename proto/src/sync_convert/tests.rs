@@ -31,7 +31,7 @@ fn entry() -> impl Strategy<Value = CounterEntry> {
 fn demand() -> impl Strategy<Value = DemandReport> {
     (counter(), any::<u64>(), any::<u64>()).prop_map(|(counter, d, a)| DemandReport {
         counter,
-        demand_units_per_sec: d,
+        demand_micro_units_per_sec: d,
         allowance_units: a,
     })
 }

@@ -67,7 +67,7 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
     let duration = positive(&duration_node)?;
     let sync_interval = opt_positive(map, "sync_interval")?.unwrap_or(Duration::from_millis(250));
     let view_ttl = opt_positive(map, "view_ttl")?.unwrap_or(sync_interval * 4);
-    let max_clock_uncertainty = opt_positive(map, "max_clock_uncertainty")?;
+    let max_clock_uncertainty = read_max_clock_uncertainty(map)?;
     let lease = read_lease(map)?;
     let coordinator = read_coordinator(map)?;
     let measure = read_measure(map, duration)?;
@@ -203,6 +203,18 @@ fn positive(node: &Node<'_, '_>) -> Result<Duration, ScenarioError> {
         return Err(node.err("must be longer than zero"));
     }
     Ok(d)
+}
+
+/// `max_clock_uncertainty`: a duration, `off` (each agent on its own clock), or the default.
+fn read_max_clock_uncertainty(map: &Map<'_, '_>) -> Result<Option<Duration>, ScenarioError> {
+    match map.opt("max_clock_uncertainty") {
+        None => Ok(Some(super::DEFAULT_MAX_CLOCK_UNCERTAINTY)),
+        // `off`, or `false` for a reader that takes `off` for YAML 1.1's boolean.
+        Some(n) if n.as_str().is_ok_and(|v| v == "off") || matches!(n.as_bool(), Ok(false)) => {
+            Ok(None)
+        }
+        Some(n) => positive(&n).map(Some),
+    }
 }
 
 fn opt_positive(map: &Map<'_, '_>, key: &str) -> Result<Option<Duration>, ScenarioError> {

@@ -191,7 +191,88 @@ fn a_request_id_reused_for_another_call_is_an_error() {
     acquire_with(&mut b, at(0), "api", "k", 1, Some(RequestId(9)));
     let mut req = lease_req("api", "k", 5, 10);
     req.request_id = Some(RequestId(9));
-    assert!(matches!(b.lease(at(0), req), Err(Error::InvalidRequest(_))));
+    let err = b.lease(at(0), req).expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            Error::IdempotencyConflict {
+                first: "acquire",
+                this: "lease"
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "idempotency key already used for an acquire request, not lease: a retry must repeat \
+         its request exactly, and another request needs another key"
+    );
+}
+
+/// Stripe's rule: a key sent again with other parameters is refused, never answered with the
+/// first request's outcome. Before requests were fingerprinted, every call below that reuses
+/// id 7 or 8 with another cost, key or lease size got the first call's answer back instead of
+/// `IdempotencyConflict` (the acquire of 61 on "k", and of 30 on "other", were answered
+/// `allowed` with 40 remaining, the first answer, and "other" was charged nothing).
+#[test]
+fn a_request_id_sent_again_with_other_parameters_is_refused() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let id = Some(RequestId(7));
+    let first = acquire_with(&mut b, at(0), "api", "k", 60, id);
+    for (k, cost) in [("k", 61), ("other", 30), ("other", 60)] {
+        let req = AcquireRequest {
+            limit: lim("api"),
+            key: key(k),
+            cost_units: cost,
+            request_id: id,
+        };
+        let got = b.acquire(at(10), req);
+        assert!(
+            matches!(
+                got,
+                Err(Error::IdempotencyConflict {
+                    first: "acquire",
+                    this: "acquire"
+                })
+            ),
+            "{k} {cost}: {got:?}"
+        );
+    }
+    assert_eq!(net(&b, "api", "k"), 60);
+    assert_eq!(
+        net(&b, "api", "other"),
+        0,
+        "nothing charged to the other key"
+    );
+    // The same request again is still a retry.
+    assert_eq!(acquire_with(&mut b, at(20), "api", "k", 60, id), first);
+
+    let mut req = lease_req("api", "k", 5, 10);
+    req.request_id = Some(RequestId(8));
+    let grant = b.lease(at(30), req.clone()).expect("lease");
+    assert_eq!(b.lease(at(31), req.clone()).expect("retry"), grant);
+    for change in [
+        |r: &mut LeaseRequest| r.units_wanted = 6,
+        |r: &mut LeaseRequest| r.min_units = 5,
+        |r: &mut LeaseRequest| r.ttl = Duration::from_secs(11),
+        |r: &mut LeaseRequest| r.rate_units_per_sec = Some(1),
+        |r: &mut LeaseRequest| r.key = key("other"),
+    ] {
+        let mut other = req.clone();
+        change(&mut other);
+        assert!(
+            matches!(
+                b.lease(at(32), other.clone()),
+                Err(Error::IdempotencyConflict { .. })
+            ),
+            "{other:?}"
+        );
+    }
+    // Demand reported with the retry is not part of the request.
+    let mut more_denials = req.clone();
+    more_denials.denied_units = 3;
+    assert_eq!(b.lease(at(33), more_denials).expect("retry"), grant);
+    assert_eq!(net(&b, "api", "k"), 65, "one lease of 5 charged");
 }
 
 #[test]

@@ -79,6 +79,70 @@ fn a_retry_after_a_restart_is_still_recognised() {
     assert_eq!(net(&r, "api", "k"), 30);
 }
 
+/// The fingerprint is persisted with the outcome: after a restart the same id with another
+/// cost is still refused (before fingerprints it was answered with the first outcome: the
+/// `matches!` below failed on an `Ok`).
+#[test]
+fn a_request_ids_fingerprint_survives_a_restart() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let id = Some(RequestId(42));
+    let first = acquire_with(&mut b, at(0), "api", "k", 30, id);
+    let log = b.drain_dirty();
+    assert!(
+        log.iter()
+            .any(|r| matches!(r, PersistRecord::Idempotency(i) if i.request == RequestId(42))),
+        "the entry is written with its fingerprint"
+    );
+    let mut r = restart(log);
+    let other = AcquireRequest {
+        limit: lim("api"),
+        key: key("k"),
+        cost_units: 31,
+        request_id: id,
+    };
+    assert!(matches!(
+        r.acquire(at(100), other),
+        Err(crate::error::Error::IdempotencyConflict { .. })
+    ));
+    assert_eq!(acquire_with(&mut r, at(100), "api", "k", 30, id), first);
+    assert_eq!(net(&r, "api", "k"), 30);
+}
+
+/// An entry from a store written before fingerprints replays on the call kind alone, as it
+/// did, and is written back as it was read.
+#[test]
+fn an_entry_without_a_fingerprint_replays_on_its_kind_alone() {
+    use crate::budget::persist::UnfingerprintedIdempotencyRecord;
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let first = acquire_with(&mut b, at(0), "api", "k", 30, Some(RequestId(42)));
+    let log: Vec<PersistRecord> = b
+        .drain_dirty()
+        .into_iter()
+        .map(|r| match r {
+            PersistRecord::Idempotency(i) => {
+                PersistRecord::IdempotencyUnfingerprinted(UnfingerprintedIdempotencyRecord {
+                    request: i.request,
+                    expires_at: i.expires_at,
+                    outcome: i.outcome,
+                })
+            }
+            other => other,
+        })
+        .collect();
+    let mut r = restart(log.clone());
+    let again = acquire_with(&mut r, at(100), "api", "k", 31, Some(RequestId(42)));
+    assert_eq!(again, first);
+    assert_eq!(net(&r, "api", "k"), 30);
+    let old: Vec<&PersistRecord> = log
+        .iter()
+        .filter(|r| matches!(r, PersistRecord::IdempotencyUnfingerprinted(_)))
+        .collect();
+    let snapshot = r.snapshot();
+    for rec in old {
+        assert!(snapshot.contains(rec), "{rec:?} kept as read");
+    }
+}
+
 #[test]
 fn a_lowered_allowance_and_its_ack_survive_a_restart() {
     let mut b = budget(vec![per_minute("api", 400)]);

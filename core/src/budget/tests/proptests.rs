@@ -10,6 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::budget::persist::PersistRecord;
 use crate::budget::{LeaseOutcome, Outcome};
+use crate::error::Error;
 use crate::ids::LeaseId;
 use crate::limit::Consistency;
 use crate::sync::CounterEntry;
@@ -114,8 +115,9 @@ struct Harness {
     expected_net: BTreeMap<(usize, WindowIndex), i128>,
     leases: Vec<ModelLease>,
     ended: BTreeSet<LeaseId>,
-    /// First outcome of each request id and when: a retry within the TTL must return it.
-    outcomes: BTreeMap<u128, (Timestamp, Outcome)>,
+    /// First outcome of each request id, the request it answered and when: a retry of the
+    /// same request within the TTL must return it, another request with the id is refused.
+    outcomes: BTreeMap<u128, (Timestamp, String, Outcome)>,
     /// SyncDowns in flight, delivered in any order, possibly twice, possibly never.
     network: Vec<SyncDown>,
     next_release_id: u64,
@@ -165,18 +167,38 @@ impl Harness {
         *self.expected_net.entry((k, window)).or_default() += delta;
     }
 
-    /// A retried id must get its first outcome back (until the idempotency TTL ends);
-    /// returns true if this call was such a retry.
-    fn replayed(&mut self, rid: Option<u128>, out: &Outcome) -> bool {
+    /// A retried id must get its first outcome back when it repeats its request, and be
+    /// refused when it comes with another (until the idempotency TTL ends); returns true if
+    /// this call was such a retry (so it changed nothing). `request` names the call and every
+    /// parameter of it that the machine fingerprints.
+    fn replayed(
+        &mut self,
+        rid: Option<u128>,
+        request: String,
+        got: std::result::Result<Outcome, &Error>,
+    ) -> bool {
         let Some(r) = rid else { return false };
         let ttl = self.b.config().idempotency_ttl;
         match self.outcomes.get(&r) {
-            Some((t, first)) if self.now < *t + ttl => {
-                assert_eq!(first, out, "a retry returns the original outcome");
+            Some((t, first_request, first)) if self.now < *t + ttl => {
+                if *first_request == request {
+                    assert_eq!(
+                        got.ok().as_ref(),
+                        Some(first),
+                        "a retry returns the original outcome"
+                    );
+                } else {
+                    assert!(
+                        matches!(got, Err(Error::IdempotencyConflict { .. })),
+                        "{request} reused the id of {first_request}: {got:?}"
+                    );
+                }
                 true
             }
             _ => {
-                self.outcomes.insert(r, (self.now, out.clone()));
+                if let Ok(out) = got {
+                    self.outcomes.insert(r, (self.now, request, out));
+                }
                 false
             }
         }
@@ -194,9 +216,9 @@ impl Harness {
             Op::Renew { pick, ttl_ms, rid } => {
                 if let Some(l) = self.pick(pick) {
                     let ttl = std::time::Duration::from_millis(ttl_ms);
-                    if let Ok(out) = self.b.renew(self.now, l.id, ttl, rid.map(RequestId)) {
-                        self.replayed(rid, &Outcome::Renew(out));
-                    }
+                    let got = self.b.renew(self.now, l.id, ttl, rid.map(RequestId));
+                    let request = format!("renew {:?} {ttl_ms}", l.id);
+                    self.replayed(rid, request, got.as_ref().map(|o| Outcome::Renew(*o)));
                 }
             }
             Op::Release {
@@ -219,18 +241,23 @@ impl Harness {
     fn acquire(&mut self, k: usize, cost: u64, rid: Option<u128>) {
         let a_before = self.allowance_now(k);
         let n_before = self.net_now(k);
-        let d = acquire_with(
-            &mut self.b,
-            self.now,
-            "api",
-            KEYS[k],
-            cost,
-            rid.map(RequestId),
-        );
-        if self.replayed(rid, &Outcome::Acquire(d.clone())) {
+        let req = AcquireRequest {
+            limit: lim("api"),
+            key: key(KEYS[k]),
+            cost_units: cost,
+            request_id: rid.map(RequestId),
+        };
+        let got = self.b.acquire(self.now, req);
+        let request = format!("acquire {k} {cost}");
+        if self.replayed(
+            rid,
+            request,
+            got.as_ref().map(|o| Outcome::Acquire(o.clone())),
+        ) {
             assert_eq!(self.net_now(k), n_before, "a retry charges nothing");
             return;
         }
+        let d = got.expect("acquire");
         if d.allowed {
             let w = self.window();
             self.expect(k, w, i128::from(cost));
@@ -250,8 +277,13 @@ impl Harness {
         let mut req = lease_req("api", KEYS[k], units, 1);
         req.ttl = std::time::Duration::from_millis(ttl_ms);
         req.request_id = rid.map(RequestId);
-        let out = self.b.lease(self.now, req).expect("lease");
-        if self.replayed(rid, &Outcome::Lease(out.clone())) {
+        let got = self.b.lease(self.now, req);
+        let request = format!("lease {k} {units} {ttl_ms}");
+        if self.replayed(
+            rid,
+            request,
+            got.as_ref().map(|o| Outcome::Lease(o.clone())),
+        ) {
             assert_eq!(
                 self.net_now(k),
                 n_before,
@@ -259,7 +291,7 @@ impl Harness {
             );
             return;
         }
-        if let LeaseOutcome::Granted(g) = out {
+        if let LeaseOutcome::Granted(g) = got.expect("lease") {
             assert!(g.units >= 1 && g.units <= units);
             self.expect(k, g.window, i128::from(g.units));
             self.leases.push(ModelLease {
@@ -279,12 +311,12 @@ impl Harness {
     fn release(&mut self, pick: usize, unused_pct: u64, rid: Option<u128>) {
         let Some(l) = self.pick(pick) else { return };
         let unused = l.units * unused_pct / 100;
-        let Ok(out) = self.b.release(self.now, l.id, unused, rid.map(RequestId)) else {
-            return;
-        };
-        if self.replayed(rid, &Outcome::Release(out)) {
+        let got = self.b.release(self.now, l.id, unused, rid.map(RequestId));
+        let request = format!("release {:?} {unused}", l.id);
+        if self.replayed(rid, request, got.as_ref().map(|o| Outcome::Release(*o))) {
             return;
         }
+        let Ok(out) = got else { return };
         assert!(self.ended.insert(l.id), "lease {:?} ended twice", l.id);
         assert_eq!(out.refunded_units, unused);
         self.expect(l.key, l.window, -i128::from(unused));
@@ -292,12 +324,12 @@ impl Harness {
 
     fn settle(&mut self, pick: usize, actual: u64, rid: Option<u128>) {
         let Some(l) = self.pick(pick) else { return };
-        let Ok(out) = self.b.settle(self.now, l.id, actual, rid.map(RequestId)) else {
-            return;
-        };
-        if self.replayed(rid, &Outcome::Settle(out)) {
+        let got = self.b.settle(self.now, l.id, actual, rid.map(RequestId));
+        let request = format!("settle {:?} {actual}", l.id);
+        if self.replayed(rid, request, got.as_ref().map(|o| Outcome::Settle(*o))) {
             return;
         }
+        let Ok(out) = got else { return };
         assert!(self.ended.insert(l.id), "lease {:?} ended twice", l.id);
         assert_eq!(out.refunded_units, l.units.saturating_sub(actual));
         // The limit lets a settle charge up to its reservation again above it.

@@ -137,3 +137,32 @@ fn key_views_say_a_restore_awaits_its_answer_until_it_comes() {
     answer_with(&mut b, at(30_100), false);
     assert!(!awaiting(&b));
 }
+
+/// An answer to the lost copy's SyncUp reaches the restored start before its own first
+/// answer, with a release request for the next window (the coordinator lowered its row of 80
+/// to 20 in it). Taken from the restored copy's default share (100) it would leave 40, above
+/// the row; not applied while awaiting, it is taken from the row the first answer resends.
+#[test]
+fn a_restore_awaiting_its_answer_releases_nothing_from_its_old_copy() {
+    let mut b = restored(RestoreStart::Declared);
+    let next = minute_window(60_000);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    let stale = SyncDown {
+        reply_to_seq: up.seq + 1_000,
+        release_requests: vec![release_req(7, "api", "k", next, 60, 3)],
+        ..answer(&up, at(30_000))
+    };
+    b.handle_sync_down(at(30_000), stale);
+    let up = b.poll_transmit(at(30_300)).expect("sync");
+    assert!(up.release_acks.is_empty(), "not applied, not acked");
+    let first = SyncDown {
+        grants: vec![grant("api", "k", next, 80, 2)],
+        release_requests: vec![release_req(7, "api", "k", next, 60, 3)],
+        ..answer(&up, at(30_300))
+    };
+    b.handle_sync_down(at(30_300), first);
+    let up = b.poll_transmit(at(30_600)).expect("sync");
+    let ack = up.release_acks.first().expect("an ack");
+    assert_eq!((ack.released_units, ack.allowance_after_units), (60, 20));
+    assert_eq!(allowance(&b, at(60_000), "api", "k"), 20);
+}

@@ -47,7 +47,10 @@ fn a_key_escalates_when_its_projection_exceeds_the_allowance() {
         }]
     );
     assert_eq!(up.demand.len(), 1);
-    assert_eq!(up.demand[0].demand_units_per_sec, 2, "60 units / 30 s");
+    assert_eq!(
+        up.demand[0].demand_micro_units_per_sec, 2_000_000,
+        "60 units / 30 s"
+    );
     assert_eq!(up.demand[0].allowance_units, 100);
 }
 
@@ -59,7 +62,7 @@ fn a_refusal_escalates_and_refused_units_count_as_demand() {
     let up = b.poll_transmit(at(30_000)).expect("sync");
     // Requested 30 + 90 = 120 units in 30 s: 4 units/s.
     assert_eq!(up.demand.len(), 1);
-    assert_eq!(up.demand[0].demand_units_per_sec, 4);
+    assert_eq!(up.demand[0].demand_micro_units_per_sec, 4_000_000);
     assert_eq!(up.entries[0].granted_units, 30);
 }
 
@@ -88,10 +91,10 @@ fn a_closed_region_reports_the_allowance_it_holds_with_contact_not_its_partition
 #[test]
 fn the_demand_estimate_never_divides_by_less_than_a_tenth_of_the_window() {
     let mut b = budget(vec![per_minute("api", 400)]);
-    // 101 units refused 1 s into a 60 s window: divided by 6 s, not 1 s: floor(101 / 6) = 16.
+    // 101 units refused 1 s into a 60 s window: divided by 6 s, not 1 s: 16.83 units/s.
     acquire(&mut b, at(1_000), "api", "k", 101);
     let up = b.poll_transmit(at(1_000)).expect("sync");
-    assert_eq!(up.demand[0].demand_units_per_sec, 16);
+    assert_eq!(up.demand[0].demand_micro_units_per_sec, 16_833_333);
 }
 
 #[test]
@@ -478,14 +481,14 @@ fn a_counter_the_coordinator_names_is_reported_from_then_on() {
     assert_eq!(up.entries.len(), 1);
     assert_eq!(up.entries[0].granted_units, 5);
     // Named, not escalated, 30 s into the window (past the 6 s warm-up): its demand goes too,
-    // so the coordinator sees it is low. 5 units in 30.25 s is 0 units/s in whole units.
+    // so the coordinator sees it is low: 5 units in 30.25 s, 0.165 units/s.
     assert_eq!(up.demand.len(), 1);
     assert_eq!(
         (
-            up.demand[0].demand_units_per_sec,
+            up.demand[0].demand_micro_units_per_sec,
             up.demand[0].allowance_units
         ),
-        (0, 120)
+        (165_289, 120)
     );
 }
 
@@ -539,7 +542,7 @@ fn demand_counts_what_gateways_denied_by_themselves() {
     // Default share 100. At 10 s 100 units are admitted and 1 more refused: the gateway then
     // refuses by itself. At 30 s it asks for 10 units (refused too) and says it denied 199
     // more while the agent's denial held: 100 + 1 + 199 + 10 = 310 requested in 30 s is
-    // 10/s (10.33 rounded down).
+    // 10.33/s.
     let mut b = budget(vec![per_minute("api", 400)]);
     assert!(acquire(&mut b, at(10_000), "api", "k", 100).allowed);
     assert!(!acquire(&mut b, at(10_000), "api", "k", 1).allowed);
@@ -553,7 +556,7 @@ fn demand_counts_what_gateways_denied_by_themselves() {
     ));
     let up = b.poll_transmit(at(30_000)).expect("sync");
     assert_eq!(up.demand.len(), 1);
-    assert_eq!(up.demand[0].demand_units_per_sec, 10);
+    assert_eq!(up.demand[0].demand_micro_units_per_sec, 10_333_333);
 }
 
 #[test]
@@ -564,7 +567,7 @@ fn units_a_gateway_denied_in_an_earlier_window_are_not_demand_in_this_one() {
     // Default share 100. Window 0: 100 admitted at 50 s, 1 refused. At 60.5 s (window 1,
     // nothing refused in it yet) the gateway asks for 10 units and says it denied 150.
     // Window 1's demand: the 10 units over the warm-up floor of 6 s (a tenth of the
-    // window) = 1/s (1.67 rounded down), not 160 / 6 s = 26/s.
+    // window) = 1.67/s, not 160 / 6 s = 26.7/s.
     let mut b = budget(vec![per_minute("api", 400)]);
     assert!(acquire(&mut b, at(50_000), "api", "k", 100).allowed);
     assert!(!acquire(&mut b, at(50_000), "api", "k", 1).allowed);
@@ -581,7 +584,7 @@ fn units_a_gateway_denied_in_an_earlier_window_are_not_demand_in_this_one() {
         .iter()
         .find(|d| d.counter == counter("api", "k", w1))
         .expect("window 1 escalated: 10 + 10/6 s * 59.5 s > 100");
-    assert_eq!(d.demand_units_per_sec, 1);
+    assert_eq!(d.demand_micro_units_per_sec, 1_666_666, "10 units / 6 s");
 }
 
 #[test]
@@ -598,7 +601,7 @@ fn units_a_gateway_holds_but_has_not_spent_are_not_demand_yet() {
     assert_eq!(granted(b.lease(at(30_000), req).expect("lease")).units, 600);
     b.poll_transmit(at(30_000)).expect("sync");
     let up = b.poll_transmit(at(40_000)).expect("sync");
-    assert_eq!(up.demand[0].demand_units_per_sec, 5);
+    assert_eq!(up.demand[0].demand_micro_units_per_sec, 5_000_000);
 }
 
 fn entry_of(region: &str, k: &str, granted_units: u64) -> CounterEntry {
@@ -727,4 +730,21 @@ fn a_counter_whose_entries_answers_leave_out_past_the_view_ttl_holds_at_its_use(
     ];
     b.handle_sync_down(at(2_510), down);
     assert_eq!(allowance(&b, at(2_510), "api", "k"), 340);
+}
+
+#[test]
+fn a_slow_key_of_a_day_window_still_reports_its_demand() {
+    // Regression: demand travelled in whole units per second, so a key of a day window asked
+    // for under one unit a second reported 0 and never grew, however far past its allowance it
+    // was asked (a real three-region cluster stopped rebalancing after 11:06 UTC each day).
+    // 100,000 a day over four regions: 25,000 each. At 22:00 UTC (`T0_MS`) the region has
+    // admitted its 25,000 and been refused 10,000: 35,000 units in 79,200 s = 0.4419/s.
+    let day = LimitSpec::simple("api", 100_000, Duration::from_secs(86_400));
+    let mut b = budget(vec![day]);
+    assert!(acquire(&mut b, at(0), "api", "k", 25_000).allowed);
+    assert!(!acquire(&mut b, at(0), "api", "k", 10_000).allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!(up.demand.len(), 1, "refused: escalated");
+    assert_eq!(up.demand[0].demand_micro_units_per_sec, 441_919);
+    assert_eq!(up.demand[0].allowance_units, 25_000);
 }

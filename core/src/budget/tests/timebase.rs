@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::budget::{ClockCorrection, ClockGuard, PersistRecord, Reason, RestoreStart, Timebase};
-use crate::limit::Consistency;
+use crate::limit::{Consistency, PartitionPolicy};
 
 const BAND: Duration = Duration::from_millis(30);
 
@@ -58,6 +58,25 @@ fn past_its_maximum_uncertainty_a_guarded_region_admits_nothing_strict() {
     let d = acquire(&mut b, at(30_000), "api", "k", 1);
     assert!(!d.allowed);
     assert_eq!(d.retry_after, Some(cfg().sync_interval));
+}
+
+/// A region with nothing left to admit is refused in the band for the allowance's own reason.
+/// The agent's negative cache keeps a refusal with nothing remaining until the window's end,
+/// so a band refusal labelled `allowance` hid a closed partition for the whole window: over a
+/// real network (tests/partition_netns.rs) a cut-off region's closed limit answered 380 of 380
+/// refusals `allowance` and none `partition_closed`, while its `/v1/keys` said
+/// `partition_closed`.
+#[test]
+fn in_the_band_a_region_with_nothing_left_is_refused_for_its_own_reason() {
+    let mut spec = per_minute("api", 400);
+    spec.partition_policy = PartitionPolicy::Closed;
+    let mut b = budget(vec![spec]);
+    round_trip(&mut b, at(0));
+    guarded(&mut b, BAND);
+    // Contact at 0 and view_ttl 2 s: expired in the next window, whose band this is.
+    let d = acquire(&mut b, at(60_010), "api", "k", 1);
+    assert!(!d.allowed);
+    assert_eq!(d.reason, Reason::PartitionClosed);
 }
 
 #[test]

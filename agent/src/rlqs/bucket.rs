@@ -1,0 +1,385 @@
+//! One Envoy quota bucket: its id as an allot target, and the leases behind its assignments.
+//!
+//! Bucket ids. Envoy builds a bucket id (`bucket_id_builder`) as a map of strings. The
+//! convention: an entry named `domain` names the limits file's domain (without one, the
+//! filter's own `domain`, sent with every report, is used); every other entry is one
+//! descriptor entry, key and value. A map has no order, so the descriptor's entries are taken
+//! in byte order of their keys: a nested rule (`tenant` then `api_key`) matches when its keys
+//! are written in that order in the limits file, or when each level is its own bucket.
+//!
+//! Leases. Each token bucket shape sent is backed by one lease of the bucket's key, topped up
+//! as later assignments repeat the shape and extend its life (Envoy keeps its bucket then).
+//! Reported usage is charged to the held leases oldest first. A lease is ended one report
+//! after a newer assignment replaced it, so the usage Envoy admitted under it while the new
+//! assignment was on its way has been reported and is charged to it; whatever a lease did not
+//! use goes back to the region, and usage above it is settled as overage.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use allot_core::ids::{LeaseId, LimitId};
+use allot_core::time::Timestamp;
+use allot_proto::envoy::rlqs::BucketId;
+
+use super::policy::Shape;
+use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
+use crate::state::Target;
+
+/// The bucket id entry that names the domain.
+pub const DOMAIN_ENTRY: &str = "domain";
+/// Most leases one bucket holds: the one behind the assignment in force, the one it replaced
+/// (ended at the next report) and one more while a report is late.
+pub const MAX_LEASES_PER_BUCKET: usize = 3;
+
+/// A bucket id in canonical (sorted) form: the stream's key for the bucket.
+pub type BucketKey = BTreeMap<String, String>;
+
+/// Why a bucket id was not taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadBucket(pub String);
+
+/// The bucket id's canonical form and its target.
+pub fn parse(report_domain: &str, id: Option<&BucketId>) -> Result<(BucketKey, Target), BadBucket> {
+    let id = id.ok_or_else(|| BadBucket("a usage report without a bucket id".into()))?;
+    if id.bucket.len() > MAX_ENTRIES_PER_DESCRIPTOR + 1 {
+        return Err(BadBucket(format!(
+            "a bucket id has at most {} entries, found {}",
+            MAX_ENTRIES_PER_DESCRIPTOR + 1,
+            id.bucket.len()
+        )));
+    }
+    let key: BucketKey = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let domain = key
+        .get(DOMAIN_ENTRY)
+        .map_or(report_domain, String::as_str)
+        .to_owned();
+    if domain.is_empty() || domain.len() > MAX_DOMAIN_BYTES {
+        return Err(BadBucket(format!(
+            "the domain (a `{DOMAIN_ENTRY}` entry, or the filter's domain) must have 1 to \
+             {MAX_DOMAIN_BYTES} bytes"
+        )));
+    }
+    let entries: Vec<(String, String)> = key
+        .iter()
+        .filter(|(k, _)| k.as_str() != DOMAIN_ENTRY)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if entries.is_empty() {
+        return Err(BadBucket(
+            "a bucket id needs at least one entry besides the domain".into(),
+        ));
+    }
+    if let Some((k, _)) = entries
+        .iter()
+        .find(|(k, v)| k.is_empty() || k.len() > MAX_ENTRY_BYTES || v.len() > MAX_ENTRY_BYTES)
+    {
+        return Err(BadBucket(format!(
+            "bucket entry {k:?}: keys must have 1 to {MAX_ENTRY_BYTES} bytes, values at most \
+             {MAX_ENTRY_BYTES}"
+        )));
+    }
+    Ok((key, Target { domain, entries }))
+}
+
+/// The bucket id Envoy sent, from its canonical form.
+pub fn bucket_id(key: &BucketKey) -> BucketId {
+    BucketId {
+        bucket: key
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<HashMap<_, _>>(),
+    }
+}
+
+/// A lease held behind an assignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub lease: LeaseId,
+    pub units: u64,
+    /// Reported usage charged to it so far (may exceed `units`: Envoy's fallback).
+    pub used_units: u64,
+    /// Usage charged to it when it was granted (reported before its assignment existed).
+    pub pre_used_units: u64,
+    /// A newer assignment replaced the one it backs: it ends at the next report.
+    pub superseded: bool,
+    pub expires_at: Timestamp,
+    /// The token bucket it backs, and when that shape was first sent.
+    pub shape: Shape,
+    pub shape_from: Timestamp,
+}
+
+/// A lease granted for a new assignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewLease {
+    pub lease: LeaseId,
+    pub units: u64,
+    pub expires_at: Timestamp,
+    pub shape: Shape,
+    pub shape_from: Timestamp,
+}
+
+/// How a held lease ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Used no more than its units: the rest goes back.
+    Release { lease: LeaseId, unused_units: u64 },
+    /// Used more: settled at its actual use, the excess charged as overage.
+    Settle { lease: LeaseId, actual_units: u64 },
+}
+
+impl Held {
+    pub fn ending(&self) -> Ending {
+        if self.used_units <= self.units {
+            Ending::Release {
+                lease: self.lease,
+                unused_units: self.units - self.used_units,
+            }
+        } else {
+            Ending::Settle {
+                lease: self.lease,
+                actual_units: self.used_units,
+            }
+        }
+    }
+}
+
+/// What the agent last decided for a bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Assigned {
+    /// Not yet decided.
+    Nothing,
+    /// No rule matches (or the rule counts nothing): allowed, not counted.
+    Uncounted,
+    /// Counted under this rule.
+    Rule(LimitId),
+}
+
+/// One bucket of one stream.
+#[derive(Debug)]
+pub struct Bucket {
+    pub target: Target,
+    pub assigned: Assigned,
+    /// Oldest first; the newest backs the assignment in force.
+    pub leases: VecDeque<Held>,
+    /// Usage reported while no lease was held (Envoy's `no_assignment_behavior`, or usage
+    /// above every held lease once all had ended): charged to the next lease granted.
+    pub unbacked_units: u64,
+    pub rate_per_sec: u64,
+    /// When the agent last sized an assignment for it (a flood of reports is only counted).
+    pub assigned_at: Option<tokio::time::Instant>,
+    pub reported_at: tokio::time::Instant,
+}
+
+impl Bucket {
+    pub fn new(target: Target, now: tokio::time::Instant) -> Bucket {
+        Bucket {
+            target,
+            assigned: Assigned::Nothing,
+            leases: VecDeque::new(),
+            unbacked_units: 0,
+            rate_per_sec: 0,
+            assigned_at: None,
+            reported_at: now,
+        }
+    }
+
+    /// Charges `allowed` reported requests to the held leases, oldest first; what none has
+    /// room for goes to the oldest (settled as overage), or waits for the next lease.
+    pub fn charge(&mut self, allowed: u64) {
+        if self.assigned == Assigned::Uncounted {
+            return;
+        }
+        let mut left = allowed;
+        for h in self.leases.iter_mut() {
+            let room = h.units.saturating_sub(h.used_units);
+            let take = room.min(left);
+            h.used_units += take;
+            left -= take;
+        }
+        if left == 0 {
+            return;
+        }
+        match self.leases.front_mut() {
+            Some(oldest) => oldest.used_units = oldest.used_units.saturating_add(left),
+            None => self.unbacked_units = self.unbacked_units.saturating_add(left),
+        }
+    }
+
+    /// Forgets leases past their expiry: the region counted them as spent whole, so usage
+    /// reported from now on goes to newer leases (counted twice at worst, never missed).
+    pub fn drop_expired(&mut self, now: Timestamp) {
+        self.leases.retain(|h| h.expires_at > now);
+    }
+
+    /// Takes out the leases a newer assignment replaced at an earlier report: their usage has
+    /// been reported since.
+    pub fn take_superseded(&mut self) -> Vec<Held> {
+        let (done, kept): (Vec<Held>, Vec<Held>) =
+            self.leases.drain(..).partition(|h| h.superseded);
+        self.leases = kept.into();
+        done
+    }
+
+    /// The lease behind the assignment in force, if any.
+    pub fn current_mut(&mut self) -> Option<&mut Held> {
+        self.leases.back_mut().filter(|h| !h.superseded)
+    }
+
+    /// The assignment in force is being replaced: its lease ends at the next report.
+    pub fn supersede_current(&mut self) {
+        if let Some(h) = self.current_mut() {
+            h.superseded = true;
+        }
+    }
+
+    /// Takes out every lease (the bucket is abandoned).
+    pub fn take_all(&mut self) -> Vec<Held> {
+        self.leases.drain(..).collect()
+    }
+
+    /// A new lease behind the assignment about to be sent (the one in force is replaced);
+    /// unbacked usage is charged to it.
+    pub fn push(&mut self, lease: NewLease) {
+        self.supersede_current();
+        let used_units = std::mem::take(&mut self.unbacked_units);
+        self.leases.push_back(Held {
+            lease: lease.lease,
+            units: lease.units,
+            used_units,
+            pre_used_units: used_units,
+            superseded: false,
+            expires_at: lease.expires_at,
+            shape: lease.shape,
+            shape_from: lease.shape_from,
+        });
+    }
+
+    /// Whether a new assignment may be sized now: at most one per `gap`.
+    pub fn may_reassign(&self, now: tokio::time::Instant, gap: Duration) -> bool {
+        self.assigned_at
+            .is_none_or(|at| now.duration_since(at) >= gap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(entries: &[(&str, &str)]) -> BucketId {
+        BucketId {
+            bucket: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_domain_entry_names_the_domain_and_the_rest_are_entries_in_key_order() {
+        let (_, t) = parse(
+            "filter",
+            Some(&id(&[
+                ("domain", "gw"),
+                ("tenant", "t1"),
+                ("api_key", "k1"),
+            ])),
+        )
+        .unwrap();
+        assert_eq!(t.domain, "gw");
+        assert_eq!(
+            t.entries,
+            vec![
+                ("api_key".to_owned(), "k1".to_owned()),
+                ("tenant".to_owned(), "t1".to_owned())
+            ]
+        );
+        let (_, t) = parse("filter", Some(&id(&[("api_key", "k1")]))).unwrap();
+        assert_eq!(t.domain, "filter", "without a domain entry: the filter's");
+    }
+
+    #[test]
+    fn unknown_shapes_are_refused_with_a_reason() {
+        assert!(parse("d", None).is_err());
+        assert!(parse("d", Some(&id(&[("domain", "gw")]))).is_err());
+        assert!(parse("", Some(&id(&[("k", "v")]))).is_err());
+        assert!(parse("d", Some(&id(&[("", "v")]))).is_err());
+        let long = "x".repeat(MAX_ENTRY_BYTES + 1);
+        assert!(parse("d", Some(&id(&[("k", long.as_str())]))).is_err());
+        let many: Vec<(String, String)> = (0..=MAX_ENTRIES_PER_DESCRIPTOR + 1)
+            .map(|i| (format!("k{i}"), "v".to_owned()))
+            .collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert!(parse("d", Some(&id(&many))).is_err());
+    }
+
+    fn bucket() -> Bucket {
+        let mut b = Bucket::new(Target::default(), tokio::time::Instant::now());
+        b.assigned = Assigned::Rule(LimitId::new("r"));
+        b
+    }
+
+    fn lease(id: u64, units: u64) -> NewLease {
+        NewLease {
+            lease: LeaseId(id),
+            units,
+            expires_at: Timestamp::from_unix_millis(0),
+            shape: Shape {
+                max_tokens: units,
+                tokens_per_fill: 1,
+                fill_interval_secs: 1,
+            },
+            shape_from: Timestamp::from_unix_millis(0),
+        }
+    }
+
+    #[test]
+    fn usage_is_charged_oldest_first_and_excess_is_never_dropped() {
+        let mut b = bucket();
+        b.charge(2);
+        assert_eq!(b.unbacked_units, 2, "no lease yet: waits for one");
+        b.push(lease(1, 10));
+        assert_eq!(b.leases[0].used_units, 2);
+        assert_eq!(b.leases[0].pre_used_units, 2);
+        assert!(b.take_superseded().is_empty());
+        b.push(lease(2, 10));
+        assert!(b.leases[0].superseded, "replaced by the newer lease");
+        b.charge(12);
+        assert_eq!(b.leases[0].used_units, 10);
+        assert_eq!(b.leases[1].used_units, 4);
+        b.charge(20);
+        assert_eq!(b.leases[1].used_units, 10);
+        assert_eq!(
+            b.leases[0].used_units, 24,
+            "excess to the oldest, as overage"
+        );
+        let done = b.take_superseded();
+        assert_eq!(done.len(), 1);
+        assert_eq!(
+            done[0].ending(),
+            Ending::Settle {
+                lease: LeaseId(1),
+                actual_units: 24
+            }
+        );
+        assert_eq!(b.current_mut().map(|h| h.lease), Some(LeaseId(2)));
+        assert_eq!(
+            b.leases[0].ending(),
+            Ending::Release {
+                lease: LeaseId(2),
+                unused_units: 0
+            }
+        );
+    }
+
+    #[test]
+    fn uncounted_buckets_charge_nothing() {
+        let mut b = bucket();
+        b.assigned = Assigned::Uncounted;
+        b.charge(5);
+        assert_eq!(b.unbacked_units, 0);
+    }
+}

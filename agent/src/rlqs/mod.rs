@@ -1,0 +1,125 @@
+//! Envoy's rate limit quota service v3 (RLQS, `StreamRateLimitQuotas`): Envoy's
+//! `envoy.filters.http.rate_limit_quota` filter reports usage per bucket over one stream and
+//! enforces, with no call per request, the assignments the agent sends back.
+//!
+//! - [`bucket`]: a bucket id as a target (the `domain` entry convention) and the leases
+//!   behind a bucket's assignments.
+//! - [`policy`]: how an assignment's token bucket, TTL and lease are sized (pure).
+//! - [`stream`]: one stream's task: reports in, assignments out, reloads and bounds.
+//!
+//! Every token bucket sent is backed by a lease of the region's allowance, so the quota, the
+//! bound and the multi-region guarantees hold for Envoy's traffic as for the lease API's.
+
+pub mod bucket;
+pub mod policy;
+pub mod stream;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use allot_proto::envoy::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
+use allot_proto::envoy::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::state::Agent;
+
+/// Buckets one stream may hold; one more ends the stream with `RESOURCE_EXHAUSTED`.
+pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+/// Buckets all streams together may hold; one more ends that stream with
+/// `RESOURCE_EXHAUSTED`.
+pub const MAX_BUCKETS_PER_AGENT: usize = 100_000;
+/// Bucket usage reports in one message; more ends the stream with `RESOURCE_EXHAUSTED` (the
+/// gRPC message size cap, `MAX_MESSAGE_BYTES`, bounds a message's bytes before that).
+pub const MAX_REPORTS_PER_MESSAGE: usize = 1_000;
+/// Answers queued for Envoy per stream; a stream that does not read stops being read.
+pub const RESPONSE_QUEUE: usize = 16;
+
+/// The gRPC service: one task per stream ([`stream::serve`]).
+#[derive(Clone)]
+pub struct Rlqs {
+    agent: Arc<Agent>,
+    buckets: Arc<AtomicUsize>,
+}
+
+impl Rlqs {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        Rlqs {
+            agent,
+            buckets: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for Rlqs {
+    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        metrics::stream_opened();
+        tokio::spawn(stream::serve(
+            self.agent.clone(),
+            self.buckets.clone(),
+            request.into_inner(),
+            tx,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// The RLQS metrics (names in docs/agent.md).
+pub mod metrics {
+    use metrics::{counter, gauge};
+
+    pub const STREAMS: &str = "allot_rlqs_streams_total";
+    pub const REPORTS: &str = "allot_rlqs_bucket_reports_total";
+    pub const RESPONSES: &str = "allot_rlqs_responses_total";
+    pub const ASSIGNMENTS: &str = "allot_rlqs_assignments_total";
+    pub const REFUSED: &str = "allot_rlqs_refused_total";
+    pub const BUCKETS: &str = "allot_rlqs_buckets";
+    pub const OVERAGE_UNITS: &str = "allot_rlqs_overage_units_total";
+    pub const UNCHARGED_UNITS: &str = "allot_rlqs_uncharged_units_total";
+
+    pub fn stream_opened() {
+        counter!(STREAMS).increment(1);
+    }
+
+    pub fn report() {
+        counter!(REPORTS).increment(1);
+    }
+
+    pub fn responses() {
+        counter!(RESPONSES).increment(1);
+    }
+
+    /// An assignment sent: `token_bucket`, `allow_all`, `deny_all` or `abandon`.
+    pub fn assignment(action: &'static str) {
+        counter!(ASSIGNMENTS, "action" => action).increment(1);
+    }
+
+    /// Input refused: `bad_bucket` (that bucket only), `too_many_reports`,
+    /// `too_many_buckets_stream`, `too_many_buckets_agent` (the stream ends).
+    pub fn refused(reason: &'static str) {
+        counter!(REFUSED, "reason" => reason).increment(1);
+    }
+
+    pub fn buckets(n: usize) {
+        gauge!(BUCKETS).set(n as f64);
+    }
+
+    /// Usage Envoy reported above the leases behind its assignments (settled as overage).
+    pub fn overage(units: u64) {
+        counter!(OVERAGE_UNITS).increment(units);
+    }
+
+    /// Of that overage, what the settle cap (`max_settle_overage`) or an expired lease left
+    /// uncharged.
+    pub fn uncharged(units: u64) {
+        counter!(UNCHARGED_UNITS).increment(units);
+    }
+}

@@ -1,0 +1,574 @@
+//! One `StreamRateLimitQuotas` stream: Envoy's usage reports in, bucket assignments out.
+//!
+//! A task per stream owns its buckets. Each report charges the usage to the bucket's leases
+//! and answers with a fresh assignment (at most one per bucket per `MIN_REASSIGN_GAP`, so a
+//! flood of reports costs counting only). A tick every second notices a configuration reload
+//! that took a bucket's rule away (`abandon_action`) and the agent shutting down.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use allot_core::budget::LeaseReturn;
+use allot_core::time::Timestamp;
+use allot_proto::envoy::rlqs::rate_limit_quota_response::BucketAction;
+use allot_proto::envoy::rlqs::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use allot_proto::envoy::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use allot_proto::envoy::types::rate_limit_strategy::{BlanketRule, Strategy};
+use allot_proto::envoy::types::{RateLimitStrategy, TokenBucket};
+use allot_proto::envoy::wkt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
+use super::policy::{self, Demand, Shape, Timing};
+use super::{MAX_BUCKETS_PER_AGENT, MAX_BUCKETS_PER_STREAM, MAX_REPORTS_PER_MESSAGE, metrics};
+use crate::error::Error;
+use crate::state::{Agent, LeaseAsk, Leased, Target};
+
+/// At most one assignment per bucket per this long; reports between are only counted.
+pub const MIN_REASSIGN_GAP: Duration = Duration::from_millis(500);
+/// How often the stream looks for removed rules and for shutdown.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The reporting interval assumed before two reports of one bucket were seen.
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What extending the shape in force came to.
+enum Extended {
+    /// The same shape, its lease topped up: this assignment.
+    Sent(Action),
+    /// The shape no longer serves, or its lease cannot back another second: replace it.
+    Replace,
+    /// The agent failed the call: nothing is sent (Envoy keeps what it has until its TTL).
+    Failed,
+}
+
+type Out = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+
+/// Buckets counted against the agent-wide cap; given back when the stream ends.
+pub struct Session {
+    agent: Arc<Agent>,
+    agent_buckets: Arc<AtomicUsize>,
+    buckets: HashMap<BucketKey, Bucket>,
+    report_interval: Duration,
+    config_version: u64,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.agent_buckets
+            .fetch_sub(self.buckets.len(), Ordering::Relaxed);
+        metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
+    }
+}
+
+/// Serves one stream until Envoy ends it, the answer channel closes, a bound is passed, or
+/// the agent shuts down. Leases still held stay with their expiry: Envoy keeps enforcing an
+/// assignment until its TTL, so nothing is refunded for usage the agent will never hear of.
+pub async fn serve(
+    agent: Arc<Agent>,
+    agent_buckets: Arc<AtomicUsize>,
+    mut reports: Streaming<RateLimitQuotaUsageReports>,
+    out: Out,
+) {
+    let config_version = agent.limits().version;
+    let mut session = Session {
+        agent,
+        agent_buckets,
+        buckets: HashMap::new(),
+        report_interval: DEFAULT_REPORT_INTERVAL,
+        config_version,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let answer = tokio::select! {
+            msg = reports.message() => match msg {
+                Ok(Some(m)) => session.on_reports(m).await,
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::debug!(%status, "RLQS stream ended by Envoy");
+                    return;
+                }
+            },
+            _ = tick.tick() => {
+                if !session.agent.is_ready() {
+                    Err(Status::unavailable("the agent is shutting down"))
+                } else {
+                    Ok(session.on_tick().await)
+                }
+            }
+            () = out.closed() => return,
+        };
+        match answer {
+            Ok(actions) if actions.is_empty() => {}
+            Ok(bucket_action) => {
+                metrics::responses();
+                if out
+                    .send(Ok(RateLimitQuotaResponse { bucket_action }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(status) => {
+                let _ = out.send(Err(status)).await;
+                return;
+            }
+        }
+    }
+}
+
+impl Session {
+    async fn on_reports(
+        &mut self,
+        m: RateLimitQuotaUsageReports,
+    ) -> Result<Vec<BucketAction>, Status> {
+        if m.bucket_quota_usages.len() > MAX_REPORTS_PER_MESSAGE {
+            metrics::refused("too_many_reports");
+            return Err(Status::resource_exhausted(format!(
+                "at most {MAX_REPORTS_PER_MESSAGE} bucket usage reports per message, found {}",
+                m.bucket_quota_usages.len()
+            )));
+        }
+        let mut actions = self.on_reload().await;
+        for usage in m.bucket_quota_usages {
+            if let Some(a) = self.on_usage(&m.domain, usage).await? {
+                actions.push(a);
+            }
+        }
+        Ok(actions)
+    }
+
+    async fn on_tick(&mut self) -> Vec<BucketAction> {
+        self.on_reload().await
+    }
+
+    /// One bucket's report: counted, then (unless one was just sent) a new assignment.
+    async fn on_usage(
+        &mut self,
+        domain: &str,
+        usage: BucketQuotaUsage,
+    ) -> Result<Option<BucketAction>, Status> {
+        metrics::report();
+        let (key, target) = match bucket::parse(domain, usage.bucket_id.as_ref()) {
+            Ok(parsed) => parsed,
+            Err(bucket::BadBucket(why)) => {
+                // One bad bucket must not cost the others their assignments: Envoy applies
+                // its no_assignment_behavior to it.
+                metrics::refused("bad_bucket");
+                tracing::debug!(%why, "RLQS bucket id refused");
+                return Ok(None);
+            }
+        };
+        let now = Instant::now();
+        if !self.buckets.contains_key(&key) {
+            self.admit_bucket()?;
+            self.buckets.insert(key.clone(), Bucket::new(target, now));
+        }
+        let Some(b) = self.buckets.get_mut(&key) else {
+            return Ok(None);
+        };
+        let gap = now.duration_since(b.reported_at);
+        if b.assigned_at.is_some() && gap > self.report_interval {
+            self.report_interval = gap;
+        }
+        b.reported_at = now;
+        let elapsed = usage.time_elapsed.map_or(Duration::ZERO, |d| {
+            Duration::from_secs(d.seconds.max(0) as u64)
+        });
+        let requests = usage
+            .num_requests_allowed
+            .saturating_add(usage.num_requests_denied);
+        b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
+        b.drop_expired(self.agent.now());
+        b.charge(usage.num_requests_allowed);
+        if !b.may_reassign(now, MIN_REASSIGN_GAP) {
+            return Ok(None);
+        }
+        b.assigned_at = Some(now);
+        let demand = Demand {
+            rate_per_sec: b.rate_per_sec,
+            report_interval: self.report_interval,
+        };
+        Ok(self.assign(&key, demand).await)
+    }
+
+    /// Counts a new bucket against both caps, or refuses the stream.
+    fn admit_bucket(&mut self) -> Result<(), Status> {
+        if self.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+            metrics::refused("too_many_buckets_stream");
+            return Err(Status::resource_exhausted(format!(
+                "a stream holds at most {MAX_BUCKETS_PER_STREAM} buckets"
+            )));
+        }
+        let before = self.agent_buckets.fetch_add(1, Ordering::Relaxed);
+        if before >= MAX_BUCKETS_PER_AGENT {
+            self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
+            metrics::refused("too_many_buckets_agent");
+            return Err(Status::resource_exhausted(format!(
+                "the agent holds at most {MAX_BUCKETS_PER_AGENT} RLQS buckets"
+            )));
+        }
+        metrics::buckets(before + 1);
+        Ok(())
+    }
+
+    /// Ends the leases a newer assignment replaced, then either extends the shape in force
+    /// (topping its lease up) or sizes a new one on a new lease, and answers the assignment.
+    async fn assign(&mut self, key: &BucketKey, demand: Demand) -> Option<BucketAction> {
+        let timing = Timing::for_interval(demand.report_interval);
+        let (target, done) = {
+            let b = self.buckets.get_mut(key)?;
+            (b.target.clone(), b.take_superseded())
+        };
+        let mut returns = self.end_leases(done).await;
+        let action = match self
+            .extend(key, &target, demand, timing, &mut returns)
+            .await
+        {
+            Extended::Sent(action) => action,
+            Extended::Failed => return None,
+            Extended::Replace => self.replace(key, &target, demand, timing, returns).await?,
+        };
+        metrics::assignment(action_name(&action));
+        tracing::debug!(?key, ?demand, ?action, "RLQS assignment");
+        Some(BucketAction {
+            bucket_id: Some(bucket::bucket_id(key)),
+            bucket_action: Some(action),
+        })
+    }
+
+    /// Keeps the shape in force while it serves the demand: tops its lease up to cover the
+    /// next TTL and sends the same shape again (Envoy keeps its bucket and level).
+    async fn extend(
+        &mut self,
+        key: &BucketKey,
+        target: &Target,
+        demand: Demand,
+        timing: Timing,
+        returns: &mut Vec<LeaseReturn>,
+    ) -> Extended {
+        let now = self.agent.now();
+        let Some(cur) = self
+            .buckets
+            .get_mut(key)
+            .and_then(|b| b.current_mut().copied())
+        else {
+            return Extended::Replace;
+        };
+        if !policy::serves(cur.shape, demand) {
+            return Extended::Replace;
+        }
+        let until = now.saturating_add(timing.lease_ttl());
+        let need = cur.pre_used_units.saturating_add(policy::cover_units(
+            cur.shape,
+            cur.shape_from,
+            until,
+        ));
+        if need > cur.units {
+            let ask = LeaseAsk {
+                units_wanted: need - cur.units,
+                min_units: 1,
+                ttl: timing.lease_ttl(),
+                returns: std::mem::take(returns),
+                top_up: Some(cur.lease),
+            };
+            match self.agent.lease(target, ask, None).await {
+                Ok(Leased::Granted { grant, .. }) => {
+                    let Some(b) = self.buckets.get_mut(key) else {
+                        return Extended::Failed;
+                    };
+                    if grant.lease == cur.lease {
+                        if let Some(h) = b.current_mut() {
+                            h.units += grant.units;
+                            h.expires_at = grant.expires_at;
+                        }
+                    } else {
+                        // A new window: the grant is a new lease; Envoy's bucket goes on,
+                        // so the new lease covers it whole from now.
+                        b.push(NewLease {
+                            lease: grant.lease,
+                            units: grant.units,
+                            expires_at: grant.expires_at,
+                            shape: cur.shape,
+                            shape_from: now,
+                        });
+                    }
+                }
+                Ok(Leased::Denied { .. }) => {}
+                // The rule is gone or counts nothing now: sized afresh.
+                Ok(_) => return Extended::Replace,
+                Err(e) => {
+                    tracing::warn!(error = %e, "RLQS top-up for a bucket failed");
+                    return Extended::Failed;
+                }
+            }
+        } else {
+            // Covered already: the lease only needs to live as long as the next TTL.
+            self.release_all(std::mem::take(returns)).await;
+            match self.agent.renew(cur.lease, timing.lease_ttl(), None).await {
+                Ok(out) => {
+                    if let Some(h) = self.buckets.get_mut(key).and_then(|b| b.current_mut()) {
+                        h.expires_at = out.expires_at;
+                    }
+                }
+                // Expired (or ended with its window): sized afresh.
+                Err(_) => return Extended::Replace,
+            }
+        }
+        let Some(cur) = self
+            .buckets
+            .get_mut(key)
+            .and_then(|b| b.current_mut().copied())
+        else {
+            return Extended::Replace;
+        };
+        match self.ttl_for(&cur, now, timing) {
+            0 => Extended::Replace,
+            ttl_secs => Extended::Sent(token_bucket(cur.shape, ttl_secs)),
+        }
+    }
+
+    /// The TTL a held lease can back: what its units cover, and never past its expiry (less
+    /// a second for the assignment's way to Envoy).
+    fn ttl_for(&self, h: &Held, now: Timestamp, timing: Timing) -> u64 {
+        let left = h.expires_at.saturating_duration_since(now);
+        let by_expiry = left.saturating_sub(Duration::from_secs(1)).as_secs();
+        let by_units = policy::ttl_secs(
+            h.shape,
+            h.shape_from,
+            now,
+            timing,
+            h.units,
+            h.pre_used_units,
+        );
+        by_units.min(by_expiry)
+    }
+
+    /// A new shape on a new lease sized from the demand; near the quota a trickle, then
+    /// deny-all.
+    async fn replace(
+        &mut self,
+        key: &BucketKey,
+        target: &Target,
+        demand: Demand,
+        timing: Timing,
+        returns: Vec<LeaseReturn>,
+    ) -> Option<Action> {
+        let ask = LeaseAsk {
+            units_wanted: policy::units_wanted(demand, timing),
+            min_units: 1,
+            ttl: timing.lease_ttl(),
+            returns,
+            top_up: None,
+        };
+        let leased = match self.agent.lease(target, ask, None).await {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing sent: Envoy keeps the assignment in force until its TTL; the
+                // replaced leases are ended at the next report.
+                tracing::warn!(error = %e, "RLQS lease for a bucket failed");
+                return None;
+            }
+        };
+        let now = self.agent.now();
+        let b = self.buckets.get_mut(key)?;
+        let deny = || blanket(BlanketRule::DenyAll, timing);
+        let (assigned, action) = match leased {
+            Leased::NoRule | Leased::Unmetered { .. } | Leased::Degraded { allowed: true, .. } => {
+                // Allowed and not counted (the rule tracking as many keys as it may decides
+                // by its failure mode, as RLS does).
+                b.unbacked_units = 0;
+                b.supersede_current();
+                (Assigned::Uncounted, blanket(BlanketRule::AllowAll, timing))
+            }
+            Leased::Degraded { rule, .. } | Leased::Denied { rule, .. } => {
+                b.supersede_current();
+                (Assigned::Rule(rule.id.clone()), deny())
+            }
+            Leased::Granted { rule, grant } => {
+                let available = grant.units.saturating_sub(b.unbacked_units);
+                let action = if available == 0 {
+                    None
+                } else {
+                    let shape = policy::shape(demand, timing, available);
+                    b.push(NewLease {
+                        lease: grant.lease,
+                        units: grant.units,
+                        expires_at: grant.expires_at,
+                        shape,
+                        shape_from: now,
+                    });
+                    let held = b.current_mut().copied()?;
+                    match self.ttl_for(&held, now, timing) {
+                        0 => None,
+                        ttl_secs => Some(token_bucket(shape, ttl_secs)),
+                    }
+                };
+                let b = self.buckets.get_mut(key)?;
+                if action.is_none() && b.current_mut().is_none_or(|h| h.lease != grant.lease) {
+                    // Everything granted went to usage already reported: keep it charged
+                    // behind the deny, ended at the next report.
+                    b.push(NewLease {
+                        lease: grant.lease,
+                        units: grant.units,
+                        expires_at: grant.expires_at,
+                        shape: policy::shape(demand, timing, 1),
+                        shape_from: now,
+                    });
+                }
+                if action.is_none() {
+                    b.supersede_current();
+                }
+                (Assigned::Rule(rule.id.clone()), action.unwrap_or_else(deny))
+            }
+        };
+        if let Some(b) = self.buckets.get_mut(key) {
+            b.assigned = assigned;
+        }
+        Some(action)
+    }
+
+    /// Ends leases with nothing to charge beyond their use.
+    async fn release_all(&self, returns: Vec<LeaseReturn>) {
+        for r in returns {
+            if let Err(e) = self.agent.release(r.lease, r.unused_units, None).await
+                && !matches!(e, Error::Core(allot_core::Error::UnknownLease(_)))
+            {
+                tracing::warn!(error = %e, "RLQS release failed");
+            }
+        }
+    }
+
+    /// Settles the leases that used more than they held; returns the others for the next
+    /// lease call to release (one call per bucket and report).
+    async fn end_leases(&self, done: Vec<Held>) -> Vec<LeaseReturn> {
+        let mut returns = Vec::new();
+        for h in done {
+            match h.ending() {
+                Ending::Release {
+                    lease,
+                    unused_units,
+                } => returns.push(LeaseReturn {
+                    lease,
+                    unused_units,
+                }),
+                Ending::Settle {
+                    lease,
+                    actual_units,
+                } => {
+                    metrics::overage(actual_units - h.units);
+                    match self.agent.settle(lease, actual_units, None).await {
+                        Ok(out) if out.clamped_units > 0 => {
+                            metrics::uncharged(out.clamped_units);
+                        }
+                        Ok(_) => {}
+                        // Expired: counted as spent whole; the excess above it is not.
+                        Err(Error::Core(allot_core::Error::UnknownLease(_))) => {
+                            metrics::uncharged(actual_units - h.units);
+                        }
+                        Err(e) => {
+                            metrics::uncharged(actual_units - h.units);
+                            tracing::warn!(error = %e, "RLQS settle failed");
+                        }
+                    }
+                }
+            }
+        }
+        returns
+    }
+
+    /// After a configuration reload: buckets whose rule is gone (or no longer matches them)
+    /// are abandoned, their leases ended at their reported use.
+    async fn on_reload(&mut self) -> Vec<BucketAction> {
+        let limits = self.agent.limits();
+        if limits.version == self.config_version {
+            return Vec::new();
+        }
+        self.config_version = limits.version;
+        let gone: Vec<BucketKey> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| match &b.assigned {
+                Assigned::Rule(id) => limits
+                    .config
+                    .match_descriptor(&b.target.domain, &b.target.entries)
+                    .is_none_or(|m| &m.rule.spec.id != id),
+                _ => false,
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut actions = Vec::new();
+        for key in gone {
+            let Some(mut b) = self.buckets.remove(&key) else {
+                continue;
+            };
+            self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
+            let returns = self.end_leases(b.take_all()).await;
+            self.release_all(returns).await;
+            metrics::assignment("abandon");
+            actions.push(BucketAction {
+                bucket_id: Some(bucket::bucket_id(&key)),
+                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+            });
+        }
+        metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
+        actions
+    }
+}
+
+fn ttl(secs: u64) -> Option<wkt::Duration> {
+    Some(wkt::Duration {
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
+    })
+}
+
+fn blanket(rule: BlanketRule, timing: Timing) -> Action {
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: ttl(timing.ttl_secs),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(Strategy::BlanketRule(rule as i32)),
+        }),
+    })
+}
+
+fn token_bucket(shape: Shape, ttl_secs: u64) -> Action {
+    let to_u32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: ttl(ttl_secs),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(Strategy::TokenBucket(TokenBucket {
+                max_tokens: to_u32(shape.max_tokens),
+                tokens_per_fill: Some(wkt::UInt32Value {
+                    value: to_u32(shape.tokens_per_fill),
+                }),
+                // Envoy reads the interval's whole seconds, but decides whether an
+                // assignment changed its bucket by comparing the nanos only: carrying the
+                // seconds again as nanos makes a changed interval a changed bucket.
+                fill_interval: Some(wkt::Duration {
+                    seconds: i64::try_from(shape.fill_interval_secs).unwrap_or(i64::MAX),
+                    nanos: i32::try_from(shape.fill_interval_secs).unwrap_or(0),
+                }),
+            })),
+        }),
+    })
+}
+
+fn action_name(a: &Action) -> &'static str {
+    match a {
+        Action::AbandonAction(_) => "abandon",
+        Action::QuotaAssignmentAction(q) => match q.rate_limit_strategy.and_then(|s| s.strategy) {
+            Some(Strategy::TokenBucket(_)) => "token_bucket",
+            Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => "deny_all",
+            _ => "allow_all",
+        },
+    }
+}

@@ -1,0 +1,225 @@
+//! `allot cluster members|add-node|remove-node`: the coordinator cluster's membership, through
+//! the nodes' admin HTTP (`/v1/cluster/nodes`, `coordinator/src/daemon/cluster.rs`).
+//!
+//! A change is sent to each `--coordinator` address in turn until the leader takes it (a
+//! follower answers `421`), as `allot config put` does.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use allot_coordinator::daemon::cluster::{
+    CATCH_UP_TIMEOUT, CHANGE_TIMEOUT, REMOVED_NOTICE_TIMEOUT,
+};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use crate::config_cmd::{fail, request};
+
+/// Room above the node's own bounds for the answer to arrive.
+const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
+/// Time for one node to read its membership.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Print the voters and learners a coordinator node holds, and the leader it knows.
+    Members(MembersArgs),
+    /// Add a node started with `allot coordinator --join`: the leader adds it as a learner,
+    /// waits until it has caught up, then makes it a voter. Exits 1 when the cluster refuses
+    /// (nothing changes), 2 when no node made the change.
+    AddNode(AddArgs),
+    /// Remove a node (the leader too: it steps down and the others elect a leader). Exits 1
+    /// when the cluster refuses (an unknown id, the last voter), 2 when no node made the
+    /// change.
+    RemoveNode(RemoveArgs),
+}
+
+#[derive(Args)]
+pub struct MembersArgs {
+    /// A coordinator node's admin HTTP address (its --http).
+    #[arg(long, env = "ALLOT_COORDINATOR_HTTP", default_value = "127.0.0.1:7071")]
+    coordinator: String,
+    /// Print the node's JSON as it is.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
+    /// takes the change: give every node's.
+    #[arg(
+        long,
+        env = "ALLOT_COORDINATOR_HTTP",
+        default_value = "127.0.0.1:7071",
+        value_delimiter = ','
+    )]
+    coordinator: Vec<String>,
+    /// The new node's raft id (its --id).
+    #[arg(long)]
+    id: u64,
+    /// The new node's gRPC address (its --grpc) as the other nodes and the agents reach it.
+    #[arg(long)]
+    grpc: String,
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
+    /// takes the change: give every node's.
+    #[arg(
+        long,
+        env = "ALLOT_COORDINATOR_HTTP",
+        default_value = "127.0.0.1:7071",
+        value_delimiter = ','
+    )]
+    coordinator: Vec<String>,
+    /// The raft id of the node to remove.
+    #[arg(long)]
+    id: u64,
+}
+
+pub fn run(cmd: ClusterCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(2, &format!("cannot start the runtime: {e}")),
+    };
+    match cmd {
+        ClusterCommand::Members(args) => runtime.block_on(members(args)),
+        ClusterCommand::AddNode(args) => {
+            let body = json!({ "id": args.id, "address": args.grpc }).to_string();
+            // The leader waits for the catch-up, then commits two entries.
+            let timeout = CATCH_UP_TIMEOUT + 2 * CHANGE_TIMEOUT + ANSWER_MARGIN;
+            let change = Change {
+                what: format!("add-node {}", args.id),
+                method: "POST",
+                path: "/v1/cluster/nodes".to_owned(),
+                body: Some(body),
+                timeout,
+            };
+            runtime.block_on(change.send(&args.coordinator))
+        }
+        ClusterCommand::RemoveNode(args) => {
+            // A follower's removal is two changes with a wait for its notice between.
+            let timeout = 4 * CHANGE_TIMEOUT + REMOVED_NOTICE_TIMEOUT + ANSWER_MARGIN;
+            let change = Change {
+                what: format!("remove-node {}", args.id),
+                method: "DELETE",
+                path: format!("/v1/cluster/nodes/{}", args.id),
+                body: None,
+                timeout,
+            };
+            runtime.block_on(change.send(&args.coordinator))
+        }
+    }
+}
+
+async fn members(args: MembersArgs) -> ExitCode {
+    let answer = tokio::time::timeout(
+        READ_TIMEOUT,
+        request(&args.coordinator, "GET", "/v1/cluster/nodes", None),
+    )
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer in {READ_TIMEOUT:?}")));
+    match answer {
+        Ok((200, v)) if args.json => println!("{v}"),
+        Ok((200, v)) => print!("{}", summary(&v)),
+        Ok((status, v)) => {
+            return fail(2, &format!("{}: {status} {}", args.coordinator, v["error"]));
+        }
+        Err(e) => return fail(2, &format!("{}: {e}", args.coordinator)),
+    }
+    ExitCode::SUCCESS
+}
+
+/// The membership for a person.
+fn summary(v: &Value) -> String {
+    let list = |key: &str| {
+        let nodes: Vec<String> = v[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| format!("{}={}", n["id"], n["address"].as_str().unwrap_or("?")))
+            .collect();
+        if nodes.is_empty() {
+            "none".to_owned()
+        } else {
+            nodes.join(" ")
+        }
+    };
+    let leader = match v["leader"].as_u64() {
+        Some(id) => format!(
+            "node {id} at {}",
+            v["leader_address"].as_str().unwrap_or("unknown")
+        ),
+        None => "unknown".to_owned(),
+    };
+    let mut out = format!(
+        "leader: {leader}\nvoters: {}\nlearners: {}\n",
+        list("voters"),
+        list("learners")
+    );
+    if v["joint"] == true {
+        out += "a membership change is in progress (joint configuration)\n";
+    }
+    if let Some(removed) = v["removed"].as_u64() {
+        out = format!("node {removed} removed\n{out}");
+    }
+    out
+}
+
+/// One membership change, sent to each address until the leader takes it.
+struct Change {
+    what: String,
+    method: &'static str,
+    path: String,
+    body: Option<String>,
+    timeout: Duration,
+}
+
+impl Change {
+    async fn send(&self, addresses: &[String]) -> ExitCode {
+        let mut tried = Vec::new();
+        for addr in addresses {
+            let sent = request(addr, self.method, &self.path, self.body.as_deref());
+            let answer = tokio::time::timeout(self.timeout, sent)
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer in {:?}", self.timeout)));
+            match answer {
+                Ok((200, v)) => {
+                    print!("{}", summary(&v));
+                    if let Some(note) = v["note"].as_str() {
+                        println!("{note}");
+                    }
+                    return ExitCode::SUCCESS;
+                }
+                Ok((421, v)) => tried.push(format!(
+                    "{addr}: not the leader (leader: node {} at {})",
+                    v["leader"],
+                    v["leader_address"].as_str().unwrap_or("unknown")
+                )),
+                Ok((status, v)) if (400..500).contains(&status) => {
+                    let error = v["error"].as_str().unwrap_or("refused");
+                    return fail(1, &format!("{} refused by {addr}: {error}", self.what));
+                }
+                Ok((status, v)) => tried.push(format!(
+                    "{addr}: {status} {}",
+                    v["error"].as_str().unwrap_or("")
+                )),
+                Err(e) => tried.push(format!("{addr}: {e}")),
+            }
+        }
+        fail(
+            2,
+            &format!(
+                "{}: no node made the change: {}",
+                self.what,
+                tried.join("; ")
+            ),
+        )
+    }
+}

@@ -1,0 +1,295 @@
+//! The real Envoy with its rate limit quota filter (`envoy.filters.http.rate_limit_quota`,
+//! bootstrap from `deploy/envoy/rlqs.yaml`) against the agent's RLQS service: Envoy reports
+//! usage per bucket over one stream and enforces the agent's token bucket assignments with no
+//! call per request.
+//!
+//! Checked through Envoy's HTTP port: requests under the quota pass and over it get 429; two
+//! Envoys against one agent share one quota; an agent restart mid-run over-admits nothing
+//! beyond the stated term; a reload that removes the rule lifts the limit (the agent abandons
+//! the bucket).
+//!
+//! The term (docs/bound.md, "Gateway terms"): with `no_assignment_behavior: ALLOW_ALL`, each
+//! Envoy admits a bucket's requests that arrive before the bucket's first assignment. Every
+//! test here waits for that assignment after a bucket's first request, so the term is that
+//! one request per Envoy and bucket, and it is charged to the first lease like any other.
+//!
+//! Slow tier: runs with `ALLOT_SLOW_TESTS=1`, like tests/envoy.rs.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use allot_bench::agent::{AgentCommand, AgentProcess};
+use allot_bench::envoy::{EnvoyFilter, EnvoyProcess, EnvoySetup, http_get};
+
+#[path = "support/envoy.rs"]
+mod envoy_support;
+use envoy_support::envoy_or_skip;
+
+const DOMAIN: &str = "rlqs_test";
+const HEADER: &str = "x-api-key";
+const DESCRIPTOR_KEY: &str = "api_key";
+const REPORTING_INTERVAL: Duration = Duration::from_secs(1);
+/// Long enough for a bucket's first report to reach a debug-build agent on a loaded machine
+/// and its assignment to come back.
+const FIRST_ASSIGNMENT_WAIT: Duration = Duration::from_millis(1_500);
+/// Pause between two requests of one client: a steady, modest rate.
+const PACE: Duration = Duration::from_millis(20);
+
+/// `quota` requests per api_key and day (a day: a run never straddles a window boundary in
+/// practice).
+fn limits_yaml(quota: u64) -> String {
+    format!(
+        "domain: {DOMAIN}\n\
+         descriptors:\n  \
+           - key: {DESCRIPTOR_KEY}\n    \
+             rate_limit:\n      \
+               unit: day\n      \
+               requests_per_unit: {quota}\n"
+    )
+}
+
+/// The same domain with the api_key rule removed (another rule keeps the file valid).
+fn limits_without_the_rule() -> String {
+    format!(
+        "domain: {DOMAIN}\n\
+         descriptors:\n  \
+           - key: other_key\n    \
+             rate_limit:\n      \
+               unit: day\n      \
+               requests_per_unit: 1\n"
+    )
+}
+
+fn setup(agent: SocketAddr) -> EnvoySetup {
+    EnvoySetup {
+        rls_addr: agent,
+        domain: DOMAIN.to_owned(),
+        descriptor_header: HEADER.to_owned(),
+        descriptor_key: DESCRIPTOR_KEY.to_owned(),
+        rls_timeout: Duration::from_secs(1),
+    }
+}
+
+fn command() -> AgentCommand {
+    AgentCommand {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_allot")),
+        extra_args: Vec::new(),
+    }
+}
+
+fn start_agent(rt: &tokio::runtime::Runtime, quota: u64, dir: &Path) -> AgentProcess {
+    rt.block_on(AgentProcess::start(
+        &command(),
+        &limits_yaml(quota),
+        DOMAIN,
+        dir,
+    ))
+    .unwrap()
+}
+
+fn start_envoy(binary: &Path, agent: SocketAddr, dir: &Path) -> EnvoyProcess {
+    std::fs::create_dir_all(dir).unwrap();
+    EnvoyProcess::start_with(
+        binary,
+        &setup(agent),
+        EnvoyFilter::Rlqs {
+            reporting_interval: REPORTING_INTERVAL,
+        },
+        dir,
+    )
+    .unwrap()
+}
+
+/// The status of one request with `api_key`.
+fn status(envoy: &EnvoyProcess, api_key: &str) -> u16 {
+    let r = http_get(envoy.listen_addr(), "/", &[(HEADER, api_key)])
+        .unwrap_or_else(|e| panic!("request through Envoy failed: {e}\n{}", envoy.log_tail()));
+    assert!(
+        r.status == 200 || r.status == 429,
+        "{r:?}\n{}",
+        envoy.log_tail()
+    );
+    r.status
+}
+
+/// One request, then a pause while the bucket's first assignment comes back.
+fn open_bucket(envoy: &EnvoyProcess, api_key: &str) -> u64 {
+    let admitted = u64::from(status(envoy, api_key) == 200);
+    std::thread::sleep(FIRST_ASSIGNMENT_WAIT);
+    admitted
+}
+
+/// Requests with `api_key` through each Envoy in turn, `PACE` apart, for `run`: the admitted
+/// count per Envoy.
+fn traffic(envoys: &[&EnvoyProcess], api_key: &str, run: Duration) -> Vec<u64> {
+    let mut admitted = vec![0; envoys.len()];
+    let started = Instant::now();
+    while started.elapsed() < run {
+        for (i, e) in envoys.iter().enumerate() {
+            admitted[i] += u64::from(status(e, api_key) == 200);
+        }
+        std::thread::sleep(PACE);
+    }
+    admitted
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[test]
+fn rlqs_admits_the_quota_then_refuses_with_429() {
+    let test = "rlqs_admits_the_quota_then_refuses_with_429";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = start_agent(&rt, QUOTA, dir.path());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+
+    let mut admitted = open_bucket(&envoy, "k1");
+    let mut first_refusal = None;
+    for n in 0..QUOTA + 3 {
+        if status(&envoy, "k1") == 200 {
+            admitted += 1;
+        } else if first_refusal.is_none() {
+            first_refusal = Some(n);
+        }
+    }
+    assert_eq!(
+        admitted,
+        QUOTA,
+        "exactly the quota passes\n{}",
+        agent.log_tail()
+    );
+    // Through several reports and assignments (the lease behind the last one is gone, the
+    // agent answers deny-all): nothing more passes.
+    let later = traffic(&[&envoy], "k1", 3 * REPORTING_INTERVAL);
+    assert_eq!(later, vec![0], "after the quota, only 429s");
+    // Another key has its own counter.
+    assert_eq!(open_bucket(&envoy, "k2"), 1);
+    assert_eq!(status(&envoy, "k2"), 200);
+}
+
+#[test]
+fn rlqs_two_envoys_share_one_quota() {
+    let test = "rlqs_two_envoys_share_one_quota";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = start_agent(&rt, QUOTA, dir.path());
+    let a = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy-a"));
+    let b = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy-b"));
+
+    let opened = open_bucket(&a, "shared") + open_bucket(&b, "shared");
+    // Envoy 1.40 reports every 5 s (whatever `reporting_interval` says): three reports
+    // each, for the assignments to follow the demand.
+    let per_envoy = traffic(&[&a, &b], "shared", Duration::from_secs(16));
+    let total = opened + per_envoy.iter().sum::<u64>();
+    eprintln!("{test}: opened {opened}, then {per_envoy:?}: {total} admitted of {QUOTA}");
+    // The term: the one request per Envoy before its first assignment, and it is charged.
+    let term = 2;
+    assert!(
+        total <= QUOTA + term,
+        "{total} admitted, quota {QUOTA} + term {term}\n{}",
+        agent.log_tail()
+    );
+    assert!(
+        total >= QUOTA / 2,
+        "most of the quota is used over 16 s of demand: {total} of {QUOTA}"
+    );
+    assert!(
+        per_envoy.iter().all(|&n| n > 0),
+        "both Envoys got a share: {per_envoy:?}"
+    );
+}
+
+#[test]
+fn rlqs_agent_restart_reconnects_and_over_admits_nothing() {
+    let test = "rlqs_agent_restart_reconnects_and_over_admits_nothing";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 120;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut agent = start_agent(&rt, QUOTA, dir.path());
+    let addrs = (agent.grpc_addr(), agent.http_addr());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+
+    let opened = open_bucket(&envoy, "k1");
+    let before = traffic(&[&envoy], "k1", Duration::from_secs(2))[0];
+    assert!(agent.stop(), "the agent exits on SIGTERM");
+    // Envoy keeps the assignment in force until its TTL, then denies (the expired
+    // assignment behaviour): the agent's leases cover all of it.
+    let during = traffic(&[&envoy], "k1", Duration::from_secs(3))[0];
+    let agent = rt
+        .block_on(AgentProcess::start_at(
+            &command(),
+            &limits_yaml(QUOTA),
+            DOMAIN,
+            dir.path(),
+            addrs,
+        ))
+        .unwrap();
+    let after = traffic(&[&envoy], "k1", Duration::from_secs(8))[0];
+    let total = opened + before + during + after;
+    eprintln!(
+        "{test}: opened {opened}, before {before}, agent down {during}, after {after}: \
+         {total} of {QUOTA}"
+    );
+    assert!(after > 0, "the stream reconnected and traffic passes again");
+    // The term: the first request, charged; leases the stopped agent had granted stay
+    // charged whole after its restart (counted again at worst, never missed).
+    assert!(
+        total <= QUOTA + 1,
+        "{total} admitted, quota {QUOTA} + 1\n{}",
+        agent.log_tail()
+    );
+}
+
+#[test]
+fn rlqs_reload_that_removes_the_rule_lifts_the_limit() {
+    let test = "rlqs_reload_that_removes_the_rule_lifts_the_limit";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = start_agent(&rt, QUOTA, dir.path());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+
+    open_bucket(&envoy, "k1");
+    let spent = traffic(&[&envoy], "k1", 2 * REPORTING_INTERVAL)[0];
+    assert_eq!(spent, QUOTA - 1, "the rest of the quota, then 429s");
+    assert_eq!(status(&envoy, "k1"), 429);
+
+    std::fs::write(dir.path().join("limits.yaml"), limits_without_the_rule()).unwrap();
+    signal(agent.pid(), "-HUP");
+    // The agent abandons the bucket (Envoy forgets it); its next request opens a new bucket,
+    // which no rule matches: allowed, uncounted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&envoy, "k1") == 429 {
+        assert!(
+            Instant::now() < deadline,
+            "still limited 10 s after the reload\n{}",
+            agent.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(FIRST_ASSIGNMENT_WAIT);
+    let after = traffic(&[&envoy], "k1", 2 * REPORTING_INTERVAL)[0];
+    assert!(after > 2 * QUOTA, "no limit any more: {after} passed");
+}
