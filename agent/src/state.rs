@@ -214,6 +214,7 @@ impl Agent {
         let restarted = !records.is_empty();
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
+        budget.set_boot_clock(settings.clock.now());
         // With no coordinator there is no timebase to read and no sample to take.
         let coordinated = !settings.coordinators.is_empty();
         let mut timebase = settings

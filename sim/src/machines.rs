@@ -339,8 +339,9 @@ impl NodeFactory for CoreFactory {
     type Region = CoreRegion;
     type Coordinator = CoreCoordinator;
 
-    fn region(&self, setup: &RegionSetup<'_>, _now: Timestamp) -> CoreRegion {
-        let budget = self.budget(setup, Vec::new());
+    fn region(&self, setup: &RegionSetup<'_>, now: Timestamp) -> CoreRegion {
+        let mut budget = self.budget(setup, Vec::new());
+        budget.set_boot_clock(now);
         self.core_region(setup, budget, false)
     }
 
@@ -350,7 +351,9 @@ impl NodeFactory for CoreFactory {
         store: &CoreStore,
         now: Timestamp,
     ) -> CoreRegion {
-        let budget = self.budget(setup, store.records.clone());
+        let mut budget = self.budget(setup, store.records.clone());
+        // As the agent does: the boot on the region's own clock, which grows across starts.
+        budget.set_boot_clock(now);
         let mut region = self.core_region(setup, budget, !store.records.is_empty());
         // As the agent starts: a declared restore, or an empty store, may have lost state.
         let why = if setup.restored {

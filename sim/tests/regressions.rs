@@ -2422,3 +2422,245 @@ faults:
   - partition: {region: r3, start: 2730ms, end: 2912ms, direction: up}
   - agent_restore: {region: r3, at: 2592ms, from: 0ms}
 "#;
+
+/// Swarm seed 8062, shrunk (`sim/swarm-findings/seed-8062-strict-region-clocks-restore-reuses-lease-ids.yaml`):
+/// strict, three regions; `r0` crashes at 35.5 s and is restored at 51 s from its store at
+/// 34.6 s. The lost copy had granted leases past the id block the old store recorded, and the
+/// restored start granted the same ids again (1,026 to 1,038); gateways keep their leases
+/// across the restore, so a release or settle of a lost lease ended a new one and refunded
+/// into its window. Before, on seed 8062 with the timebase on: `admitted 1394 above 1018` on
+/// `l1` (`overshoot_above_bound_on_region_clocks`). A restored start now hands out ids from a
+/// floor taken from its clock (`RegionBudget::start_restored`, core test
+/// `a_restore_hands_out_no_lease_id_its_lost_copy_granted`). After: 0 violations.
+#[test]
+fn a_restored_start_reuses_no_lease_id_of_its_lost_copy() {
+    assert_no_violation(&run_tiers(
+        "swarm-8062",
+        SWARM_8062,
+        8062..8064,
+        SLOW_SEEDS_LONG_RUNS,
+    ));
+}
+
+/// Swarm seeds 6824 and 800086, shrunk (`sim/swarm-findings/seed-6824-…` and
+/// `seed-800086-…-restore-boot-on-a-clock-behind.yaml`): a region whose clock is behind
+/// (1,216 ms and 2,736 ms) is restored from an empty store. Its boot number was the time of
+/// its first SyncUp on the clock it read then: its own, before any sample, behind the
+/// corrected one the lost copy's boot was dated on. The leader took the smaller boot's
+/// messages for old ones: no restart seen (grants not resent), and every answer echoed the
+/// receive time of the lost copy's last message, so the restored region's clock samples had
+/// a round trip of 0 and offsets drifting back; its timebase slowed its clock to 2.1 s behind
+/// ours, where it kept enforcing a window the table had dropped. Before, with the timebase on:
+/// `enforces 601, the table gives it 277` (6824) and `enforces 216, the table gives it 0`
+/// (800086), `region_allowance_above_table`. The boot is now dated at the start on the
+/// region's own clock, which grows from one start to the next
+/// (`RegionBudget::set_boot_clock`). After: 0 violations.
+#[test]
+fn a_restored_start_behind_gets_a_larger_boot() {
+    for (name, yaml, seed) in [
+        ("swarm-6824", SWARM_6824, 6824),
+        ("swarm-800086", SWARM_800086, 800086),
+    ] {
+        assert_no_violation(&run_tiers(name, yaml, seed..seed + 2, SLOW_SEEDS));
+    }
+}
+
+/// Swarm seed 800659, shrunk (`sim/swarm-findings/seed-800659-strict-region-clocks-reload-while-slowed-ahead.yaml`):
+/// one region 27 s ahead with 11 s windows, strict; its timebase corrects it back at half
+/// speed, so it reads 14 s ahead when a reload (64 to 29 units) reaches it at 25.8 s. On its
+/// clock it was in a window that starts at 36 s on ours, and had admitted 56 there under the
+/// old quota. The leader counts a region under its previous version in the windows its clock
+/// may have reached before the switch, but took that reach from the region's clock
+/// uncertainty at the time of the bound: 3 to 9 s by then, as the clock caught up. Before,
+/// with the timebase on: `admitted 58 above 29` (`overshoot_above_bound_on_region_clocks`).
+/// The reach is now the larger of the uncertainty when the switch was heard and today's
+/// (`PreviousVersion::uncertainty_at_switch`). After: 0 violations.
+#[test]
+fn a_reload_counts_the_reach_a_region_had_when_it_switched() {
+    assert_no_violation(&run_tiers(
+        "swarm-800659",
+        SWARM_800659,
+        800659..800661,
+        SLOW_SEEDS_LONG_RUNS,
+    ));
+}
+
+const SWARM_8062: &str = r#"
+name: swarm-8062
+max_clock_uncertainty: 250ms
+description: drawn by `allot sim --swarm --seeds 8062..8063`
+duration: 88000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 8ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 8, max_units: 434, ttl: 3628ms}
+regions:
+  - {id: r0, weight: 0.218, latency: 37ms, gateways: 1}
+  - {id: r2, weight: 0.208, latency: 65ms, gateways: 2}
+  - {id: r3, weight: 0.22, latency: 5ms, gateways: 1}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 829767}
+      allot:
+        window: 22s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+    - key: l1
+      rate_limit: {requests_per_unit: 1018}
+      allot:
+        window: 13s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r2
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 67.903}
+    arrivals: poisson
+    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
+    retry: none
+  - region: r3
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 17.047}
+    arrivals: uniform
+    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
+    retry: none
+  - region: r0
+    limit: swarm/l0
+    key: l0=k1
+    rate: {flash_crowd: {base_per_sec: 34.091, factor: 3.963, start: 63351ms, end: 88000ms}}
+    arrivals: uniform
+    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
+    retry: {backoff: {base: 94ms, cap: 1504ms, max_retries: 1}}
+  - region: r0
+    limit: swarm/l1
+    key: l1=k1
+    rate: {constant_per_sec: 60.696}
+    arrivals: poisson
+    cost: {constant_units: 2}
+    retry: none
+faults:
+  - agent_crash: {region: r0, at: 35474ms, restart_after: 288ms}
+  - agent_restore: {region: r0, at: 51018ms, from: 34574ms}
+"#;
+
+const SWARM_6824: &str = r#"
+name: swarm-6824
+max_clock_uncertainty: 250ms
+description: drawn by `allot sim --swarm --seeds 6824..6825`
+duration: 15000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 10ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 5, max_units: 102, ttl: 1765ms}
+regions:
+  - {id: r0, weight: 0.422, latency: 9ms, gateways: 1, clock: {offset: -1216ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 658}
+      allot:
+        window: 3s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k0
+    rate: {constant_per_sec: 47.778}
+    arrivals: poisson
+    cost: {constant_units: 10}
+    retry: none
+faults:
+  - agent_crash: {region: r0, at: 4205ms, restart_after: 2183ms}
+  - agent_restore: {region: r0, at: 7494ms, from: 0ms}
+"#;
+
+const SWARM_800086: &str = r#"
+name: swarm-800086
+max_clock_uncertainty: 250ms
+description: drawn by `allot sim --swarm --seeds 800086..800087`
+duration: 14000ms
+sync_interval: 500ms
+coordinator: {commit_latency: 10ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 10, max_units: 77, ttl: 1015ms}
+regions:
+  - {id: r0, weight: 0.191, latency: 5ms, gateways: 2}
+  - {id: r1, weight: 0.305, latency: 132ms, gateways: 3, clock: {offset: -2736ms, drift_ppm: 0}}
+  - {id: r2, weight: 0.303, latency: 7ms, gateways: 1}
+  - {id: r3, weight: 0.199, latency: 14ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 710}
+      allot:
+        window: 7s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - region: r3
+    limit: swarm/l0
+    key: l0=k1
+    rate: {flash_crowd: {base_per_sec: 32.596, factor: 12.344, start: 1396ms, end: 3129ms}}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - agent_restore: {region: r1, at: 5093ms, from: 1266ms}
+  - agent_restore: {region: r1, at: 6968ms, from: 0ms}
+"#;
+
+const SWARM_800659: &str = r#"
+name: swarm-800659
+max_clock_uncertainty: 250ms
+description: drawn by `allot sim --swarm --seeds 800659..800660`
+duration: 56000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 2ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 7, max_units: 129, ttl: 929ms}
+regions:
+  - {id: r0, latency: 7ms, gateways: 3, clock: {offset: 27024ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 64}
+      allot:
+        window: 11s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: open
+traffic:
+  - region: r0
+    limit: swarm/l1
+    key: l1=k0
+    rate: {constant_per_sec: 7.295}
+    arrivals: uniform
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - config_reload:
+      at: 21451ms
+      stagger: {r0: 4357ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 29}
+            allot:
+              window: 11s
+              consistency: strict
+              partition_policy: {open: {rate: 9/11s, burst: 1}}
+              failure_mode: open
+"#;

@@ -228,10 +228,27 @@ impl RegionBudget {
         }
     }
 
+    /// Dates this start's boot number ([`SyncUp::boot`]) at `local`, the region's own clock,
+    /// uncorrected. Call it once, right after building the machine. The coordinator takes a
+    /// larger boot for a restart and drops a smaller one's messages as old, so boots must grow
+    /// from one start to the next: the own clock does, where a corrected one need not (a
+    /// restored start reads its own clock until its first sample, behind the correction the
+    /// lost copy ran on when the region is behind, and its messages were dropped as old).
+    pub fn set_boot_clock(&mut self, local: Timestamp) {
+        self.sync.boot = local.as_unix_nanos().max(1);
+    }
+
     /// This start, at `now`, may have lost what an earlier copy of the state admitted
     /// (docs/budget.md, "Restores"): the operator declared a restore, or the store was empty.
     /// Call it once, right after building the machine and before any admission.
+    ///
+    /// Lease and slot ids restart from a floor taken from the clock: the lost copy handed out
+    /// ids past what this store recorded, and gateways still hold leases under them, so an id
+    /// reused here would let a release or settle of a lost lease end a new one.
     pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
+        let floor = restore::id_floor(now);
+        self.leases.next_id = self.leases.next_id.max(floor);
+        self.slots.next_id = self.slots.next_id.max(floor);
         self.view.restore = restore::Restore::start(now, why, self.cfg.coordinated);
         if self.view.restore.closed_before().is_some() {
             self.dirty.mark(Dirty::Restore);

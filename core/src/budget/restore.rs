@@ -20,6 +20,19 @@ pub enum RestoreStart {
     EmptyStore,
 }
 
+/// Ids a restored start may hand out per millisecond of clock before its ids could meet
+/// those of a copy that started earlier: far above any grant rate an agent sustains.
+pub(crate) const IDS_PER_MS: u64 = 1_024;
+
+/// The first lease or slot id a restored start at `now` hands out. Every lineage of the
+/// region's state begins with such a start (an empty store is one), so its ids stay below
+/// `start_ms * IDS_PER_MS + ids handed out since`; a later restored start begins above them
+/// while the region handed out fewer than [`IDS_PER_MS`] a millisecond on average. Below 2^53
+/// (exact in JSON numbers) until the year 2248.
+pub(crate) fn id_floor(now: Timestamp) -> u64 {
+    now.as_unix_millis().saturating_mul(IDS_PER_MS)
+}
+
 /// Where a restored start stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Restore {

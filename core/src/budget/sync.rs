@@ -168,10 +168,11 @@ pub(crate) struct SyncState {
     /// The next SyncUp's sequence number (persisted, so answers are never confused across
     /// a restart).
     pub next_seq: u64,
-    /// This start's boot number ([`SyncUp::boot`]): the agent-clock time, in nanoseconds, of
-    /// the first SyncUp since the machine was built; 0 until then. Time, not a persisted
-    /// counter, so that a start from an old copy of the state still gets a larger one.
-    boot: u64,
+    /// This start's boot number ([`SyncUp::boot`]): the time, in nanoseconds, of the start
+    /// on the region's own clock ([`RegionBudget::set_boot_clock`]), or failing that of the
+    /// first SyncUp since the machine was built; 0 until then. Time, not a persisted counter,
+    /// so that a start from an old copy of the state still gets a larger one.
+    pub boot: u64,
     /// The largest leader term an answer carried (soft: a restart resends everything anyway).
     leader_term: Option<u64>,
     next_sync_at: Option<Timestamp>,

@@ -29,7 +29,7 @@ use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound, skew_
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
 use crate::rebalance::reload::{Held, KeptConfigs};
 use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
-use crate::rebalance::views::{CounterView, DemandView, RegionView};
+use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
 use crate::sync::{
     AllowanceGrant, BoundFigures, CounterEntry, CounterRef, LimitWindowStats,
     MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
@@ -252,7 +252,11 @@ impl Coordinator {
             if let Some(old) = view.config_version
                 && old != msg.config_version
             {
-                view.previous_version = Some((old, now));
+                view.previous_version = Some(PreviousVersion {
+                    version: old,
+                    switched_at: now,
+                    uncertainty_at_switch: view.clock_uncertainty(),
+                });
             }
             view.config_version = Some(msg.config_version);
         }
@@ -1213,13 +1217,15 @@ impl Coordinator {
         region: &RegionId,
     ) -> Option<u64> {
         let view = self.regions.get(region)?;
-        let (previous, switched_at) = view.previous_version?;
+        let previous = view.previous_version?;
         let w = self.finite_window(limit)?;
-        let reach = view
-            .clock_uncertainty()
+        let uncertainty = previous
+            .uncertainty_at_switch
+            .map(|then| then.max(view.clock_uncertainty().unwrap_or(Duration::ZERO)));
+        let reach = uncertainty
             .map_or(Duration::MAX, |u| u.saturating_add(self.cfg.drift_margin))
             .min(w.len() * MAX_SKEW_REACH_WINDOWS as u32);
-        (w.start(window) < switched_at + reach).then_some(previous)
+        (w.start(window) < previous.switched_at + reach).then_some(previous.version)
     }
 
     /// Why the window is unbounded when a region clamped settles in it: units a spender used

@@ -2115,6 +2115,67 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
     );
 }
 
+/// Region `a` reads 25 s ahead when it switches to version 2 (L 100 to 40), then its clock is
+/// corrected back (a timebase slows it), so later samples put it 1 s ahead. Before its switch
+/// its clock may have reached windows that start up to 25 s after the switch on ours, and it
+/// admitted there under version 1: the reload term counts it under both versions in those
+/// windows, however close its clock reads when the bound is taken; not in a window beyond.
+#[test]
+fn a_reload_reaches_as_far_as_the_clock_was_ahead_when_the_region_switched() {
+    let mut c = Coordinator::new(
+        config(),
+        table_with(&weighted(spec(), 500_000, 500_000)),
+        at_ms(0),
+        1,
+    );
+    let lowered = LimitSpec::simple("l", 40, Duration::from_secs(10));
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![weighted(lowered, 500_000, 500_000)],
+        regions: regions(),
+    };
+    let ahead = |secs: i64| {
+        Some(ClockSample {
+            offset_nanos: -secs * 1_000_000_000,
+            round_trip_nanos: 10_000_000,
+        })
+    };
+    let sync = |c: &mut Coordinator, now: u64, seq: u64, version: u64, clock| {
+        let up = SyncUp {
+            config_version: version,
+            clock,
+            ..up_with("a", seq, &[], 0)
+        };
+        c.handle_sync_up(at_ms(now), up).unwrap();
+    };
+    sync(&mut c, 10, 1, 1, ahead(25));
+    assert!(c.handle_committed(at_ms(20), &set).is_applied());
+    sync(&mut c, 1_000, 2, 2, ahead(25));
+    sync(&mut c, 30_000, 3, 2, ahead(1));
+    let b = SyncUp {
+        config_version: 2,
+        ..up_with("b", 1, &[], 0)
+    };
+    c.handle_sync_up(at_ms(30_000), b).unwrap();
+    let reload_units = |c: &Coordinator, window_ms: u64| {
+        let window = WindowIndex((START_MS + window_ms) / 10_000);
+        let b = c.bound(at_ms(30_100), &LimitId::from("l"), window).unwrap();
+        b.terms
+            .iter()
+            .find(|t| t.name == "reload")
+            .map_or(0, |t| t.units)
+    };
+    assert!(
+        reload_units(&c, 20_000) > 0,
+        "the window starting 20 s after the switch is within the 25 s a's clock was ahead"
+    );
+    assert_eq!(
+        reload_units(&c, 40_000),
+        0,
+        "one starting 40 s after is not"
+    );
+}
+
 /// A region that found its store empty asks whether it was known: not at its first boot, yes
 /// at a later boot (or once it holds rows), whatever the SyncUp's `restored` says.
 #[test]

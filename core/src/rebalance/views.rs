@@ -36,12 +36,24 @@ pub(crate) struct RegionView {
     pub view_expired: bool,
     /// The configuration version the newest SyncUp reported: the one the region enforces.
     pub config_version: Option<u64>,
-    /// The version the region reported before `config_version`, and when (our clock) this
-    /// leader first heard the new one: until then the region admitted under the old one, in
-    /// windows its clock may put up to its clock uncertainty later than ours.
-    pub previous_version: Option<(u64, Timestamp)>,
+    /// The version the region reported before `config_version`: until the switch the region
+    /// admitted under the old one, in windows its clock may put up to its clock uncertainty
+    /// later than ours.
+    pub previous_version: Option<PreviousVersion>,
     /// This leader knew the region before its newest boot (`SyncDown::known_region`).
     pub known_before_boot: bool,
+}
+
+/// A region's switch of configuration version, as this leader heard it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PreviousVersion {
+    pub version: u64,
+    /// When (our clock) this leader first heard the new version.
+    pub switched_at: Timestamp,
+    /// The region's clock uncertainty then (`None`: unknown). How far its clock may have run
+    /// ahead of ours before the switch: a clock corrected back later (the timebase slows it)
+    /// reads closer to ours afterwards, so the uncertainty at the time counts, not today's.
+    pub uncertainty_at_switch: Option<Duration>,
 }
 
 impl RegionView {

@@ -101,6 +101,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             .restore_region(&setup, &self.regions[region].store, local);
         let mut obs = RegionObservation::default();
         node.observe(&mut obs);
+        // The windows the restarted machine reads (its corrected clock, with a timebase).
+        let local = node.window_clock(local, None);
         let scenario = self.scenario;
         let is_current = |c: &CounterRef| {
             scenario

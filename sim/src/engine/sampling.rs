@@ -66,15 +66,16 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             };
             let mut obs = RegionObservation::default();
             node.observe(&mut obs);
+            // Windows are judged on the clock the region reads them on (corrected, with a
+            // timebase), not its raw clock, which may sit in a neighbouring window.
+            let local = node.window_clock(r.clock.local(self.now), None);
             if judge {
-                let local = r.clock.local(self.now);
                 record_allowances(scenario, &self.measure, local, &obs, i, &mut allowances);
             }
             self.checker.region(at_ms, i, &obs);
             let Some(coordinator) = coordinator else {
                 continue;
             };
-            let local = r.clock.local(self.now);
             let is_current = |c: &CounterRef| {
                 scenario
                     .limit(&c.limit)

@@ -166,3 +166,65 @@ fn a_restore_awaiting_its_answer_releases_nothing_from_its_old_copy() {
     assert_eq!((ack.released_units, ack.allowance_after_units), (60, 20));
     assert_eq!(allowance(&b, at(60_000), "api", "k"), 20);
 }
+
+/// A gateway still holds leases the lost copy granted after the copy was taken, past the id
+/// block that copy recorded. Granted again here, a release of the lost lease would end a new
+/// one and refund into a window it never charged.
+#[test]
+fn a_restore_hands_out_no_lease_id_its_lost_copy_granted() {
+    let big = || vec![per_minute("api", 1_000_000)];
+    let mut b = budget(big());
+    let grant_one = |b: &mut RegionBudget, now: u64| {
+        granted(
+            b.lease(at(now), lease_req("api", "k", 1, 30))
+                .expect("lease"),
+        )
+        .lease
+    };
+    grant_one(&mut b, 1_000);
+    let old_copy = b.drain_dirty();
+    // Past the block the old copy's meta record covers.
+    let lost: Vec<_> = (0..1_100)
+        .map(|_| {
+            let id = grant_one(&mut b, 2_000);
+            b.release(at(2_000), id, 0, None).expect("release");
+            id
+        })
+        .collect();
+    let held = grant_one(&mut b, 2_000);
+    let mut r = RegionBudget::restore(cfg(), big(), old_copy).expect("restore");
+    r.start_restored(at(30_000), RestoreStart::Declared);
+    answer_with(&mut r, at(30_100), false);
+    let fresh = grant_one(&mut r, 60_000);
+    assert!(
+        !lost.contains(&fresh) && fresh != held,
+        "{fresh:?} was the lost copy's"
+    );
+    assert!(
+        r.release(at(60_100), held, 1, None).is_err(),
+        "the lost lease is unknown here"
+    );
+    r.release(at(60_200), fresh, 1, None)
+        .expect("the new lease is still live");
+}
+
+/// The lost copy ran on a corrected clock 4 s ahead of the region's own (it was behind); the
+/// restored start reads its own clock until its first sample. Dated at the first SyncUp on
+/// the clock then read, the restored boot (2 s) came out below the lost copy's (5 s), and the
+/// coordinator dropped its messages as old. Dated at the start on the own clock, boots grow.
+#[test]
+fn a_restored_start_on_a_clock_behind_still_gets_a_larger_boot() {
+    let boot_of = |own_clock_ms: u64, read_ms: u64| {
+        let mut b = budget(vec![per_minute("api", 400)]);
+        b.set_boot_clock(at(own_clock_ms));
+        b.poll_transmit(at(read_ms)).expect("sync").boot
+    };
+    let lost_copy = boot_of(1_000, 5_000);
+    let restored = boot_of(2_000, 2_000);
+    assert_eq!(
+        lost_copy,
+        at(1_000).as_unix_nanos(),
+        "the own clock's reading"
+    );
+    assert!(restored > lost_copy);
+}
