@@ -238,8 +238,14 @@ pub(crate) fn describe<E: RequestEntry>(
     if !flags.shared && !flags.value_to_metric && !detailed_metric {
         return (key_id(entries), None);
     }
-    let mut key = String::new();
-    let mut metric = String::new();
+    let len: usize = entries
+        .iter()
+        .map(|e| e.key().len() + e.value().len() + 2)
+        .sum();
+    let mut key = String::with_capacity(len);
+    // A detailed metric is the counter key; only value_to_metric builds a string of its own.
+    let mut metric =
+        (!detailed_metric && flags.value_to_metric).then(|| String::with_capacity(len));
     walk(top, entries, |entry, node, hit| {
         // The value the counter key (and a detailed metric) shows: the pattern for a
         // shared wildcard, the request's value otherwise.
@@ -248,6 +254,9 @@ pub(crate) fn describe<E: RequestEntry>(
             _ => entry.value(),
         };
         push_entry(&mut key, entry.key(), counted);
+        let Some(metric) = metric.as_mut() else {
+            return;
+        };
         // As envoyproxy/ratelimit builds its value_to_metric key: a configured value (exact,
         // or a wildcard's pattern) always shows; a key-only level shows the request's value
         // only with value_to_metric, and a wildcard its value instead of its pattern.
@@ -259,13 +268,11 @@ pub(crate) fn describe<E: RequestEntry>(
             Hit::KeyOnly if node.value_to_metric => entry.value(),
             Hit::KeyOnly => "",
         };
-        push_entry(&mut metric, entry.key(), shown);
+        push_entry(metric, entry.key(), shown);
     });
-    let metric = if detailed_metric {
-        Some(key.clone())
-    } else {
-        flags.value_to_metric.then_some(metric)
-    };
+    if detailed_metric {
+        metric = Some(key.clone());
+    }
     (KeyId::new(key), metric)
 }
 
