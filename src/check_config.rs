@@ -87,7 +87,8 @@ fn print_errors<'a>(errors: impl Iterator<Item = &'a ConfigError>, omitted: usiz
     ExitCode::FAILURE
 }
 
-/// `domain=D descriptor=P quota=N window=W mode=M`, plus `shadow` and `disabled` when set.
+/// `domain=D descriptor=P quota=N window=W mode=M`, plus `shadow`, `disabled`, `quota_mode`
+/// and `metadata` when set.
 /// Values with spaces or quotes are quoted, so each line splits on spaces.
 pub fn rule_line(rule: &Rule) -> String {
     let (quota, window, mode) = match rule.spec.quota {
@@ -110,6 +111,12 @@ pub fn rule_line(rule: &Rule) -> String {
     }
     if !rule.spec.enabled {
         line.push_str(" disabled");
+    }
+    if rule.quota_mode {
+        line.push_str(" quota_mode");
+    }
+    if rule.metadata.is_some() {
+        line.push_str(" metadata");
     }
     line
 }

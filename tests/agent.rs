@@ -598,6 +598,109 @@ async fn should_rate_limit_answers_as_envoyproxy_ratelimit_does() {
     assert!(r.statuses[0].current_limit.is_none());
 }
 
+/// envoyproxy/ratelimit's fields (as in examples/limits/envoy_compat.yaml, with day windows so
+/// no window ends mid-test).
+const ENVOY_FIELDS: &str = "\
+domain: compat
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: path
+    value: /api/*/action
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: day, requests_per_unit: 60}
+";
+
+fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimit_fields_shape_rls_answers_and_metrics() {
+    let dir = scratch("envoy-fields");
+    write_config(&dir, ENVOY_FIELDS);
+    let agent = Agent::start(&dir, &[]);
+    let mut c = agent.rls().await;
+    let mut ask = async |descriptors: &[&[(&str, &str)]]| {
+        c.should_rate_limit(rls_request("compat", descriptors, 1))
+            .await
+            .expect("rls")
+            .into_inner()
+    };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let s1: &[(&str, &str)] = &[("service", "service_1")];
+    let s2: &[(&str, &str)] = &[("service", "service_2")];
+
+    // quota_mode: service_1 (1 a day) alone and over refuses the request ...
+    assert_eq!(codes(&ask(&[s1]).await), (ok, vec![ok]));
+    let r = ask(&[s1]).await;
+    assert_eq!(codes(&r), (over, vec![over]));
+    assert!(header(&r, "Retry-After").is_some());
+    // ... but not while another quota-mode descriptor is within its limit; its own status
+    // still says over, and nothing asks the caller to retry.
+    let r = ask(&[s1, s2]).await;
+    assert_eq!(codes(&r), (ok, vec![over, ok]));
+    assert_eq!(header(&r, "Retry-After"), None);
+    assert_eq!(codes(&ask(&[s1, s2]).await), (ok, vec![over, ok]));
+    // Both over: refused.
+    assert_eq!(codes(&ask(&[s1, s2]).await), (over, vec![over, over]));
+
+    // share_threshold: every value files/* matches spends from one counter of 2.
+    let file = |name: &'static str| [("files", name)];
+    assert_eq!(codes(&ask(&[&file("files/a.pdf")]).await).0, ok);
+    assert_eq!(codes(&ask(&[&file("files/b.csv")]).await).0, ok);
+    assert_eq!(codes(&ask(&[&file("files/c.txt")]).await).0, over);
+
+    // A middle wildcard: one counter per value (1 a day each), other values match nothing.
+    let path = |p: &'static str| [("path", p)];
+    assert_eq!(codes(&ask(&[&path("/api/1/action")]).await).0, ok);
+    assert_eq!(codes(&ask(&[&path("/api/2/action")]).await).0, ok);
+    assert_eq!(codes(&ask(&[&path("/api/1/action")]).await).0, over);
+    let r = ask(&[&path("/api/1/other")]).await;
+    assert!(r.statuses[0].current_limit.is_none(), "no rule matches");
+
+    // value_to_metric: decisions counted per request value.
+    let route: &[(&str, &str)] = &[
+        ("route", "api"),
+        ("http_method", "GET"),
+        ("subject_id", "7"),
+    ];
+    ask(&[route]).await;
+    ask(&[route]).await;
+    let (_, body) = agent.get("/metrics");
+    let line = body
+        .lines()
+        .find(|l| {
+            l.starts_with("allot_value_decisions_total{")
+                && l.contains(r#"value="route=api/http_method=GET/subject_id""#)
+                && l.contains(r#"result="allowed""#)
+        })
+        .unwrap_or_else(|| panic!("no per-value series in:\n{body}"));
+    assert!(
+        line.contains(r#"rule="compat/route/http_method/subject_id""#),
+        "{line}"
+    );
+    assert!(line.ends_with(" 2"), "{line}");
+}
+
 #[tokio::test]
 async fn bad_input_gets_grpc_errors_and_the_agent_keeps_answering() {
     let dir = scratch("bad_input");

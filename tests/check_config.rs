@@ -80,6 +80,41 @@ fn shipped_examples_load_and_print_one_line_per_rule() {
     );
 }
 
+/// envoyproxy/ratelimit's documented examples load unchanged: wildcards anywhere in a value,
+/// share_threshold, value_to_metric, detailed_metric, quota_mode and metadata.
+#[test]
+fn the_envoyproxy_ratelimit_example_loads_unchanged() {
+    let out = allot(&["check-config", "examples/limits/envoy_compat.yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rule = |descriptor: &str, quota: u64, window: &str| {
+        format!(
+            "domain=envoy_compat descriptor={descriptor} quota={quota} window={window} mode=strict"
+        )
+    };
+    assert_eq!(
+        stdout_lines(&out),
+        [
+            rule("key1", 10, "1m"),
+            rule("key1=value1", 20, "1m"),
+            rule("key1=value*", 20, "1m"),
+            rule("path=/api/*/action", 20, "1m"),
+            rule("route=/api/*/resource/*/action", 20, "1m"),
+            rule("route/http_method/subject_id", 60, "1m"),
+            rule("user/action=read*/resource", 100, "1m"),
+            rule("files=files/*", 10, "1h"),
+            rule("files_no_share=files_no_share/*", 10, "1h"),
+            rule("route=api/*/method", 60, "1m"),
+            rule("service=service_1", 1, "1m") + " quota_mode metadata",
+            rule("service=service_2", 2, "1m") + " quota_mode metadata",
+        ]
+    );
+    assert_eq!(stderr_lines(&out), ["ok: 12 rules in 1 domain from 1 file"]);
+}
+
 #[test]
 fn every_error_goes_to_stderr_and_the_exit_code_is_one() {
     let bad = scratch_file(

@@ -15,7 +15,7 @@ use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::{FailureMode, LimitSpec, Quota};
 use allot_core::sync::ConfigFiles;
 
-use crate::metrics::RuleMetrics;
+use crate::metrics::{RuleMetrics, ValueMetrics};
 
 /// Largest limits file read: real ones are kilobytes; this stops a wrong path (a log, a
 /// device) from being read whole.
@@ -61,10 +61,15 @@ pub struct RuleInfo {
     /// `W`; `None` for an unlimited rule.
     pub window: Option<Duration>,
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `quota_mode`: over its limit, it refuses the request only when
+    /// every quota-mode descriptor of the request is over.
+    pub quota_mode: bool,
     pub failure_mode: FailureMode,
     /// An allowed decision leaving at most this many units is near the limit.
     pub near_limit_remaining_units: u64,
     pub metrics: RuleMetrics,
+    /// Per-value RLS decisions, for requests whose match carries a metric value.
+    pub values: Arc<ValueMetrics>,
 }
 
 impl Limits {
@@ -133,7 +138,10 @@ fn with_rules(config: LimitsConfig, version: u64, source: Source, near_limit_rat
     let rules = config
         .rules()
         .map(|r| {
-            let info = rule_info(&r.spec, near_limit_ratio);
+            let info = RuleInfo {
+                quota_mode: r.quota_mode,
+                ..rule_info(&r.spec, near_limit_ratio)
+            };
             (r.spec.id.clone(), Arc::new(info))
         })
         .collect();
@@ -145,6 +153,7 @@ fn with_rules(config: LimitsConfig, version: u64, source: Source, near_limit_rat
     }
 }
 
+/// The rule's request-path facts from its spec alone; `quota_mode` (not in the spec) is false.
 pub(crate) fn rule_info(spec: &LimitSpec, near_limit_ratio: f64) -> RuleInfo {
     let (quota_units, window) = match spec.quota {
         Quota::Unlimited => (0, None),
@@ -164,9 +173,11 @@ pub(crate) fn rule_info(spec: &LimitSpec, near_limit_ratio: f64) -> RuleInfo {
         quota_units,
         window,
         shadow_mode: spec.shadow_mode,
+        quota_mode: false,
         failure_mode: spec.failure_mode,
         near_limit_remaining_units: quota_units.saturating_sub(near_used),
         metrics: RuleMetrics::new(spec.id.as_str(), unmetered),
+        values: ValueMetrics::for_rule(spec.id.as_str()),
     }
 }
 

@@ -2,9 +2,12 @@
 //! configuration load, so the request path increments counters without building labels.
 //!
 //! Decisions are counted per rule and result; rule labels are the rule ids of the loaded
-//! configuration, so their number is bounded by the configuration.
+//! configuration, so their number is bounded by the configuration. Rules with
+//! `detailed_metric` or `value_to_metric` also count RLS decisions per request value, at most
+//! [`MAX_METRIC_VALUES_PER_RULE`] values per rule.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics::{Counter, Gauge, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -12,6 +15,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use crate::error::{Error, Result};
 
 pub const DECISIONS: &str = "allot_decisions_total";
+pub const VALUE_DECISIONS: &str = "allot_value_decisions_total";
 pub const NEAR_LIMIT: &str = "allot_near_limit_total";
 pub const OVER_LIMIT: &str = "allot_over_limit_total";
 pub const SHADOW_WOULD_DENY: &str = "allot_shadow_would_deny_total";
@@ -58,6 +62,10 @@ fn describe() {
     describe_counter!(
         DECISIONS,
         "Decisions by rule and result (allowed, denied, shadow_denied, unlimited, disabled, no_rule, degraded_open, degraded_closed)."
+    );
+    describe_counter!(
+        VALUE_DECISIONS,
+        "RLS decisions of rules with detailed_metric or value_to_metric, by rule, request value and result; past the per-rule cap, values count under _other."
     );
     describe_counter!(
         NEAR_LIMIT,
@@ -204,6 +212,76 @@ impl RuleMetrics {
     }
 }
 
+/// Most distinct values one rule reports under [`VALUE_DECISIONS`]: each is a Prometheus series
+/// per result, and request values are unbounded (a user id, a path). Later values are counted
+/// under [`OTHER_VALUES`].
+pub const MAX_METRIC_VALUES_PER_RULE: usize = 1_000;
+
+/// The `value` label of decisions past [`MAX_METRIC_VALUES_PER_RULE`]. A real value always
+/// starts with its key and `=` unless empty, so it reads as this only for a key named
+/// `_other` with an empty value.
+pub const OTHER_VALUES: &str = "_other";
+
+/// One rule's per-value decision counters. The series live in the process-wide recorder and
+/// outlive a configuration, so the values are kept per rule id for the process too
+/// ([`ValueMetrics::for_rule`]): a reload does not open another thousand series.
+#[derive(Debug)]
+pub struct ValueMetrics {
+    rule: String,
+    /// Counter handles by value, then by result.
+    values: Mutex<HashMap<Box<str>, ResultCounters>>,
+}
+
+/// One value's counters by result: a handful, so a list.
+type ResultCounters = Vec<(&'static str, Counter)>;
+
+impl ValueMetrics {
+    /// The counters of rule `rule`, the same ones for every configuration that has it.
+    pub fn for_rule(rule: &str) -> Arc<ValueMetrics> {
+        static RULES: OnceLock<Mutex<HashMap<String, Arc<ValueMetrics>>>> = OnceLock::new();
+        let rules = RULES.get_or_init(Mutex::default);
+        // A panic while holding it cannot leave the map half-changed: entries are inserted whole.
+        let mut rules = rules.lock().unwrap_or_else(|p| p.into_inner());
+        rules
+            .entry(rule.to_owned())
+            .or_insert_with(|| {
+                Arc::new(ValueMetrics {
+                    rule: rule.to_owned(),
+                    values: Mutex::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// Counts one decision (`result`, as in [`DECISIONS`]) of a request with metric value
+    /// `value`, under [`OTHER_VALUES`] once the rule has [`MAX_METRIC_VALUES_PER_RULE`] values.
+    pub fn count(&self, value: &str, result: &'static str) {
+        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        let label = if values.contains_key(value) || values.len() < MAX_METRIC_VALUES_PER_RULE {
+            value
+        } else {
+            OTHER_VALUES
+        };
+        // `_other` itself is one more entry past the cap: MAX + 1 values at most.
+        let results = values.entry(label.into()).or_default();
+        let counter = match results.iter().find(|(r, _)| *r == result) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = counter!(VALUE_DECISIONS, "rule" => self.rule.clone(), "value" => label.to_owned(), "result" => result);
+                results.push((result, c.clone()));
+                c
+            }
+        };
+        drop(values);
+        counter.increment(1);
+    }
+
+    /// How many values have their own series (plus [`OTHER_VALUES`] once used).
+    pub fn values_seen(&self) -> usize {
+        self.values.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
 pub fn no_rule() {
     counter!(DECISIONS, "rule" => "", "result" => "no_rule").increment(1);
 }
@@ -296,4 +374,39 @@ pub fn sync_up_dropped() {
 
 pub fn sync_bad_answer() {
     counter!(SYNC_BAD_ANSWERS).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past the cap, new values go to `_other`; values already seen keep their own series.
+    #[test]
+    fn value_series_are_capped_per_rule() {
+        let m = ValueMetrics::for_rule("metrics-test/cap");
+        for i in 0..MAX_METRIC_VALUES_PER_RULE + 50 {
+            m.count(&format!("user={i}"), "allowed");
+        }
+        assert_eq!(m.values_seen(), MAX_METRIC_VALUES_PER_RULE + 1);
+        let values = m.values.lock().expect("not poisoned");
+        assert!(values.contains_key(OTHER_VALUES));
+        assert!(values.contains_key("user=999"));
+        assert!(!values.contains_key("user=1000"));
+        drop(values);
+        // A value seen before the cap still counts under itself.
+        m.count("user=3", "denied");
+        let values = m.values.lock().expect("not poisoned");
+        let results: Vec<&str> = values["user=3"].iter().map(|(r, _)| *r).collect();
+        assert_eq!(results, ["allowed", "denied"]);
+    }
+
+    /// A reload's rule of the same id counts into the same capped set.
+    #[test]
+    fn a_rule_id_keeps_its_values_across_configurations() {
+        let before = ValueMetrics::for_rule("metrics-test/reload");
+        before.count("k=v", "allowed");
+        let after = ValueMetrics::for_rule("metrics-test/reload");
+        assert!(Arc::ptr_eq(&before, &after));
+        assert_eq!(after.values_seen(), 1);
+    }
 }

@@ -376,6 +376,7 @@ impl Agent {
         let matches = limits.config.match_request(domain, &entries);
         let now = self.now();
         let mut answers: Vec<Option<Checked>> = vec![None; descriptors.len()];
+        let mut metric_values: Vec<Option<String>> = vec![None; descriptors.len()];
         let mut asks = Vec::new();
         for (i, (m, d)) in matches.into_iter().zip(descriptors).enumerate() {
             let Some(m) = m else {
@@ -387,6 +388,7 @@ impl Agent {
                 answers[i] = Some(Checked::NoRule);
                 continue;
             };
+            metric_values[i] = m.metric_value;
             let pair = (rule.id.clone(), m.key);
             if d.hits > 0
                 && let Some(decision) = self.cached_refusal(now, &pair)
@@ -397,10 +399,7 @@ impl Agent {
             asks.push((i, rule, pair, d.hits));
         }
         if asks.is_empty() {
-            return Ok(answers
-                .into_iter()
-                .map(|a| a.unwrap_or(Checked::NoRule))
-                .collect());
+            return Ok(with_values_counted(answers, metric_values));
         }
         let results = self
             .with_budget(|b| {
@@ -430,10 +429,7 @@ impl Agent {
                     .unwrap_or(Checked::NoRule),
             );
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.unwrap_or(Checked::NoRule))
-            .collect())
+        Ok(with_values_counted(answers, metric_values))
     }
 
     /// A lease of up to `units_wanted` (at least `min_units`, or nothing).
@@ -972,6 +968,47 @@ fn record(rule: Arc<RuleInfo>, decision: Decision) -> Checked {
     Checked::Decided { rule, decision }
 }
 
+/// The answers of a ShouldRateLimit, each descriptor with a metric value (its rule has
+/// `detailed_metric` or `value_to_metric`) counted under it.
+fn with_values_counted(
+    answers: Vec<Option<Checked>>,
+    metric_values: Vec<Option<String>>,
+) -> Vec<Checked> {
+    let answers: Vec<Checked> = answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Checked::NoRule))
+        .collect();
+    for (checked, value) in answers.iter().zip(metric_values) {
+        if let (Some(value), Some((rule, result))) = (value, result_label(checked)) {
+            rule.values.count(&value, result);
+        }
+    }
+    answers
+}
+
+/// The rule of a check and the `result` it is counted under, as in `allot_decisions_total`;
+/// `None` when no rule matched.
+fn result_label(checked: &Checked) -> Option<(&Arc<RuleInfo>, &'static str)> {
+    match checked {
+        Checked::NoRule => None,
+        Checked::Decided { rule, decision } => {
+            let result = match decision.reason {
+                Reason::Unlimited => "unlimited",
+                Reason::Disabled => "disabled",
+                _ if decision.shadow_denied => "shadow_denied",
+                _ if decision.allowed => "allowed",
+                _ => "denied",
+            };
+            Some((rule, result))
+        }
+        Checked::Degraded {
+            rule,
+            allowed: true,
+        } => Some((rule, "degraded_open")),
+        Checked::Degraded { rule, .. } => Some((rule, "degraded_closed")),
+    }
+}
+
 fn count(rule: &RuleInfo, decision: &Decision) {
     let m = &rule.metrics;
     match decision.reason {
@@ -1086,7 +1123,7 @@ mod tests {
             assert!(!checked[0].allowed(), "4 hits against 3 a day are refused");
             let until_midnight = 86_400 - second_of_day;
             for _ in 0..50 {
-                let headers = crate::service::headers::rate_limit_headers(&checked, |w| {
+                let headers = crate::service::headers::rate_limit_headers(&checked, true, |w| {
                     a.retry_after_secs(w)
                 });
                 let retry_after: u64 = headers

@@ -11,16 +11,25 @@ use allot_core::headers::{self, HeaderItem};
 use crate::convert::rule_name;
 use crate::state::Checked;
 
-/// The headers for one ShouldRateLimit answer; `retry_after_secs` turns the longest wait of
-/// a refused descriptor into the Retry-After value (adding jitter).
+/// The headers for one ShouldRateLimit answer; `over_limit` is the answer's overall code
+/// (a quota-mode descriptor over its limit does not always refuse the request, and an
+/// admitted request gets no Retry-After); `retry_after_secs` turns the longest wait of a
+/// refused descriptor into the Retry-After value (adding jitter).
 pub fn rate_limit_headers(
     checked: &[Checked],
+    over_limit: bool,
     retry_after_secs: impl FnOnce(Duration) -> u64,
 ) -> Vec<(&'static str, String)> {
-    let items: Vec<HeaderItem<'_>> = checked.iter().filter_map(item).collect();
-    let refused_without_item = checked
-        .iter()
-        .any(|c| matches!(c, Checked::Degraded { allowed: false, .. }));
+    let mut items: Vec<HeaderItem<'_>> = checked.iter().filter_map(item).collect();
+    if !over_limit {
+        for i in &mut items {
+            i.refused = false;
+        }
+    }
+    let refused_without_item = over_limit
+        && checked
+            .iter()
+            .any(|c| matches!(c, Checked::Degraded { allowed: false, .. }));
     headers::rate_limit_headers(&items, refused_without_item, retry_after_secs)
 }
 
@@ -94,7 +103,7 @@ mod tests {
             decided(&per_hour, true, 900, 1800),
             Checked::NoRule,
         ];
-        let h = rate_limit_headers(&checked, |_| panic!("no Retry-After when allowed"));
+        let h = rate_limit_headers(&checked, false, |_| panic!("no Retry-After when allowed"));
         assert_eq!(
             header(&h, "RateLimit-Policy"),
             Some(r#""per-key";q=100;w=60, "api/key/route";q=1000;w=3600"#)
@@ -115,7 +124,7 @@ mod tests {
         let a = rule("api/a", None, 10, Duration::from_secs(60));
         let b = rule("api/b", None, 5, Duration::from_secs(1));
         let checked = [decided(&a, false, 0, 42), decided(&b, true, 3, 1)];
-        let h = rate_limit_headers(&checked, |wait| {
+        let h = rate_limit_headers(&checked, true, |wait| {
             assert_eq!(wait, Duration::from_secs(42));
             45
         });
@@ -128,10 +137,21 @@ mod tests {
         assert_eq!(header(&h, "Retry-After"), Some("45"));
     }
 
+    /// A quota-mode descriptor over its limit, in a request the answer admits: it shows as
+    /// spent, but nothing tells the caller to retry.
+    #[test]
+    fn an_admitted_request_gets_no_retry_after() {
+        let a = rule("api/a", None, 10, Duration::from_secs(60));
+        let checked = [decided(&a, false, 0, 42)];
+        let h = rate_limit_headers(&checked, false, |_| panic!("no Retry-After when admitted"));
+        assert_eq!(header(&h, "X-RateLimit-Remaining"), Some("0"));
+        assert_eq!(header(&h, "Retry-After"), None);
+    }
+
     #[test]
     fn windows_below_a_second_have_no_w() {
         let fast = rule("api/fast", None, 10, Duration::from_millis(500));
-        let h = rate_limit_headers(&[decided(&fast, true, 9, 1)], |_| 0);
+        let h = rate_limit_headers(&[decided(&fast, true, 9, 1)], false, |_| 0);
         assert_eq!(header(&h, "RateLimit-Policy"), Some(r#""api/fast";q=10"#));
     }
 }

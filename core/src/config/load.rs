@@ -170,6 +170,8 @@ impl Insert<'_> {
             entry,
             rule,
             children,
+            share_threshold,
+            value_to_metric,
         } = def;
         let here = Location::new(self.file, pos);
         chain.push(entry);
@@ -178,6 +180,8 @@ impl Insert<'_> {
         };
         match level.insert(entry, here.clone()) {
             Ok(node) => {
+                node.share_threshold = share_threshold;
+                node.value_to_metric = value_to_metric;
                 if let Some(rule) = rule {
                     node.rule = self.rule(rule, chain, &here, &path);
                 }
@@ -230,6 +234,8 @@ impl Insert<'_> {
             descriptor: chain.to_vec(),
             spec: rule.spec,
             source: here.clone(),
+            quota_mode: rule.quota_mode,
+            metadata: rule.metadata,
         });
         Some(self.rules.len() - 1)
     }
@@ -240,10 +246,10 @@ impl Insert<'_> {
             Conflict::Duplicate { first } => format!(
                 "duplicate descriptor composite key '{composite}' (first defined at {first})"
             ),
-            Conflict::Shadowed { prefix, at } => {
+            Conflict::Shadowed { pattern, at } => {
                 let entry = chain.last().map(ToString::to_string).unwrap_or_default();
                 format!(
-                    "wildcard '{entry}' can never match: the wildcard '{prefix}*' at {at} \
+                    "wildcard '{entry}' can never match: the wildcard '{pattern}' at {at} \
                      is tried first and matches every value it would"
                 )
             }

@@ -13,9 +13,11 @@
 //! - `units`: durations, rates and weights as written;
 //! - `load`: joining files by domain, and the checks that need all of them;
 //! - `matcher`: descriptor matching and counter keys;
+//! - `glob`: value wildcards (`/api/*/action`);
 //! - `model`, `errors`: the public types.
 
 mod errors;
+mod glob;
 mod load;
 mod matcher;
 mod model;
@@ -24,11 +26,14 @@ mod units;
 mod yaml;
 
 #[cfg(test)]
+mod compat_tests;
+#[cfg(test)]
 mod tests;
 
 pub use errors::{ConfigError, ConfigErrors, Location, MAX_REPORTED_ERRORS};
+pub use glob::Glob;
 pub use matcher::{Matched, RequestEntry};
-pub use model::{LoadOptions, Rule, RuleEntry, SourceFile, ValuePattern};
+pub use model::{LoadOptions, Metadata, MetadataValue, Rule, RuleEntry, SourceFile, ValuePattern};
 pub use schema::{DEFAULT_BURST_UNITS, DEFAULT_SLOT_TTL, MAX_WINDOW, MIN_WINDOW};
 pub use units::{format_duration, parse_duration};
 pub use yaml::{MAX_ALIAS_EXPANSION_NODES, MAX_NESTING_DEPTH};
@@ -89,18 +94,22 @@ impl LimitsConfig {
     }
 
     /// The rule one request descriptor (its ordered entries) matches in `domain`, with the
-    /// counter key built from the request's values. `None` for an unknown domain, an empty
-    /// descriptor, or no rule at the descriptor's last entry.
+    /// counter key built from the request's values (and its metric value, when the rule
+    /// reports values). `None` for an unknown domain, an empty descriptor, or no rule at the
+    /// descriptor's last entry.
     pub fn match_descriptor<E: RequestEntry>(
         &self,
         domain: &str,
         entries: &[E],
     ) -> Option<Matched<'_>> {
         let top = self.domains.get(domain)?;
-        let index = matcher::find_rule(top, entries)?;
+        let (index, flags) = matcher::find_rule(top, entries)?;
+        let rule = &self.rules[index];
+        let (key, metric_value) = matcher::describe(top, entries, flags, rule.spec.detailed_metric);
         Some(Matched {
-            rule: &self.rules[index],
-            key: matcher::key_id(entries),
+            rule,
+            key,
+            metric_value,
         })
     }
 

@@ -6,6 +6,7 @@ use crate::ids::LimitId;
 use crate::limit::LimitSpec;
 
 use super::errors::Location;
+use super::glob::Glob;
 
 /// One configuration file handed to the loader: its name (used in every error) and its text.
 /// The loader does no IO; whoever reads the files builds these.
@@ -37,8 +38,9 @@ pub enum ValuePattern {
     Any,
     /// `value: foo`: exactly this value.
     Exact(String),
-    /// `value: foo*`: any value starting with `foo` (the trailing `*` removed).
-    Prefix(String),
+    /// A value with a `*` anywhere (`foo*`, `/api/*/action`, `foo*bar*baz`): each `*`
+    /// matches any run of characters.
+    Wildcard(Glob),
 }
 
 /// One level of a rule's descriptor path: a `key` and what its value matches.
@@ -54,7 +56,7 @@ impl fmt::Display for RuleEntry {
         match &self.value {
             ValuePattern::Any => f.write_str(&self.key),
             ValuePattern::Exact(v) => write!(f, "{}={v}", self.key),
-            ValuePattern::Prefix(p) => write!(f, "{}={p}*", self.key),
+            ValuePattern::Wildcard(g) => write!(f, "{}={g}", self.key),
         }
     }
 }
@@ -68,6 +70,29 @@ pub struct Rule {
     pub spec: LimitSpec,
     /// Where the descriptor was written.
     pub source: Location,
+    /// envoyproxy/ratelimit's `quota_mode`: over its limit, this rule refuses a request only
+    /// when every quota-mode descriptor of the request is over too (the answer's overall
+    /// code); its own descriptor status still says over the limit.
+    pub quota_mode: bool,
+    /// envoyproxy/ratelimit's `metadata`, kept as written; `None` when absent or empty.
+    pub metadata: Option<Metadata>,
+}
+
+/// A descriptor's `metadata`: a mapping of anything, in the order written.
+pub type Metadata = Vec<(String, MetadataValue)>;
+
+/// One value inside `metadata`. Scalars keep their text as written; the type is what YAML
+/// reads (envoyproxy/ratelimit turns them into a protobuf `Struct`: null, bool, number,
+/// string, list, struct).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataValue {
+    Null,
+    Bool(bool),
+    /// An integer or a float, as written.
+    Number(String),
+    String(String),
+    List(Vec<MetadataValue>),
+    Map(Metadata),
 }
 
 impl Rule {
@@ -110,7 +135,7 @@ mod tests {
             },
             RuleEntry {
                 key: "path".into(),
-                value: ValuePattern::Prefix("/v1/".into()),
+                value: ValuePattern::Wildcard(Glob::new("/v1/*").expect("a pattern")),
             },
         ];
         assert_eq!(

@@ -17,7 +17,8 @@ use crate::limit::{
 };
 
 use super::errors::ConfigError;
-use super::model::{RuleEntry, ValuePattern, limit_id};
+use super::glob::Glob;
+use super::model::{Metadata, MetadataValue, RuleEntry, ValuePattern, limit_id};
 use super::units::{
     RATE_LIMIT_UNITS_HELP, format_ppm, parse_duration, parse_rate, parse_weight_ppm,
     rate_limit_unit,
@@ -51,6 +52,10 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "detailed_metric",
+    "quota_mode",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
     "allot",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &["requests_per_unit", "unit", "unlimited", "name", "replaces"];
@@ -88,6 +93,9 @@ pub struct DescriptorDef {
     /// `None` when the descriptor has no `rate_limit`, or an invalid one (already reported).
     pub rule: Option<RuleDef>,
     pub children: Vec<DescriptorDef>,
+    /// `share_threshold` (checked: only on a wildcard value).
+    pub share_threshold: bool,
+    pub value_to_metric: bool,
 }
 
 #[derive(Debug)]
@@ -95,6 +103,8 @@ pub struct RuleDef {
     pub spec: LimitSpec,
     /// Each `replaces` name with where it was written, for the cross-file check.
     pub replaces_at: Vec<(String, Pos, String)>,
+    pub quota_mode: bool,
+    pub metadata: Option<Metadata>,
 }
 
 /// Walks one file's document (`None` for an empty file), appending problems to `errors`.
@@ -224,9 +234,17 @@ impl Walk<'_> {
         let flags = Flags {
             shadow_mode: self.flag(&fields, "shadow_mode"),
             detailed_metric: self.flag(&fields, "detailed_metric"),
+            quota_mode: self.flag(&fields, "quota_mode"),
         };
+        let value_to_metric = self.flag(&fields, "value_to_metric");
+        let share_threshold = self.share_threshold(&fields, entry.as_ref());
+        // Read (and checked) with or without a rule, as envoyproxy/ratelimit reads it; only a
+        // rule keeps it.
+        let metadata = fields.get("metadata").and_then(|f| self.metadata(f));
         let rule = match fields.get("rate_limit") {
-            Some(rate_limit) => self.rule(&fields, rate_limit, flags, limit_id(domain, &chain)),
+            Some(rate_limit) => self
+                .rule(&fields, rate_limit, flags, limit_id(domain, &chain))
+                .map(|rule| RuleDef { metadata, ..rule }),
             None => {
                 if let Some(allot) = fields.get("allot") {
                     let message =
@@ -243,7 +261,94 @@ impl Walk<'_> {
             entry: entry?,
             rule,
             children,
+            share_threshold,
+            value_to_metric,
         })
+    }
+
+    /// `share_threshold`, which only a wildcard value can carry (envoyproxy/ratelimit's rule
+    /// and wording).
+    fn share_threshold(&mut self, fields: &Fields<'_>, entry: Option<&RuleEntry>) -> bool {
+        let Some(f) = fields.get("share_threshold") else {
+            return false;
+        };
+        let Some(on) = self.boolean(f) else {
+            return false;
+        };
+        match entry {
+            Some(e) if on && !matches!(e.value, ValuePattern::Wildcard(_)) => {
+                let message = format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), \
+                     but found '{e}'"
+                );
+                self.err(f.value.pos, &f.path, message);
+                false
+            }
+            _ => on,
+        }
+    }
+
+    /// `metadata`: a mapping of anything, kept as written. `None` when empty or invalid
+    /// (reported).
+    fn metadata(&mut self, f: &Field<'_>) -> Option<Metadata> {
+        if f.value.is_null() {
+            return None;
+        }
+        let Kind::Map(_) = f.value.kind else {
+            let message = format!("metadata must be a mapping, found {}", f.value.describe());
+            self.err(f.value.pos, &f.path, message);
+            return None;
+        };
+        let errors_before = self.errors.len();
+        let value = self.metadata_value(f.value, &f.path);
+        match value {
+            MetadataValue::Map(entries) if self.errors.len() == errors_before => {
+                Some(entries).filter(|e| !e.is_empty())
+            }
+            _ => None,
+        }
+    }
+
+    /// One node inside `metadata`. The YAML tree's depth is bounded, so the recursion is too.
+    fn metadata_value(&mut self, node: &Node, path: &Path) -> MetadataValue {
+        match &node.kind {
+            Kind::Scalar { text, quoted: true } => MetadataValue::String(text.clone()),
+            Kind::Scalar {
+                text,
+                quoted: false,
+            } => match resolve_plain(text) {
+                Plain::Null => MetadataValue::Null,
+                Plain::Bool(b) => MetadataValue::Bool(b),
+                Plain::Int(_) | Plain::Float => MetadataValue::Number(text.clone()),
+                Plain::Str => MetadataValue::String(text.clone()),
+            },
+            Kind::Seq(items) => MetadataValue::List(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| self.metadata_value(item, &path.index(i)))
+                    .collect(),
+            ),
+            Kind::Map(entries) => {
+                let mut map: Metadata = Vec::with_capacity(entries.len());
+                for (key, value) in entries {
+                    // Any scalar key reads as its text, as upstream prints keys.
+                    let Kind::Scalar { text: name, .. } = &key.kind else {
+                        let message = format!("key is not a scalar: {}", key.describe());
+                        self.err(key.pos, path, message);
+                        continue;
+                    };
+                    let here = path.key(name);
+                    if map.iter().any(|(k, _)| k == name) {
+                        self.err(key.pos, &here, format!("duplicate key '{name}'"));
+                        continue;
+                    }
+                    let value = self.metadata_value(value, &here);
+                    map.push((name.clone(), value));
+                }
+                MetadataValue::Map(map)
+            }
+        }
     }
 
     /// The descriptor's `key` and `value`.
@@ -269,8 +374,8 @@ impl Walk<'_> {
         let value = match fields.get("value").and_then(|f| self.string(f)) {
             None => ValuePattern::Any,
             Some(v) if v.is_empty() => ValuePattern::Any,
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => ValuePattern::Prefix(prefix.to_owned()),
+            Some(v) => match Glob::new(&v) {
+                Some(glob) => ValuePattern::Wildcard(glob),
                 None => ValuePattern::Exact(v),
             },
         };
@@ -347,7 +452,12 @@ impl Walk<'_> {
             replaces: replaces_at.iter().map(|(n, _, _)| n.clone()).collect(),
             max_settle_overage_ppm: s.max_settle_overage_ppm,
         };
-        Some(RuleDef { spec, replaces_at })
+        Some(RuleDef {
+            spec,
+            replaces_at,
+            quota_mode: flags.quota_mode,
+            metadata: None,
+        })
     }
 
     /// `rate_limit.unit`: `None` when invalid (reported), `Some(None)` when empty.
@@ -484,6 +594,7 @@ impl Walk<'_> {
 struct Flags {
     shadow_mode: bool,
     detailed_metric: bool,
+    quota_mode: bool,
 }
 
 /// `allot.window` as far as the quota is concerned.
