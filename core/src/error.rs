@@ -24,7 +24,7 @@ pub enum Error {
     InvalidRequest(String),
     /// A SyncUp from a region the operator removed: refused, nothing of it taken.
     #[error(
-        "region {0} was removed from the cluster: its syncs are refused until it is added back          (allot cluster add-region {0})"
+        "region {0} was removed from the cluster: its syncs are refused until it is added back (allot cluster add-region {0})"
     )]
     RegionRemoved(crate::ids::RegionId),
     /// A request id (an idempotency key) came back with another request than the one it was
