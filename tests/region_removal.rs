@@ -159,6 +159,8 @@ struct Seen {
     used: BTreeMap<u64, BTreeMap<String, u64>>,
     /// Per region, the largest allowance its agent enforced in the window.
     allowance: BTreeMap<u64, BTreeMap<String, u64>>,
+    /// The largest allowance `a` and `c` enforced together (read in the same round).
+    others: BTreeMap<u64, u64>,
     /// The largest sum of the leader's committed allowances for the window's counter.
     table_sum: BTreeMap<u64, u64>,
 }
@@ -202,6 +204,7 @@ fn sample(
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Relaxed) {
+        let mut round: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
         for (region, http) in &agents {
             let k = get_json(http, "/v1/keys?domain=shop&descriptor=k");
             let (Some(w), Some(net), Some(allowance)) = (
@@ -214,6 +217,14 @@ fn sample(
             let mut s = seen.lock().expect("sampler");
             raise(&mut s.used, w, region, net);
             raise(&mut s.allowance, w, region, allowance);
+            round.insert(region, (w, allowance));
+        }
+        if let (Some((wa, a)), Some((wc, c))) = (round.get("a"), round.get("c"))
+            && wa == wc
+        {
+            let mut s = seen.lock().expect("sampler");
+            let slot = s.others.entry(*wa).or_default();
+            *slot = (*slot).max(a + c);
         }
         let status = get_json(&leader_http, "/v1/status");
         let regions = get_json(&leader_http, "/v1/regions");
@@ -241,7 +252,7 @@ async fn load(agent: String, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Sleeps until `offset_ms` into a window at least `after_ms` from now.
+/// Sleeps until `offset_ms` into a window at least half a second from now.
 async fn into_window_at(offset_ms: u64) {
     let now = now_ms();
     let mut target = now - now % WINDOW_MS + offset_ms;
