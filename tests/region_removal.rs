@@ -163,6 +163,8 @@ struct Seen {
     others: BTreeMap<u64, u64>,
     /// The largest sum of the leader's committed allowances for the window's counter.
     table_sum: BTreeMap<u64, u64>,
+    /// The smallest allowance the leader's table gave `b` for the window.
+    b_table_min: BTreeMap<u64, u64>,
 }
 
 fn raise(map: &mut BTreeMap<u64, BTreeMap<String, u64>>, window: u64, region: &str, v: u64) {
@@ -176,22 +178,25 @@ fn raise(map: &mut BTreeMap<u64, BTreeMap<String, u64>>, window: u64, region: &s
 
 /// The leader's committed allowances of `k` per window: its rows, and for a region without a
 /// row its default (zero from the window its floor is reclaimed from).
-fn table_sums(status: &Value, regions: &Value) -> BTreeMap<u64, u64> {
+fn table_sums(status: &Value, regions: &Value) -> BTreeMap<u64, BTreeMap<&'static str, u64>> {
     let reclaimed_from = |r: &str| region_entry(regions, r)["reclaimed"]["shop/k"].as_u64();
     let mut sums = BTreeMap::new();
     for c in status["counters"].as_array().into_iter().flatten() {
         let Some(window) = c["counter"]["window"].as_u64() else {
             continue;
         };
-        let sum = REGIONS
+        let rows = REGIONS
             .iter()
-            .map(|r| match c["regions"][*r]["allowance_units"].as_u64() {
-                Some(units) => units,
-                None if reclaimed_from(r).is_some_and(|from| window >= from) => 0,
-                None => DEFAULT_UNITS,
+            .map(|r| {
+                let units = match c["regions"][*r]["allowance_units"].as_u64() {
+                    Some(units) => units,
+                    None if reclaimed_from(r).is_some_and(|from| window >= from) => 0,
+                    None => DEFAULT_UNITS,
+                };
+                (*r, units)
             })
-            .sum();
-        sums.insert(window, sum);
+            .collect();
+        sums.insert(window, rows);
     }
     sums
 }
@@ -229,7 +234,10 @@ fn sample(
         let status = get_json(&leader_http, "/v1/status");
         let regions = get_json(&leader_http, "/v1/regions");
         let mut s = seen.lock().expect("sampler");
-        for (w, sum) in table_sums(&status, &regions) {
+        for (w, rows) in table_sums(&status, &regions) {
+            let b = s.b_table_min.entry(w).or_insert(u64::MAX);
+            *b = (*b).min(rows["b"]);
+            let sum = rows.values().sum();
             let slot = s.table_sum.entry(w).or_default();
             *slot = (*slot).max(sum);
         }
@@ -238,8 +246,8 @@ fn sample(
     }
 }
 
-/// Asks `agent` for 10 units every 50 ms (200 units/s, twice the quota) until `stop`.
-async fn load(agent: String, stop: Arc<AtomicBool>) {
+/// Asks `agent` for 10 units every `every` until `stop`.
+async fn load(agent: String, every: Duration, stop: Arc<AtomicBool>) {
     let channel = tonic::transport::Channel::from_shared(format!("http://{agent}"))
         .expect("url")
         .connect()
@@ -248,7 +256,7 @@ async fn load(agent: String, stop: Arc<AtomicBool>) {
     let mut client = allot_proto::lease::v1::lease_service_client::LeaseServiceClient::new(channel);
     while !stop.load(Ordering::Relaxed) {
         support::decide(&mut client, "shop", "k", "", 10).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -322,9 +330,15 @@ async fn a_removed_region_s_share_moves_only_from_a_window_after_its_view_expire
         let (leader_http, seen, stop) = (leader_http.clone(), Arc::clone(&seen), Arc::clone(&stop));
         std::thread::spawn(move || sample(agents, leader_http, seen, stop))
     };
+    // a and c ask for twice the quota (200 units/s) and have spent their shares 2 s into a
+    // window; b asks for 50 units/s, so that it still holds half its share when it is
+    // removed 3 s into one: what it holds then must not move to the others in that window.
     let loads: Vec<_> = agents
-        .values()
-        .map(|p| tokio::spawn(load(p.grpc.clone(), Arc::clone(&stop))))
+        .iter()
+        .map(|(r, p)| {
+            let every = Duration::from_millis(if *r == "b" { 200 } else { 50 });
+            tokio::spawn(load(p.grpc.clone(), every, Arc::clone(&stop)))
+        })
         .collect();
 
     // A whole window of load first, then the removal 3 s into the next, through every node's
@@ -407,6 +421,7 @@ async fn a_removed_region_s_share_moves_only_from_a_window_after_its_view_expire
     let first = window_of(removed_at_ms) - 1;
     let last = window_of(now_ms()) - 1;
     let mut first_grown = None;
+    let mut first_taken = None;
     eprintln!(
         "per window: the largest sums seen (the table's, read on the leader; a's and c's allowances, read together) and each agent's largest"
     );
@@ -416,8 +431,9 @@ async fn a_removed_region_s_share_moves_only_from_a_window_after_its_view_expire
         let used_sum: u64 = used.values().sum();
         let others = seen.others.get(&w).copied().unwrap_or(0);
         let table = seen.table_sum.get(&w).copied();
+        let b_table = seen.b_table_min.get(&w).copied();
         eprintln!(
-            "window {w}{}: table sum {table:?}, admitted {used:?} = {used_sum}, allowances {allowance:?}, a + c = {others}",
+            "window {w}{}: table sum {table:?} (b at least {b_table:?}), admitted {used:?} = {used_sum}, allowances {allowance:?}, a + c = {others}",
             match w {
                 _ if w == removal_window => " (removal)",
                 _ if w == window_of(added_at_ms) => " (add-back)",
@@ -429,24 +445,31 @@ async fn a_removed_region_s_share_moves_only_from_a_window_after_its_view_expire
             table.is_none_or(|t| t <= QUOTA_UNITS),
             "window {w}: table sum {table:?}"
         );
-        // Before the removal, how the quota is shared is the rebalancer's ordinary business.
-        let after_removal = w >= removal_window;
-        if after_removal && others > OTHERS_WITHOUT_B_SHARE_UNITS && first_grown.is_none() {
+        // b's share leaves it in the table (it always holds what it used, so only a reclaim
+        // takes it to 0), then a and c hold it. Before the removal, how the quota is shared
+        // is the rebalancer's ordinary business.
+        if w >= removal_window && b_table == Some(0) && first_taken.is_none() {
+            first_taken = Some(w);
+        }
+        let taken = first_taken.is_some_and(|t| w >= t);
+        if taken && others > OTHERS_WITHOUT_B_SHARE_UNITS && first_grown.is_none() {
             first_grown = Some(w);
         }
     }
     eprintln!(
         "a and c first hold b's share in window {first_grown:?}; b heard {heard_after:?} after add-region"
     );
-    let first_grown = first_grown.expect("a and c grow into b's share");
+    let first_taken = first_taken.expect("b's share leaves it in the table");
     assert!(
-        first_grown >= earliest,
-        "grown in {first_grown}, b may admit until {}",
+        first_taken >= earliest,
+        "b's share taken in {first_taken}, b may admit until {}",
         earliest - 1
     );
-    assert!(
-        first_grown <= from,
-        "grown only from {first_grown}, reclaimed from {from}"
+    assert_eq!(first_taken, from, "taken by the reclaim");
+    assert_eq!(
+        first_grown,
+        Some(from),
+        "a and c grow into b's share as soon as it is free"
     );
     // Back: b admits in the windows after its add-back.
     let back_window = window_of(added_at_ms) + 1;
