@@ -2,8 +2,8 @@
 //! with real processes on loopback.
 //!
 //! - Every `cargo test`: one `allot coordinator`: the refusals (an unknown region, a region
-//!   removed twice, one added back that is not removed) change nothing, and `regions` shows
-//!   the removal.
+//!   removed twice, one added back that is not removed) change nothing, and `regions` and
+//!   `status` show the removal.
 //! - Slow tier (`ALLOT_SLOW_TESTS=1`): three `allot coordinator` processes and three agents
 //!   (`a`, `b`, `c`) under steady load on a strict, closed-policy limit of 1,000 units per
 //!   10 s window (default shares 300 each, 100 unassigned). `b` is removed mid-window through a
@@ -88,7 +88,7 @@ fn region_entry(regions: &Value, name: &str) -> Value {
 }
 
 #[test]
-fn region_changes_refuse_bad_input_and_regions_shows_a_removal() {
+fn region_changes_refuse_bad_input_and_regions_and_status_show_a_removal() {
     let dir = support::scratch("region_removal", "refusals", Some(LIMITS));
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
@@ -145,6 +145,9 @@ fn region_changes_refuse_bad_input_and_regions_shows_a_removal() {
     assert!(listed.status.success(), "{}", text(&listed));
     assert!(text(&listed).contains("b: removed"), "{}", text(&listed));
     assert!(text(&listed).contains("a: active"), "{}", text(&listed));
+    let status = cli(&["status", "--coordinator", &http]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(text(&status).contains("b: removed"), "{}", text(&status));
 
     let back = cli(&["cluster", "add-region", "b", "--coordinator", &http]);
     assert!(back.status.success(), "{}", text(&back));

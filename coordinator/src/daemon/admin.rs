@@ -86,6 +86,8 @@ struct RegionStatus {
     region: RegionId,
     /// `None`: the default weight.
     weight_ppm: Option<u32>,
+    /// Removed by the operator (`/v1/regions`): its syncs are refused.
+    removed: bool,
     /// As the leader last heard it (absent on a follower, or before the region syncs).
     #[serde(flatten)]
     heard: Option<HeardStatus>,
@@ -177,6 +179,7 @@ fn raft_status(admin: &Admin) -> Status {
             .map(|(r, member)| RegionStatus {
                 region: r.clone(),
                 weight_ppm: member.weight_ppm,
+                removed: a.state.table().is_removed(r),
                 heard: None,
             })
             .collect();
