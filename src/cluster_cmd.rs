@@ -1,5 +1,7 @@
 //! `allot cluster members|add-node|remove-node`: the coordinator cluster's membership, through
-//! the nodes' admin HTTP (`/v1/cluster/nodes`, `coordinator/src/daemon/cluster.rs`).
+//! the nodes' admin HTTP (`/v1/cluster/nodes`, `coordinator/src/daemon/cluster.rs`);
+//! `allot cluster regions|remove-region|add-region`: the regions the table knows, removed and
+//! added back (`/v1/regions`, `coordinator/src/daemon/regions.rs`).
 //!
 //! A change is sent to each `--coordinator` address in turn until the leader takes it (a
 //! follower answers `421`), as `allot config put` does.
@@ -10,6 +12,7 @@ use std::time::Duration;
 use allot_coordinator::daemon::cluster::{
     CATCH_UP_TIMEOUT, CHANGE_TIMEOUT, REMOVED_NOTICE_TIMEOUT,
 };
+use allot_coordinator::daemon::regions;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
@@ -33,6 +36,32 @@ pub enum ClusterCommand {
     /// when the cluster refuses (an unknown id, the last voter), 2 when no node made the
     /// change.
     RemoveNode(RemoveArgs),
+    /// Print the regions the table knows: weight, whether removed, the limits whose floor was
+    /// reclaimed from it, and (from the leader) when it was last heard.
+    Regions(MembersArgs),
+    /// Remove a region: it gets no new grant, its syncs are refused, and under the closed
+    /// policy its floor goes to the others from the first window that starts after its view
+    /// has certainly expired (docs/coordinator.md, "Removing a region"). Exits 1 when the
+    /// cluster refuses (an unknown or already removed region), 2 when no node made the change.
+    RemoveRegion(RegionArgs),
+    /// Add a removed region back: its next sync is answered. Exits 1 when the cluster refuses
+    /// (an unknown region, or one not removed), 2 when no node made the change.
+    AddRegion(RegionArgs),
+}
+
+#[derive(Args)]
+pub struct RegionArgs {
+    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
+    /// takes the change: give every node's.
+    #[arg(
+        long,
+        env = "ALLOT_COORDINATOR_HTTP",
+        default_value = "127.0.0.1:7071",
+        value_delimiter = ','
+    )]
+    coordinator: Vec<String>,
+    /// The region's name, as the agent's --region and the limits' weights give it.
+    name: String,
 }
 
 #[derive(Args)]
@@ -89,7 +118,32 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
         Err(e) => return fail(2, &format!("cannot start the runtime: {e}")),
     };
     match cmd {
-        ClusterCommand::Members(args) => runtime.block_on(members(args)),
+        ClusterCommand::Members(args) => runtime.block_on(read(args, "/v1/cluster/nodes", summary)),
+        ClusterCommand::Regions(args) => {
+            runtime.block_on(read(args, "/v1/regions", regions_summary))
+        }
+        ClusterCommand::RemoveRegion(args) => {
+            let change = Change {
+                what: format!("remove-region {}", args.name),
+                method: "DELETE",
+                path: format!("/v1/regions/{}", path_segment(&args.name)),
+                body: None,
+                timeout: REGION_CHANGE_TIMEOUT,
+                summary: region_change_summary,
+            };
+            runtime.block_on(change.send(&args.coordinator))
+        }
+        ClusterCommand::AddRegion(args) => {
+            let change = Change {
+                what: format!("add-region {}", args.name),
+                method: "POST",
+                path: format!("/v1/regions/{}", path_segment(&args.name)),
+                body: None,
+                timeout: REGION_CHANGE_TIMEOUT,
+                summary: region_change_summary,
+            };
+            runtime.block_on(change.send(&args.coordinator))
+        }
         ClusterCommand::AddNode(args) => {
             let body = json!({ "id": args.id, "address": args.grpc }).to_string();
             // The leader waits for the catch-up, then commits two entries.
@@ -100,6 +154,7 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
                 path: "/v1/cluster/nodes".to_owned(),
                 body: Some(body),
                 timeout,
+                summary,
             };
             runtime.block_on(change.send(&args.coordinator))
         }
@@ -112,19 +167,18 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
                 path: format!("/v1/cluster/nodes/{}", args.id),
                 body: None,
                 timeout,
+                summary,
             };
             runtime.block_on(change.send(&args.coordinator))
         }
     }
 }
 
-async fn members(args: MembersArgs) -> ExitCode {
-    let answer = tokio::time::timeout(
-        READ_TIMEOUT,
-        request(&args.coordinator, "GET", "/v1/cluster/nodes", None),
-    )
-    .await
-    .unwrap_or_else(|_| Err(format!("no answer in {READ_TIMEOUT:?}")));
+/// A read of one node: its JSON as it is, or for a person.
+async fn read(args: MembersArgs, path: &str, summary: fn(&Value) -> String) -> ExitCode {
+    let answer = tokio::time::timeout(READ_TIMEOUT, request(&args.coordinator, "GET", path, None))
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer in {READ_TIMEOUT:?}")));
     match answer {
         Ok((200, v)) if args.json => println!("{v}"),
         Ok((200, v)) => print!("{}", summary(&v)),
@@ -172,13 +226,73 @@ fn summary(v: &Value) -> String {
     out
 }
 
-/// One membership change, sent to each address until the leader takes it.
+/// The regions for a person: one line each.
+fn regions_summary(v: &Value) -> String {
+    let mut out = format!("config version {}\n", v["config_version"]);
+    for r in v["regions"].as_array().into_iter().flatten() {
+        let name = r["region"].as_str().unwrap_or("?");
+        let weight = match r["weight_ppm"].as_u64() {
+            Some(ppm) => format!("weight {ppm} ppm"),
+            None => "default weight".to_owned(),
+        };
+        let state = match r["removed_at_unix_ms"].as_u64() {
+            Some(at) => format!("removed (at {at} ms)"),
+            None => "active".to_owned(),
+        };
+        let mut line = format!("{name}: {state}, {weight}");
+        if let Some(reclaimed) = r["reclaimed"].as_object().filter(|m| !m.is_empty()) {
+            let limits: Vec<String> = reclaimed
+                .iter()
+                .map(|(l, w)| format!("{l} from window {w}"))
+                .collect();
+            line += &format!(", floor reclaimed: {}", limits.join(", "));
+        }
+        if let Some(lag) = r["sync_lag_ms"].as_u64() {
+            line += &format!(", last heard {lag} ms ago");
+        }
+        out += &line;
+        out.push('\n');
+    }
+    if v["leader"] != true {
+        out += "(not the leader: last heard is known on the leader only)\n";
+    }
+    out
+}
+
+fn region_change_summary(v: &Value) -> String {
+    let name = v["region"].as_str().unwrap_or("?");
+    if v["removed"] == true {
+        format!("region {name} removed\n")
+    } else {
+        format!("region {name} added back\n")
+    }
+}
+
+/// A region name as one path segment: every byte outside the unreserved set escaped.
+fn path_segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A region change: the node's own bound, and room for the answer.
+const REGION_CHANGE_TIMEOUT: Duration =
+    Duration::from_secs(regions::CHANGE_TIMEOUT.as_secs() + ANSWER_MARGIN.as_secs());
+
+/// One membership or region change, sent to each address until the leader takes it.
 struct Change {
     what: String,
     method: &'static str,
     path: String,
     body: Option<String>,
     timeout: Duration,
+    /// The answer for a person.
+    summary: fn(&Value) -> String,
 }
 
 impl Change {
@@ -191,7 +305,7 @@ impl Change {
                 .unwrap_or_else(|_| Err(format!("no answer in {:?}", self.timeout)));
             match answer {
                 Ok((200, v)) => {
-                    print!("{}", summary(&v));
+                    print!("{}", (self.summary)(&v));
                     if let Some(note) = v["note"].as_str() {
                         println!("{note}");
                     }

@@ -238,6 +238,9 @@ fn summary(s: &Value) -> String {
 
 fn region_line(r: &Value) -> String {
     let name = r["region"].as_str().unwrap_or("?");
+    if r["removed"] == true {
+        return format!("  {name}: removed (allot cluster add-region {name} adds it back)\n");
+    }
     if r["sync_lag_ms"].is_null() {
         return format!("  {name}: not heard by this node\n");
     }

@@ -46,7 +46,9 @@ enum Command {
     Config(config_cmd::ConfigCommand),
     /// The coordinator cluster's membership: `members` lists the voters and learners,
     /// `add-node` adds a node started with `allot coordinator --join`, `remove-node` removes
-    /// one (the leader too). See docs/coordinator.md.
+    /// one (the leader too); its regions: `regions` lists them, `remove-region` removes one
+    /// (its allowances reclaimed safely), `add-region` adds a removed one back. See
+    /// docs/coordinator.md.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
     /// Call a running agent's Acquire once and print the decision as JSON.

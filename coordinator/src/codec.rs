@@ -17,6 +17,10 @@ pub const FORMAT_V1: u8 = 0x01;
 /// (`ClusterState::config_files`); format 1 states still read.
 pub const FORMAT_V2: u8 = 0x02;
 
+/// The snapshot state's layout since the table keeps removed regions
+/// (`AllowanceTable::removed`); format 2 and 1 states still read.
+pub const FORMAT_V3: u8 = 0x03;
+
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>> {
     encode_as(FORMAT_V1, what, value)
 }

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use allot_core::ids::RegionId;
 use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
 use allot_core::rebalance::{
-    AllowanceTable, ApplyOutcome, MAX_PROPOSALS_PER_POLL, RejectReason, TableCommand,
+    AllowanceTable, AllowanceTableV1, ApplyOutcome, MAX_PROPOSALS_PER_POLL, RejectReason,
+    TableCommand,
 };
 use allot_core::sync::{ClockSample, ConfigFiles};
 use allot_core::time::Timestamp;
@@ -171,7 +172,7 @@ pub struct ClusterState {
 /// written.
 #[derive(Deserialize)]
 pub(crate) struct ClusterStateV1 {
-    table: AllowanceTable,
+    table: AllowanceTableV1,
     limits: Vec<LimitSpec>,
     regions: BTreeMap<RegionId, RegionMember>,
     clocks: BTreeMap<RegionId, RegionClock>,
@@ -180,11 +181,33 @@ pub(crate) struct ClusterStateV1 {
 impl From<ClusterStateV1> for ClusterState {
     fn from(v1: ClusterStateV1) -> Self {
         ClusterState {
-            table: v1.table,
+            table: v1.table.into(),
             limits: v1.limits,
             regions: v1.regions,
             clocks: v1.clocks,
             config_files: None,
+        }
+    }
+}
+
+/// The snapshot layout before the table kept removed regions (format 2): read, never written.
+#[derive(Deserialize)]
+pub(crate) struct ClusterStateV2 {
+    table: AllowanceTableV1,
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+    config_files: Option<ConfigFiles>,
+}
+
+impl From<ClusterStateV2> for ClusterState {
+    fn from(v2: ClusterStateV2) -> Self {
+        ClusterState {
+            table: v2.table.into(),
+            limits: v2.limits,
+            regions: v2.regions,
+            clocks: v2.clocks,
+            config_files: v2.config_files,
         }
     }
 }

@@ -22,6 +22,11 @@ pub enum Error {
     },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A SyncUp from a region the operator removed: refused, nothing of it taken.
+    #[error(
+        "region {0} was removed from the cluster: its syncs are refused until it is added back (allot cluster add-region {0})"
+    )]
+    RegionRemoved(crate::ids::RegionId),
     /// A request id (an idempotency key) came back with another request than the one it was
     /// first used for: another kind of call, or other parameters. Refused, never answered
     /// with the first request's outcome; nothing is charged.

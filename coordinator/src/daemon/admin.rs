@@ -1,6 +1,6 @@
 //! The node's admin HTTP: `/healthz`, `/v1/status` (JSON), `/metrics` (Prometheus),
-//! `/v1/config` (the limits configuration: [`config`]) and `/v1/cluster/nodes` (the
-//! membership: [`cluster`]).
+//! `/v1/config` (the limits configuration: [`config`]), `/v1/cluster/nodes` (the
+//! membership: [`cluster`]) and `/v1/regions` (regions removed and added back: [`regions`]).
 //!
 //! Every node answers `/v1/status` with what raft and the committed state say (members,
 //! leader, term, configuration, member regions); the leader adds what only its rebalancer
@@ -27,6 +27,7 @@ use crate::daemon::handler::LeaderSlot;
 use crate::daemon::leader::{
     CounterStatus, Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT, counters_status,
 };
+use crate::daemon::regions;
 use crate::store::StateReader;
 use crate::sync_service::system_now;
 use crate::types::{NodeId, TypeConfig};
@@ -59,6 +60,11 @@ pub fn router(admin: Admin) -> Router {
                 .layer(DefaultBodyLimit::max(cluster::MAX_ADD_BODY_BYTES)),
         )
         .route("/v1/cluster/nodes/{id}", delete(cluster::remove))
+        .route("/v1/regions", get(regions::list))
+        .route(
+            "/v1/regions/{name}",
+            delete(regions::remove).post(regions::add),
+        )
         .with_state(admin)
 }
 
@@ -80,6 +86,8 @@ struct RegionStatus {
     region: RegionId,
     /// `None`: the default weight.
     weight_ppm: Option<u32>,
+    /// Removed by the operator (`/v1/regions`): its syncs are refused.
+    removed: bool,
     /// As the leader last heard it (absent on a follower, or before the region syncs).
     #[serde(flatten)]
     heard: Option<HeardStatus>,
@@ -171,6 +179,7 @@ fn raft_status(admin: &Admin) -> Status {
             .map(|(r, member)| RegionStatus {
                 region: r.clone(),
                 weight_ppm: member.weight_ppm,
+                removed: a.state.table().is_removed(r),
                 heard: None,
             })
             .collect();
@@ -196,7 +205,7 @@ fn raft_status(admin: &Admin) -> Status {
 }
 
 /// The rebalancer's part, if this node runs one and it answers in time.
-async fn leader_status(admin: &Admin) -> Option<LeaderStatus> {
+pub(crate) async fn leader_status(admin: &Admin) -> Option<LeaderStatus> {
     let jobs = admin.slot.sender()?;
     let (reply, answer) = oneshot::channel();
     jobs.try_send(Job::Status { reply }).ok()?;

@@ -11,9 +11,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use allot_core::error::Error as CoreError;
 use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::Quota;
-use allot_core::rebalance::{AllowanceTable, Bound, Coordinator, CoordinatorConfig, TableCommand};
+use allot_core::rebalance::{
+    AllowanceTable, ApplyOutcome, Bound, Coordinator, CoordinatorConfig, TableCommand,
+};
 use allot_core::sync::{CounterRef, SyncUp};
 use allot_core::time::Timestamp;
 use openraft::Raft;
@@ -54,6 +57,12 @@ pub enum Job {
     },
     Status {
         reply: oneshot::Sender<LeaderStatus>,
+    },
+    /// An operator's table command (a region removed or added back), committed as a round of
+    /// its own; answered with what the table made of it.
+    Table {
+        cmd: TableCommand,
+        reply: oneshot::Sender<ApplyOutcome>,
     },
 }
 
@@ -205,6 +214,10 @@ impl Leader {
             Job::Status { reply } => {
                 let _ = reply.send(self.status());
             }
+            Job::Table { cmd, reply } => {
+                let outcome = self.table_command(cmd).await?;
+                let _ = reply.send(outcome);
+            }
         }
         Ok(())
     }
@@ -214,7 +227,11 @@ impl Leader {
         let heard = heard_from(received_at, &up);
         let (region, seq) = (up.region.clone(), up.seq);
         if let Err(e) = self.coordinator.handle_sync_up(received_at, up) {
-            metrics::counter!(m::REFUSED_SYNC_UPS).increment(1);
+            let counter = match e {
+                CoreError::RegionRemoved(_) => m::REMOVED_REGION_SYNC_UPS,
+                _ => m::REFUSED_SYNC_UPS,
+            };
+            metrics::counter!(counter).increment(1);
             return Ok(Answer::Refused(e.to_string()));
         }
         let other_version = heard.config_version != self.coordinator.table().config_version();
@@ -242,6 +259,23 @@ impl Leader {
             }
         }
         Ok(Answer::Down(down))
+    }
+
+    /// Commits the rounds already proposed (the contract: nothing polled stays uncommitted),
+    /// then `cmd` as a round of its own, and hands it to the rebalancer with its outcome.
+    async fn table_command(&mut self, cmd: TableCommand) -> Result<ApplyOutcome, Ended> {
+        self.commit_proposals().await?;
+        let cmds = vec![cmd];
+        let written = self.commit(ClusterCommand::Round(cmds.clone())).await?;
+        let CommandOutcome::Round(outcomes) = written.data else {
+            return Err(Ended::Diverged(format!(
+                "a round answered {:?}",
+                written.data
+            )));
+        };
+        let outcome = outcomes.first().cloned();
+        self.apply_round(&cmds, outcomes)?;
+        outcome.ok_or_else(|| Ended::Diverged("a round of one answered nothing".to_owned()))
     }
 
     /// Polls the rebalancer and commits what it proposes as one round entry, then hands it

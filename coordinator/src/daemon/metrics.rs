@@ -13,6 +13,8 @@ pub const SYNC_UPS: &str = "allot_coordinator_sync_ups_total";
 pub const SYNC_UPS_DROPPED: &str = "allot_coordinator_sync_ups_dropped_total";
 pub const NOT_LEADER_ANSWERS: &str = "allot_coordinator_not_leader_answers_total";
 pub const REFUSED_SYNC_UPS: &str = "allot_coordinator_refused_sync_ups_total";
+pub const REMOVED_REGION_SYNC_UPS: &str = "allot_coordinator_removed_region_sync_ups_total";
+pub const REGION_CHANGES: &str = "allot_coordinator_region_changes_total";
 pub const OTHER_VERSION_SYNC_UPS: &str = "allot_coordinator_other_version_sync_ups_total";
 pub const ROUNDS: &str = "allot_coordinator_rounds_total";
 pub const ROUND_COMMANDS: &str = "allot_coordinator_round_commands_total";
@@ -57,6 +59,14 @@ fn describe() {
     describe_counter!(
         REFUSED_SYNC_UPS,
         "SyncUps refused (a region the table does not know); the stream ends."
+    );
+    describe_counter!(
+        REMOVED_REGION_SYNC_UPS,
+        "SyncUps refused because their region was removed (allot cluster remove-region); the stream ends, nothing of them is taken."
+    );
+    describe_counter!(
+        REGION_CHANGES,
+        "Region removals and add-backs by the admin API, by action (remove, add) and result (committed, refused, not_leader, failed)."
     );
     describe_counter!(
         ROUNDS,

@@ -7,7 +7,8 @@
 //! - [`leader`]: the rebalancer task and the driver contract over raft.
 //! - [`admin`]: `/healthz`, `/v1/status`, `/metrics`; [`config`]: `/v1/config`, the limits
 //!   configuration put (`allot config put`) and read; [`cluster`]: `/v1/cluster/nodes`, the
-//!   membership read and changed (`allot cluster`).
+//!   membership read and changed (`allot cluster`); [`regions`]: `/v1/regions`, regions
+//!   removed and added back (`allot cluster remove-region|add-region`).
 //! - [`limits`]: the limits files given at start, put through raft when the cluster has an
 //!   older version.
 //!
@@ -21,6 +22,7 @@ pub mod handler;
 pub mod leader;
 pub mod limits;
 pub mod metrics;
+pub mod regions;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -278,10 +278,12 @@ fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
     assert!(matches!(outcome, Ok(CommandOutcome::Round(_))));
     assert_eq!(state.table().row_count(), 1);
     let mut data = super::state_machine::encode_state(&state).expect("encode");
-    // The table comes first and its row count is its last field: one varint byte here.
+    // The table comes first; its row count is the field before the last (the removed
+    // regions, none here: one byte): one varint byte here.
     let table_len = postcard::to_stdvec(state.table()).expect("encode").len();
-    assert_eq!(data[table_len], 1);
-    data[table_len] = 5;
+    assert_eq!(data[table_len], 0);
+    assert_eq!(data[table_len - 1], 1);
+    data[table_len - 1] = 5;
     let meta = crate::types::SnapshotMeta {
         last_log_id: Some(log_id(1, 9)),
         last_membership: Default::default(),
@@ -299,34 +301,70 @@ fn a_snapshot_with_a_damaged_table_is_refused_not_installed() {
     });
 }
 
-/// Snapshots written before the state kept its configuration's files (format 1) still
-/// install: the state comes back whole, with no files.
-#[test]
-fn a_format_1_snapshot_state_still_installs() {
+/// The table as written before it kept removed regions: with none removed, its layout less
+/// the last field (an empty map, one byte).
+fn table_before_removals(state: &ClusterState) -> Vec<u8> {
+    assert!(state.table().removed().is_empty());
+    let mut table = postcard::to_stdvec(state.table()).expect("encode");
+    assert_eq!(table.pop(), Some(0));
+    table
+}
+
+/// Installs a snapshot of `data` and returns the state that comes back after a reopen.
+fn install_and_reopen(data: Vec<u8>) -> ClusterState {
     let dir = TempDir::new().expect("temporary directory");
-    let state = expected_state();
-    let v1 = (
-        state.table(),
-        state.limits(),
-        state.regions(),
-        state.clocks(),
-    );
-    let data = crate::codec::encode_as(crate::codec::FORMAT_V1, "state", &v1).expect("encode");
     let meta = crate::types::SnapshotMeta {
         last_log_id: Some(log_id(1, 9)),
         last_membership: Default::default(),
-        snapshot_id: "format-1".to_string(),
+        snapshot_id: "old-format".to_string(),
     };
     runtime().block_on(async {
         let (_, mut sm) = open(dir.path()).expect("open");
         sm.install_snapshot(&meta, Box::new(std::io::Cursor::new(data)))
             .await
-            .expect("a format 1 snapshot installs");
+            .expect("an old format snapshot installs");
         let (last, _) = sm.applied_state().await.expect("applied");
         assert_eq!(last, Some(log_id(1, 9)));
     });
     let (_, sm) = open(dir.path()).expect("reopen");
-    let installed = sm.reader().read(|a| a.state.clone());
+    sm.reader().read(|a| a.state.clone())
+}
+
+/// Snapshots written before the state kept its configuration's files (format 1) still
+/// install: the state comes back whole, with no files.
+#[test]
+fn a_format_1_snapshot_state_still_installs() {
+    let state = expected_state();
+    let rest = (state.limits(), state.regions(), state.clocks());
+    let mut data = vec![crate::codec::FORMAT_V1];
+    data.extend(table_before_removals(&state));
+    data.extend(postcard::to_stdvec(&rest).expect("encode"));
+    let installed = install_and_reopen(data);
     assert_eq!(installed, state);
     assert_eq!(installed.config_files(), None);
+}
+
+/// Snapshots written before the table kept removed regions (format 2) still install, with
+/// none removed.
+#[test]
+fn a_format_2_snapshot_state_still_installs() {
+    let state = expected_state();
+    let files = allot_core::sync::ConfigFiles {
+        version: 7,
+        merge_domains: false,
+        files: Vec::new(),
+    };
+    let rest = (
+        state.limits(),
+        state.regions(),
+        state.clocks(),
+        Some(&files),
+    );
+    let mut data = vec![crate::codec::FORMAT_V2];
+    data.extend(table_before_removals(&state));
+    data.extend(postcard::to_stdvec(&rest).expect("encode"));
+    let installed = install_and_reopen(data);
+    assert_eq!(installed.table(), state.table());
+    assert_eq!(installed.regions(), state.regions());
+    assert_eq!(installed.config_files().map(|f| f.files.len()), Some(0));
 }

@@ -114,7 +114,10 @@ fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
             Some(ProposalKey::EndReclaim(limit.clone(), region.clone()))
         }
         TableCommand::CollectGarbage { limit, .. } => Some(ProposalKey::Gc(limit.clone())),
-        TableCommand::SetConfig { .. } => None,
+        // Configuration and the operator's removals are not the rebalancer's proposals.
+        TableCommand::SetConfig { .. }
+        | TableCommand::RemoveRegion { .. }
+        | TableCommand::RestoreRegion { .. } => None,
     }
 }
 
@@ -219,6 +222,11 @@ impl Coordinator {
                 "sync from unknown region {}",
                 msg.region
             )));
+        }
+        // Refused before anything of it is taken: the region is no longer heard, so its view
+        // expires on its side and, under the closed policy, its floor becomes reclaimable.
+        if self.table.is_removed(&msg.region) {
+            return Err(Error::RegionRemoved(msg.region.clone()));
         }
         let started_at = self.started_at;
         let known = self.known_before(&msg);
@@ -476,10 +484,14 @@ impl Coordinator {
     /// is a counter planned, since a region on another version neither takes the grants nor
     /// enforces the defaults the plan counts it at.
     fn versions_agree(&self) -> bool {
+        // A removed region never syncs again, so it would hold planning up for good; it is
+        // frozen (the plan counts it at what the table holds), and what it may still enforce
+        // under an older version is in the bound's reload term, which counts every member.
         let current = self.table.config_version();
         self.regions
-            .values()
-            .all(|v| v.config_version.is_none_or(|c| c == current))
+            .iter()
+            .filter(|(r, _)| !self.table.is_removed(r))
+            .all(|(_, v)| v.config_version.is_none_or(|c| c == current))
     }
 
     fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
@@ -618,9 +630,12 @@ impl Coordinator {
         }
     }
 
-    /// Heard by this leader and no longer silent.
+    /// Heard by this leader, no longer silent, and not removed (a region removed moments
+    /// after it was heard is not silent yet, but will not be heard again).
     fn has_returned(&self, region: &RegionId, now: Timestamp) -> bool {
-        self.regions.get(region).is_some_and(|v| v.heard) && !self.is_silent(region, now)
+        self.regions.get(region).is_some_and(|v| v.heard)
+            && !self.is_silent(region, now)
+            && !self.table.is_removed(region)
     }
 
     /// A limit with a reclaim whose region is back: its floor must not be planned with until
@@ -692,7 +707,10 @@ impl Coordinator {
                     allowance_units: self.table.allowance(counter, r),
                     pending_release_units: row
                         .and_then(|row| row.pending.as_ref().map(|p| p.units)),
-                    frozen: silent || reclaimed || self.unconfirmed_below_default(counter, r),
+                    frozen: silent
+                        || reclaimed
+                        || self.table.is_removed(r)
+                        || self.unconfirmed_below_default(counter, r),
                 }
             })
             .collect();

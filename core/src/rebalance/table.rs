@@ -13,6 +13,10 @@
 //! that sequence, so a region that has seen a newer one ignores an older one. Epochs never go
 //! back: rows dropped by a [`TableCommand::SetConfig`] leave their largest epoch as the limit's
 //! floor, and a row created later starts there.
+//!
+//! Removed regions ([`TableCommand::RemoveRegion`], docs/coordinator.md "Removing a region")
+//! stay members: their defaults and rows count in every sum until reclaimed, but no command
+//! may raise what they hold or ask them for anything they would have to answer.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{Epoch, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::sync::CounterRef;
-use crate::time::{Window, WindowIndex};
+use crate::time::{Timestamp, Window, WindowIndex};
 
 /// Most explicit rows the table holds. A command that would create more is refused: the demand
 /// behind it stays unmet (stranded quota), which is safe, and the table stays bounded.
@@ -51,6 +55,13 @@ pub struct AllowanceRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reclaim {
     pub from_window: WindowIndex,
+}
+
+/// An operator's removal of a region (`DELETE /v1/regions/{name}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removal {
+    /// The leader's clock when it proposed the removal: for status only, never for a rule.
+    pub at: Timestamp,
 }
 
 /// A mutation of the table, as committed through raft.
@@ -101,6 +112,13 @@ pub enum TableCommand {
         limit: LimitId,
         before_window: WindowIndex,
     },
+    /// The operator removes `region`: from now on it is never grown nor asked to release, and
+    /// its reclaims never end; what it holds stays counted (its floor is reclaimed as a silent
+    /// region's is, under the closed policy only). Last of the variants, with `RestoreRegion`:
+    /// entries written before them decode.
+    RemoveRegion { region: RegionId, at: Timestamp },
+    /// The operator adds a removed region back: it is planned for again once it is heard.
+    RestoreRegion { region: RegionId },
 }
 
 /// Why a command was refused. A refusal changes nothing.
@@ -135,6 +153,11 @@ pub enum RejectReason {
     },
     /// A reclaim for a limit without the closed policy, or one that already exists / does not.
     ReclaimNotAllowed,
+    /// The region was removed: it is neither grown nor asked to release, its reclaims do not
+    /// end, and it cannot be removed twice.
+    RegionRemoved(RegionId),
+    /// A restore of a region that is not removed.
+    NotRemoved(RegionId),
 }
 
 impl fmt::Display for RejectReason {
@@ -184,6 +207,41 @@ pub struct AllowanceTable {
     epoch_floor: BTreeMap<LimitId, Epoch>,
     next_release_id: u64,
     row_count: usize,
+    /// Regions the operator removed (members still). Last field: snapshots written before it
+    /// read through [`AllowanceTableV1`].
+    removed: BTreeMap<RegionId, Removal>,
+}
+
+/// The table's layout before removals, for snapshots written before them (postcard keeps no
+/// field names: a new field is a new layout).
+#[derive(Deserialize)]
+pub struct AllowanceTableV1 {
+    config_version: u64,
+    limits: BTreeMap<LimitId, LimitSpec>,
+    regions: Vec<RegionId>,
+    counters: BTreeMap<CounterRef, BTreeMap<RegionId, AllowanceRow>>,
+    reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
+    collected_below: BTreeMap<LimitId, WindowIndex>,
+    epoch_floor: BTreeMap<LimitId, Epoch>,
+    next_release_id: u64,
+    row_count: usize,
+}
+
+impl From<AllowanceTableV1> for AllowanceTable {
+    fn from(v1: AllowanceTableV1) -> Self {
+        AllowanceTable {
+            config_version: v1.config_version,
+            limits: v1.limits,
+            regions: v1.regions,
+            counters: v1.counters,
+            reclaims: v1.reclaims,
+            collected_below: v1.collected_below,
+            epoch_floor: v1.epoch_floor,
+            next_release_id: v1.next_release_id,
+            row_count: v1.row_count,
+            removed: BTreeMap::new(),
+        }
+    }
 }
 
 /// Quota and window of a strict, finite limit: the only kind with rows.
@@ -230,6 +288,15 @@ impl AllowanceTable {
         &self,
     ) -> impl Iterator<Item = (&CounterRef, &BTreeMap<RegionId, AllowanceRow>)> {
         self.counters.iter()
+    }
+
+    /// Regions the operator removed, with when.
+    pub fn removed(&self) -> &BTreeMap<RegionId, Removal> {
+        &self.removed
+    }
+
+    pub fn is_removed(&self, region: &RegionId) -> bool {
+        self.removed.contains_key(region)
     }
 
     pub fn reclaims(&self) -> impl Iterator<Item = (&(LimitId, RegionId), &Reclaim)> {
@@ -364,6 +431,8 @@ impl AllowanceTable {
                 self.collect_garbage(limit, before_window);
                 Ok(())
             }
+            TableCommand::RemoveRegion { region, at } => self.remove_region(region, at),
+            TableCommand::RestoreRegion { region } => self.restore_region(&region),
         };
         match result {
             Ok(()) => ApplyOutcome::Applied,
@@ -406,6 +475,11 @@ impl AllowanceTable {
         let quota = self.strict_quota(&counter.limit)?;
         if self.regions.binary_search(region).is_err() {
             return Err(RejectReason::UnknownRegion(region.clone()));
+        }
+        // A removed region is refused on the sync stream: a grow would never reach it (and
+        // take free quota from the others), a release request never be acknowledged.
+        if self.is_removed(region) {
+            return Err(RejectReason::RegionRemoved(region.clone()));
         }
         let collected = self
             .collected_below
@@ -632,11 +706,37 @@ impl AllowanceTable {
     }
 
     fn end_reclaim(&mut self, limit: LimitId, region: RegionId) -> Result<(), RejectReason> {
+        // Its floor may already be in other regions' rows: it comes back only once restored
+        // and heard, through the zero rows the reclaim left.
+        if self.is_removed(&region) {
+            return Err(RejectReason::RegionRemoved(region));
+        }
         if self.reclaims.remove(&(limit, region)).is_none() {
             return Err(RejectReason::ReclaimNotAllowed);
         }
         // Counters with rows hold an explicit zero for the region (created with the counter or
         // at the reclaim); counters without rows go back to everyone's default, whose sum fits.
+        Ok(())
+    }
+
+    fn remove_region(&mut self, region: RegionId, at: Timestamp) -> Result<(), RejectReason> {
+        if self.regions.binary_search(&region).is_err() {
+            return Err(RejectReason::UnknownRegion(region));
+        }
+        if self.is_removed(&region) {
+            return Err(RejectReason::RegionRemoved(region));
+        }
+        // Nothing it holds changes: its rows and defaults still count in every sum, so the
+        // others grow into them only through a reclaim (closed policy) or a committed ack.
+        self.removed.insert(region, Removal { at });
+        Ok(())
+    }
+
+    fn restore_region(&mut self, region: &RegionId) -> Result<(), RejectReason> {
+        if self.removed.remove(region).is_none() {
+            return Err(RejectReason::NotRemoved(region.clone()));
+        }
+        // Its reclaims stay until it is heard: the leader ends them before its first answer.
         Ok(())
     }
 
@@ -722,6 +822,8 @@ impl AllowanceTable {
             let floor = self.epoch_floor.entry(id).or_default();
             *floor = Epoch((*floor).max(t).0 + 1);
         }
+        let members = &self.regions;
+        self.removed.retain(|r, _| members.binary_search(r).is_ok());
         let limits = &self.limits;
         self.reclaims.retain(|(limit, _), _| {
             limits

@@ -1549,7 +1549,7 @@ fn arb_command() -> impl Strategy<Value = TableCommand> {
             region: r,
             from_window: WindowIndex(w),
         }),
-        region.prop_map(|r| TableCommand::EndReclaim {
+        region.clone().prop_map(|r| TableCommand::EndReclaim {
             limit: LimitId::from("l"),
             region: r,
         }),
@@ -1557,6 +1557,11 @@ fn arb_command() -> impl Strategy<Value = TableCommand> {
             limit: LimitId::from("l"),
             before_window: WindowIndex(w),
         }),
+        region.clone().prop_map(|r| TableCommand::RemoveRegion {
+            region: r,
+            at: at_ms(0),
+        }),
+        region.prop_map(|r| TableCommand::RestoreRegion { region: r }),
     ]
 }
 
@@ -1624,6 +1629,10 @@ enum Step {
     Advance {
         millis: u64,
     },
+    /// The operator removes the region (queued for commit like any entry).
+    Remove(usize),
+    /// The operator adds it back.
+    Restore(usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1640,6 +1649,8 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..3, 1u64..10).prop_map(|(region, units)| Step::Refund { region, units }),
         2 => (0usize..3, 0u64..40).prop_map(|(region, units_per_sec)| Step::Demand { region, units_per_sec }),
         2 => (10u64..600).prop_map(|millis| Step::Advance { millis }),
+        1 => (0usize..3).prop_map(Step::Remove),
+        1 => (0usize..3).prop_map(Step::Restore),
     ]
 }
 
@@ -1724,7 +1735,12 @@ impl Sim {
                 if self.drain_before_answer {
                     self.commit_queued();
                 }
-                self.coord.handle_sync_up(self.now, msg).unwrap();
+                match self.coord.handle_sync_up(self.now, msg) {
+                    Ok(()) => {}
+                    // Refused: no answer, so the region's view ages as if it were cut off.
+                    Err(crate::error::Error::RegionRemoved(_)) => return,
+                    Err(e) => panic!("{e}"),
+                }
                 if self.drain_before_answer {
                     let cmds = self.coord.poll_proposals(self.now);
                     self.commits.extend(cmds);
@@ -1775,6 +1791,13 @@ impl Sim {
                 self.regions[region].set_demand(&counter, units_per_sec);
             }
             Step::Advance { millis } => self.now = self.now + Duration::from_millis(millis),
+            Step::Remove(r) => self.commits.push_back(TableCommand::RemoveRegion {
+                region: RegionId::from(SIM_REGIONS[r]),
+                at: self.now,
+            }),
+            Step::Restore(r) => self.commits.push_back(TableCommand::RestoreRegion {
+                region: RegionId::from(SIM_REGIONS[r]),
+            }),
             _ => {}
         }
     }
@@ -2344,5 +2367,265 @@ fn a_rate_under_one_unit_a_second_still_needs_units() {
         super::coordinator::need_units(u64::MAX, Duration::from_secs(365 * 86_400)),
         u64::MAX,
         "saturates"
+    );
+}
+
+// ---- removing a region ------------------------------------------------------------------------
+
+#[test]
+fn the_table_keeps_a_removed_region_s_share_counted_and_grants_it_nothing() {
+    let (a, b) = (RegionId::from("a"), RegionId::from("b"));
+    let mut t = table_with(&with_policy(PartitionPolicy::Closed)); // 50 + 50
+    let remove = |r: &RegionId| TableCommand::RemoveRegion {
+        region: r.clone(),
+        at: at_ms(0),
+    };
+    let restore = |r: &RegionId| TableCommand::RestoreRegion { region: r.clone() };
+    let grow = |r: &RegionId, units: u64| TableCommand::Grow {
+        counter: counter(100),
+        region: r.clone(),
+        expected_epoch: Epoch(0),
+        allowance_units: units,
+    };
+    let release = TableCommand::RequestRelease {
+        counter: counter(100),
+        region: b.clone(),
+        expected_epoch: Epoch(0),
+        units: 10,
+    };
+    assert!(t.apply(remove(&b)).is_applied());
+    assert!(t.is_removed(&b));
+    let removed = ApplyOutcome::Rejected(RejectReason::RegionRemoved(b.clone()));
+    assert_eq!(t.apply(remove(&b)), removed, "removed twice");
+    assert_eq!(
+        t.apply(grow(&b, 60)),
+        removed,
+        "no grant to a removed region"
+    );
+    assert_eq!(
+        t.apply(release.clone()),
+        removed,
+        "no request it would never answer"
+    );
+    // Its default still counts: the others cannot grow into it until it is reclaimed.
+    assert!(matches!(
+        t.apply(grow(&a, 51)),
+        ApplyOutcome::Rejected(RejectReason::AboveQuota { sum_units: 101, .. })
+    ));
+    let reclaim = TableCommand::Reclaim {
+        limit: LimitId::from("l"),
+        region: b.clone(),
+        from_window: WindowIndex(101),
+    };
+    assert!(t.apply(reclaim).is_applied());
+    let end = TableCommand::EndReclaim {
+        limit: LimitId::from("l"),
+        region: b.clone(),
+    };
+    assert_eq!(
+        t.apply(end.clone()),
+        removed,
+        "its reclaim holds while removed"
+    );
+    assert_eq!(
+        t.allowance(&counter(100), &b),
+        50,
+        "the window in progress keeps it"
+    );
+    assert_eq!(t.free_units(&counter(101)), 50);
+    assert_eq!(
+        t.apply(TableCommand::RemoveRegion {
+            region: RegionId::from("zz"),
+            at: at_ms(0)
+        }),
+        ApplyOutcome::Rejected(RejectReason::UnknownRegion(RegionId::from("zz")))
+    );
+    assert_eq!(
+        t.apply(restore(&a)),
+        ApplyOutcome::Rejected(RejectReason::NotRemoved(a.clone()))
+    );
+    assert!(t.apply(restore(&b)).is_applied());
+    assert!(t.apply(release).is_applied());
+    assert!(t.apply(end).is_applied());
+    // A configuration change keeps a removal while the region is a member, and forgets it
+    // with the region.
+    assert!(t.apply(remove(&b)).is_applied());
+    let set = |version: u64, regions: Vec<RegionId>| TableCommand::SetConfig {
+        version,
+        limits: vec![with_policy(PartitionPolicy::Closed)],
+        regions,
+    };
+    assert!(t.apply(set(2, regions())).is_applied());
+    assert!(t.is_removed(&b));
+    assert!(t.apply(set(3, vec![a.clone()])).is_applied());
+    assert!(!t.is_removed(&b));
+    assert!(t.check_invariants().is_ok());
+}
+
+/// One run of removal: 10 s windows of 100 (defaults 50/50), both want more than the whole
+/// quota (b admits 4/s of it), both sync every 250 ms. b is removed at `remove_ms`
+/// and, if `restore_ms` is given, added back then. Returns, per window, the largest allowance
+/// the table held for a, and checks at every step that each region enforces at most its row
+/// and that what both admit per window stays within the quota.
+struct RemovalRun {
+    w: World,
+    a_largest: BTreeMap<u64, u64>,
+    refused: usize,
+    heard_after_restore: Option<Timestamp>,
+}
+
+fn removal_run(
+    policy: PartitionPolicy,
+    remove_ms: u64,
+    restore_ms: Option<u64>,
+    end_ms: u64,
+) -> RemovalRun {
+    let mut run = RemovalRun {
+        w: world(&with_policy(policy)),
+        a_largest: BTreeMap::new(),
+        refused: 0,
+        heard_after_restore: None,
+    };
+    let b = RegionId::from("b");
+    for t in (0..=end_ms).step_by(250) {
+        let now = at_ms(t);
+        let current = 100 + t / 10_000;
+        let w = &mut run.w;
+        if t == remove_ms {
+            let cmd = TableCommand::RemoveRegion {
+                region: b.clone(),
+                at: now,
+            };
+            assert!(w.coord.handle_committed(now, &cmd).is_applied());
+        }
+        if Some(t) == restore_ms {
+            let cmd = TableCommand::RestoreRegion { region: b.clone() };
+            assert!(w.coord.handle_committed(now, &cmd).is_applied());
+        }
+        w.a.set_demand(&counter(current), 20);
+        // Demand above its share, so that b is never asked to release before its removal.
+        w.b.set_demand(&counter(current), 20);
+        w.a.admit(&counter(current), 5, now);
+        w.b.admit(&counter(current), 1, now);
+        w.sync("a", now);
+        let msg = w.b.poll_transmit(now);
+        let seq = msg.seq;
+        match w.coord.handle_sync_up(now, msg) {
+            Ok(()) => {
+                if restore_ms.is_some_and(|r| t >= r) {
+                    run.heard_after_restore.get_or_insert(now);
+                }
+                w.commit_all(now);
+                let down = w.down("b", now, seq);
+                w.deliver("b", &down);
+            }
+            Err(crate::error::Error::RegionRemoved(r)) => {
+                assert_eq!(r, b);
+                assert!(
+                    t >= remove_ms && restore_ms.is_none_or(|r| t < r),
+                    "refused at {t}"
+                );
+                run.refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        w.commit_all(now);
+        assert!(w.coord.table().check_invariants().is_ok());
+        for window in [current, current + 1] {
+            let c = counter(window);
+            let mut used = 0;
+            for r in [&w.a, &w.b] {
+                let enforced = r.effective_allowance(&c, now);
+                let row = w.coord.table().allowance(&c, &r.id);
+                assert!(
+                    enforced <= row,
+                    "{} enforces {enforced} > {row} in {window} at {t}",
+                    r.id
+                );
+                used += r.counters.get(&c).map_or(0, |x| x.used_units());
+            }
+            assert!(used <= 100, "{used} admitted in window {window} at {t}");
+            let a_row = w.coord.table().allowance(&c, &RegionId::from("a"));
+            let slot = run.a_largest.entry(window).or_default();
+            *slot = (*slot).max(a_row);
+        }
+    }
+    run
+}
+
+/// Removed at 1 s (window 100): b is refused from then on; its view expires on its side at
+/// 3 s, the deadline is 3.5 s (ttl 2 s + drift 0.5 s, clock uncertainty 0), so its floor is
+/// reclaimed from window 101, the first that starts after it. a keeps 50 in window 100 (b may
+/// still spend its 50 there) and grows to the whole quota from window 101 on.
+#[test]
+fn under_closed_the_others_grow_into_a_removed_floor_only_from_the_next_window() {
+    let run = removal_run(PartitionPolicy::Closed, 1_000, None, 25_000);
+    assert_eq!(run.a_largest[&100], 50, "{:?}", run.a_largest);
+    assert_eq!(run.a_largest[&101], 100, "{:?}", run.a_largest);
+    assert_eq!(run.a_largest[&102], 100, "{:?}", run.a_largest);
+    assert_eq!(run.refused, 97, "every SyncUp from 1 s to 25 s is refused");
+    let b = RegionId::from("b");
+    let reclaim = run.w.coord.table().reclaim(&LimitId::from("l"), &b);
+    assert_eq!(reclaim.map(|r| r.from_window), Some(WindowIndex(101)));
+}
+
+/// Added back at 25 s (window 102): b is heard at once, its reclaim ends before its first
+/// answer, which carries the zero of window 102 (a holds it all); from window 103 b holds its
+/// share again and a is back to what b leaves it.
+#[test]
+fn a_region_added_back_is_heard_at_once_and_takes_its_share_from_the_next_window() {
+    let run = removal_run(PartitionPolicy::Closed, 1_000, Some(25_000), 39_000);
+    assert_eq!(run.heard_after_restore, Some(at_ms(25_000)));
+    let b = RegionId::from("b");
+    let t = run.w.coord.table();
+    assert!(!t.is_removed(&b));
+    assert!(t.reclaim(&LimitId::from("l"), &b).is_none());
+    assert_eq!(run.w.b.allowance(&counter(102)), 0);
+    assert!(
+        run.w.b.counters[&counter(103)].used_units() > 0,
+        "b admits again in 103"
+    );
+    assert!(run.a_largest[&103] < 100, "{:?}", run.a_largest);
+}
+
+/// Under the floor (and open) policy a removed region keeps admitting on its floor when its
+/// view expires: nothing of it is reclaimed, however long it stays removed (stranded, safe).
+#[test]
+fn under_floor_a_removed_region_s_share_stays_stranded() {
+    let run = removal_run(PartitionPolicy::Floor, 1_000, None, 35_000);
+    for window in 100..=103 {
+        assert_eq!(run.a_largest[&window], 50, "{:?}", run.a_largest);
+    }
+}
+
+/// A removed region never syncs again: heard last on version 1, it does not hold up the
+/// planning of the others after a change to version 2 (a region still a live member on an old
+/// version does, D19).
+#[test]
+fn a_removed_region_on_an_old_version_does_not_hold_planning_up() {
+    let limit = weighted(spec(), 300_000, 300_000); // 30 + 30, free 40
+    let mut w = world(&limit);
+    w.up("b", at_ms(0));
+    let b = RegionId::from("b");
+    let remove = TableCommand::RemoveRegion {
+        region: b.clone(),
+        at: at_ms(0),
+    };
+    assert!(w.coord.handle_committed(at_ms(0), &remove).is_applied());
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![limit],
+        regions: regions(),
+    };
+    assert!(w.coord.handle_committed(at_ms(0), &set).is_applied());
+    w.a.set_demand(&counter(100), 10);
+    let mut msg = w.a.poll_transmit(at_ms(5_000));
+    msg.config_version = 2;
+    w.coord.handle_sync_up(at_ms(5_000), msg).unwrap();
+    let cmds = w.coord.poll_proposals(at_ms(5_000));
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, TableCommand::Grow { region, .. } if region.as_str() == "a")),
+        "{cmds:?}"
     );
 }
