@@ -2664,3 +2664,136 @@ faults:
               partition_policy: {open: {rate: 9/11s, burst: 1}}
               failure_mode: open
 "#;
+
+/// Swarm seeds 800739 and 800740, shrunk (`sim/swarm-findings/seed-800739-…` and
+/// `seed-800740-region-allowance-above-table-reload-skipped-version.yaml`): two reloads close
+/// together, the first (weights 0.297 to 0.409 for `r0`) reaching `r0` 580 ms after the
+/// second (back to 0.297). The table applied both and dropped the limit's rows at each; `r0`
+/// went from the first version to the third, equal to the first, kept its grant of 10 and
+/// enforced it while the table counted it at its default share, 6 (`region_allowance_above_table`;
+/// both fail with the timebase on and off). A change to any version but the next now holds
+/// every grant at no more than the default share (`RegionBudget::set_config_version`). After:
+/// 0 violations.
+#[test]
+fn a_region_that_skips_a_version_holds_its_grants_at_the_default() {
+    for (name, yaml, seed) in [
+        ("swarm-800739", SWARM_800739, 800739),
+        ("swarm-800740", SWARM_800740, 800740),
+    ] {
+        assert_no_violation(&run_tiers(name, yaml, seed..seed + 2, SLOW_SEEDS));
+    }
+}
+
+const SWARM_800739: &str = r#"
+name: swarm-800739
+description: drawn by `allot sim --swarm --seeds 800739..800740`
+duration: 2000ms
+sync_interval: 100ms
+coordinator: {commit_latency: 7ms}
+measure: {sample_interval: 200ms}
+lease: {initial_units: 2, max_units: 165, ttl: 785ms}
+regions:
+  - {id: r0, weight: 0.297, latency: 27ms, gateways: 2, clock: {offset: 1076ms, drift_ppm: 0}}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l0
+      rate_limit: {requests_per_unit: 21}
+      allot:
+        window: 2s
+        consistency: strict
+        partition_policy: closed
+        failure_mode: open
+traffic:
+  - region: r0
+    limit: swarm/l0
+    key: l0=k1
+    rate: {diurnal: {base_per_sec: 2.265, peak_per_sec: 22.647, period: 6000ms, peak_at: 4264ms}}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - config_reload:
+      at: 1413ms
+      stagger: {r0: 580ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 21}
+            allot:
+              window: 2s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: open
+              weights: {r0: 0.409}
+  - config_reload:
+      at: 1598ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l0
+            rate_limit: {requests_per_unit: 21}
+            allot:
+              window: 2s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: open
+"#;
+
+const SWARM_800740: &str = r#"
+name: swarm-800740
+description: drawn by `allot sim --swarm --seeds 800740..800741`
+duration: 8000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 1ms}
+measure: {sample_interval: 300ms}
+lease: {initial_units: 14, max_units: 146, ttl: 4572ms}
+regions:
+  - {id: r0, weight: 0.638, latency: 10ms, gateways: 2}
+  - {id: r1, weight: 0.361, latency: 58ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 200}
+      allot:
+        window: 4s
+        consistency: strict
+        partition_policy: floor
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l1
+    key: l1=k1
+    rate: {constant_per_sec: 73.155}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - config_reload:
+      at: 4672ms
+      stagger: {r0: 592ms, r1: 317ms}
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 200}
+            allot:
+              window: 4s
+              consistency: eventual
+              partition_policy: floor
+              failure_mode: closed
+  - config_reload:
+      at: 4923ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 200}
+            allot:
+              window: 4s
+              consistency: strict
+              partition_policy: floor
+              failure_mode: closed
+"#;

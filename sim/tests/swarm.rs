@@ -310,27 +310,6 @@ fn shrinking_keeps_the_failure_and_drops_the_rest() {
     );
 }
 
-/// Seeds that fail with a mechanism found and not yet fixed, each shrunk in
-/// sim/swarm-findings (README, "Known failing"): skipped by [`swarm_seeds_hold`] and checked to
-/// still fail by [`known_failing_seeds_still_fail`], so a fix must take them off this list.
-/// Both: two reloads close together, the first reaching a region after the second, so the
-/// region skips a version whose change made the table drop its rows, and keeps a grant the
-/// table no longer holds (`region_allowance_above_table`).
-const KNOWN_FAILING_SEEDS: &[u64] = &[800_739, 800_740];
-
-#[test]
-fn known_failing_seeds_still_fail() {
-    for &seed in KNOWN_FAILING_SEEDS {
-        let world = swarm::draw::world(seed);
-        let outcome = run_world(&world, &CoreFactory::new).unwrap();
-        assert!(
-            outcome.kinds.contains_key("region_allowance_above_table"),
-            "seed {seed} holds now: take it off KNOWN_FAILING_SEEDS ({:?})",
-            outcome.kinds
-        );
-    }
-}
-
 /// The CI tier: 20 seeds in every `cargo test`; with `ALLOT_SLOW_TESTS=1`, as many seeds as
 /// fit `ALLOT_SWARM_SECONDS` (default 120), from `ALLOT_SWARM_FIRST_SEED` (default 0). Every
 /// seed must hold; each failing one is printed with its replay command.
@@ -371,15 +350,8 @@ fn swarm_seeds_hold() {
     }
     eprintln!("{}", String::from_utf8_lossy(&text));
     assert!(summary.runs > 0);
-    let unknown: Vec<u64> = summary
-        .failing
-        .iter()
-        .map(|o| o.seed)
-        .filter(|s| !KNOWN_FAILING_SEEDS.contains(s))
-        .collect();
     assert_eq!(
-        unknown,
-        Vec::<u64>::new(),
-        "failing seeds (replay commands above; known failing, skipped: {KNOWN_FAILING_SEEDS:?})"
+        summary.failing_seeds, 0,
+        "failing seeds (replay commands above)"
     );
 }

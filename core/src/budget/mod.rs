@@ -256,8 +256,47 @@ impl RegionBudget {
     }
 
     /// The version of the limits configuration now in force (reported in SyncUps).
+    ///
+    /// A change to any version but the next may have skipped one this region never saw, at
+    /// which the coordinator's table dropped the rows of a limit whose parameters changed
+    /// (`set_limits` compares only the two versions it sees): every grant is then held at no
+    /// more than the default share. That is at most the table's row whether it kept the row
+    /// or dropped it, and the coordinator grants more again at a newer epoch (swarm seeds
+    /// 800739, 800740).
     pub fn set_config_version(&mut self, version: u64) {
+        let skipped = self.config_version != 0
+            && version != self.config_version
+            && version != self.config_version.saturating_add(1);
         self.config_version = version;
+        if skipped {
+            self.hold_grants_at_defaults();
+        }
+    }
+
+    fn hold_grants_at_defaults(&mut self) {
+        for (id, lim) in self.limits.iter_mut() {
+            let default = lim.params.default_units;
+            for (name, ks) in lim.keys.iter_mut() {
+                let Some(hot) = ks.hot.as_mut() else { continue };
+                let mut held = false;
+                if let Some(units) = hot.allowance.filter(|u| *u > default) {
+                    hot.allowance = Some(default.min(units));
+                    held = true;
+                }
+                for f in hot
+                    .future
+                    .iter_mut()
+                    .filter(|f| f.allowance_units > default)
+                {
+                    f.allowance_units = default;
+                    held = true;
+                }
+                if held {
+                    self.dirty
+                        .mark(Dirty::Key(id.clone(), KeyId::new(name.as_ref())));
+                }
+            }
+        }
     }
 
     /// The configuration version in force here.

@@ -62,6 +62,30 @@ fn strict_eventual_strict_leaves_no_grant_of_the_first_strict_spell() {
     assert!(!acquire(&mut b, at(2_000), "api", "k", 1).allowed);
 }
 
+/// From version 1 to 3 with the allocation the same on both: the table may have dropped its
+/// rows at version 2, which the region never saw, so the grant of 250 is held at the default
+/// share (100), below its use: nothing more is admitted. From one version to the next it is
+/// kept. Nothing used is forgotten.
+#[test]
+fn a_region_that_skips_a_version_holds_its_grants_at_the_default_share() {
+    let mut b = granted_and_used(per_minute("api", 400));
+    b.set_config_version(1);
+    b.set_config_version(2);
+    assert_eq!(
+        allowance(&b, at(1_000), "api", "k"),
+        250,
+        "the next version"
+    );
+    b.set_config_version(4);
+    assert_eq!(
+        allowance(&b, at(1_000), "api", "k"),
+        100,
+        "the default share"
+    );
+    assert_eq!(net(&b, "api", "k"), 200);
+    assert!(!acquire(&mut b, at(1_000), "api", "k", 1).allowed);
+}
+
 #[test]
 fn a_reload_that_leaves_the_allocation_alone_keeps_the_grant() {
     let mut b = granted_and_used(per_minute("api", 400));
