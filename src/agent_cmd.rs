@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use allot_agent::admin::parse_descriptor;
 use allot_agent::logging;
-use allot_agent::settings::Settings;
+use allot_agent::settings::{DEFAULT_MAX_CLOCK_UNCERTAINTY, Settings};
 use allot_agent::store::Durability;
 use allot_agent::{Listeners, run};
 use allot_core::ids::RegionId;
@@ -76,9 +76,8 @@ pub struct AgentArgs {
     log_format: LogFormat,
     /// Read windows on the coordinator's timebase and keep strict admissions clear of window
     /// edges by the measured clock uncertainty, up to this many milliseconds (docs/bound.md,
-    /// skew); 250 is the value meant. 0, the default, leaves it off: windows on the agent's
-    /// own clock.
-    #[arg(long, env = "ALLOT_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = 0)]
+    /// skew). 0 turns it off: windows on the agent's own clock.
+    #[arg(long, env = "ALLOT_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = DEFAULT_MAX_CLOCK_UNCERTAINTY.as_millis() as u64)]
     max_clock_uncertainty_ms: u64,
     /// Seed of the Retry-After jitter (default: drawn from the clock at start).
     #[arg(long, env = "ALLOT_JITTER_SEED", hide = true)]

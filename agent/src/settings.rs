@@ -16,10 +16,8 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Descriptors in one ShouldRateLimit request.
 pub const MAX_DESCRIPTORS_PER_REQUEST: usize = 64;
 /// `U`, the maximum clock uncertainty of the corrected timebase (D22, docs/bound.md, skew): a
-/// strict window then counts no skew term once the agent's guard covers it. The value meant
-/// when it is turned on (`--max-clock-uncertainty-ms 250`); off by default until the swarm
-/// holds with it on.
-pub const SUGGESTED_MAX_CLOCK_UNCERTAINTY: Duration = Duration::from_millis(250);
+/// strict window then counts no skew term once the agent's guard covers it.
+pub const DEFAULT_MAX_CLOCK_UNCERTAINTY: Duration = Duration::from_millis(250);
 /// Entries in one descriptor (or lease API target).
 pub const MAX_ENTRIES_PER_DESCRIPTOR: usize = 32;
 /// Bytes in one entry key or value.
@@ -84,9 +82,8 @@ pub struct Settings {
     pub restored: bool,
     /// Read windows on the coordinator's timebase (the clock corrected by the offset measured
     /// at every sync) and keep strict admissions this far at most from window edges
-    /// (docs/bound.md, skew), [`SUGGESTED_MAX_CLOCK_UNCERTAINTY`] when turned on. `None`, the
-    /// default: windows on the agent's own clock. An agent without coordinators has no
-    /// timebase either way.
+    /// (docs/bound.md, skew): [`DEFAULT_MAX_CLOCK_UNCERTAINTY`] by default. `None`: windows
+    /// on the agent's own clock. An agent without coordinators has no timebase either way.
     pub max_clock_uncertainty: Option<Duration>,
 }
 
@@ -109,7 +106,7 @@ impl Settings {
             jitter_seed: None,
             clock: Clock::System,
             restored: false,
-            max_clock_uncertainty: None,
+            max_clock_uncertainty: Some(DEFAULT_MAX_CLOCK_UNCERTAINTY),
         }
     }
 

@@ -51,7 +51,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE", requires = "shrink")]
     pub out: Option<PathBuf>,
     /// Run every agent on a corrected timebase with this maximum clock uncertainty, in
-    /// milliseconds, whatever the scenario or drawn world says (`max_clock_uncertainty`, off
+    /// milliseconds, whatever the scenario or drawn world says (`max_clock_uncertainty`, 250 ms
     /// unless it says otherwise; docs/bound.md, skew); 0: every agent on its own clock.
     /// Replay commands do not repeat it.
     #[arg(long, value_name = "MS")]

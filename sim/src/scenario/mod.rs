@@ -25,6 +25,9 @@ use crate::traffic::{CostModel, RateProfile, RetryPolicy};
 
 /// Most regions a scenario may name (region indices are stored in 16 bits).
 pub const MAX_REGIONS: usize = 64;
+/// The agents' maximum clock uncertainty when a scenario names none: the agent's default
+/// (`--max-clock-uncertainty-ms`, D22).
+pub const DEFAULT_MAX_CLOCK_UNCERTAINTY: Duration = Duration::from_millis(250);
 /// Most gateways per region.
 pub const MAX_GATEWAYS_PER_REGION: u32 = 256;
 /// Most traffic sources per scenario.
@@ -46,8 +49,8 @@ pub struct Scenario {
     /// Eventual mode: a view of the other regions older than this is not used.
     pub view_ttl: Duration,
     /// Each agent reads windows on a corrected clock and keeps an edge band of its measured
-    /// uncertainty, up to this (docs/bound.md, skew). `None` (no `max_clock_uncertainty`, or
-    /// `off`), as the agent's default: each on its own clock.
+    /// uncertainty, up to this (docs/bound.md, skew): [`DEFAULT_MAX_CLOCK_UNCERTAINTY`] unless
+    /// the scenario says otherwise; `None` (`max_clock_uncertainty: off`): on its own clock.
     pub max_clock_uncertainty: Option<Duration>,
     pub lease: LeaseSettings,
     pub coordinator: CoordinatorSettings,

@@ -205,10 +205,10 @@ fn positive(node: &Node<'_, '_>) -> Result<Duration, ScenarioError> {
     Ok(d)
 }
 
-/// `max_clock_uncertainty`: a duration, or `off` (each agent on its own clock), the default.
+/// `max_clock_uncertainty`: a duration, `off` (each agent on its own clock), or the default.
 fn read_max_clock_uncertainty(map: &Map<'_, '_>) -> Result<Option<Duration>, ScenarioError> {
     match map.opt("max_clock_uncertainty") {
-        None => Ok(None),
+        None => Ok(Some(super::DEFAULT_MAX_CLOCK_UNCERTAINTY)),
         // `off`, or `false` for a reader that takes `off` for YAML 1.1's boolean.
         Some(n) if n.as_str().is_ok_and(|v| v == "off") || matches!(n.as_bool(), Ok(false)) => {
             Ok(None)
