@@ -2485,185 +2485,20 @@ fn a_reload_counts_the_reach_a_region_had_when_it_switched() {
     ));
 }
 
-const SWARM_8062: &str = r#"
-name: swarm-8062
-max_clock_uncertainty: 250ms
-description: drawn by `allot sim --swarm --seeds 8062..8063`
-duration: 88000ms
-sync_interval: 100ms
-coordinator: {commit_latency: 8ms}
-measure: {sample_interval: 500ms}
-lease: {initial_units: 8, max_units: 434, ttl: 3628ms}
-regions:
-  - {id: r0, weight: 0.218, latency: 37ms, gateways: 1}
-  - {id: r2, weight: 0.208, latency: 65ms, gateways: 2}
-  - {id: r3, weight: 0.22, latency: 5ms, gateways: 1}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l0
-      rate_limit: {requests_per_unit: 829767}
-      allot:
-        window: 22s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: closed
-    - key: l1
-      rate_limit: {requests_per_unit: 1018}
-      allot:
-        window: 13s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: closed
-traffic:
-  - region: r2
-    limit: swarm/l0
-    key: l0=k0
-    rate: {constant_per_sec: 67.903}
-    arrivals: poisson
-    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
-    retry: none
-  - region: r3
-    limit: swarm/l0
-    key: l0=k0
-    rate: {constant_per_sec: 17.047}
-    arrivals: uniform
-    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
-    retry: none
-  - region: r0
-    limit: swarm/l0
-    key: l0=k1
-    rate: {flash_crowd: {base_per_sec: 34.091, factor: 3.963, start: 63351ms, end: 88000ms}}
-    arrivals: uniform
-    cost: {llm: {reserve_units: 233, actual: {lognormal: {median_units: 98, sigma: 0.94, max_units: 413}}, settle_after: {uniform: [36ms, 4649ms]}}}
-    retry: {backoff: {base: 94ms, cap: 1504ms, max_retries: 1}}
-  - region: r0
-    limit: swarm/l1
-    key: l1=k1
-    rate: {constant_per_sec: 60.696}
-    arrivals: poisson
-    cost: {constant_units: 2}
-    retry: none
-faults:
-  - agent_crash: {region: r0, at: 35474ms, restart_after: 288ms}
-  - agent_restore: {region: r0, at: 51018ms, from: 34574ms}
-"#;
+const SWARM_8062: &str =
+    include_str!("../swarm-findings/seed-8062-strict-region-clocks-restore-reuses-lease-ids.yaml");
 
-const SWARM_6824: &str = r#"
-name: swarm-6824
-max_clock_uncertainty: 250ms
-description: drawn by `allot sim --swarm --seeds 6824..6825`
-duration: 15000ms
-sync_interval: 250ms
-coordinator: {commit_latency: 10ms}
-measure: {sample_interval: 300ms}
-lease: {initial_units: 5, max_units: 102, ttl: 1765ms}
-regions:
-  - {id: r0, weight: 0.422, latency: 9ms, gateways: 1, clock: {offset: -1216ms, drift_ppm: 0}}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l0
-      rate_limit: {requests_per_unit: 658}
-      allot:
-        window: 3s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: closed
-traffic:
-  - region: r0
-    limit: swarm/l0
-    key: l0=k0
-    rate: {constant_per_sec: 47.778}
-    arrivals: poisson
-    cost: {constant_units: 10}
-    retry: none
-faults:
-  - agent_crash: {region: r0, at: 4205ms, restart_after: 2183ms}
-  - agent_restore: {region: r0, at: 7494ms, from: 0ms}
-"#;
+const SWARM_6824: &str = include_str!(
+    "../swarm-findings/seed-6824-region-allowance-above-table-restore-boot-on-a-clock-behind.yaml"
+);
 
-const SWARM_800086: &str = r#"
-name: swarm-800086
-max_clock_uncertainty: 250ms
-description: drawn by `allot sim --swarm --seeds 800086..800087`
-duration: 14000ms
-sync_interval: 500ms
-coordinator: {commit_latency: 10ms}
-measure: {sample_interval: 500ms}
-lease: {initial_units: 10, max_units: 77, ttl: 1015ms}
-regions:
-  - {id: r0, weight: 0.191, latency: 5ms, gateways: 2}
-  - {id: r1, weight: 0.305, latency: 132ms, gateways: 3, clock: {offset: -2736ms, drift_ppm: 0}}
-  - {id: r2, weight: 0.303, latency: 7ms, gateways: 1}
-  - {id: r3, weight: 0.199, latency: 14ms, gateways: 3}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l0
-      rate_limit: {requests_per_unit: 710}
-      allot:
-        window: 7s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: open
-traffic:
-  - region: r3
-    limit: swarm/l0
-    key: l0=k1
-    rate: {flash_crowd: {base_per_sec: 32.596, factor: 12.344, start: 1396ms, end: 3129ms}}
-    arrivals: poisson
-    cost: {constant_units: 1}
-    retry: none
-faults:
-  - agent_restore: {region: r1, at: 5093ms, from: 1266ms}
-  - agent_restore: {region: r1, at: 6968ms, from: 0ms}
-"#;
+const SWARM_800086: &str = include_str!(
+    "../swarm-findings/seed-800086-region-allowance-above-table-restore-boot-on-a-clock-behind.yaml"
+);
 
-const SWARM_800659: &str = r#"
-name: swarm-800659
-max_clock_uncertainty: 250ms
-description: drawn by `allot sim --swarm --seeds 800659..800660`
-duration: 56000ms
-sync_interval: 250ms
-coordinator: {commit_latency: 2ms}
-measure: {sample_interval: 500ms}
-lease: {initial_units: 7, max_units: 129, ttl: 929ms}
-regions:
-  - {id: r0, latency: 7ms, gateways: 3, clock: {offset: 27024ms, drift_ppm: 0}}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l1
-      rate_limit: {requests_per_unit: 64}
-      allot:
-        window: 11s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: open
-traffic:
-  - region: r0
-    limit: swarm/l1
-    key: l1=k0
-    rate: {constant_per_sec: 7.295}
-    arrivals: uniform
-    cost: {constant_units: 1}
-    retry: none
-faults:
-  - config_reload:
-      at: 21451ms
-      stagger: {r0: 4357ms}
-      limits: |
-        domain: swarm
-        descriptors:
-          - key: l1
-            rate_limit: {requests_per_unit: 29}
-            allot:
-              window: 11s
-              consistency: strict
-              partition_policy: {open: {rate: 9/11s, burst: 1}}
-              failure_mode: open
-"#;
+const SWARM_800659: &str = include_str!(
+    "../swarm-findings/seed-800659-strict-region-clocks-reload-while-slowed-ahead.yaml"
+);
 
 /// Swarm seeds 800739 and 800740, shrunk (`sim/swarm-findings/seed-800739-…` and
 /// `seed-800740-region-allowance-above-table-reload-skipped-version.yaml`): two reloads close
@@ -2684,116 +2519,10 @@ fn a_region_that_skips_a_version_holds_its_grants_at_the_default() {
     }
 }
 
-const SWARM_800739: &str = r#"
-name: swarm-800739
-description: drawn by `allot sim --swarm --seeds 800739..800740`
-duration: 2000ms
-sync_interval: 100ms
-coordinator: {commit_latency: 7ms}
-measure: {sample_interval: 200ms}
-lease: {initial_units: 2, max_units: 165, ttl: 785ms}
-regions:
-  - {id: r0, weight: 0.297, latency: 27ms, gateways: 2, clock: {offset: 1076ms, drift_ppm: 0}}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l0
-      rate_limit: {requests_per_unit: 21}
-      allot:
-        window: 2s
-        consistency: strict
-        partition_policy: closed
-        failure_mode: open
-traffic:
-  - region: r0
-    limit: swarm/l0
-    key: l0=k1
-    rate: {diurnal: {base_per_sec: 2.265, peak_per_sec: 22.647, period: 6000ms, peak_at: 4264ms}}
-    arrivals: poisson
-    cost: {constant_units: 1}
-    retry: none
-faults:
-  - config_reload:
-      at: 1413ms
-      stagger: {r0: 580ms}
-      limits: |
-        domain: swarm
-        descriptors:
-          - key: l0
-            rate_limit: {requests_per_unit: 21}
-            allot:
-              window: 2s
-              consistency: strict
-              partition_policy: closed
-              failure_mode: open
-              weights: {r0: 0.409}
-  - config_reload:
-      at: 1598ms
-      limits: |
-        domain: swarm
-        descriptors:
-          - key: l0
-            rate_limit: {requests_per_unit: 21}
-            allot:
-              window: 2s
-              consistency: strict
-              partition_policy: closed
-              failure_mode: open
-"#;
+const SWARM_800739: &str = include_str!(
+    "../swarm-findings/seed-800739-region-allowance-above-table-reload-skipped-version.yaml"
+);
 
-const SWARM_800740: &str = r#"
-name: swarm-800740
-description: drawn by `allot sim --swarm --seeds 800740..800741`
-duration: 8000ms
-sync_interval: 250ms
-coordinator: {commit_latency: 1ms}
-measure: {sample_interval: 300ms}
-lease: {initial_units: 14, max_units: 146, ttl: 4572ms}
-regions:
-  - {id: r0, weight: 0.638, latency: 10ms, gateways: 2}
-  - {id: r1, weight: 0.361, latency: 58ms, gateways: 3}
-limits: |
-  domain: swarm
-  descriptors:
-    - key: l1
-      rate_limit: {requests_per_unit: 200}
-      allot:
-        window: 4s
-        consistency: strict
-        partition_policy: floor
-        failure_mode: closed
-traffic:
-  - region: r0
-    limit: swarm/l1
-    key: l1=k1
-    rate: {constant_per_sec: 73.155}
-    arrivals: poisson
-    cost: {constant_units: 1}
-    retry: none
-faults:
-  - config_reload:
-      at: 4672ms
-      stagger: {r0: 592ms, r1: 317ms}
-      limits: |
-        domain: swarm
-        descriptors:
-          - key: l1
-            rate_limit: {requests_per_unit: 200}
-            allot:
-              window: 4s
-              consistency: eventual
-              partition_policy: floor
-              failure_mode: closed
-  - config_reload:
-      at: 4923ms
-      limits: |
-        domain: swarm
-        descriptors:
-          - key: l1
-            rate_limit: {requests_per_unit: 200}
-            allot:
-              window: 4s
-              consistency: strict
-              partition_policy: floor
-              failure_mode: closed
-"#;
+const SWARM_800740: &str = include_str!(
+    "../swarm-findings/seed-800740-region-allowance-above-table-reload-skipped-version.yaml"
+);
