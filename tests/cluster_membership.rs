@@ -17,18 +17,14 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Output};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use serde_json::Value;
 use tonic::transport::Channel;
 
-use support::Ready;
-
-/// Longest a test waits for something that should happen within a few sync intervals, an
-/// election, or a reconnect's backoff: a bound on a hang, not a timing claim.
-const PATIENCE: Duration = Duration::from_secs(30);
+use support::{Ready, clear_of_the_day_boundary, eventually, slow_tier};
 
 /// A day window; `strict` leaves 40% of its quota unassigned for the rebalancer.
 const LIMITS: &str = "\
@@ -40,21 +36,7 @@ descriptors:
 ";
 
 fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("cluster_membership")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    std::fs::write(dir.join("limits.yaml"), LIMITS).expect("config");
-    dir
-}
-
-fn slow_tier() -> bool {
-    if std::env::var("ALLOT_SLOW_TESTS").as_deref() == Ok("1") {
-        return true;
-    }
-    eprintln!("skipped: set ALLOT_SLOW_TESTS=1 to run it");
-    false
+    support::scratch("cluster_membership", test, Some(LIMITS))
 }
 
 /// A child process printing `ready grpc=ADDR http=ADDR` first; killed when dropped.
@@ -200,36 +182,6 @@ fn allot(args: &[&str]) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Polls `probe` until `check` holds; panics with `what` and the last value otherwise.
-async fn eventually<T: std::fmt::Debug>(
-    what: &str,
-    mut probe: impl FnMut() -> T,
-    check: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let v = probe();
-        if check(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: never held; last {v:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits past the end of the day if it is less than two minutes away: the counters are of
-/// the day's window and must not roll over mid-test.
-async fn clear_of_the_day_boundary() {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let left = 86_400 - secs % 86_400;
-    if left < 120 {
-        tokio::time::sleep(Duration::from_secs(left + 1)).await;
-    }
 }
 
 /// The refusals change nothing; a joining node is added, answers as a follower, and is

@@ -248,15 +248,15 @@ mod process {
         }
     }
 
-    /// Waits past the end of the day if it is less than a minute away: the counters are of
-    /// the day's window and must not roll over mid-test.
+    /// Waits past the end of the day if it is less than two minutes away: the counters are
+    /// of the day's window and must not roll over mid-test.
     pub async fn clear_of_the_day_boundary() {
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .expect("clock")
             .as_secs();
         let left = 86_400 - secs % 86_400;
-        if left < 60 {
+        if left < 120 {
             tokio::time::sleep(Duration::from_secs(left + 1)).await;
         }
     }
