@@ -16,7 +16,7 @@ use allot_coordinator::daemon::regions;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::config_cmd::{fail, request};
+use crate::config_cmd::{CoordinatorNodes, fail, request};
 
 /// Room above the node's own bounds for the answer to arrive.
 const ANSWER_MARGIN: Duration = Duration::from_secs(5);
@@ -51,15 +51,8 @@ pub enum ClusterCommand {
 
 #[derive(Args)]
 pub struct RegionArgs {
-    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
-    /// takes the change: give every node's.
-    #[arg(
-        long,
-        env = "ALLOT_COORDINATOR_HTTP",
-        default_value = "127.0.0.1:7071",
-        value_delimiter = ','
-    )]
-    coordinator: Vec<String>,
+    #[command(flatten)]
+    nodes: CoordinatorNodes,
     /// The region's name, as the agent's --region and the limits' weights give it.
     name: String,
 }
@@ -76,15 +69,8 @@ pub struct MembersArgs {
 
 #[derive(Args)]
 pub struct AddArgs {
-    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
-    /// takes the change: give every node's.
-    #[arg(
-        long,
-        env = "ALLOT_COORDINATOR_HTTP",
-        default_value = "127.0.0.1:7071",
-        value_delimiter = ','
-    )]
-    coordinator: Vec<String>,
+    #[command(flatten)]
+    nodes: CoordinatorNodes,
     /// The new node's raft id (its --id).
     #[arg(long)]
     id: u64,
@@ -95,15 +81,8 @@ pub struct AddArgs {
 
 #[derive(Args)]
 pub struct RemoveArgs {
-    /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
-    /// takes the change: give every node's.
-    #[arg(
-        long,
-        env = "ALLOT_COORDINATOR_HTTP",
-        default_value = "127.0.0.1:7071",
-        value_delimiter = ','
-    )]
-    coordinator: Vec<String>,
+    #[command(flatten)]
+    nodes: CoordinatorNodes,
     /// The raft id of the node to remove.
     #[arg(long)]
     id: u64,
@@ -122,28 +101,11 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
         ClusterCommand::Regions(args) => {
             runtime.block_on(read(args, "/v1/regions", regions_summary))
         }
-        ClusterCommand::RemoveRegion(args) => {
-            let change = Change {
-                what: format!("remove-region {}", args.name),
-                method: "DELETE",
-                path: format!("/v1/regions/{}", path_segment(&args.name)),
-                body: None,
-                timeout: REGION_CHANGE_TIMEOUT,
-                summary: region_change_summary,
-            };
-            runtime.block_on(change.send(&args.coordinator))
-        }
-        ClusterCommand::AddRegion(args) => {
-            let change = Change {
-                what: format!("add-region {}", args.name),
-                method: "POST",
-                path: format!("/v1/regions/{}", path_segment(&args.name)),
-                body: None,
-                timeout: REGION_CHANGE_TIMEOUT,
-                summary: region_change_summary,
-            };
-            runtime.block_on(change.send(&args.coordinator))
-        }
+        ClusterCommand::RemoveRegion(args) => runtime.block_on(
+            region_change("remove-region", "DELETE", &args).send(&args.nodes.coordinator),
+        ),
+        ClusterCommand::AddRegion(args) => runtime
+            .block_on(region_change("add-region", "POST", &args).send(&args.nodes.coordinator)),
         ClusterCommand::AddNode(args) => {
             let body = json!({ "id": args.id, "address": args.grpc }).to_string();
             // The leader waits for the catch-up, then commits two entries.
@@ -156,7 +118,7 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
                 timeout,
                 summary,
             };
-            runtime.block_on(change.send(&args.coordinator))
+            runtime.block_on(change.send(&args.nodes.coordinator))
         }
         ClusterCommand::RemoveNode(args) => {
             // A follower's removal is two changes with a wait for its notice between.
@@ -169,7 +131,7 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
                 timeout,
                 summary,
             };
-            runtime.block_on(change.send(&args.coordinator))
+            runtime.block_on(change.send(&args.nodes.coordinator))
         }
     }
 }
@@ -283,6 +245,18 @@ fn path_segment(name: &str) -> String {
 /// A region change: the node's own bound, and room for the answer.
 const REGION_CHANGE_TIMEOUT: Duration =
     Duration::from_secs(regions::CHANGE_TIMEOUT.as_secs() + ANSWER_MARGIN.as_secs());
+
+/// `remove-region` (`DELETE`) or `add-region` (`POST`) of the region `args` names.
+fn region_change(verb: &str, method: &'static str, args: &RegionArgs) -> Change {
+    Change {
+        what: format!("{verb} {}", args.name),
+        method,
+        path: format!("/v1/regions/{}", path_segment(&args.name)),
+        body: None,
+        timeout: REGION_CHANGE_TIMEOUT,
+        summary: region_change_summary,
+    }
+}
 
 /// One membership or region change, sent to each address until the leader takes it.
 struct Change {

@@ -37,20 +37,27 @@ pub enum ConfigCommand {
     Get(GetArgs),
 }
 
+/// The nodes a change goes to (`allot config put`, `allot cluster` changes).
 #[derive(Args)]
-pub struct PutArgs {
-    /// envoyproxy/ratelimit YAML files, with optional `allot:` blocks.
-    #[arg(required = true)]
-    files: Vec<PathBuf>,
+pub struct CoordinatorNodes {
     /// Coordinator nodes' admin HTTP addresses (their --http), tried in turn until the leader
-    /// takes the put: give every node's.
+    /// takes the change: give every node's.
     #[arg(
         long,
         env = "ALLOT_COORDINATOR_HTTP",
         default_value = "127.0.0.1:7071",
         value_delimiter = ','
     )]
-    coordinator: Vec<String>,
+    pub coordinator: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    /// envoyproxy/ratelimit YAML files, with optional `allot:` blocks.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    nodes: CoordinatorNodes,
     /// The version to put at; it must be above the version in force. Default: the next one.
     #[arg(long)]
     version: Option<u64>,
@@ -144,7 +151,7 @@ async fn put(args: PutArgs) -> ExitCode {
     })
     .to_string();
     let mut tried = Vec::new();
-    for addr in &args.coordinator {
+    for addr in &args.nodes.coordinator {
         let answer =
             tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(&body)))
                 .await

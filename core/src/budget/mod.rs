@@ -279,8 +279,8 @@ impl RegionBudget {
             for (name, ks) in lim.keys.iter_mut() {
                 let Some(hot) = ks.hot.as_mut() else { continue };
                 let mut held = false;
-                if let Some(units) = hot.allowance.filter(|u| *u > default) {
-                    hot.allowance = Some(default.min(units));
+                if hot.allowance.is_some_and(|u| u > default) {
+                    hot.allowance = Some(default);
                     held = true;
                 }
                 for f in hot
