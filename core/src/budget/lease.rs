@@ -139,7 +139,15 @@ impl LeaseTable {
 
     pub fn insert(&mut self, id: LeaseId, lease: Lease) {
         self.next_id = self.next_id.max(id.0.saturating_add(1));
-        self.expiry.push(Reverse((lease.expires_at, id)));
+        // A lease put again at the expiry it has (a store's records replayed at a restart)
+        // has its heap entry already: a second one would survive every rebuild.
+        let known = self
+            .by_id
+            .get(&id)
+            .is_some_and(|l| l.expires_at == lease.expires_at);
+        if !known {
+            self.expiry.push(Reverse((lease.expires_at, id)));
+        }
         self.by_id.insert(id, lease);
         self.compact();
     }

@@ -273,3 +273,25 @@ fn a_restarted_region_keeps_the_excess_it_recorded() {
     let from_snapshot = RegionBudget::restore(cfg(), vec![spec], b.snapshot()).expect("restore");
     assert_eq!(excess(&from_snapshot), (130, 30));
 }
+
+/// A store's log holds a lease's record once per change written, many at the same expiry (a
+/// lease shrunk or charged again): replayed at a restart, each put pushed one more entry for
+/// the same expiry into the index, past its bound (swarm seed 801127, a debug assertion).
+#[test]
+fn a_lease_record_replayed_many_times_keeps_one_index_entry() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    granted(
+        b.lease(at(1_000), lease_req("api", "k", 5, 30))
+            .expect("lease"),
+    );
+    let records = b.drain_dirty();
+    let lease = records
+        .iter()
+        .find(|r| matches!(r, PersistRecord::Lease(_)))
+        .expect("a lease record")
+        .clone();
+    let mut log = records;
+    log.extend(std::iter::repeat_n(lease, 3_000));
+    let r = restart(log);
+    assert_eq!(r.leases.len(), 1);
+}
