@@ -165,6 +165,7 @@ impl Settings {
         };
         Ok(BudgetConfig {
             max_keys_per_limit: self.max_keys_per_limit,
+            max_edge_band: self.max_clock_uncertainty,
             ..base
         })
     }

@@ -225,6 +225,7 @@ fn budget_config(scenario: &Scenario, region: &RegionId, gateways: u32) -> Budge
         view_ttl: scenario.view_ttl,
         lease_ttl_max: scenario.lease.ttl,
         max_leases_per_key: per_gateway * gateways as usize,
+        max_edge_band: scenario.max_clock_uncertainty,
         ..defaults
     }
 }

@@ -86,7 +86,9 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
     Some(match record {
         PersistRecord::Reset | PersistRecord::LimitRemoved { .. } => return None,
         PersistRecord::Meta(_) => META.to_vec(),
-        PersistRecord::Key(r) => key_key(&r.limit, &r.key),
+        PersistRecord::Key(r) | PersistRecord::KeyCarried { key: r, .. } => {
+            key_key(&r.limit, &r.key)
+        }
         PersistRecord::KeyEvicted { limit, key } => key_key(limit, key),
         PersistRecord::Lease(r) => id_key(LEASE, r.lease.0),
         PersistRecord::LeaseEnded { lease } => id_key(LEASE, lease.0),

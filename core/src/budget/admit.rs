@@ -221,11 +221,17 @@ pub(crate) fn admit(
     want: Want,
 ) -> Admission {
     let a = allowance(p, ks, ks.window, ctx);
-    if let Some(wait) = edge_wait(p, ctx, ks.window, now) {
+    let band = edge_band(p, ctx, ks.window, now);
+    let want = match band {
+        None => Some(want),
+        Some((side, _)) => within_band_room(want, band_room(p, ks, ctx, side)),
+    };
+    let (Some(want), band) = (want, band) else {
         // Neither charged nor counted as demand: the units are refused for where the clock
         // stands, not for want of allowance. With nothing left, the allowance's own reason
         // (a closed partition's) stands: the agent's negative cache keeps a refusal with
         // nothing remaining to the window's end, and the band must not hide it that long.
+        let wait = band.map_or(ctx.sync_interval, |(_, wait)| wait);
         let reason = if a.units <= ks.net_units() {
             a.reason
         } else {
@@ -240,7 +246,7 @@ pub(crate) fn admit(
             allowance: a,
             escalated: false,
         };
-    }
+    };
     let head = a.units.saturating_sub(ks.net_units());
     let open = open_cap(p, ks, stats, ctx, now).filter(|_| a.open);
     let (plan, wanted) = match want {
@@ -266,7 +272,10 @@ pub(crate) fn admit(
             if let Some(s) = window_stats.as_deref_mut() {
                 s.record_grant(now, rate_bucket, plan.units);
             }
-            charge(ks, &a, &plan, window_stats)
+            charge(ks, &a, &plan, window_stats);
+            if let Some((side, _)) = band {
+                count_in_band(ks, side, plan.units);
+            }
         }
         Some((reason, retry_after)) if p.spec.shadow_mode => {
             // Let it through and count it, so the counters stay true; record the excess.
@@ -308,32 +317,119 @@ pub(crate) fn admit(
     out
 }
 
-/// The edge band of a strict limit at `now`, if it refuses: a unit admitted within the
+/// Which edge band of its window an admission is in (docs/budget.md, edge band).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BandSide {
+    /// Within `e` of the window's start: on the coordinator's clock the unit may be in the
+    /// window before, so it counts against that window too.
+    Start,
+    /// Within `e` of the window's end: it may be in the next one, so it counts against that
+    /// one too (carried into its counter).
+    End,
+    /// The band covers the whole window (`2e` at least a window, or no band to keep): nothing.
+    Whole,
+}
+
+/// The edge band of a strict limit at `now`, if `now` is in one: a unit admitted within the
 /// uncertainty `e` of an edge of `window` might be inside the neighbouring window on the
-/// coordinator's clock, where the region's own counter does not count it. Returns how long
-/// until the band lets admissions through again (the next window's start plus `e`, or, with
-/// no band to keep, a sync interval, when a new clock sample may bring one).
-pub(crate) fn edge_wait(
+/// coordinator's clock, where the region's own counter of that window must count it too. With
+/// it, how long until admissions leave the band (the next window's start plus `e`, or, with no
+/// band to keep, a sync interval, when a new clock sample may bring one): the wait of a
+/// refusal the neighbouring window has no room for.
+pub(crate) fn edge_band(
     p: &LimitParams,
     ctx: &Ctx,
     window: WindowIndex,
     now: Timestamp,
-) -> Option<Duration> {
+) -> Option<(BandSide, Duration)> {
     let e = ctx.edge_band?;
     if p.is_eventual() || p.spec.shadow_mode || p.is_unmetered() {
         return None;
     }
     let (start, end) = (p.window_start(window), p.window_end(window));
     if e.saturating_mul(2) >= p.window_len() {
-        return Some(ctx.sync_interval);
+        return Some((BandSide::Whole, ctx.sync_interval));
     }
     if now < start + e {
-        return Some((start + e).saturating_duration_since(now));
+        return Some((BandSide::Start, (start + e).saturating_duration_since(now)));
     }
     if now + e >= end {
-        return Some((end + e).saturating_duration_since(now));
+        return Some((BandSide::End, (end + e).saturating_duration_since(now)));
     }
     None
+}
+
+/// Units the neighbouring window can still count for an admission in `side`'s band: the next
+/// window's allowance less what earlier end-band admissions carried into it; the window
+/// before's allowance less its use and the start band's admissions so far. Nothing where that
+/// is not known (a key that kept no state of the window before: compacted, new, restarted).
+fn band_room(p: &LimitParams, ks: &KeyState, ctx: &Ctx, side: BandSide) -> u64 {
+    let hot = ks.hot.as_deref();
+    match side {
+        BandSide::Whole => 0,
+        BandSide::End => {
+            let next = allowance(p, ks, ks.window.next(), ctx).units;
+            next.saturating_sub(hot.map_or(0, |h| h.carry_units))
+        }
+        BandSide::Start => match hot.and_then(|h| h.prev) {
+            Some(prev) if ks.window.0 > 0 => {
+                let before = WindowIndex(ks.window.0 - 1);
+                let held = prev_allowance(p, ctx, before, prev.explicit_units);
+                held.saturating_sub(prev.net_units.saturating_add(prev.band_units))
+            }
+            _ => 0,
+        },
+    }
+}
+
+/// The allowance the window before held, as [`held_allowance`] would have given it (its
+/// explicit grant, else the default share while the view is fresh or the policy keeps it),
+/// and nothing where a restored start shuts it.
+fn prev_allowance(p: &LimitParams, ctx: &Ctx, before: WindowIndex, explicit: Option<u64>) -> u64 {
+    if ctx.restore.shuts(p.window_start(before)) {
+        return 0;
+    }
+    if let Some(units) = explicit {
+        return units;
+    }
+    if !ctx.view_expired {
+        return p.default_units;
+    }
+    match p.spec.partition_policy {
+        PartitionPolicy::Floor | PartitionPolicy::Open { .. } => p.default_units,
+        // Closed: the window held what it used, no more.
+        PartitionPolicy::Closed => 0,
+    }
+}
+
+/// `want` cut to what the neighbouring window can count (`None`: it cannot count any of it).
+fn within_band_room(want: Want, room_units: u64) -> Option<Want> {
+    match want {
+        Want::Exact(cost) => (cost <= room_units).then_some(want),
+        Want::UpTo { units, min_units } => {
+            let units = units.min(room_units);
+            (units > 0 && units >= min_units).then_some(Want::UpTo { units, min_units })
+        }
+    }
+}
+
+/// Count `units` admitted in `side`'s band against the neighbouring window too.
+fn count_in_band(ks: &mut KeyState, side: BandSide, units: u64) {
+    if units == 0 {
+        return;
+    }
+    let hot = ks.hot_mut();
+    match side {
+        BandSide::End => hot.carry_units = hot.carry_units.saturating_add(units),
+        BandSide::Start => {
+            let prev = hot.prev.as_mut();
+            debug_assert!(prev.is_some(), "start-band units admitted with no room");
+            if let Some(prev) = prev {
+                prev.band_units = prev.band_units.saturating_add(units);
+            }
+        }
+        BandSide::Whole => debug_assert!(false, "nothing is admitted in a whole-window band"),
+    }
 }
 
 /// The latest expiry a lease of a strict limit granted in `window` may have: the window's end
@@ -344,6 +440,22 @@ pub(crate) fn guarded_window_end(p: &LimitParams, ctx: &Ctx, window: WindowIndex
     match ctx.edge_band {
         Some(e) if !p.is_eventual() && !p.spec.shadow_mode => end.saturating_sub(e),
         _ => end,
+    }
+}
+
+/// The latest expiry of a lease of `window` granted at `now`: [`guarded_window_end`], or the
+/// window's own end for a lease granted in its end band, every unit of which the next window
+/// counts too.
+pub(crate) fn lease_window_end(
+    p: &LimitParams,
+    ctx: &Ctx,
+    window: WindowIndex,
+    now: Timestamp,
+) -> Timestamp {
+    let guarded = guarded_window_end(p, ctx, window);
+    match edge_band(p, ctx, window, now) {
+        Some((BandSide::End, _)) => p.window_end(window),
+        _ => guarded,
     }
 }
 
@@ -593,10 +705,16 @@ fn escalate_if_needed(
     false
 }
 
-/// Units requested so far in the key's window (net use plus refused units).
+/// Units requested so far in the key's window (net use plus refused units, less what the
+/// window before's end band carried into it: requested there).
 fn requested_units(ks: &KeyState) -> u64 {
-    let denied = ks.hot.as_ref().map_or(0, |h| h.denied_units);
-    ks.net_units().saturating_add(denied)
+    let (denied, carried_in) = ks
+        .hot
+        .as_ref()
+        .map_or((0, 0), |h| (h.denied_units, h.carried_in_units));
+    ks.net_units()
+        .saturating_add(denied)
+        .saturating_sub(carried_in)
 }
 
 /// Elapsed time the demand estimate divides by: time since the window began, but at least

@@ -80,6 +80,10 @@ pub struct BudgetConfig {
     pub idempotency_ttl: Duration,
     /// `false`: a single region owns every quota (allowance = `L`, no sync, no escalation).
     pub coordinated: bool,
+    /// The widest edge band the driver ever sets (its timebase's maximum uncertainty; `None`:
+    /// no timebase). A restored start also closes the windows that begin within it of the
+    /// start: the lost copy's end band may have counted units against such a window too.
+    pub max_edge_band: Option<Duration>,
 }
 
 impl BudgetConfig {
@@ -96,6 +100,7 @@ impl BudgetConfig {
             idempotency_capacity: 100_000,
             idempotency_ttl: Duration::from_secs(300),
             coordinated: true,
+            max_edge_band: None,
         }
     }
 

@@ -46,6 +46,17 @@ pub(crate) struct OtherRegions {
     pub unassigned_units: u64,
 }
 
+/// What the start band of a window may still count against the window before it (docs/budget.md,
+/// edge band): that window's use as it ended and the explicit allowance it had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PrevWindow {
+    pub net_units: u64,
+    pub explicit_units: Option<u64>,
+    /// Units admitted in the current window's start band, each counted against the window
+    /// before too.
+    pub band_units: u64,
+}
+
 /// Final counter values of a window that ended before the coordinator acknowledged them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ClosingEntry {
@@ -111,6 +122,16 @@ pub(crate) struct HotState {
     pub acked_granted_units: u64,
     pub acked_refunded_units: u64,
     pub closing: Option<ClosingEntry>,
+    /// Units admitted in this window's end band, each counted against the next window too: a
+    /// roll to exactly the next window starts its counter at these (docs/budget.md, edge
+    /// band). Persisted with the key.
+    pub carry_units: u64,
+    /// The window just before this one, while this one's start band may count against it:
+    /// soft state (lost in a compaction or restart, and the start band refuses again).
+    pub prev: Option<PrevWindow>,
+    /// The units this window's counter started at (the window before's carry): counted
+    /// against it, but requested in the window before, so no demand here.
+    pub carried_in_units: u64,
 }
 
 impl KeyState {
@@ -159,11 +180,12 @@ impl KeyState {
             granted_units: self.granted_units,
             refunded_units: self.refunded_units,
         };
+        let next = window == self.window.next();
         self.window = window;
         self.granted_units = 0;
         self.refunded_units = 0;
         if let Some(hot) = self.hot.as_mut() {
-            hot.roll(window, closing);
+            self.granted_units = hot.roll(window, closing, next);
         }
         true
     }
@@ -176,9 +198,20 @@ impl KeyState {
             && self.hot.as_ref().is_none_or(|h| h.is_idle(now))
     }
 
+    /// The key remembers a window before it that was used or granted, which its start band
+    /// may count against (docs/budget.md, edge band). A sweep keeps such a key, and its boxed
+    /// part, until the next roll: a key busy every window stays boxed, one quiet for a window
+    /// goes at the next. A full limit may still evict it: losing it only refuses the start band.
+    pub fn keeps_start_band(&self) -> bool {
+        self.hot.as_ref().is_some_and(|h| h.keeps_start_band())
+    }
+
     /// Free the boxed part once nothing in it matters any more. Returns true if it did.
     pub fn compact(&mut self, now: Timestamp) -> bool {
-        let idle = self.hot.as_ref().is_some_and(|h| h.is_idle(now));
+        let idle = self
+            .hot
+            .as_ref()
+            .is_some_and(|h| h.is_idle(now) && !h.keeps_start_band());
         if idle {
             self.hot = None;
         }
@@ -191,7 +224,17 @@ impl HotState {
         self.escalated || self.mentioned
     }
 
-    fn roll(&mut self, window: WindowIndex, ended: ClosingEntry) {
+    /// Move to `window` (`next`: the one right after the ended one). Returns the units the new
+    /// window starts with: what the ended window's end band carried into it.
+    fn roll(&mut self, window: WindowIndex, ended: ClosingEntry, next: bool) -> u64 {
+        let carried = if next { self.carry_units } else { 0 };
+        self.carry_units = 0;
+        self.carried_in_units = carried;
+        self.prev = next.then_some(PrevWindow {
+            net_units: ended.granted_units.saturating_sub(ended.refunded_units),
+            explicit_units: self.allowance,
+            band_units: 0,
+        });
         let unacked = ended.granted_units != self.acked_granted_units
             || ended.refunded_units != self.acked_refunded_units;
         // A closing entry for an even older window is superseded: that window is long over.
@@ -217,6 +260,12 @@ impl HotState {
         self.entry_confirmed = false;
         self.acked_granted_units = 0;
         self.acked_refunded_units = 0;
+        carried
+    }
+
+    fn keeps_start_band(&self) -> bool {
+        self.prev
+            .is_some_and(|p| p.net_units > 0 || p.explicit_units.is_some())
     }
 
     fn is_idle(&self, now: Timestamp) -> bool {
@@ -229,6 +278,8 @@ impl HotState {
             && self.excess_units == 0
             && !self.is_reported()
             && self.closing.is_none()
+            // The next window's counter starts at these: dropped, it would admit them again.
+            && self.carry_units == 0
             && !pacing(&self.rate)
             && !pacing(&self.open_rate)
     }

@@ -831,7 +831,16 @@ fn lease_in_key(
     req: &LeaseRequest,
 ) -> (LeaseOutcome, Option<Lease>, bool) {
     let now = t.now;
-    let top_up = t.top_up.filter(|(_, w)| *w == ks.window).map(|(id, _)| id);
+    // In the end band a refill is a new lease: the live one may hold units granted before the
+    // band, which the next window does not count, and must keep its guarded expiry.
+    let end_band = matches!(
+        admit::edge_band(p, &t.ctx, ks.window, now),
+        Some((admit::BandSide::End, _))
+    );
+    let top_up = t
+        .top_up
+        .filter(|(_, w)| *w == ks.window && !end_band)
+        .map(|(id, _)| id);
     if top_up.is_none()
         && ks
             .hot
@@ -873,7 +882,7 @@ fn lease_in_key(
         let d = decision_of(p, ks, &adm, now);
         return (LeaseOutcome::Denied(d), None, adm.escalated);
     }
-    let expires_at = (now + t.ttl).min(admit::guarded_window_end(p, &t.ctx, ks.window));
+    let expires_at = (now + t.ttl).min(admit::lease_window_end(p, &t.ctx, ks.window, now));
     if top_up.is_none() {
         let leases = &mut ks.hot_mut().leases;
         leases.push(t.id);

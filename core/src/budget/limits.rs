@@ -212,7 +212,7 @@ impl LimitState {
         let cursor = self.sweep_cursor.take();
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
             let moved = ks.roll(window) | ks.compact(now);
-            if ks.is_idle(now) {
+            if ks.is_idle(now) && !ks.keeps_start_band() {
                 idle.push(name.clone());
             } else if moved {
                 changed.push(name.clone());

@@ -245,11 +245,16 @@ impl RegionBudget {
     /// Lease and slot ids restart from a floor taken from the clock: the lost copy handed out
     /// ids past what this store recorded, and gateways still hold leases under them, so an id
     /// reused here would let a release or settle of a lost lease end a new one.
+    ///
+    /// The windows it closes are those that begin before `now` plus `max_edge_band`: the lost
+    /// copy's end band may have counted units against the window after its last (docs/budget.md,
+    /// edge band).
     pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
         let floor = restore::id_floor(now);
         self.leases.next_id = self.leases.next_id.max(floor);
         self.slots.next_id = self.slots.next_id.max(floor);
-        self.view.restore = restore::Restore::start(now, why, self.cfg.coordinated);
+        let start = now + self.cfg.max_edge_band.unwrap_or_default();
+        self.view.restore = restore::Restore::start(start, why, self.cfg.coordinated);
         if self.view.restore.closed_before().is_some() {
             self.dirty.mark(Dirty::Restore);
         }
@@ -465,8 +470,10 @@ impl RegionBudget {
 
     /// A restored start (`start_restored`) was dated on a clock the first sample since then
     /// corrected: it started at `start` on the corrected one. Windows that began before it
-    /// are the lost copy's (on its corrected clock) and close; the start only moves later.
+    /// (and within `max_edge_band` after it) are the lost copy's (on its corrected clock) and
+    /// close; the start only moves later.
     pub fn restore_started_no_earlier_than(&mut self, start: Timestamp) {
+        let start = start + self.cfg.max_edge_band.unwrap_or_default();
         if self.view.restore.start_no_earlier_than(start) {
             self.dirty.mark(Dirty::Restore);
         }

@@ -100,6 +100,14 @@ pub enum PersistRecord {
     /// that the layouts written before it existed still read (they hold none).
     #[serde(rename = "FingerprintedIdempotency")]
     Idempotency(IdempotencyRecord),
+    /// A key whose window's end band counted units against the next window too
+    /// (`carry_units`, docs/budget.md, edge band): its next window starts at them. Written
+    /// instead of `Key` while there are any, under the same store key. Last, so that the
+    /// layouts written before it existed still read (they hold none).
+    KeyCarried {
+        key: KeyRecord,
+        carry_units: u64,
+    },
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -374,7 +382,7 @@ impl RegionBudget {
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
-                out.push(PersistRecord::Key(key_record(lim, name, ks)));
+                out.push(key_persist_record(lim, name, ks));
             }
         }
         for (id, lease) in self.leases.iter() {
@@ -490,7 +498,7 @@ impl RegionBudget {
                     .get(&limit)
                     .and_then(|l| l.keys.get_key_value(key.as_str()).map(|kv| (l, kv)));
                 match found {
-                    Some((lim, (name, ks))) => PersistRecord::Key(key_record(lim, name, ks)),
+                    Some((lim, (name, ks))) => key_persist_record(lim, name, ks),
                     None => PersistRecord::KeyEvicted { limit, key },
                 }
             }
@@ -548,6 +556,10 @@ impl RegionBudget {
                 self.slots.remove_limit(&limit);
             }
             PersistRecord::Key(rec) => self.restore_key(rec),
+            PersistRecord::KeyCarried { key, carry_units } => {
+                self.restore_carry(&key, carry_units);
+                self.restore_key(key);
+            }
             PersistRecord::KeyEvicted { limit, key } => {
                 if let Some(lim) = self.limits.get_mut(&limit) {
                     lim.keys.remove(key.as_str());
@@ -627,6 +639,25 @@ impl RegionBudget {
             PersistRecord::ClockCorrection(c) => {
                 self.view.set_clock_correction(c);
             }
+        }
+    }
+
+    /// What a key's end band carried into its next window, merged by max like its entries
+    /// (it only grows within a window); before the record itself, which creates the key.
+    fn restore_carry(&mut self, rec: &KeyRecord, carry_units: u64) {
+        let Some(lim) = self.limits.get_mut(&rec.limit) else {
+            return;
+        };
+        let ks = lim
+            .keys
+            .entry(rec.key.as_str().into())
+            .or_insert_with(|| KeyState::new(rec.window));
+        if rec.window > ks.window {
+            *ks = KeyState::new(rec.window);
+        }
+        if rec.window == ks.window {
+            let hot = ks.hot_mut();
+            hot.carry_units = hot.carry_units.max(carry_units);
         }
     }
 
@@ -747,6 +778,15 @@ fn idempotency_order(r: &PersistRecord) -> (bool, Timestamp, RequestId) {
         PersistRecord::IdempotencyUnfingerprinted(i) => (true, i.expires_at, i.request),
         PersistRecord::IdempotencyExpired { request } => (true, Timestamp::ZERO, *request),
         _ => (false, Timestamp::ZERO, RequestId(0)),
+    }
+}
+
+/// A key's record: `KeyCarried` while its end band has carried units into the next window.
+fn key_persist_record(lim: &LimitState, name: &str, ks: &KeyState) -> PersistRecord {
+    let key = key_record(lim, name, ks);
+    match ks.hot.as_deref().map_or(0, |h| h.carry_units) {
+        0 => PersistRecord::Key(key),
+        carry_units => PersistRecord::KeyCarried { key, carry_units },
     }
 }
 

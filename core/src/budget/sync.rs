@@ -678,7 +678,12 @@ fn release_in_key(
         // Superseded by a newer grant or release: nothing changes.
         return (0, base);
     }
-    let n = if current { ks.net_units() } else { 0 };
+    // A later window's use so far is what the current window's end band carried into it.
+    let n = match ks.hot.as_deref() {
+        _ if current => ks.net_units(),
+        Some(h) if target == window.next() => h.carry_units,
+        _ => 0,
+    };
     let released = r.units.min(base.saturating_sub(n));
     let after = base - released;
     let hot = ks.hot_mut();

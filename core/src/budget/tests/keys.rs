@@ -69,15 +69,28 @@ fn a_sweep_evicts_idle_keys_and_frees_their_memory() {
     );
     b.handle_timeout(at(30_000));
     assert_eq!(b.key_count(&lim("api")), 51, "all in use this window");
-    // The window ends at 60 s (the lease with it); the next sweep drops every idle key.
+    // The window ends at 60 s (the lease with it); the next sweep drops every idle key but
+    // the boxed one used in the window before, kept for its start band (D31) until the next.
     assert!(b.poll_timeout().is_some_and(|t| t <= at(60_000)));
     b.handle_timeout(at(60_000));
-    assert_eq!(b.key_count(&lim("api")), 0);
+    assert_eq!(b.key_count(&lim("api")), 1);
     assert_eq!(b.lease_count(), 0);
     assert!(matches!(
         b.release(at(60_000), g.lease, 1, None),
         Err(Error::UnknownLease(LeaseId(_)))
     ));
+    b.handle_timeout(at(120_000));
+    assert_eq!(b.key_count(&lim("api")), 0, "quiet for a window: gone");
+}
+
+/// A full limit still evicts a key kept for its start band: losing it only refuses the band.
+#[test]
+fn a_full_limit_evicts_a_key_kept_for_its_start_band() {
+    let mut b = two_keys_max();
+    granted(b.lease(at(0), lease_req("api", "a", 1, 30)).expect("lease"));
+    granted(b.lease(at(0), lease_req("api", "b", 1, 30)).expect("lease"));
+    b.handle_timeout(at(60_000));
+    assert!(b.lease(at(61_000), lease_req("api", "c", 1, 30)).is_ok());
 }
 
 #[test]
