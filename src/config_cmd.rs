@@ -2,8 +2,9 @@
 //!
 //! `put` loads the files as every daemon will and sends nothing unless they load (every
 //! problem printed as file:line:column); then it puts them on the cluster's admin HTTP
-//! (`PUT /v1/config`), trying the addresses given in turn until the leader takes them, and
-//! prints the version committed. Agents take it from the sync stream. `get` prints the version
+//! (`PUT /v1/config`), trying the addresses given in turn until the leader takes them (in
+//! rounds, for up to `PUT_RETRY_FOR`, while a leader change is under way), and prints the
+//! version committed. Agents take it from the sync stream. `get` prints the version
 //! in force and its rules.
 
 use std::path::PathBuf;
@@ -20,6 +21,16 @@ use crate::check_config::{read_limited, rule_line};
 
 /// Time for one node to answer a put: the leader waits up to 10 s for the commit.
 const PUT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long a put goes on trying the nodes in rounds while no node takes it for a reason that
+/// may pass: a node down or answering `5xx` (a leader killed, a new one starting), or no
+/// leader known (an election). An election takes 1-2 s, the new leader's start a little more.
+/// Trying again is safe: a put of the files in force commits nothing (the node answers their
+/// version), so a put whose answer was lost lands once.
+const PUT_RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// The pause between two rounds of a put.
+const PUT_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Time for one node to answer a read.
 const GET_TIMEOUT: Duration = Duration::from_secs(5);
@@ -150,43 +161,93 @@ async fn put(args: PutArgs) -> ExitCode {
             .collect::<Vec<_>>(),
     })
     .to_string();
+    let deadline = tokio::time::Instant::now() + PUT_RETRY_FOR;
+    let tried = loop {
+        match put_round(&args.nodes.coordinator, &body).await {
+            Round::Done(code) => return code,
+            Round::Passing(_) if tokio::time::Instant::now() + PUT_RETRY_PAUSE < deadline => {
+                tokio::time::sleep(PUT_RETRY_PAUSE).await;
+            }
+            Round::Passing(tried) | Round::NotTaken(tried) => break tried,
+        }
+    };
+    fail(
+        2,
+        &format!("config put: no node took it: {}", tried.join("; ")),
+    )
+}
+
+/// One put to each node in turn.
+enum Round {
+    /// Taken or refused: the exit code.
+    Done(ExitCode),
+    /// No node took it, and some failure may pass (a node down or starting, no leader known):
+    /// what each node said.
+    Passing(Vec<String>),
+    /// No node took it, every node naming a leader not given.
+    NotTaken(Vec<String>),
+}
+
+async fn put_round(nodes: &[String], body: &str) -> Round {
     let mut tried = Vec::new();
-    for addr in &args.nodes.coordinator {
+    let mut passing = false;
+    for addr in nodes {
         let answer =
-            tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(&body)))
+            tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(body)))
                 .await
                 .unwrap_or_else(|_| Err(format!("no answer in {PUT_TIMEOUT:?}")));
         match answer {
+            Ok((200, v)) if v["unchanged"] == true => {
+                // The same files were in force: this put's own earlier attempt, whose answer
+                // was lost, or a repeat. Nothing new was committed.
+                println!(
+                    "version {} committed ({} rules) by {addr}: these files were in force, \
+                     nothing committed again",
+                    v["version"], v["rules"]
+                );
+                return Round::Done(ExitCode::SUCCESS);
+            }
             Ok((200, v)) => {
                 println!(
                     "version {} committed ({} rules) by {addr}",
                     v["version"], v["rules"]
                 );
-                return ExitCode::SUCCESS;
+                return Round::Done(ExitCode::SUCCESS);
             }
-            Ok((421, v)) => tried.push(format!(
-                "{addr}: not the leader (leader: node {} at {})",
-                v["leader"],
-                v["leader_address"].as_str().unwrap_or("unknown")
-            )),
+            Ok((421, v)) => {
+                // No leader known: an election is under way.
+                passing |= v["leader"].is_null();
+                tried.push(format!(
+                    "{addr}: not the leader (leader: node {} at {})",
+                    v["leader"],
+                    v["leader_address"].as_str().unwrap_or("unknown")
+                ));
+            }
             Ok((status, v)) if (400..500).contains(&status) => {
                 for p in v["problems"].as_array().into_iter().flatten() {
                     eprintln!("{}", p.as_str().unwrap_or_default());
                 }
                 let error = v["error"].as_str().unwrap_or("refused");
-                return fail(1, &format!("config put refused by {addr}: {error}"));
+                return Round::Done(fail(1, &format!("config put refused by {addr}: {error}")));
             }
-            Ok((status, v)) => tried.push(format!(
-                "{addr}: {status} {}",
-                v["error"].as_str().unwrap_or("")
-            )),
-            Err(e) => tried.push(format!("{addr}: {e}")),
+            Ok((status, v)) => {
+                passing = true;
+                tried.push(format!(
+                    "{addr}: {status} {}",
+                    v["error"].as_str().unwrap_or("")
+                ));
+            }
+            Err(e) => {
+                passing = true;
+                tried.push(format!("{addr}: {e}"));
+            }
         }
     }
-    fail(
-        2,
-        &format!("config put: no node took it: {}", tried.join("; ")),
-    )
+    if passing {
+        Round::Passing(tried)
+    } else {
+        Round::NotTaken(tried)
+    }
 }
 
 async fn get(args: GetArgs) -> ExitCode {

@@ -1,7 +1,8 @@
 //! `allot config put` on real processes: one `allot coordinator` and one `allot agent
 //! --coordinator`. A new version with a smaller quota reaches the agent from the sync stream and
 //! is enforced there without a restart; a file that does not load is refused with its
-//! file:line:column and nothing changes; an old version is refused; a restarted agent keeps the
+//! file:line:column and nothing changes; the same files again commit nothing, other files at an
+//! old version are refused; a restarted agent keeps the
 //! cluster's version over its own files.
 
 mod support;
@@ -120,16 +121,30 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     assert!(err.contains(&format!("{bad}:4:")), "{err}");
     assert!(err.contains("fortnight"), "{err}");
     assert!(err.contains("nothing sent"), "{err}");
-    // An old version: refused by the cluster, which says which version is in force.
-    let out = allot(&[
-        "config",
-        "put",
-        &smaller,
-        "--coordinator",
-        &coordinator.http,
-        "--version",
-        "2",
-    ]);
+    // The same files again, at their version: nothing committed, their version named (a
+    // retry whose answer was lost).
+    let again = |file: &str| {
+        allot(&[
+            "config",
+            "put",
+            file,
+            "--coordinator",
+            &coordinator.http,
+            "--version",
+            "2",
+        ])
+    };
+    let out = again(&smaller);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("version 2 committed (1 rules)")
+            && text(&out.stdout).contains("nothing committed again"),
+        "{out:?}"
+    );
+    // Other files at an old version: refused by the cluster, which says which version is in
+    // force.
+    std::fs::write(dir.join("other.yaml"), limits(7)).expect("limits");
+    let out = again(&dir.join("other.yaml").display().to_string());
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = text(&out.stderr);
     assert!(

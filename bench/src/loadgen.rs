@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use allot_proto::envoy::common::RateLimitDescriptor;
 use allot_proto::envoy::common::rate_limit_descriptor::Entry as RlsEntry;
@@ -58,6 +58,9 @@ pub const DEFAULT_CONNECTIONS: u32 = 2;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed call, so a caller facing a dead server waits instead of spinning.
 const ERROR_PAUSE: Duration = Duration::from_millis(1);
+/// Most (key, window) rows one run records when it records per window: a 600 s run of 1 s
+/// windows over 100 keys. Rows past it are counted, not kept.
+pub const MAX_WINDOW_ROWS: usize = 60_000;
 
 /// One run's settings.
 #[derive(Clone, Debug)]
@@ -78,6 +81,11 @@ pub struct LoadConfig {
     pub server_pid: Option<u32>,
     /// The Redis script's rate.
     pub gcra: GcraParams,
+    /// Record the requests admitted per key and per window of this length (`Acquire` only),
+    /// by the window the server's decision names: its `reset_after_ms`, on the server's
+    /// clock. Every answered call counts, warm-up and the calls crossing the end included:
+    /// the record is of what the server admitted, not of the measured interval.
+    pub window: Option<Duration>,
 }
 
 impl LoadConfig {
@@ -95,6 +103,7 @@ impl LoadConfig {
             lease_units: DEFAULT_LEASE_UNITS,
             server_pid: None,
             gcra: GcraParams::NEVER_DENIES,
+            window: None,
         }
     }
 
@@ -121,6 +130,14 @@ impl LoadConfig {
         }
         if self.gcra.emission_interval_us == 0 || self.gcra.burst_units == 0 {
             return bad("the GCRA rate needs an emission interval and a burst".to_owned());
+        }
+        if let Some(w) = self.window {
+            if self.workload != Workload::Acquire {
+                return bad("admitted per window is recorded for acquire calls only".to_owned());
+            }
+            if w < Duration::from_millis(1) {
+                return bad("the window must be at least 1 ms".to_owned());
+            }
         }
         Ok(())
     }
@@ -151,6 +168,19 @@ pub struct LoadReport {
     /// Latency of answered calls.
     pub latency: LatencySummary,
     pub server_cpu: Option<ServerCpu>,
+    /// Requests admitted per key and window, when asked for (`LoadConfig::window`), in order.
+    pub admitted_by_window: Vec<WindowAdmitted>,
+    /// Rows past [`MAX_WINDOW_ROWS`], not recorded.
+    pub window_rows_left_out: u64,
+}
+
+/// Requests the server admitted for one key in one window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WindowAdmitted {
+    pub key: String,
+    /// The window's index: its start is `window * length` since the Unix epoch.
+    pub window: u64,
+    pub admitted: u64,
 }
 
 /// The server's CPU time over the measured interval.
@@ -174,6 +204,33 @@ struct Tally {
     admitted: u64,
     errors: BTreeMap<String, u64>,
     latency: LatencyHistogram,
+    by_window: ByWindow,
+}
+
+/// Admitted requests per (key, window), at most [`MAX_WINDOW_ROWS`] rows.
+#[derive(Debug, Default)]
+struct ByWindow {
+    rows: BTreeMap<(String, u64), u64>,
+    left_out: u64,
+}
+
+impl ByWindow {
+    fn add(&mut self, key: &str, window: u64, admitted: u64) {
+        if let Some(n) = self.rows.get_mut(&(key.to_owned(), window)) {
+            *n += admitted;
+        } else if self.rows.len() < MAX_WINDOW_ROWS {
+            self.rows.insert((key.to_owned(), window), admitted);
+        } else {
+            self.left_out += 1;
+        }
+    }
+
+    fn merge(&mut self, other: ByWindow) {
+        for ((key, window), n) in other.rows {
+            self.add(&key, window, n);
+        }
+        self.left_out += other.left_out;
+    }
 }
 
 impl Tally {
@@ -186,15 +243,17 @@ impl Tally {
             *self.errors.entry(kind).or_insert(0) += n;
         }
         self.latency.merge(&other.latency);
+        self.by_window.merge(other.by_window);
     }
 }
 
 /// The answer to one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
-    /// Allowed, admitting this many requests.
+    /// Allowed, admitting this many requests; until the window resets, when the server says.
     Allowed {
         admitted: u64,
+        reset_after_ms: Option<u64>,
     },
     Denied,
 }
@@ -272,7 +331,10 @@ impl Client {
 
 fn allowed_one(allowed: bool) -> Outcome {
     match allowed {
-        true => Outcome::Allowed { admitted: 1 },
+        true => Outcome::Allowed {
+            admitted: 1,
+            reset_after_ms: None,
+        },
         false => Outcome::Denied,
     }
 }
@@ -287,7 +349,13 @@ async fn acquire(
         idempotency_key: String::new(),
     };
     let resp = client.acquire(req).await.map_err(grpc_error)?.into_inner();
-    Ok(allowed_one(resp.decision.is_some_and(|d| d.allowed)))
+    Ok(match resp.decision {
+        Some(d) if d.allowed => Outcome::Allowed {
+            admitted: 1,
+            reset_after_ms: Some(d.reset_after_ms),
+        },
+        _ => Outcome::Denied,
+    })
 }
 
 async fn lease(
@@ -315,6 +383,7 @@ async fn lease(
             *spent = (lease.lease_id != 0).then_some(lease.lease_id);
             Outcome::Allowed {
                 admitted: lease.units,
+                reset_after_ms: None,
             }
         }
         _ => Outcome::Denied,
@@ -401,7 +470,7 @@ pub async fn run_load(config: &LoadConfig) -> Result<LoadReport> {
     for c in 0..config.callers {
         let client = clients[c as usize % clients.len()].clone();
         let walk = keys.walk(c, config.callers);
-        callers.spawn(caller(client, walk, interval));
+        callers.spawn(caller(client, walk, interval, config.window));
     }
     let mut total = Tally::default();
     while let Some(tally) = callers.join_next().await {
@@ -418,26 +487,43 @@ pub async fn run_load(config: &LoadConfig) -> Result<LoadReport> {
     Ok(report(config, total, cpu))
 }
 
-async fn caller(mut client: Client, mut walk: KeyWalk, interval: Interval) -> Tally {
+async fn caller(
+    mut client: Client,
+    mut walk: KeyWalk,
+    interval: Interval,
+    window: Option<Duration>,
+) -> Tally {
     let mut tally = Tally::default();
     loop {
         let began = Instant::now();
         if began >= interval.end {
             break;
         }
+        let sent_ms = unix_ms();
         let key = walk.next_key();
         let result = match tokio::time::timeout(CALL_TIMEOUT, client.call(key)).await {
             Ok(r) => r,
             Err(_) => Err("timeout".to_owned()),
         };
         let ended = Instant::now();
+        if let (
+            Some(length),
+            Ok(Outcome::Allowed {
+                admitted,
+                reset_after_ms: Some(reset),
+            }),
+        ) = (window, &result)
+        {
+            let index = window_of(sent_ms.midpoint(unix_ms()), *reset, length);
+            tally.by_window.add(key, index, *admitted);
+        }
         let counted = began >= interval.start && ended <= interval.end;
         match result {
             Ok(outcome) if counted => {
                 tally.calls += 1;
                 tally.latency.record(ended - began);
                 match outcome {
-                    Outcome::Allowed { admitted } => {
+                    Outcome::Allowed { admitted, .. } => {
                         tally.allowed += 1;
                         tally.admitted += admitted;
                     }
@@ -454,6 +540,22 @@ async fn caller(mut client: Client, mut walk: KeyWalk, interval: Interval) -> Ta
         }
     }
     tally
+}
+
+fn unix_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The index of the window a decision taken at `decided_ms` was for, when it said the window
+/// resets `reset_after_ms` later: the window ending at the multiple of `length` nearest to
+/// that time (so a decision's transit, under half a window, does not move it).
+fn window_of(decided_ms: u64, reset_after_ms: u64, length: Duration) -> u64 {
+    let length_ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1);
+    let end_ms = decided_ms.saturating_add(reset_after_ms);
+    (end_ms.saturating_add(length_ms / 2) / length_ms).saturating_sub(1)
 }
 
 /// The server's CPU time between the interval's ends.
@@ -486,6 +588,17 @@ fn report(config: &LoadConfig, tally: Tally, cpu: Option<(u32, Duration)>) -> Lo
         admitted_per_sec: tally.admitted as f64 / secs,
         latency: tally.latency.summary(),
         server_cpu: cpu.map(|(pid, spent)| server_cpu(pid, spent, tally.calls, tally.admitted)),
+        admitted_by_window: tally
+            .by_window
+            .rows
+            .into_iter()
+            .map(|((key, window), admitted)| WindowAdmitted {
+                key,
+                window,
+                admitted,
+            })
+            .collect(),
+        window_rows_left_out: tally.by_window.left_out,
     }
 }
 
@@ -576,6 +689,57 @@ mod tests {
         assert!((r.admitted_per_sec - 1_250.0).abs() < 1e-9);
         assert!(r.server_cpu.is_none());
         assert_eq!(r.lease_units, None);
+    }
+
+    #[test]
+    fn a_decision_counts_in_the_window_its_reset_names() {
+        let w = Duration::from_secs(3);
+        // Window 600,000 runs 1,800,000,000..1,800,003,000 ms. A decision 1 s in resets after
+        // 2 s; 40 ms of transit either way leaves it in the same window.
+        assert_eq!(window_of(1_800_001_000, 2_000, w), 600_000);
+        assert_eq!(window_of(1_800_001_040, 2_000, w), 600_000);
+        assert_eq!(window_of(1_800_000_960, 2_000, w), 600_000);
+        // The window's last millisecond and the next one's first.
+        assert_eq!(window_of(1_800_002_999, 1, w), 600_000);
+        assert_eq!(window_of(1_800_003_000, 3_000, w), 600_001);
+    }
+
+    #[test]
+    fn per_window_rows_are_bounded_and_merge_by_sum() {
+        let mut a = ByWindow::default();
+        a.add("k0", 7, 1);
+        a.add("k0", 7, 1);
+        a.add("k1", 7, 1);
+        let mut b = ByWindow::default();
+        b.add("k0", 7, 3);
+        b.add("k0", 8, 1);
+        a.merge(b);
+        let rows: Vec<_> = a
+            .rows
+            .iter()
+            .map(|((k, w), n)| (k.as_str(), *w, *n))
+            .collect();
+        assert_eq!(rows, [("k0", 7, 5), ("k0", 8, 1), ("k1", 7, 1)]);
+        let mut full = ByWindow::default();
+        for w in 0..MAX_WINDOW_ROWS as u64 {
+            full.add("k", w, 1);
+        }
+        full.add("k", 0, 1);
+        full.add("k", u64::MAX, 1);
+        assert_eq!(full.rows.len(), MAX_WINDOW_ROWS);
+        assert_eq!((full.rows[&("k".to_owned(), 0)], full.left_out), (2, 1));
+    }
+
+    #[test]
+    fn a_per_window_record_is_for_acquire_calls_only() {
+        let mut c = config();
+        c.window = Some(Duration::from_secs(3));
+        assert!(c.validate().is_ok());
+        c.workload = Workload::Rls;
+        assert!(c.validate().is_err());
+        let mut c = config();
+        c.window = Some(Duration::ZERO);
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -677,6 +677,8 @@ mod tests {
                 cpu_us_per_call: Some(cpu_us),
                 admitted_per_cpu_sec: Some(admitted_per_cpu),
             }),
+            admitted_by_window: Vec::new(),
+            window_rows_left_out: 0,
         }
     }
 

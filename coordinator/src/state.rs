@@ -328,6 +328,19 @@ impl ClusterState {
     }
 
     /// What a configuration put is checked against (see [`ConfigInForce::check`]).
+    /// The version in force when a put of `files` asks for exactly what is in force: the same
+    /// files (names and texts, and the merge flag) at that version, or at no version given
+    /// (`version_given` false). Such a put is a retry whose first answer was lost (a leader
+    /// killed between the commit and its answer), or a repeat: it is answered with this
+    /// version and commits nothing, where a second version of the same files would be a bump
+    /// nobody asked for.
+    pub fn version_in_force_for(&self, files: &ConfigFiles, version_given: bool) -> Option<u64> {
+        let in_force = self.config_files.as_ref()?;
+        let version = self.table.config_version();
+        let same = in_force.merge_domains == files.merge_domains && in_force.files == files.files;
+        (same && (!version_given || files.version == version)).then_some(version)
+    }
+
     pub fn config_in_force(&self) -> ConfigInForce {
         ConfigInForce {
             version: self.table.config_version(),
@@ -831,6 +844,42 @@ mod tests {
                 ),
             }],
         }
+    }
+
+    #[test]
+    fn a_put_of_the_files_in_force_is_answered_with_their_version() {
+        let mut state = ClusterState::default();
+        assert_eq!(
+            state.version_in_force_for(&files(1, 100, "{a: 0.5}"), false),
+            None,
+            "no files in force"
+        );
+        let put = ClusterCommand::PutConfig(files(2, 100, "{a: 0.5}"));
+        assert_eq!(
+            state.apply(put).expect("applies").configured_version(),
+            Some(2)
+        );
+        // A retry of the put (no version: the node computed 3; or version 2 as given).
+        assert_eq!(
+            state.version_in_force_for(&files(3, 100, "{a: 0.5}"), false),
+            Some(2)
+        );
+        assert_eq!(
+            state.version_in_force_for(&files(2, 100, "{a: 0.5}"), true),
+            Some(2)
+        );
+        // Another version asked for, other files, another merge flag: a put like any other.
+        assert_eq!(
+            state.version_in_force_for(&files(3, 100, "{a: 0.5}"), true),
+            None
+        );
+        assert_eq!(
+            state.version_in_force_for(&files(3, 90, "{a: 0.5}"), false),
+            None
+        );
+        let mut merged = files(3, 100, "{a: 0.5}");
+        merged.merge_domains = true;
+        assert_eq!(state.version_in_force_for(&merged, false), None);
     }
 
     #[test]

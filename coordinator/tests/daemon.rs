@@ -362,3 +362,44 @@ fn http_put(addr: SocketAddr, body: &str) -> (String, String) {
         body.to_owned(),
     )
 }
+
+/// A put whose answer was lost (its leader killed after the commit) is put again: the node
+/// answers the version in force and commits nothing, where it used to commit the same files
+/// as one version more (a put during a leader kill bumped the version twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_of_the_files_in_force_commits_nothing_and_names_their_version() {
+    let dir = TempDir::new().expect("temporary directory");
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let d = start(1, dir.path(), grpc, BTreeMap::new()).await;
+    wait_for("limits put", || state(&d).table().config_version() == 1).await;
+    let (line, body) = http_put(d.http_addr(), &config_put(5));
+    assert!(line.contains("200"), "{line} {body}");
+    assert_eq!(state(&d).table().config_version(), 2);
+    for again in [config_put(5), config_put_at(5, 2)] {
+        let (line, body) = http_put(d.http_addr(), &again);
+        assert!(line.contains("200"), "{line} {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(
+            (v["version"].as_u64(), v["unchanged"].as_bool()),
+            (Some(2), Some(true))
+        );
+        assert_eq!(state(&d).table().config_version(), 2);
+    }
+    // Other files at that version are stale; the same files at a later version, a new one.
+    let (line, _) = http_put(d.http_addr(), &config_put_at(6, 2));
+    assert!(line.contains("409"), "{line}");
+    let (line, body) = http_put(d.http_addr(), &config_put_at(5, 3));
+    assert!(
+        line.contains("200") && !body.contains("unchanged"),
+        "{line} {body}"
+    );
+    assert_eq!(state(&d).table().config_version(), 3);
+    d.shutdown().await.expect("stops");
+}
+
+/// [`config_put`] at an explicit `version`.
+fn config_put_at(quota: u64, version: u64) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&config_put(quota)).expect("JSON");
+    v["version"] = version.into();
+    v.to_string()
+}

@@ -5,7 +5,10 @@
 //! - `PUT /v1/config` on the leader: files, checked with the configuration loader against the
 //!   version and regions in force, then committed through raft as one `PutConfig` entry by the
 //!   leader's task (so its rebalancer takes the new table in log order). A follower answers
-//!   `421` naming the leader; nothing is committed from a put that is refused.
+//!   `421` naming the leader; nothing is committed from a put that is refused. A put of the
+//!   files in force (at no version, or at theirs) commits nothing and is answered `200` with
+//!   their version and `"unchanged": true`: a retry whose first answer was lost to a leader
+//!   change lands once, not as a second version.
 //!
 //! Agents take a new version from their next answer on the sync stream (the leader sends the
 //! files to a region whose SyncUp names another version).
@@ -111,13 +114,17 @@ async fn put_config(admin: &Admin, body: Result<Bytes, BytesRejection>) -> Reply
             })
             .collect(),
     };
+    let version_given = req.version.is_some();
+    if let Some(version) = in_force_for(admin, &files, version_given) {
+        return unchanged(admin, version);
+    }
     // Checked before anything is committed: a refused put leaves no entry behind.
     if let Err(refusal) = in_force.check(&files) {
         return refused(&refusal);
     }
     let (reply, answer) = oneshot::channel();
     let job = Job::Write {
-        cmd: ClusterCommand::PutConfig(files),
+        cmd: ClusterCommand::PutConfig(files.clone()),
         reply,
     };
     let committed = tokio::time::timeout(PUT_TIMEOUT, async {
@@ -133,7 +140,13 @@ async fn put_config(admin: &Admin, body: Result<Bytes, BytesRejection>) -> Reply
                 Json(json!({ "version": version, "rules": rules })),
             )
         }
-        Ok(Some(CommandOutcome::Refused(refusal))) => refused(&refusal),
+        Ok(Some(CommandOutcome::Refused(refusal))) => {
+            // The same put committed first (a retry racing the attempt it retries).
+            match in_force_for(admin, &files, version_given) {
+                Some(version) => unchanged(admin, version),
+                None => refused(&refusal),
+            }
+        }
         Ok(Some(other)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the put applied as {other:?}"),
@@ -144,6 +157,22 @@ async fn put_config(admin: &Admin, body: Result<Bytes, BytesRejection>) -> Reply
              commit in time); it may still commit: read GET /v1/config before putting again",
         ),
     }
+}
+
+/// The version in force if `files` are what is in force (`ClusterState::version_in_force_for`).
+fn in_force_for(admin: &Admin, files: &ConfigFiles, version_given: bool) -> Option<u64> {
+    admin
+        .state
+        .read(|a| a.state.version_in_force_for(files, version_given))
+}
+
+/// `200` for a put of the configuration in force: nothing committed, its version named.
+fn unchanged(admin: &Admin, version: u64) -> Reply {
+    let rules = admin.state.read(|a| a.state.limits().len());
+    (
+        StatusCode::OK,
+        Json(json!({ "version": version, "rules": rules, "unchanged": true })),
+    )
 }
 
 fn refused(refusal: &Refusal) -> Reply {
