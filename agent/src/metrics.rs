@@ -44,6 +44,7 @@ pub const SYNC_RECONNECTS: &str = "allot_sync_reconnects_total";
 pub const SYNC_LAST_ANSWER_AGE: &str = "allot_sync_last_answer_age_seconds";
 pub const SYNC_UPS_DROPPED: &str = "allot_sync_ups_dropped_total";
 pub const SYNC_BAD_ANSWERS: &str = "allot_sync_bad_answers_total";
+pub const CLOCK_ASSUMPTION_BREAKS: &str = "allot_clock_assumption_breaks_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls get the same handle).
 pub fn install() -> Result<PrometheusHandle> {
@@ -160,6 +161,10 @@ fn describe() {
     describe_counter!(
         SYNC_BAD_ANSWERS,
         "Answers from the coordinator that did not convert; each ends the stream."
+    );
+    describe_counter!(
+        CLOCK_ASSUMPTION_BREAKS,
+        "Clock samples further off than the timebase's uncertainty allowed (a rate error above 1%, or a step): the guard started again."
     );
 }
 
@@ -374,6 +379,10 @@ pub fn sync_up_dropped() {
 
 pub fn sync_bad_answer() {
     counter!(SYNC_BAD_ANSWERS).increment(1);
+}
+
+pub fn clock_assumption_broken() {
+    counter!(CLOCK_ASSUMPTION_BREAKS).increment(1);
 }
 
 #[cfg(test)]

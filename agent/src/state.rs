@@ -279,10 +279,18 @@ impl Agent {
         let Some(tb) = &self.timebase else { return };
         let mut tb = tb.lock().unwrap_or_else(|p| p.into_inner());
         let local = self.settings.clock.now();
+        let breaks = tb.assumption_breaks();
         if sampled
             && let Some((sent_at, sample)) = b.clock_round_trip()
             && tb.on_sample(local, sent_at, sample)
         {
+            if tb.assumption_breaks() > breaks {
+                metrics::clock_assumption_broken();
+                tracing::warn!(
+                    offset_ms = sample.offset_nanos / 1_000_000,
+                    "a clock sample was further off than the timebase's uncertainty allowed (a rate error above 1%, or a clock step): the clock guard starts again"
+                );
+            }
             b.set_clock_correction(tb.correction());
             let started = self
                 .restored_at_local

@@ -65,6 +65,9 @@ pub struct Timebase {
     /// Restarted from a store written on a corrected clock: until the first sample, strict
     /// admission waits (the raw clock may be windows away from what the store counted on).
     hold_until_sampled: bool,
+    /// Samples that found the clock further off than its uncertainty allowed: the rate error
+    /// was above [`MAX_CLOCK_DRIFT_PPM`], or the clock was stepped (docs/bound.md, skew).
+    assumption_breaks: u64,
 }
 
 impl Timebase {
@@ -78,6 +81,7 @@ impl Timebase {
             sample: None,
             guarded_since: None,
             hold_until_sampled: false,
+            assumption_breaks: 0,
         }
     }
 
@@ -173,6 +177,7 @@ impl Timebase {
         if self.sample.is_some_and(|(at, _)| at >= sent_local) {
             return false;
         }
+        self.check_assumption(local, &sample);
         let now = self.read(local);
         self.correction_nanos = self.correction_nanos.saturating_add(sample.offset_nanos);
         self.sample = Some((sent_local, sample.round_trip_nanos.div_ceil(2)));
@@ -186,6 +191,29 @@ impl Timebase {
             self.steady_from = estimate;
         }
         true
+    }
+
+    /// The run-time check of the uncertainty's assumption: a sample's offset is the error the
+    /// clock had, give or take half the sample's round trip, and that error must have been
+    /// within the uncertainty. One further off broke the assumption (a rate error above
+    /// [`MAX_CLOCK_DRIFT_PPM`], a step of the local clock): it is counted, and the guard starts
+    /// again from the next band, so that the leader counts the region's skew term for the
+    /// windows that start before the new guard covers them.
+    fn check_assumption(&mut self, local: Timestamp, sample: &ClockSample) {
+        let Some(e) = self.uncertainty(local) else {
+            return;
+        };
+        let allowed = duration_nanos(e).saturating_add(sample.round_trip_nanos.div_ceil(2));
+        if sample.offset_nanos.unsigned_abs() > allowed {
+            self.assumption_breaks += 1;
+            self.guarded_since = None;
+        }
+    }
+
+    /// Samples that found the clock further off than its uncertainty allowed (the agent's
+    /// `allot_clock_assumption_breaks_total`).
+    pub fn assumption_breaks(&self) -> u64 {
+        self.assumption_breaks
     }
 
     /// How far the reading at `local` may be from the coordinator's clock: half the last
@@ -256,6 +284,27 @@ mod tests {
             offset_nanos: offset_ms * 1_000_000,
             round_trip_nanos: rtt_ms * 1_000_000,
         }
+    }
+
+    /// A clock whose rate is off by more than the assumed 1% shows at the next sample: further
+    /// off than the uncertainty allowed. The break is counted and the guard starts again.
+    #[test]
+    fn a_sample_further_off_than_the_uncertainty_breaks_the_guard() {
+        let mut tb = Timebase::new(Duration::from_millis(250));
+        tb.read(ms(10_000));
+        assert!(tb.on_sample(ms(10_020), ms(10_000), sample(0, 20)));
+        tb.band(ms(10_020));
+        let since = tb.guard().expect("guarded").since;
+        // 10 s later the uncertainty is 10 ms + 1% of 10 s = 110 ms: 100 ms off is within it.
+        assert!(tb.on_sample(ms(20_020), ms(20_000), sample(100, 20)));
+        assert_eq!(tb.assumption_breaks(), 0);
+        assert_eq!(tb.guard().map(|g| g.since), Some(since));
+        // 2 s later, 200 ms off: 3% of the time, beyond 10 ms + 20 ms + 10 ms.
+        assert!(tb.on_sample(ms(22_020), ms(22_000), sample(200, 20)));
+        assert_eq!(tb.assumption_breaks(), 1);
+        assert_eq!(tb.guard(), None, "until the next band");
+        tb.band(ms(22_020));
+        assert!(tb.guard().is_some_and(|g| g.since > since));
     }
 
     #[test]
