@@ -1,7 +1,8 @@
 //! The admin HTTP surface (axum): `/metrics` (Prometheus text), `/healthz` (the process
 //! answers), `/readyz` (state restored, configuration loaded, listeners up, not shutting
 //! down), `/v1/keys?domain=D&descriptor=k=v,k2=v2`, one key's state as JSON, and `/v1/status`,
-//! the sync link and each limit's partition state as JSON.
+//! the sync link and each limit's partition state as JSON. The same port serves the lease
+//! API as HTTP/JSON (`crate::service::http`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,8 @@ use serde_json::{Value, json};
 
 use crate::convert;
 use crate::grpc_link::LinkStatus;
+use crate::service::http as lease_http;
+use crate::service::lease::LeaseApi;
 use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
 use crate::state::{Agent, Target};
 
@@ -36,10 +39,11 @@ pub fn router(agent: Arc<Agent>, link: Arc<LinkStatus>, metrics: PrometheusHandl
         .route("/v1/keys", get(key))
         .route("/v1/status", get(status))
         .with_state(Admin {
-            agent,
+            agent: agent.clone(),
             link,
             metrics,
         })
+        .merge(lease_http::router(LeaseApi::new(agent)))
 }
 
 /// The sync link and the machine's view: whether the coordinator answers, and whether the

@@ -28,7 +28,7 @@ use crate::target::Target;
 /// gateway's `lease_request_timeout` before the failure mode decides. A bound in time, not in
 /// wake-ups: near the limit, spenders of one key race for one-unit leases, and a spender that
 /// loses a race is not facing an outage.
-const SPEND_WAIT_TIMEOUTS: u32 = 2;
+pub(crate) const SPEND_WAIT_TIMEOUTS: u32 = 2;
 
 /// The answer to one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,12 +55,12 @@ impl Decision {
 /// Share it between tasks by reference or in an `Arc`.
 #[derive(Debug)]
 pub struct Key {
-    shard: usize,
-    limit: LimitId,
-    key: KeyId,
+    pub(crate) shard: usize,
+    pub(crate) limit: LimitId,
+    pub(crate) key: KeyId,
     /// The gateway's handle, as [`KeyHandle::to_bits`]; renewed when the gateway forgot the
     /// key (idle) and it is spent again.
-    handle: AtomicU64,
+    pub(crate) handle: AtomicU64,
     failure_mode: FailureMode,
 }
 
@@ -68,6 +68,20 @@ impl Key {
     /// The target's domain (the gateway's limit name).
     pub fn domain(&self) -> &str {
         self.limit.as_str()
+    }
+
+    /// The gateway's name for the key within its domain.
+    pub fn name(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// Whether both name one counter (resolved from the same target).
+    pub(crate) fn same_key(&self, other: &Key) -> bool {
+        self.limit == other.limit && self.key == other.key
+    }
+
+    pub(crate) fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
     }
 }
 
@@ -82,6 +96,18 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    pub(crate) fn paid(shard: usize, receipt: SpendReceipt) -> Self {
+        Reservation {
+            paid: Some((shard, receipt)),
+            units: receipt.units,
+        }
+    }
+
+    /// Admitted by the failure mode: nothing to settle.
+    pub(crate) fn unpaid(units: u64) -> Self {
+        Reservation { paid: None, units }
+    }
+
     pub fn units(&self) -> u64 {
         self.units
     }
@@ -230,7 +256,7 @@ enum Attempt {
 
 /// The gateway library's handle. Create it inside a tokio runtime: it spawns its driver.
 pub struct Client {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
@@ -474,6 +500,10 @@ impl Client {
             Spend::Unavailable | Spend::UnknownKey => Attempt::Decided(self.failure_mode(key)),
             Spend::Wait => Attempt::Wait,
         }
+    }
+
+    pub(crate) fn key_failure_mode(&self, key: &Key) -> Decision {
+        self.failure_mode(key)
     }
 
     fn failure_mode(&self, key: &Key) -> Decision {

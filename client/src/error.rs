@@ -8,6 +8,9 @@ pub enum Error {
     /// The gateway state machine refused (a bad gateway config, too many keys).
     #[error(transparent)]
     Core(#[from] allot_core::Error),
+    /// A call's axes that cannot be decided as one (too many, a key twice).
+    #[error("invalid axes: {0}")]
+    Axes(String),
     /// The agent's address is not a URI the transport accepts.
     #[error("invalid agent address {address}: {reason}")]
     Address { address: String, reason: String },

@@ -8,6 +8,7 @@
 //! reconnects with capped backoff and jitter. With the `tower` feature, [`AllotLayer`] puts
 //! the client in front of any HTTP `tower::Service` (axum, hyper, tonic). See docs/client.md.
 
+mod axes;
 mod backoff;
 mod client;
 mod config;
@@ -20,6 +21,7 @@ mod target;
 
 pub use allot_core::gateway::GatewayConfig;
 pub use allot_core::limit::FailureMode;
+pub use axes::{Axes, MAX_AXES, Reservations};
 pub use client::{Client, ClientStats, Decision, Key, Reservation, SlotGuard};
 pub use config::{ClientConfig, MAX_SHARDS};
 pub use error::{Error, Result};

@@ -1,8 +1,9 @@
 //! The gRPC services: the lease API (`allot.lease.v1.LeaseService`) and Envoy's rate limit
-//! service v3 (`ShouldRateLimit`). Thin: convert the request (`crate::convert`), ask the
+//! service v3 (`ShouldRateLimit`), and the lease API again as HTTP/JSON (`http.rs`). Thin: convert the request (`crate::convert`), ask the
 //! agent, convert the answer. The only place `tonic::Status` is built.
 
 pub mod headers;
+pub mod http;
 pub mod lease;
 pub mod rls;
 

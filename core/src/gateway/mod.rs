@@ -266,6 +266,22 @@ impl Gateway {
         outcome
     }
 
+    /// Whether [`Gateway::try_spend`] at `now` would spend `units` for the key from a held
+    /// lease: not denied locally, and one live lease holds them all. Changes nothing, so a
+    /// caller deciding several keys as one (all spent or none) checks each before spending any.
+    pub fn can_spend(&self, now: Timestamp, handle: KeyHandle, units: u64) -> bool {
+        let Some(state) = slot_state(&self.slots, handle) else {
+            return false;
+        };
+        if state.denied_until.is_some_and(|until| now < until) {
+            return false;
+        }
+        state
+            .leases
+            .iter()
+            .any(|l| now < l.expires_at && l.units_left >= units)
+    }
+
     /// Settles a reservation at its actual size. While the lease that paid for it is held the
     /// difference is settled locally; otherwise it goes to the agent.
     pub fn settle(&mut self, now: Timestamp, receipt: SpendReceipt, actual_units: u64) {

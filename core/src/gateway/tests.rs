@@ -839,3 +839,46 @@ fn a_handle_survives_the_round_trip_through_its_bits() {
     assert_eq!(KeyHandle::from_bits(stale.to_bits()), stale);
     assert_eq!(g.try_spend(T0, stale, 1), Spend::UnknownKey);
 }
+
+/// `can_spend` answers what `try_spend` would do, without doing it: a caller spending several
+/// keys as one relies on it to spend none when one cannot pay.
+#[test]
+fn can_spend_says_whether_try_spend_would_spend() {
+    let (mut g, h) = gateway();
+    let wanted = |g: &mut Gateway, now: Timestamp| {
+        all_messages(g, now)
+            .into_iter()
+            .find_map(|m| match m {
+                ToAgent::LeaseWanted(w) => Some(w),
+                _ => None,
+            })
+            .expect("a lease request")
+    };
+    let agrees = |g: &mut Gateway, now: Timestamp, units: u64| {
+        let said = g.can_spend(now, h, units);
+        let held = g.held_units(now, h);
+        assert_eq!(g.held_units(now, h), held, "asking changes nothing");
+        let did = matches!(g.try_spend(now, h, units), Spend::Spent(_));
+        assert_eq!(said, did, "at {now:?} for {units} units");
+        did
+    };
+    assert!(!agrees(&mut g, T0, 1), "no lease");
+    let w = wanted(&mut g, T0);
+    g.handle_lease_granted(T0, w.ticket, grant(1, 10, ms(1_000), 10_000));
+    assert!(!agrees(&mut g, T0, 11), "more than the lease holds");
+    assert!(agrees(&mut g, T0, 4));
+    assert!(agrees(&mut g, T0, 6), "to the last unit");
+    assert!(!agrees(&mut g, T0, 1), "spent");
+    let w = wanted(&mut g, T0);
+    g.handle_lease_granted(T0, w.ticket, grant(2, 10, ms(1_000), 10_000));
+    assert!(!agrees(&mut g, T0 + ms(1_000), 1), "expired");
+    let w = wanted(&mut g, T0 + ms(1_000));
+    g.handle_lease_denied(
+        T0 + ms(1_000),
+        w.ticket,
+        LeaseDenial {
+            retry_after: ms(2_000),
+        },
+    );
+    assert!(!agrees(&mut g, T0 + ms(1_500), 1), "denied locally");
+}

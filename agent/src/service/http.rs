@@ -1,0 +1,391 @@
+//! The lease API over HTTP/JSON, on the agent's HTTP port, for gateways in languages without
+//! a gRPC stack (Python LLM gateways first). Each route decodes its JSON body into the lease
+//! API's protobuf request and calls the very `LeaseService` method gRPC calls, so validation,
+//! idempotency, refills, returns and errors are the gRPC API's; only the envelope differs.
+//!
+//! Bodies use the protobuf field names (`target`, `cost_units`, `idempotency_key`, ...);
+//! absent fields read as protobuf's defaults, unknown fields are refused. A refusal of the
+//! quota is an answer (200 with `"allowed": false`), as on gRPC; an error is a 4xx or 5xx with
+//! `{"error": MESSAGE, "code": GRPC_CODE}` (docs/agent.md, "HTTP/JSON").
+
+use allot_proto::lease::v1 as pb;
+use allot_proto::lease::v1::lease_service_server::LeaseService;
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tonic::{Code, Request, Status};
+
+use super::lease::LeaseApi;
+use crate::metrics;
+use crate::settings::MAX_MESSAGE_BYTES;
+
+/// The label malformed JSON bodies are counted under: the calls are the lease API's.
+const SERVICE: &str = "lease";
+
+/// The gateway calls, each a `POST` of one JSON object, bounded as a gRPC message is.
+pub fn router(api: LeaseApi) -> Router {
+    Router::new()
+        .route("/v1/acquire", post(acquire).fallback(not_post))
+        .route("/v1/lease", post(lease).fallback(not_post))
+        .route("/v1/renew", post(renew).fallback(not_post))
+        .route("/v1/release", post(release).fallback(not_post))
+        .route("/v1/settle", post(settle).fallback(not_post))
+        .route("/v1/slots/acquire", post(acquire_slot).fallback(not_post))
+        .route("/v1/slots/release", post(release_slot).fallback(not_post))
+        .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
+        .with_state(api)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryJson {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetJson {
+    domain: String,
+    #[serde(default)]
+    entries: Vec<EntryJson>,
+}
+
+impl From<TargetJson> for pb::Target {
+    fn from(t: TargetJson) -> Self {
+        pb::Target {
+            domain: t.domain,
+            entries: t
+                .entries
+                .into_iter()
+                .map(|e| pb::Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireJson {
+    target: Option<TargetJson>,
+    #[serde(default)]
+    cost_units: u64,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReturnJson {
+    lease_id: u64,
+    #[serde(default)]
+    unused_units: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseJson {
+    target: Option<TargetJson>,
+    #[serde(default)]
+    units_wanted: u64,
+    #[serde(default)]
+    min_units: u64,
+    #[serde(default)]
+    ttl_ms: u64,
+    #[serde(default)]
+    idempotency_key: String,
+    #[serde(default)]
+    returns: Vec<ReturnJson>,
+    #[serde(default)]
+    top_up_lease_id: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewJson {
+    lease_id: u64,
+    #[serde(default)]
+    ttl_ms: u64,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseJson {
+    lease_id: u64,
+    #[serde(default)]
+    unused_units: u64,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleJson {
+    lease_id: u64,
+    actual_units: u64,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireSlotJson {
+    target: Option<TargetJson>,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseSlotJson {
+    slot_id: u64,
+}
+
+/// A body that is not the call's JSON object: 400 for bad JSON, 422 for a field that is
+/// unknown, missing or of the wrong type, 413 past the size bound, 415 without
+/// `Content-Type: application/json` (axum's statuses), each with a JSON body saying why.
+fn rejected(r: JsonRejection) -> Response {
+    metrics::invalid_request(SERVICE);
+    let body = json!({ "error": r.body_text(), "code": "invalid_argument" });
+    (r.status(), Json(body)).into_response()
+}
+
+async fn not_post() -> Response {
+    let body =
+        json!({ "error": "this call is a POST of a JSON object", "code": "invalid_argument" });
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "POST")],
+        Json(body),
+    )
+        .into_response()
+}
+
+/// The HTTP status of a gRPC error, as gRPC-to-HTTP gateways map them, except a reused
+/// idempotency key: 409, since the request conflicts with an earlier one.
+fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `invalid_argument`, `not_found`, ...: gRPC's code names, in snake case.
+fn code_name(code: Code) -> String {
+    let mut out = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+fn answer<T>(
+    result: Result<tonic::Response<T>, Status>,
+    to_json: impl FnOnce(T) -> Value,
+) -> Response {
+    match result {
+        Ok(r) => Json(to_json(r.into_inner())).into_response(),
+        Err(s) => {
+            let body = json!({ "error": s.message(), "code": code_name(s.code()) });
+            (http_status(s.code()), Json(body)).into_response()
+        }
+    }
+}
+
+fn decision_json(d: Option<pb::Decision>) -> Value {
+    let d = d.unwrap_or_default();
+    json!({
+        "allowed": d.allowed,
+        "remaining_units": d.remaining_units,
+        "limit_units": d.limit_units,
+        "retry_after_ms": d.retry_after_ms,
+        "reset_after_ms": d.reset_after_ms,
+        "rule": d.rule,
+        "shadow_denied": d.shadow_denied,
+        "reason": d.reason,
+    })
+}
+
+async fn acquire(
+    State(api): State<LeaseApi>,
+    body: Result<Json<AcquireJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::AcquireRequest {
+            target: b.target.map(Into::into),
+            cost_units: b.cost_units,
+            idempotency_key: b.idempotency_key,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(
+        api.acquire(Request::new(req)).await,
+        |r| json!({ "decision": decision_json(r.decision) }),
+    )
+}
+
+async fn lease(
+    State(api): State<LeaseApi>,
+    body: Result<Json<LeaseJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::LeaseRequest {
+            target: b.target.map(Into::into),
+            units_wanted: b.units_wanted,
+            min_units: b.min_units,
+            ttl_ms: b.ttl_ms,
+            idempotency_key: b.idempotency_key,
+            returns: b
+                .returns
+                .into_iter()
+                .map(|r| pb::LeaseReturn {
+                    lease_id: r.lease_id,
+                    unused_units: r.unused_units,
+                })
+                .collect(),
+            top_up_lease_id: b.top_up_lease_id,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(api.lease(Request::new(req)).await, |r| {
+        let lease = r.lease.map(|l| {
+            json!({
+                "lease_id": l.lease_id,
+                "units": l.units,
+                "expires_at_unix_ms": l.expires_at_unix_ms,
+                "ttl_ms": l.ttl_ms,
+            })
+        });
+        json!({ "lease": lease, "decision": decision_json(r.decision) })
+    })
+}
+
+async fn renew(
+    State(api): State<LeaseApi>,
+    body: Result<Json<RenewJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::RenewRequest {
+            lease_id: b.lease_id,
+            ttl_ms: b.ttl_ms,
+            idempotency_key: b.idempotency_key,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(
+        api.renew(Request::new(req)).await,
+        |r| json!({ "expires_at_unix_ms": r.expires_at_unix_ms, "ttl_ms": r.ttl_ms }),
+    )
+}
+
+async fn release(
+    State(api): State<LeaseApi>,
+    body: Result<Json<ReleaseJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::ReleaseRequest {
+            lease_id: b.lease_id,
+            unused_units: b.unused_units,
+            idempotency_key: b.idempotency_key,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(
+        api.release(Request::new(req)).await,
+        |r| json!({ "refunded_units": r.refunded_units }),
+    )
+}
+
+async fn settle(
+    State(api): State<LeaseApi>,
+    body: Result<Json<SettleJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::SettleRequest {
+            lease_id: b.lease_id,
+            actual_units: b.actual_units,
+            idempotency_key: b.idempotency_key,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(api.settle(Request::new(req)).await, |r| {
+        json!({
+            "refunded_units": r.refunded_units,
+            "overage_units": r.overage_units,
+            "clamped_units": r.clamped_units,
+        })
+    })
+}
+
+async fn acquire_slot(
+    State(api): State<LeaseApi>,
+    body: Result<Json<AcquireSlotJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::AcquireSlotRequest {
+            target: b.target.map(Into::into),
+            idempotency_key: b.idempotency_key,
+        },
+        Err(r) => return rejected(r),
+    };
+    answer(api.acquire_slot(Request::new(req)).await, |r| {
+        json!({
+            "acquired": r.acquired,
+            "slot_id": r.slot_id,
+            "expires_at_unix_ms": r.expires_at_unix_ms,
+            "retry_after_ms": r.retry_after_ms,
+            "in_use": r.in_use,
+            "max_slots": r.max_slots,
+            "rule": r.rule,
+        })
+    })
+}
+
+async fn release_slot(
+    State(api): State<LeaseApi>,
+    body: Result<Json<ReleaseSlotJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::ReleaseSlotRequest { slot_id: b.slot_id },
+        Err(r) => return rejected(r),
+    };
+    answer(
+        api.release_slot(Request::new(req)).await,
+        |r| json!({ "released": r.released }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_codes_read_as_http_statuses_and_names() {
+        assert_eq!(http_status(Code::InvalidArgument), StatusCode::BAD_REQUEST);
+        assert_eq!(http_status(Code::FailedPrecondition), StatusCode::CONFLICT);
+        assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
+        assert_eq!(code_name(Code::InvalidArgument), "invalid_argument");
+        assert_eq!(code_name(Code::FailedPrecondition), "failed_precondition");
+        assert_eq!(code_name(Code::NotFound), "not_found");
+    }
+}
