@@ -2629,3 +2629,73 @@ fn a_removed_region_on_an_old_version_does_not_hold_planning_up() {
         "{cmds:?}"
     );
 }
+
+/// Each answer looks only at the rows that may be news to its region (the per-region index),
+/// not the whole table: its answers are exactly those of a leader that looks at every row,
+/// through grows, releases, lost answers (grants resent) and window ends (rows collected),
+/// fed the same SyncUps and committing the same proposals.
+#[test]
+fn answers_from_the_news_index_equal_answers_from_the_whole_table() {
+    let spec = spec();
+    let mut indexed = Coordinator::new(config(), table_with(&spec), at_ms(0), 1);
+    let mut scanning = Coordinator::new(config(), table_with(&spec), at_ms(0), 1);
+    let limits = std::slice::from_ref(&spec);
+    let mut regions = [
+        ModelRegion::new("a", &regions(), limits).with_contact(at_ms(0)),
+        ModelRegion::new("b", &regions(), limits).with_contact(at_ms(0)),
+    ];
+    let crate::limit::Quota::Units { window, .. } = spec.quota else {
+        unreachable!("spec() is finite")
+    };
+    // splitmix64, seeded: the same run every time.
+    let mut state = 0x5eed_u64;
+    let mut below = |n: u64| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    };
+    let (mut grants, mut releases, mut lost) = (0, 0, 0);
+    // 100 s: ten windows of 10 s.
+    for step in 0..400u64 {
+        let now = at_ms(step * 250);
+        for (i, region) in regions.iter_mut().enumerate() {
+            for k in 0..12 {
+                let counter = CounterRef {
+                    limit: LimitId::from("l"),
+                    key: KeyId::from(format!("k{k}").as_str()),
+                    window: window.index(now),
+                };
+                if below(6) == 0 {
+                    region.set_demand(&counter, below(30));
+                }
+                region.admit(&counter, below(3), now);
+            }
+            let up = region.poll_transmit(now);
+            let seq = up.seq;
+            indexed.handle_sync_up(now, up.clone()).unwrap();
+            scanning.handle_sync_up(now, up).unwrap();
+            let cmds = indexed.poll_proposals(now);
+            assert_eq!(cmds, scanning.poll_proposals(now), "step {step}");
+            for c in &cmds {
+                let outcome = indexed.handle_committed(now, c);
+                assert_eq!(outcome, scanning.handle_committed(now, c), "step {step}");
+            }
+            scanning.forget_news();
+            let id = region.id.clone();
+            let down = indexed.poll_sync_down(now, &id, seq);
+            let reference = scanning.poll_sync_down(now, &id, seq);
+            assert_eq!(down, reference, "step {step}, region {i}");
+            grants += down.grants.len();
+            releases += down.release_requests.len();
+            if below(5) == 0 {
+                lost += 1;
+            } else {
+                region.handle_sync_down(&down);
+            }
+        }
+    }
+    // The run went through what the index must follow.
+    assert!(grants > 100 && releases > 10 && lost > 100, "{grants} {releases} {lost}");
+}
