@@ -8,6 +8,8 @@
 //! `handle_committed` per command, `poll_sync_down`, encode the SyncDown; then the interval's
 //! tick (`poll_proposals` without a SyncUp). Only that is timed: the fake regions' work is not
 //! the leader's. Raft IO (fsync, replication to followers) and gRPC framing are not included.
+//! Time is the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), in criterion too: the figure is
+//! the leader's CPU per interval, not inflated by others' load on a shared machine.
 //!
 //! The regions are small fakes that keep the agent's rules that matter to the leader: each
 //! SyncUp carries entries and demand for at most `MAX_ITEMS_PER_MESSAGE` counters, from a
@@ -24,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_coordinator::codec;
 use allot_coordinator::{ClusterCommand, ClusterState, CommandOutcome, TypeConfig};
@@ -53,6 +55,23 @@ const DEMAND_CHANGE_ONE_IN: u64 = 20;
 /// the table's rows made.
 const WARM_UP_INTERVALS: usize = 60;
 const REPORT_INTERVALS: usize = 20;
+
+/// CPU time this thread has used: what the leader spends, whoever else shares the machine
+/// (wall time on a loaded machine counts the waits for a core too).
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID is always readable on Linux");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn since(start: Duration) -> Duration {
+    cpu_now().saturating_sub(start)
+}
 
 /// splitmix64: a seeded generator, so every run feeds the same demand.
 struct Rng(u64);
@@ -329,13 +348,13 @@ impl World {
 
     /// Commits what the rebalancer proposes as one round entry, as the leader task does.
     fn commit_proposals(&mut self, figures: &mut IntervalFigures) {
-        let started = Instant::now();
+        let started = cpu_now();
         let cmds = self.coord.poll_proposals(self.now);
-        figures.propose += started.elapsed();
+        figures.propose += since(started);
         if cmds.is_empty() {
             return;
         }
-        let committing = Instant::now();
+        let committing = cpu_now();
         self.log_index += 1;
         let cmd = ClusterCommand::Round(cmds.clone());
         let entry: openraft::Entry<TypeConfig> = openraft::Entry {
@@ -354,7 +373,7 @@ impl World {
             let mine = self.coord.handle_committed(self.now, cmd);
             assert_eq!(mine, replicated, "{cmd:?}");
         }
-        figures.commit += committing.elapsed();
+        figures.commit += since(committing);
     }
 
     /// One sync interval: every region's SyncUp answered, then the tick.
@@ -369,23 +388,23 @@ impl World {
             let up_bytes = encode_sync_up(up);
             figures.sync_up_bytes += up_bytes.len();
 
-            let started = Instant::now();
+            let started = cpu_now();
             let up = decode_sync_up(&up_bytes).expect("a SyncUp decodes");
             self.coord
                 .handle_sync_up(self.now, up)
                 .expect("a member's SyncUp is taken");
             let mut inner = IntervalFigures {
-                ingest: started.elapsed(),
+                ingest: since(started),
                 ..IntervalFigures::default()
             };
             self.commit_proposals(&mut inner);
-            let answering = Instant::now();
+            let answering = cpu_now();
             let down = self.coord.poll_sync_down(self.now, &region, seq);
-            inner.answer += answering.elapsed();
-            let encoding = Instant::now();
+            inner.answer += since(answering);
+            let encoding = cpu_now();
             let down_bytes = encode_sync_down(down.clone());
-            inner.encode_down += encoding.elapsed();
-            inner.leader += started.elapsed();
+            inner.encode_down += since(encoding);
+            inner.leader += since(started);
             figures.add(&inner);
             figures.sync_down_bytes += down_bytes.len();
             figures.sync_down_max_bytes = figures.sync_down_max_bytes.max(down_bytes.len());
@@ -393,10 +412,10 @@ impl World {
             self.regions[i].handle_sync_down(&down);
         }
         self.now = start + SYNC_INTERVAL;
-        let started = Instant::now();
+        let started = cpu_now();
         let mut inner = IntervalFigures::default();
         self.commit_proposals(&mut inner);
-        inner.leader += started.elapsed();
+        inner.leader += since(started);
         figures.add(&inner);
         figures
     }

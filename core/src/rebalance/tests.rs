@@ -2697,5 +2697,8 @@ fn answers_from_the_news_index_equal_answers_from_the_whole_table() {
         }
     }
     // The run went through what the index must follow.
-    assert!(grants > 100 && releases > 10 && lost > 100, "{grants} {releases} {lost}");
+    assert!(
+        grants > 100 && releases > 10 && lost > 100,
+        "{grants} {releases} {lost}"
+    );
 }
