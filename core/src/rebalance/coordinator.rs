@@ -28,7 +28,7 @@ use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound, skew_reach_windows};
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
 use crate::rebalance::reload::{Held, KeptConfigs};
-use crate::rebalance::table::{AllowanceRow, AllowanceTable, ApplyOutcome, TableCommand};
+use crate::rebalance::table::{AllowanceTable, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
 use crate::sync::{
     AllowanceGrant, BoundFigures, CounterEntry, CounterRef, LimitWindowStats,
@@ -147,12 +147,6 @@ pub struct Coordinator {
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
-    /// Per region, the counters whose row may be news to it: a grant unsent, lost or below its
-    /// default and unconfirmed, or a pending release. Its answer looks at these rows only, so
-    /// an answer costs what changed, not the whole table. A region without a set (first
-    /// answer, a restart, a command that touches rows wholesale) has every row looked at in
-    /// its next answer, which builds its set anew. At most one entry per row of the table.
-    news: BTreeMap<RegionId, BTreeSet<CounterRef>>,
     /// Per region, the counters its newest SyncUp carried (sorted, at most
     /// `2 * MAX_ITEMS_PER_MESSAGE`): their entries lead the answer to it.
     carried: BTreeMap<RegionId, Vec<CounterRef>>,
@@ -192,19 +186,11 @@ impl Coordinator {
             in_flight: BTreeMap::new(),
             confirmed: BTreeSet::new(),
             entry_cursor: BTreeMap::new(),
-            news: BTreeMap::new(),
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
             kept_configs: KeptConfigs::default(),
             forgotten_before: BTreeMap::new(),
         }
-    }
-
-    /// Forgets which rows may be news to each region: every next answer looks at the whole
-    /// table, as before the index existed (the reference the index is tested against).
-    #[cfg(test)]
-    pub(crate) fn forget_news(&mut self) {
-        self.news.clear();
     }
 
     pub fn config(&self) -> &CoordinatorConfig {
@@ -352,7 +338,6 @@ impl Coordinator {
         self.sent.retain(|(_, r), _| r != region);
         self.confirmed.retain(|(_, r)| r != region);
         self.resend.retain(|(_, r)| r != region);
-        self.news.remove(region);
     }
 
     /// Keep a region's bound figures for a window that is recent on our clock (its own clock
@@ -404,9 +389,6 @@ impl Coordinator {
                 self.confirmed.insert(key.clone());
             }
             if lost_grant {
-                if let Some(news) = self.news.get_mut(&msg.region) {
-                    news.insert(d.counter.clone());
-                }
                 self.resend.insert(key);
             } else {
                 self.resend.remove(&key);
@@ -477,7 +459,6 @@ impl Coordinator {
         };
         let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
         let outcome = self.table.apply(cmd.clone());
-        self.note_news(cmd);
         if let (Some(ack), true) = (ack, outcome.is_applied()) {
             self.confirm_from_ack(&ack, cmd);
         }
@@ -486,56 +467,6 @@ impl Coordinator {
             self.forget_dropped_rows();
         }
         outcome
-    }
-
-    /// A counter's command may change its rows of every region (a grow creates reclaimed
-    /// zeroes beside its own): each region's answer looks at them. Any other command may touch
-    /// rows wholesale: every region's next answer looks at the whole table.
-    fn note_news(&mut self, cmd: &TableCommand) {
-        match cmd {
-            TableCommand::Grow { counter, .. }
-            | TableCommand::RequestRelease { counter, .. }
-            | TableCommand::CompleteRelease { counter, .. } => {
-                for news in self.news.values_mut() {
-                    news.insert(counter.clone());
-                }
-            }
-            _ => self.news.clear(),
-        }
-    }
-
-    /// The row of `counter` is, or may become without a command, news to `region`: it holds a
-    /// pending release, a grant not sent at its epoch, a grant to resend, or one below the
-    /// default to repeat until confirmed (the conditions of `grants_and_releases`).
-    fn may_be_news(&self, counter: &CounterRef, region: &RegionId) -> bool {
-        let Some(row) = self.table.row(counter, region) else {
-            return false;
-        };
-        let key = (counter.clone(), region.clone());
-        let floor = self.table.epoch_floor(&counter.limit);
-        let unsent = self.sent.get(&key).is_none_or(|(e, _)| *e < row.epoch);
-        row.pending.is_some()
-            || (row.epoch > floor && unsent)
-            || self.resend.contains(&key)
-            || self.unconfirmed_below_default(counter, region)
-    }
-
-    /// After an answer to `region`: keep the rows that may still be news to it.
-    fn keep_news(&mut self, region: &RegionId) {
-        let looked_at: Vec<CounterRef> = match self.news.remove(region) {
-            Some(news) => news.into_iter().collect(),
-            None => self
-                .table
-                .counters()
-                .filter(|(_, rows)| rows.contains_key(region))
-                .map(|(c, _)| c.clone())
-                .collect(),
-        };
-        let news = looked_at
-            .into_iter()
-            .filter(|c| self.may_be_news(c, region))
-            .collect();
-        self.news.insert(region.clone(), news);
     }
 
     /// After a configuration change: what was sent, confirmed or acked for rows the table
@@ -914,16 +845,11 @@ impl Coordinator {
             }
             _ => true,
         };
-        let (sent, confirmed) = (self.sent.len(), self.confirmed.len());
         self.counters.retain(|c, _| !ended(c));
         self.sent.retain(|(c, _), _| !ended(c));
         self.resend.retain(|(c, _)| !ended(c));
         self.acks.retain(|(c, _), _| !ended(c));
         self.confirmed.retain(|(c, _)| !ended(c));
-        if (sent, confirmed) != (self.sent.len(), self.confirmed.len()) {
-            // Rows of ended windows still in the table count as unsent and unconfirmed again.
-            self.news.clear();
-        }
         self.region_stats.retain(|(limit, w), _| {
             forgotten
                 .get(limit)
@@ -993,7 +919,6 @@ impl Coordinator {
             self.resend.remove(&key);
             self.sent.insert(key, (g.epoch, now));
         }
-        self.keep_news(region);
         let entries = self.entries_for(now, region, budget);
         SyncDown {
             reply_to_seq,
@@ -1018,22 +943,12 @@ impl Coordinator {
         let mut below_default = Vec::new();
         let mut releases = Vec::new();
         let mut grants = Vec::new();
-        // The rows that may be news, in counter order; every row of the region without a set.
-        let rows: Box<dyn Iterator<Item = (&CounterRef, &AllowanceRow)>> =
-            match self.news.get(region) {
-                Some(news) => Box::new(
-                    news.iter()
-                        .filter_map(|c| self.table.row(c, region).map(|row| (c, row))),
-                ),
-                None => Box::new(
-                    self.table
-                        .counters()
-                        .filter_map(|(c, rows)| rows.get(region).map(|row| (c, row))),
-                ),
-            };
-        for (counter, row) in rows {
+        for (counter, rows) in self.table.counters() {
             // Rows start at the limit's epoch floor: one still at it is no news to the region.
             let floor = self.table.epoch_floor(&counter.limit);
+            let Some(row) = rows.get(region) else {
+                continue;
+            };
             let key = (counter.clone(), region.clone());
             if let Some(p) = &row.pending {
                 releases.push(ReleaseRequest {
@@ -1109,15 +1024,14 @@ impl Coordinator {
                 break;
             }
         }
-        // Walked lazily: an answer usually fills up after a few of the tracked counters.
-        let order: Box<dyn Iterator<Item = &CounterRef>> = match self.entry_cursor.get(region) {
-            Some(c) => Box::new(
-                self.counters
-                    .range((RangeBound::Excluded(c), RangeBound::Unbounded))
-                    .chain(self.counters.range(..=c))
-                    .map(|(k, _)| k),
-            ),
-            None => Box::new(self.counters.keys()),
+        let order: Vec<&CounterRef> = match self.entry_cursor.get(region) {
+            Some(c) => self
+                .counters
+                .range((RangeBound::Excluded(c), RangeBound::Unbounded))
+                .chain(self.counters.range(..=c))
+                .map(|(k, _)| k)
+                .collect(),
+            None => self.counters.keys().collect(),
         };
         let mut last_fitted = None;
         for counter in order {
