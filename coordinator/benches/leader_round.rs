@@ -447,7 +447,7 @@ fn leader_round(c: &mut Criterion) {
             group.sample_size(20);
         }
         let mut world = World::warmed(regions, counters);
-        group.bench_function(format!("{regions}r_{counters}k"), |b| {
+        group.bench_function(format!("{regions}x{counters}"), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
                     .map(|_| world.interval().leader)
