@@ -7,13 +7,14 @@
 //! - [`state`]: what is replicated ([`ClusterCommand`]) and the state it builds
 //!   ([`ClusterState`]).
 //! - [`store`]: the raft log and state machine, persisted in sled.
-//! - [`types`]: the openraft type configuration.
+//! - [`types`]: the openraft type configuration; [`codec`]: how records and raft messages are
+//!   encoded.
 //! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
 //! - [`sync_service`]: the agents' sync stream (`allot.sync.v1`) over a [`sync_service::SyncHandler`].
 //! - [`daemon`]: one node as `allot coordinator` runs it: raft and sync on one gRPC address,
 //!   the leader's rebalancer committing through raft, the admin HTTP API.
 
-mod codec;
+pub mod codec;
 pub mod daemon;
 pub mod error;
 pub mod network;

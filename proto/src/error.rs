@@ -7,6 +7,9 @@ pub enum WireError {
     Missing(String),
     #[error("{field}: {problem}")]
     OutOfRange { field: String, problem: String },
+    /// Bytes that are not a protobuf message of the expected type.
+    #[error("not a valid message: {0}")]
+    Malformed(String),
 }
 
 impl WireError {
@@ -25,6 +28,7 @@ impl WireError {
                 field: format!("{outer}.{field}"),
                 problem,
             },
+            WireError::Malformed(m) => WireError::Malformed(m),
         }
     }
 }

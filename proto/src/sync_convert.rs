@@ -338,5 +338,25 @@ fn release_from_wire(r: pb::ReleaseRequest) -> Result<ReleaseRequest> {
     })
 }
 
+// ---- encoded bytes ------------------------------------------------------------------------
+
+/// `up` as the stream carries it (its protobuf encoding): for measuring message sizes and
+/// the cost of the wire where no stream runs.
+pub fn encode_sync_up(up: SyncUp) -> Vec<u8> {
+    prost::Message::encode_to_vec(&sync_up_to_wire(up))
+}
+
+/// A SyncUp from its protobuf encoding, checked as [`sync_up_from_wire`] checks it.
+pub fn decode_sync_up(bytes: &[u8]) -> Result<SyncUp> {
+    let wire = <pb::SyncUp as prost::Message>::decode(bytes)
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    sync_up_from_wire(wire)
+}
+
+/// `down` as the stream carries it (its protobuf encoding).
+pub fn encode_sync_down(down: SyncDown) -> Vec<u8> {
+    prost::Message::encode_to_vec(&sync_down_to_wire(down))
+}
+
 #[cfg(test)]
 mod tests;

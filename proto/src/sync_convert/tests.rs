@@ -201,6 +201,13 @@ proptest! {
         prop_assert_eq!(sync_down_from_wire(decoded), Ok(down));
     }
 
+    /// The byte helpers are the same encoding: a SyncUp through them comes back whole.
+    #[test]
+    fn sync_up_bytes_round_trip(up in sync_up()) {
+        let bytes = encode_sync_up(up.clone());
+        prop_assert_eq!(decode_sync_up(&bytes), Ok(up));
+    }
+
     /// Any bytes at all: decoding may fail, converting may fail, neither panics.
     #[test]
     fn garbage_never_panics(bytes in vec(any::<u8>(), 0..256)) {
@@ -210,6 +217,7 @@ proptest! {
         if let Ok(down) = <pb::SyncDown as prost::Message>::decode(bytes.as_slice()) {
             let _ = sync_down_from_wire(down);
         }
+        let _ = decode_sync_up(&bytes);
     }
 }
 
@@ -350,4 +358,11 @@ fn a_configuration_outside_its_bounds_is_refused_and_named() {
     c.files = vec![c.files[0].clone(); allot_core::sync::MAX_CONFIG_FILES + 1];
     let err = down_with(c).expect_err("refused").to_string();
     assert_eq!(err, "config.files: 65 files, above the most, 64");
+}
+
+#[test]
+fn bytes_that_are_no_message_are_refused_as_malformed() {
+    // A field tag with wire type 7, which protobuf does not have.
+    let got = decode_sync_up(&[0x0f]);
+    assert!(matches!(got, Err(WireError::Malformed(_))), "{got:?}");
 }
