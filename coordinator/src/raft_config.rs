@@ -30,7 +30,8 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
 /// A follower that hears no leader for a random time in this range stands for election: four
 /// missed heartbeats at least, so a round trip of 80 ms between regions and a slow beat do not
-/// start one, and a lost leader is replaced within about 2 s (the rebalancer resumes after).
+/// start one. A follower that knew a committed leader also waits openraft's leader lease
+/// (`election_timeout_max`) first, so a lost leader is replaced in 3 to 4 s (docs/coordinator.md).
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1_000;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2_000;
 
