@@ -371,8 +371,13 @@ fn node<'a>(nodes: &[(u64, &'a Process)], id: u64) -> &'a Process {
 }
 
 /// `allot config put` of the limits at the next version, on every node's admin address.
-fn config_put(dir: &Path, http: &str) -> String {
+/// Puts the limits with the quota raised by `version` (a put of the files in force commits
+/// nothing, D32), expecting it to commit as `version`.
+fn config_put(dir: &Path, http: &str, version: u64) -> String {
     let limits = dir.join("limits.yaml");
+    let quota = format!("requests_per_unit: {}", 100_000 + version);
+    std::fs::write(&limits, LIMITS.replace("requests_per_unit: 100000", &quota))
+        .expect("write limits");
     let out = allot(&[
         "config",
         "put",
@@ -455,7 +460,7 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
     assert_eq!(held["role"], "voter", "{held}");
     assert_eq!(held["config_version"], 1, "{held}");
     assert_eq!(regions(&held), vec!["a", "b"], "{held}");
-    let put = config_put(&dir, &admin_list);
+    let put = config_put(&dir, &admin_list, 2);
     assert!(put.contains("version 2 committed"), "{put}");
     eventually(
         "node 4 applies version 2",
@@ -482,7 +487,7 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
     assert_eq!(member_ids(&status), expected, "{status}");
     let removed = follower_node.status();
     assert_ne!(removed["role"], "voter", "{removed}");
-    let put = config_put(&dir, &admin_list);
+    let put = config_put(&dir, &admin_list, 3);
     assert!(put.contains("version 3 committed"), "{put}");
     eventually(
         "node 4 applies version 3",
@@ -543,7 +548,7 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
     let old = first_node.status();
     assert_ne!(old["state"], "leader", "{old}");
     assert_eq!(old["role"], "not_member", "{old}");
-    let put = config_put(&dir, &admin_list);
+    let put = config_put(&dir, &admin_list, 4);
     assert!(put.contains("version 4 committed"), "{put}");
     for agent in [&a, &b] {
         eventually(
