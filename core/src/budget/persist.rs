@@ -642,12 +642,10 @@ impl RegionBudget {
         }
     }
 
-    /// What a key's end band carried into its next window, merged by max like its entries
-    /// (it only grows within a window); before the record itself, which creates the key.
-    fn restore_carry(&mut self, rec: &KeyRecord, carry_units: u64) {
-        let Some(lim) = self.limits.get_mut(&rec.limit) else {
-            return;
-        };
+    /// The key a record of `rec.window` merges into: created, or reset if it holds an older
+    /// window; `None` if it holds a later one (the record is stale) or the limit is gone.
+    fn key_of_record(&mut self, rec: &KeyRecord) -> Option<&mut KeyState> {
+        let lim = self.limits.get_mut(&rec.limit)?;
         let ks = lim
             .keys
             .entry(rec.key.as_str().into())
@@ -655,7 +653,13 @@ impl RegionBudget {
         if rec.window > ks.window {
             *ks = KeyState::new(rec.window);
         }
-        if rec.window == ks.window {
+        (rec.window == ks.window).then_some(ks)
+    }
+
+    /// What a key's end band carried into its next window, merged by max like its entries
+    /// (it only grows within a window); before the record itself, which creates the key.
+    fn restore_carry(&mut self, rec: &KeyRecord, carry_units: u64) {
+        if let Some(ks) = self.key_of_record(rec) {
             let hot = ks.hot_mut();
             hot.carry_units = hot.carry_units.max(carry_units);
         }
@@ -664,19 +668,9 @@ impl RegionBudget {
     /// A key record replaces an older window's state and merges into the same window's by
     /// max (entries are monotone); allowances apply by epoch.
     fn restore_key(&mut self, rec: KeyRecord) {
-        let Some(lim) = self.limits.get_mut(&rec.limit) else {
+        let Some(ks) = self.key_of_record(&rec) else {
             return;
         };
-        let ks = lim
-            .keys
-            .entry(rec.key.as_str().into())
-            .or_insert_with(|| KeyState::new(rec.window));
-        if rec.window > ks.window {
-            *ks = KeyState::new(rec.window);
-        }
-        if rec.window < ks.window {
-            return;
-        }
         ks.granted_units = ks.granted_units.max(rec.granted_units);
         ks.refunded_units = ks.refunded_units.max(rec.refunded_units);
         let window = ks.window;
