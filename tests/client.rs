@@ -263,3 +263,64 @@ async fn a_dropped_slot_guard_gives_the_slot_back() {
     drop(again);
     client.shutdown().await;
 }
+
+const REQUESTS_AND_TOKENS: &str = "\
+domain: llm
+descriptors:
+  - key: requests
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: tokens
+    rate_limit: {unit: day, requests_per_unit: 1000}
+";
+
+/// Two axes as one call against the real agent: 1 request and 30 tokens a call, with tokens
+/// the scarcer. Every call spent both axes or neither: after shutdown hands back what is held,
+/// what the agent counts as used on each axis (granted less returned) is exactly the calls
+/// admitted, once for requests and 30 times for tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_axes_spend_both_or_neither_against_the_agent() {
+    const TOKENS_PER_CALL: u64 = 30;
+    let dir = scratch("axes", REQUESTS_AND_TOKENS);
+    let agent = start_agent(&dir, &free_address());
+    let client = Client::start(config(&agent, 100)).expect("client");
+    let requests = client
+        .key(&Target::new("llm").entry("requests", ""))
+        .expect("key");
+    let tokens = client
+        .key(&Target::new("llm").entry("tokens", ""))
+        .expect("key");
+    let axes = allot_client::Axes::new()
+        .axis(&requests, 1)
+        .and_then(|a| a.axis(&tokens, TOKENS_PER_CALL))
+        .expect("axes");
+    let (mut admitted, mut denials) = (0u64, 0);
+    let started = Instant::now();
+    while denials < 20 {
+        assert!(started.elapsed() < PATIENCE, "no end to the calls");
+        match client.spend_all(&axes).await {
+            Decision::Allowed => admitted += 1,
+            Decision::Denied { .. } => denials += 1,
+            other => panic!("the agent is up, yet {other:?}"),
+        }
+    }
+    client.shutdown().await;
+    let used = |rule: &str| {
+        agent.metric(&metric_of("allot_lease_granted_units_total", rule))
+            - agent.metric(&metric_of("allot_lease_returned_units_total", rule))
+    };
+    println!("admitted {admitted}");
+    assert!(
+        admitted <= 1_000 / TOKENS_PER_CALL,
+        "tokens allow 33 calls: {admitted}"
+    );
+    assert!(
+        admitted >= 20,
+        "the calls stop only near the tokens' quota: {admitted}"
+    );
+    assert_eq!(used("llm/requests"), admitted as f64, "requests used");
+    assert_eq!(
+        used("llm/tokens"),
+        (admitted * TOKENS_PER_CALL) as f64,
+        "tokens used"
+    );
+}
