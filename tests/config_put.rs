@@ -11,7 +11,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output};
 
-use serde_json::Value;
 use support::{Process, clear_of_the_day_boundary, eventually, free_port, scratch};
 
 /// One region `a` holding the whole quota of a strict day limit.
@@ -71,12 +70,7 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     .arg(dir.join("limits.yaml"));
     let coordinator = Process::start(cmd, "coordinator");
     let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
-    eventually(
-        "the agent syncs",
-        || agent.json("/v1/status")["sync"]["connected"].clone(),
-        |c| *c == Value::Bool(true),
-    )
-    .await;
+    agent.synced().await;
     assert!(agent.acquire("shop", "strict", "t1", 6).await, "6 of 100");
 
     // Version 2: the quota goes from 100 to 5. Nothing is copied to the agent.

@@ -393,12 +393,7 @@ async fn a_killed_leader_keeps_every_window_within_its_bound_and_rebalancing_res
         .await
         .expect("checked");
     for agent in agents.values() {
-        eventually(
-            "the agent syncs",
-            || agent.json("/v1/status")["sync"]["connected"].clone(),
-            |c| *c == true,
-        )
-        .await;
+        agent.synced().await;
     }
 
     // The watcher and the load, from here to the end.

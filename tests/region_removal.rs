@@ -315,12 +315,7 @@ async fn a_removed_region_s_share_moves_only_from_a_window_after_its_view_expire
     .expect("checked");
     let leader_http = processes[&leader].http.clone();
     for agent in agents.values() {
-        eventually(
-            "the agent syncs",
-            || agent.json("/v1/status")["sync"]["connected"].clone(),
-            |c| *c == true,
-        )
-        .await;
+        agent.synced().await;
     }
 
     let stop = Arc::new(AtomicBool::new(false));

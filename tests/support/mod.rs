@@ -117,6 +117,16 @@ mod process {
                 .unwrap_or(0.0)
         }
 
+        /// Waits until the agent's sync stream to its coordinator is connected.
+        pub async fn synced(&self) {
+            eventually(
+                "the agent syncs",
+                || self.json("/v1/status")["sync"]["connected"].clone(),
+                |c| *c == Value::Bool(true),
+            )
+            .await;
+        }
+
         /// Whether the agent admits `cost` units of `domain` `key=value`.
         pub async fn acquire(&self, domain: &str, key: &str, value: &str, cost: u64) -> bool {
             decide(&mut self.lease_client().await, domain, key, value, cost)

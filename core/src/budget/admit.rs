@@ -443,22 +443,6 @@ pub(crate) fn guarded_window_end(p: &LimitParams, ctx: &Ctx, window: WindowIndex
     }
 }
 
-/// The latest expiry of a lease of `window` granted at `now`: [`guarded_window_end`], or the
-/// window's own end for a lease granted in its end band, every unit of which the next window
-/// counts too.
-pub(crate) fn lease_window_end(
-    p: &LimitParams,
-    ctx: &Ctx,
-    window: WindowIndex,
-    now: Timestamp,
-) -> Timestamp {
-    let guarded = guarded_window_end(p, ctx, window);
-    match edge_band(p, ctx, window, now) {
-        Some((BandSide::End, _)) => p.window_end(window),
-        _ => guarded,
-    }
-}
-
 /// Charge an admitted plan: counters, fail-open excess, and the GCRA states it moved.
 fn charge(ks: &mut KeyState, a: &Allowance, plan: &Plan, stats: Option<&mut WindowStats>) {
     let n_before = ks.net_units();

@@ -882,7 +882,14 @@ fn lease_in_key(
         let d = decision_of(p, ks, &adm, now);
         return (LeaseOutcome::Denied(d), None, adm.escalated);
     }
-    let expires_at = (now + t.ttl).min(admit::lease_window_end(p, &t.ctx, ks.window, now));
+    // A lease granted in the end band, every unit of which the next window counts too, may
+    // last to the window's own end; any other, to the end less the band.
+    let window_end = if end_band {
+        p.window_end(ks.window)
+    } else {
+        admit::guarded_window_end(p, &t.ctx, ks.window)
+    };
+    let expires_at = (now + t.ttl).min(window_end);
     if top_up.is_none() {
         let leases = &mut ks.hot_mut().leases;
         leases.push(t.id);
