@@ -2,7 +2,7 @@
 //! SyncUp only from committed state, a follower names the leader, and after the leader's node
 //! stops a new leader's rebalancer (a larger term) takes over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use allot_core::time::{Timestamp, Window};
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_client::SyncClient;
 use allot_proto::sync_convert::{sync_down_from_wire, sync_up_to_wire};
-use openraft::{Config, SnapshotPolicy};
+use openraft::{Config, ServerState, SnapshotPolicy};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -28,13 +28,14 @@ const HOUR: Duration = Duration::from_secs(3600);
 const PATIENCE: Duration = Duration::from_secs(20);
 const LIMIT: &str = "api/t";
 
-/// Fast raft timers, so elections take well under a second.
+/// Fast raft timers, so elections take about a second; heartbeats every 100 ms leave a node
+/// on a loaded 2-core machine eight beats of slack before it calls an election.
 fn raft_config() -> Config {
     Config {
         cluster_name: "allot-daemon-test".to_string(),
-        heartbeat_interval: 50,
-        election_timeout_min: 300,
-        election_timeout_max: 600,
+        heartbeat_interval: 100,
+        election_timeout_min: 800,
+        election_timeout_max: 1_600,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(100),
         ..Config::default()
     }
@@ -156,6 +157,31 @@ async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// The leader some live node names, if it is one of them.
+fn leader_of(nodes: &BTreeMap<NodeId, Daemon>) -> Option<NodeId> {
+    nodes
+        .values()
+        .find_map(|d| d.raft().metrics().borrow().current_leader)
+        .filter(|l| nodes.contains_key(l))
+}
+
+/// Waits until every live node names one leader and that node holds the role itself.
+async fn agreed_leader(nodes: &BTreeMap<NodeId, Daemon>) -> NodeId {
+    let agreed = || {
+        let named: BTreeSet<Option<NodeId>> = nodes
+            .values()
+            .map(|d| d.raft().metrics().borrow().current_leader)
+            .collect();
+        let [Some(l)] = named.into_iter().collect::<Vec<_>>()[..] else {
+            return None;
+        };
+        let leads = nodes.get(&l)?.raft().metrics().borrow().state == ServerState::Leader;
+        leads.then_some(l)
+    };
+    wait_for("an agreed leader", || agreed().is_some()).await;
+    agreed().expect("checked")
+}
+
 fn state(d: &Daemon) -> ClusterState {
     d.state().read(|a| a.state.clone())
 }
@@ -257,33 +283,41 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
     for (id, l) in listeners {
         nodes.insert(id, start(id, dir.path(), l, peers.clone()).await);
     }
-    let leader_of = |nodes: &BTreeMap<NodeId, Daemon>| {
-        nodes
-            .values()
-            .find_map(|d| d.raft().metrics().borrow().current_leader)
-            .filter(|l| nodes.contains_key(l))
+    // Leadership may move before the checks run (an election in a loaded machine's pause):
+    // a follower must then name whichever node leads now, so the check is retried until a
+    // leader stays put through it.
+    let deadline = Instant::now() + PATIENCE;
+    let first = loop {
+        let first = agreed_leader(&nodes).await;
+        wait_for("limits put", || {
+            state(&nodes[&first]).table().config_version() == 1
+        })
+        .await;
+        let follower = nodes
+            .keys()
+            .copied()
+            .find(|id| *id != first)
+            .expect("three");
+        let redirect = send(nodes[&follower].grpc_addr(), up("a", 1)).await;
+        // A configuration put on a follower commits nothing: 421, naming the leader.
+        let (line, body) = http_put(nodes[&follower].http_addr(), &config_put(5));
+        assert_eq!(state(&nodes[&follower]).table().config_version(), 1);
+        let named = match &redirect {
+            Ok(pb::sync_answer::Answer::NotLeader(n)) => Some(n.leader_address.clone()),
+            _ => None,
+        };
+        if named.as_deref() == Some(peers[&first].as_str())
+            && line.contains("421")
+            && body.contains(&peers[&first])
+        {
+            break first;
+        }
+        let now_leading = leader_of(&nodes);
+        assert!(
+            now_leading != Some(first) && Instant::now() < deadline,
+            "a follower of a settled leader {first} answers {redirect:?}, {line} {body}"
+        );
     };
-    wait_for("a leader", || leader_of(&nodes).is_some()).await;
-    let first = leader_of(&nodes).expect("checked");
-    wait_for("limits put", || {
-        state(&nodes[&first]).table().config_version() == 1
-    })
-    .await;
-    let follower = nodes
-        .keys()
-        .copied()
-        .find(|id| *id != first)
-        .expect("three");
-    let redirect = send(nodes[&follower].grpc_addr(), up("a", 1)).await;
-    let Ok(pb::sync_answer::Answer::NotLeader(n)) = redirect else {
-        panic!("a follower redirects: {redirect:?}");
-    };
-    assert_eq!(n.leader_address, peers[&first]);
-    // A configuration put on a follower commits nothing: 421, naming the leader.
-    let (line, body) = http_put(nodes[&follower].http_addr(), &config_put(5));
-    assert!(line.contains("421"), "{line} {body}");
-    assert!(body.contains(&peers[&first]), "{body}");
-    assert_eq!(state(&nodes[&follower]).table().config_version(), 1);
     let before = sync_down(nodes[&first].grpc_addr(), "a").await;
     let grown = before.grants.first().expect("a grow").allowance_units;
 
@@ -295,11 +329,8 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
         .shutdown()
         .await
         .expect("stops");
-    wait_for("a new leader", || {
-        leader_of(&nodes).is_some_and(|l| l != first)
-    })
-    .await;
-    let second = leader_of(&nodes).expect("checked");
+    let second = agreed_leader(&nodes).await;
+    assert_ne!(second, first);
     let after = sync_down(nodes[&second].grpc_addr(), "a").await;
     assert!(after.leader_term > before.leader_term, "{after:?}");
     let c = counter(now());
