@@ -69,7 +69,9 @@ impl RegionNode for NullRegion {
 
 impl CoordinatorNode for NullCoordinator {
     type Command = ();
-    fn handle_sync_up(&mut self, _: Timestamp, _: SyncUp) {}
+    fn handle_sync_up(&mut self, _: Timestamp, _: SyncUp) -> bool {
+        true
+    }
     fn poll_sync_down(&mut self, now: Timestamp, _: &RegionId, reply_to_seq: u64) -> SyncDown {
         SyncDown {
             reply_to_seq,

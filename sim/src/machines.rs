@@ -417,6 +417,20 @@ impl NodeFactory for CoreFactory {
         })
     }
 
+    fn region_command(
+        &self,
+        region: &RegionId,
+        removed: bool,
+        now: Timestamp,
+    ) -> Option<TableCommand> {
+        let region = region.clone();
+        Some(if removed {
+            TableCommand::RemoveRegion { region, at: now }
+        } else {
+            TableCommand::RestoreRegion { region }
+        })
+    }
+
     fn corrects_clocks(&self) -> bool {
         self.max_clock_uncertainty.is_some()
     }
@@ -830,10 +844,17 @@ fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {
 impl CoordinatorNode for CoreCoordinator {
     type Command = TableCommand;
 
-    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) {
-        // Only the scenario's regions exist, and the table knows them all.
-        let known = self.coordinator.handle_sync_up(now, msg).is_ok();
-        debug_assert!(known, "a sync from a region outside the deployment");
+    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool {
+        // Only the scenario's regions exist, and the table knows them all; it refuses the
+        // ones an operator removed.
+        match self.coordinator.handle_sync_up(now, msg) {
+            Ok(()) => true,
+            Err(allot_core::Error::RegionRemoved(_)) => false,
+            Err(e) => {
+                debug_assert!(false, "a sync the deployment never sends: {e}");
+                false
+            }
+        }
     }
 
     fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {

@@ -90,6 +90,18 @@ pub trait NodeFactory: Sync {
         None
     }
 
+    /// The table change that removes `region` from the quota's split (`removed`) or adds it
+    /// back, as an operator's `allot cluster remove-region|add-region` commits it at `now`;
+    /// `None` where the machines have no such command.
+    fn region_command(
+        &self,
+        _region: &RegionId,
+        _removed: bool,
+        _now: Timestamp,
+    ) -> Option<<Self::Coordinator as CoordinatorNode>::Command> {
+        None
+    }
+
     /// Whether the agents read windows on a corrected clock (`max_clock_uncertainty`): their
     /// readings then follow the true clock rather than their own.
     fn corrects_clocks(&self) -> bool {
@@ -175,7 +187,9 @@ pub trait CoordinatorNode: Send {
     /// One change to the replicated table.
     type Command: Clone + Send;
 
-    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp);
+    /// Whether the SyncUp is answered: `false` when the coordinator refuses it (a removed
+    /// region's), which the daemon does by ending the stream with an error.
+    fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool;
     /// The answer to the `SyncUp` numbered `reply_to_seq` just handled from `region`.
     fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown;
     /// Table changes to replicate; each comes back through `handle_committed` once committed

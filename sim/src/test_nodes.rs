@@ -253,12 +253,13 @@ impl TestRegion {
 impl CoordinatorNode for TestCoordinator {
     type Command = u64;
 
-    fn handle_sync_up(&mut self, _now: Timestamp, msg: SyncUp) {
+    fn handle_sync_up(&mut self, _now: Timestamp, msg: SyncUp) -> bool {
         self.received += 1;
         for e in msg.entries {
             self.entries
                 .insert((e.region.clone(), e.counter.clone()), e);
         }
+        true
     }
 
     fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {

@@ -2526,3 +2526,119 @@ const SWARM_800739: &str = include_str!(
 const SWARM_800740: &str = include_str!(
     "../swarm-findings/seed-800740-region-allowance-above-table-reload-skipped-version.yaml"
 );
+
+/// Region `a` (3 s ahead) removed at 2 s while its agent keeps running: the leader refuses
+/// its SyncUps, so it spends only what it holds, and under the closed policy its floor is
+/// reclaimed once its view has surely expired on its own clock, then grown into `b`.
+/// Written to break the removal's promise (D30) at its assumptions: a clock offset of three
+/// windows, a leader change right after the removal commits, and an add-back while the
+/// region still holds its floor.
+#[test]
+fn a_removed_region_spends_only_what_it_holds() {
+    let removal = |faults: &str| {
+        format!(
+            "{}faults:\n  - region_removal: {{region: a, at: 2s{faults}",
+            CLOSED_AHEAD.replace("duration: 8s", "duration: 12s")
+        )
+    };
+    // The floor moves: in the last windows `b` admits more than its half.
+    let r = run_tiers("removal.yaml", &removal("}\n"), 0..2, SLOW_SEEDS);
+    assert_no_violation(&r);
+    assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
+    let seed = &r.per_seed[0];
+    assert!(seed.stats.sync_ups_refused > 0, "{:?}", seed.stats);
+    let late: Vec<u64> = seed
+        .windows
+        .iter()
+        .filter(|w| w.complete && w.start_ms >= 9_000)
+        .map(|w| w.admitted_units_per_region[1])
+        .collect();
+    assert!(
+        !late.is_empty() && late.iter().all(|b| *b > 100),
+        "{late:?}"
+    );
+
+    // A leader change as the removal commits: the new leader replays it.
+    let failover = removal("}\n  - coordinator_outage: {start: 2s, end: 2300ms}\n");
+    assert_no_violation(&run_tiers(
+        "removal-failover.yaml",
+        &failover,
+        0..2,
+        SLOW_SEEDS,
+    ));
+    // Added back before its view expired, and again after its floor was reclaimed.
+    for back in ["300ms", "5s"] {
+        let yaml = removal(&format!(", restore_after: {back}}}\n"));
+        let r = run_tiers("removal-back.yaml", &yaml, 0..2, SLOW_SEEDS);
+        assert_no_violation(&r);
+        assert_eq!(r.figures.overshoot_max_on_region_clocks, 0);
+    }
+}
+
+/// `allot sim --swarm --seeds 799488..799489`, shrunk: r1 (strict, closed) is removed at 43 s
+/// and never added back; its floor is reclaimed from the window starting at 50 s, where it
+/// held a pre-issued grant and spent 146 units of it. A reload at 71.7 s lowering the quota
+/// dropped the limit's rows, and with them that grant: the table gave r1 0 for the window
+/// while r1, having reloaded too, held the 146 it had used (6 violations of invariant 2).
+/// Fixed: a reload keeps a reclaimed region's grant in a reclaimed window, cut to its new
+/// default (D38).
+#[test]
+fn a_reload_keeps_a_removed_region_s_spent_grant_in_the_table() {
+    let r = run(
+        &parsed("swarm-799488.yaml", SWARM_799488_SHRUNK),
+        799_488..799_489,
+    );
+    assert_no_violation(&r);
+}
+
+const SWARM_799488_SHRUNK: &str = r#"
+name: swarm-799488
+description: drawn by `allot sim --swarm --seeds 799488..799489`
+duration: 78000ms
+sync_interval: 250ms
+coordinator: {commit_latency: 18ms}
+measure: {sample_interval: 500ms}
+lease: {initial_units: 14, max_units: 677, ttl: 2191ms}
+regions:
+  - {id: r0, weight: 0.217, latency: 3ms, gateways: 2, clock: {offset: 68943ms, drift_ppm: -2529}}
+  - {id: r1, weight: 0.438, latency: 2ms, gateways: 3}
+limits: |
+  domain: swarm
+  descriptors:
+    - key: l1
+      rate_limit: {requests_per_unit: 1306}
+      allot:
+        window: 25s
+        consistency: strict
+        partition_policy: closed
+        failure_mode: closed
+traffic:
+  - region: r0
+    limit: swarm/l1
+    key: l1=k1
+    rate: {constant_per_sec: 40.86}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+  - region: r1
+    limit: swarm/l1
+    key: l1=k1
+    rate: {constant_per_sec: 7.969}
+    arrivals: poisson
+    cost: {constant_units: 1}
+    retry: none
+faults:
+  - config_reload:
+      at: 71715ms
+      limits: |
+        domain: swarm
+        descriptors:
+          - key: l1
+            rate_limit: {requests_per_unit: 937}
+            allot:
+              window: 25s
+              consistency: strict
+              partition_policy: closed
+              failure_mode: closed
+  - region_removal: {region: r1, at: 42986ms}
+"#;

@@ -8,7 +8,7 @@ use allot_sim::{ScenarioError, SimError};
 use common::{SHIPPED, scenarios_dir, shipped};
 
 #[test]
-fn all_ten_shipped_scenarios_parse_and_name_themselves() {
+fn every_shipped_scenario_parses_and_names_itself() {
     for name in SHIPPED {
         let s = shipped(name);
         assert_eq!(s.name, name, "a scenario's name is its file name");
@@ -53,6 +53,9 @@ fn shipped_scenarios_carry_the_faults_they_are_named_for() {
         load("lossy-network").faults[0],
         Fault::Link { .. }
     ));
+    let lab = load("lab-partition");
+    assert!(matches!(lab.faults[..], [Fault::Partition { .. }]));
+    assert_eq!(lab.regions.len(), 3);
     let skew = load("clock-skew");
     assert!(
         skew.regions

@@ -59,6 +59,18 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         events.push((at(when + after), Event::GatewayRestart { region, gateway }));
                     }
                 }
+                Fault::RegionRemoval {
+                    region,
+                    at: when,
+                    restore_after,
+                } => {
+                    let removed = true;
+                    events.push((at(when), Event::RegionRemoval { region, removed }));
+                    if let Some(after) = restore_after {
+                        let removed = false;
+                        events.push((at(when + after), Event::RegionRemoval { region, removed }));
+                    }
+                }
                 Fault::Partition { .. } | Fault::Link { .. } | Fault::ConfigReload { .. } => {}
             }
         }

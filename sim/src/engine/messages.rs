@@ -179,7 +179,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         }
         let seq = msg.seq;
-        node.handle_sync_up(self.now, msg);
+        if !node.handle_sync_up(self.now, msg) {
+            // Refused: the stream ends with an error and the region hears nothing.
+            self.stats.sync_ups_refused += 1;
+            return Ok(());
+        }
         // The driver contract: what the coordinator proposes now (and proposed before) is
         // committed before it answers, so the answer may wait for the commit latency.
         self.after_coordinator_input()?;

@@ -101,6 +101,8 @@ pub struct RunStats {
     pub sync_down_bytes: u64,
     /// Sync messages lost to partitions, link loss or a down receiver.
     pub sync_messages_dropped: u64,
+    /// SyncUps the coordinator refused (a removed region's), answered with nothing.
+    pub sync_ups_refused: u64,
     pub events: u64,
 }
 
@@ -173,6 +175,11 @@ enum Event<C> {
     ConfigReload {
         reload: usize,
         region: Option<usize>,
+    },
+    /// An operator removes the region (`removed`) or adds it back.
+    RegionRemoval {
+        region: usize,
+        removed: bool,
     },
     Sample,
 }
@@ -417,6 +424,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             }
             Event::CoordinatorUp => self.coordinator_up(),
             Event::ConfigReload { reload, region } => self.config_reload(reload, region),
+            Event::RegionRemoval { region, removed } => self.region_removal(region, removed),
             Event::Sample => self.sample(),
         }
     }

@@ -1,6 +1,7 @@
-//! The `config_reload` fault: the coordinator's table takes a new limits configuration (a
-//! `SetConfig` through the replicated log, so a later leader replays it), then each region's
-//! agent at its own delay, as a rollout does.
+//! Operators' table changes. The `config_reload` fault: the coordinator's table takes a new
+//! limits configuration (a `SetConfig` through the replicated log, so a later leader replays
+//! it), then each region's agent at its own delay, as a rollout does. The `region_removal`
+//! fault: a region leaves the quota's split and may come back.
 
 use allot_core::time::Timestamp;
 
@@ -21,20 +22,37 @@ impl<F: NodeFactory> Engine<'_, F> {
                 }
                 self.after_region_input(r)
             }
-            None => {
-                let Some(cmd) = self.factory.reload_command(reload) else {
-                    return Ok(());
-                };
-                if self.coordinator.node.is_none() {
-                    self.coordinator.log.push(cmd);
-                    return Ok(());
-                }
-                let term = self.coordinator.term;
-                self.coordinator.proposed += 1;
-                let at = self.now + self.scenario.coordinator.commit_latency;
-                self.push(at, Event::Commit { term, cmd })
-            }
+            None => match self.factory.reload_command(reload) {
+                Some(cmd) => self.operator_command(cmd),
+                None => Ok(()),
+            },
         }
+    }
+
+    /// The `region_removal` fault: the region leaves the quota's split or comes back.
+    pub(super) fn region_removal(&mut self, region: usize, removed: bool) -> Result<()> {
+        let id = &self.regions[region].id;
+        match self.factory.region_command(id, removed, self.now) {
+            Some(cmd) => self.operator_command(cmd),
+            None => Ok(()),
+        }
+    }
+
+    /// A table change an operator makes: committed through the leader's log. Without a
+    /// leader it is appended to the log, which the next leader replays (the operator's call
+    /// retried until a leader takes it).
+    fn operator_command(
+        &mut self,
+        cmd: <F::Coordinator as crate::node::CoordinatorNode>::Command,
+    ) -> Result<()> {
+        if self.coordinator.node.is_none() {
+            self.coordinator.log.push(cmd);
+            return Ok(());
+        }
+        let term = self.coordinator.term;
+        self.coordinator.proposed += 1;
+        let at = self.now + self.scenario.coordinator.commit_latency;
+        self.push(at, Event::Commit { term, cmd })
     }
 
     /// The configuration an agent of `region` reads if it starts now: the last reload whose

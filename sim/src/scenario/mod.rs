@@ -232,6 +232,15 @@ pub enum Fault {
         /// Per region (by index), how long after `at` it reloads.
         stagger: Vec<Duration>,
     },
+    /// The operator removes the region from the quota's split at `at` (a table command
+    /// through the replicated log, as `allot cluster remove-region` commits), and adds it back
+    /// `restore_after` later, if given. The region's agent keeps running: the leader refuses
+    /// its SyncUps while it is removed, so it spends only what it holds.
+    RegionRemoval {
+        region: usize,
+        at: Duration,
+        restore_after: Option<Duration>,
+    },
     /// Loss, duplication, reordering and delay on links during `[start, end)`.
     Link {
         regions: RegionSel,
@@ -259,6 +268,9 @@ impl Fault {
             Fault::GatewayCrash {
                 at, restart_after, ..
             } => restart_after.map(|r| *at + r),
+            Fault::RegionRemoval {
+                at, restore_after, ..
+            } => restore_after.map(|r| *at + r),
         }
     }
 }

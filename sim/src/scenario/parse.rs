@@ -759,10 +759,18 @@ fn read_fault(node: &Node<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError
             }
         }
         "config_reload" => read_config_reload(&m, ctx)?,
+        "region_removal" => Fault::RegionRemoval {
+            region: ctx.region(&m.req("region")?)?,
+            at: ctx.at(&m.req("at")?)?,
+            restore_after: m
+                .opt("restore_after")
+                .map(|n| n.as_duration())
+                .transpose()?,
+        },
         other => {
             return Err(node.err(format!(
                 "unknown fault {other:?} (partition, coordinator_outage, agent_crash, \
-                 agent_restore, gateway_crash, config_reload or link)"
+                 agent_restore, gateway_crash, config_reload, region_removal or link)"
             )));
         }
     };

@@ -81,10 +81,16 @@ pub const FAULT_KINDS: &[FaultKind] = &[
         draw: draw_config_reload,
         pass: 1,
     },
+    FaultKind {
+        name: "region_removal",
+        weight: 1,
+        draw: draw_region_removal,
+        pass: 2,
+    },
 ];
 
 /// The last pass of [`FAULT_KINDS`].
-pub const LAST_PASS: u32 = 1;
+pub const LAST_PASS: u32 = 2;
 
 /// Share of spans that start at the beginning of the run.
 const EARLY_SPANS: f64 = 0.2;
@@ -229,6 +235,23 @@ fn draw_agent_restore(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
         target: Target::Region(region),
         time: FaultTime::At { at_ms },
         params: vec![("from", Param::Ms(from_ms))],
+    })
+}
+
+/// An operator removes a region while its agent keeps running (it spends what it holds), and
+/// most times adds it back after a while.
+fn draw_region_removal(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
+    let mut params = Vec::new();
+    if dice.chance(0.7) {
+        params.push(("restore_after", Param::Ms(down_time(dice, frame))));
+    }
+    Some(FaultSpec {
+        kind: "region_removal",
+        target: Target::Region(dice.index(frame.gateways.len())),
+        time: FaultTime::At {
+            at_ms: moment(dice, frame),
+        },
+        params,
     })
 }
 

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 
 use allot_sim::{Scenario, scenario};
 
-/// Every scenario the simulator ships (the issue names these ten).
-pub const SHIPPED: [&str; 10] = [
+/// Every scenario the simulator ships: the ten the simulator's issue names, and the real
+/// network partition's schedule (tests/partition_netns.rs), run on both sides for
+/// docs/benchmarks.md.
+pub const SHIPPED: [&str; 11] = [
     "follow-the-sun",
     "flash-crowd",
     "hot-key",
@@ -18,6 +20,7 @@ pub const SHIPPED: [&str; 10] = [
     "retry-storm",
     "llm-tokens",
     "lossy-network",
+    "lab-partition",
 ];
 
 pub fn scenarios_dir() -> PathBuf {
