@@ -805,12 +805,26 @@ impl AllowanceTable {
             .cloned()
             .collect();
         let mut top: BTreeMap<LimitId, Epoch> = BTreeMap::new();
+        let mut reclaimed_rows = Vec::new();
         for counter in dropped {
             if let Some(rows) = self.counters.remove(&counter) {
                 self.row_count -= rows.len();
                 let e = rows.values().map(|r| r.epoch).max().unwrap_or_default();
                 let t = top.entry(counter.limit.clone()).or_default();
                 *t = (*t).max(e);
+                // Under another window length the counter is another one: nothing to keep.
+                let window_of = |l: &LimitSpec| match l.quota {
+                    Quota::Units { window, .. } => Some(window),
+                    Quota::Unlimited => None,
+                };
+                let new_window = self.window_of(&counter.limit);
+                let same_window = new_window.is_some()
+                    && old.get(&counter.limit).and_then(window_of) == new_window;
+                for (region, row) in rows.into_iter().filter(|_| same_window) {
+                    if self.reclaims_window(&counter, &region) {
+                        reclaimed_rows.push((counter.clone(), region, row.allowance_units));
+                    }
+                }
             }
         }
         // One above every epoch the old parameters used, rows or not: a proposal computed
@@ -830,6 +844,42 @@ impl AllowanceTable {
                 .get(limit)
                 .is_some_and(|s| s.partition_policy == PartitionPolicy::Closed)
         });
+        self.keep_reclaimed_rows(reclaimed_rows);
+    }
+
+    /// Whether a reclaim of `region` covers `counter`'s window: its default there is zero.
+    fn reclaims_window(&self, counter: &CounterRef, region: &RegionId) -> bool {
+        self.reclaim(&counter.limit, region)
+            .is_some_and(|r| counter.window >= r.from_window)
+    }
+
+    /// A reclaimed region's grant for a window its default no longer covers (pre-issued, or
+    /// kept across the reclaim) may already be spent: it was silent or removed, so nothing
+    /// told it to stop, and under the new parameters it holds what it used up to its new
+    /// default (`closed_units` on the agent). Dropped with the other rows, the grant would
+    /// leave the region at zero while those units stay spent, and the others could be grown
+    /// into them. It stays instead, cut to the region's new configured default, so the
+    /// defaults' sum still fits the new quota.
+    fn keep_reclaimed_rows(&mut self, rows: Vec<(CounterRef, RegionId, u64)>) {
+        for (counter, region, units) in rows {
+            if !self.reclaims_window(&counter, &region) {
+                continue;
+            }
+            let units = units.min(self.configured_default(&counter, &region));
+            if units == 0 {
+                continue;
+            }
+            let row = AllowanceRow {
+                allowance_units: units,
+                epoch: self.epoch_floor(&counter.limit),
+                pending: None,
+            };
+            self.counters
+                .entry(counter)
+                .or_default()
+                .insert(region, row);
+            self.row_count += 1;
+        }
     }
 
     fn assert_counter(&self, counter: &CounterRef) {

@@ -952,6 +952,82 @@ fn a_config_change_drops_the_rows_of_changed_limits_and_keeps_epochs_rising() {
     );
 }
 
+/// A reclaimed region's grant for a window its reclaim covers survives a reload that drops
+/// the limit's rows, cut to its new default: the region (silent or removed, so never told)
+/// may have spent it, and the others must not be grown into those units. Found by the swarm
+/// (a removed region, then a reload lowering the quota): the table gave the region 0 while
+/// it had used 146 of its grant in that window.
+#[test]
+fn a_reload_keeps_what_a_reclaimed_region_was_granted_in_its_reclaimed_windows() {
+    let closed = |a_ppm, b_ppm| weighted(with_policy(PartitionPolicy::Closed), a_ppm, b_ppm);
+    let b = RegionId::from("b");
+    let reclaimed_with_grant = || {
+        let mut t = table_with(&closed(300_000, 300_000));
+        let grow = TableCommand::Grow {
+            counter: counter(100),
+            region: b.clone(),
+            expected_epoch: t.epoch_of(&counter(100), &b),
+            allowance_units: 60,
+        };
+        assert!(t.apply(grow).is_applied());
+        let reclaim = TableCommand::Reclaim {
+            limit: LimitId::from("l"),
+            region: b.clone(),
+            from_window: WindowIndex(100),
+        };
+        assert!(t.apply(reclaim).is_applied());
+        assert_eq!(t.allowance(&counter(100), &b), 60);
+        assert_eq!(t.allowance(&counter(101), &b), 0);
+        t
+    };
+    let reload = |t: &mut AllowanceTable, spec: LimitSpec| {
+        let outcome = t.apply(TableCommand::SetConfig {
+            version: 2,
+            limits: vec![spec],
+            regions: regions(),
+        });
+        assert!(outcome.is_applied(), "{outcome:?}");
+        assert!(t.check_invariants().is_ok());
+    };
+
+    // New weights: b's default is 20, so it keeps 20 of its 60 (it enforces at most that
+    // much after its own reload); a's row-less default is 50.
+    let mut t = reclaimed_with_grant();
+    reload(&mut t, closed(500_000, 200_000));
+    assert_eq!(t.allowance(&counter(100), &b), 20);
+    assert_eq!(t.allowance(&counter(100), &RegionId::from("a")), 50);
+    assert_eq!(
+        t.allowance(&counter(101), &b),
+        0,
+        "later windows stay reclaimed"
+    );
+    assert!(
+        t.epoch_of(&counter(100), &b) > Epoch(1),
+        "above the old row's epoch"
+    );
+    // A larger default keeps the whole grant.
+    let mut t = reclaimed_with_grant();
+    reload(&mut t, closed(100_000, 600_000));
+    assert_eq!(t.allowance(&counter(100), &b), 60);
+
+    // No longer closed: the reclaim goes, and b's default holds in full with no row.
+    let mut t = reclaimed_with_grant();
+    reload(&mut t, weighted(spec(), 500_000, 200_000));
+    assert_eq!(t.row_count(), 0);
+    assert_eq!(t.allowance(&counter(100), &b), 20);
+    // Another window length: the old counters are other ones, nothing is kept.
+    let mut t = reclaimed_with_grant();
+    let longer = LimitSpec::simple("l", 100, Duration::from_secs(20));
+    reload(
+        &mut t,
+        LimitSpec {
+            partition_policy: PartitionPolicy::Closed,
+            ..weighted(longer, 500_000, 200_000)
+        },
+    );
+    assert_eq!(t.row_count(), 0);
+}
+
 /// Strict -> eventual -> strict: the rows go with the first change, and the epochs of rows
 /// made after the second are above those the regions saw before the first.
 #[test]
