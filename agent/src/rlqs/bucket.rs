@@ -132,6 +132,23 @@ pub enum Ending {
 }
 
 impl Held {
+    /// How it ends when dropped while Envoy may still admit under it: Envoy learns of the
+    /// abandon a transit later, and until then a full token bucket admits its burst and at
+    /// most one fill more, never reported. Those units stay charged (counted spent); only
+    /// the rest goes back.
+    pub fn ending_in_flight(&self) -> Ending {
+        match self.ending() {
+            Ending::Release {
+                lease,
+                unused_units,
+            } => Ending::Release {
+                lease,
+                unused_units: unused_units.saturating_sub(self.shape.in_flight_units()),
+            },
+            settle => settle,
+        }
+    }
+
     pub fn ending(&self) -> Ending {
         if self.used_units <= self.units {
             Ending::Release {
@@ -172,6 +189,8 @@ pub struct Bucket {
     /// When the agent last sized an assignment for it (a flood of reports is only counted).
     pub assigned_at: Option<tokio::time::Instant>,
     pub reported_at: tokio::time::Instant,
+    /// Reports in a row with no request, allowed or denied: an idle bucket.
+    pub idle_reports: u32,
 }
 
 impl Bucket {
@@ -184,7 +203,17 @@ impl Bucket {
             rate_per_sec: 0,
             assigned_at: None,
             reported_at: now,
+            idle_reports: 0,
         }
+    }
+
+    /// Counts a report of `requests` (allowed and denied) toward the idle streak.
+    pub fn note_requests(&mut self, requests: u64) {
+        self.idle_reports = if requests == 0 {
+            self.idle_reports.saturating_add(1)
+        } else {
+            0
+        };
     }
 
     /// Charges `allowed` reported requests to the held leases, oldest first; what none has
@@ -381,5 +410,54 @@ mod tests {
         b.assigned = Assigned::Uncounted;
         b.charge(5);
         assert_eq!(b.unbacked_units, 0);
+    }
+
+    #[test]
+    fn a_bucket_is_idle_after_reports_in_a_row_with_no_request() {
+        let mut b = bucket();
+        b.note_requests(0);
+        b.note_requests(0);
+        assert_eq!(b.idle_reports, 2);
+        b.note_requests(1);
+        assert_eq!(
+            b.idle_reports, 0,
+            "any request, allowed or denied, ends the streak"
+        );
+        b.note_requests(0);
+        assert_eq!(b.idle_reports, 1);
+    }
+
+    #[test]
+    fn a_lease_dropped_while_envoy_may_still_admit_keeps_a_full_bucket_charged() {
+        let mut b = bucket();
+        b.push(lease(1, 100));
+        b.charge(30);
+        // Shape of `lease`: burst 100, one token per second; 70 unused, all of which a full
+        // bucket could still admit before the abandon arrives.
+        assert_eq!(
+            b.leases[0].ending_in_flight(),
+            Ending::Release {
+                lease: LeaseId(1),
+                unused_units: 0
+            }
+        );
+        b.leases[0].shape.max_tokens = 10;
+        assert_eq!(
+            b.leases[0].ending_in_flight(),
+            Ending::Release {
+                lease: LeaseId(1),
+                unused_units: 70 - 11
+            },
+            "burst 10 and one fill of 1 stay charged"
+        );
+        b.charge(100);
+        assert_eq!(
+            b.leases[0].ending_in_flight(),
+            Ending::Settle {
+                lease: LeaseId(1),
+                actual_units: 130
+            },
+            "a lease used beyond its units is settled as before"
+        );
     }
 }

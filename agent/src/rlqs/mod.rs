@@ -84,6 +84,7 @@ pub mod metrics {
     pub const BUCKETS: &str = "allot_rlqs_buckets";
     pub const OVERAGE_UNITS: &str = "allot_rlqs_overage_units_total";
     pub const UNCHARGED_UNITS: &str = "allot_rlqs_uncharged_units_total";
+    pub const BUCKETS_DROPPED: &str = "allot_rlqs_buckets_dropped_total";
 
     pub fn stream_opened() {
         counter!(STREAMS).increment(1);
@@ -106,6 +107,12 @@ pub mod metrics {
     /// `too_many_buckets_stream`, `too_many_buckets_agent` (the stream ends).
     pub fn refused(reason: &'static str) {
         counter!(REFUSED, "reason" => reason).increment(1);
+    }
+
+    /// A bucket abandoned: `reload` (its rule gone), `idle` (reports with no request) or
+    /// `unreported` (Envoy no longer reports it).
+    pub fn dropped(reason: &'static str) {
+        counter!(BUCKETS_DROPPED, "reason" => reason).increment(1);
     }
 
     pub fn buckets(n: usize) {

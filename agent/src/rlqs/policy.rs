@@ -87,6 +87,12 @@ impl Shape {
         self.max_tokens
             .saturating_add(self.tokens_per_fill.saturating_mul(fills))
     }
+
+    /// The most Envoy admits from a full bucket while a message is on its way to it (well
+    /// under a second): its burst, and one fill at most, whatever the fill timer's phase.
+    pub fn in_flight_units(self) -> u64 {
+        self.max_tokens.saturating_add(self.tokens_per_fill)
+    }
 }
 
 /// The units to ask for: the shape the demand wants, over the lease's span.

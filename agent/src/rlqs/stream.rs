@@ -37,6 +37,33 @@ pub const MIN_REASSIGN_GAP: Duration = Duration::from_millis(500);
 pub const TICK: Duration = Duration::from_secs(1);
 /// The reporting interval assumed before two reports of one bucket were seen.
 pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// Reports in a row with no request after which a bucket is abandoned: Envoy forgets it
+/// and the unused units of its leases go back to the region instead of expiring with them.
+pub const IDLE_REPORTS: u32 = 3;
+/// Reporting intervals with no report of a bucket after which it is dropped: Envoy reports
+/// every bucket it holds at every interval, so it no longer holds this one.
+pub const UNREPORTED_INTERVALS: u32 = 3;
+
+/// Why a bucket is dropped (the `reason` of `allot_rlqs_buckets_dropped_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WhyDropped {
+    /// Its rule is gone or no longer matches it (a reload).
+    Reload,
+    /// [`IDLE_REPORTS`] reports with no request.
+    Idle,
+    /// No report for [`UNREPORTED_INTERVALS`] intervals.
+    Unreported,
+}
+
+impl WhyDropped {
+    fn name(self) -> &'static str {
+        match self {
+            WhyDropped::Reload => "reload",
+            WhyDropped::Idle => "idle",
+            WhyDropped::Unreported => "unreported",
+        }
+    }
+}
 
 /// What extending the shape in force came to.
 enum Extended {
@@ -147,7 +174,19 @@ impl Session {
     }
 
     async fn on_tick(&mut self) -> Vec<BucketAction> {
-        self.on_reload().await
+        let mut actions = self.on_reload().await;
+        let stale = self.report_interval * UNREPORTED_INTERVALS;
+        let now = Instant::now();
+        let gone: Vec<BucketKey> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| now.duration_since(b.reported_at) > stale)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            actions.extend(self.drop_bucket(&key, WhyDropped::Unreported).await);
+        }
+        actions
     }
 
     /// One bucket's report: counted, then (unless one was just sent) a new assignment.
@@ -189,6 +228,10 @@ impl Session {
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
         b.drop_expired(self.agent.now());
         b.charge(usage.num_requests_allowed);
+        b.note_requests(requests);
+        if b.idle_reports >= IDLE_REPORTS && b.assigned != Assigned::Nothing {
+            return Ok(self.drop_bucket(&key, WhyDropped::Idle).await);
+        }
         if !b.may_reassign(now, MIN_REASSIGN_GAP) {
             return Ok(None);
         }
@@ -507,20 +550,36 @@ impl Session {
             .collect();
         let mut actions = Vec::new();
         for key in gone {
-            let Some(mut b) = self.buckets.remove(&key) else {
-                continue;
-            };
-            self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
-            let returns = self.end_leases(b.take_all()).await;
-            self.release_all(returns).await;
-            metrics::assignment("abandon");
-            actions.push(BucketAction {
-                bucket_id: Some(bucket::bucket_id(&key)),
-                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-            });
+            actions.extend(self.drop_bucket(&key, WhyDropped::Reload).await);
         }
-        metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
         actions
+    }
+
+    /// Forgets a bucket and tells Envoy to (`abandon_action`); its leases end. After a
+    /// reload they end at their reported use (the rule that counted them is gone). Otherwise
+    /// the rule still counts, and Envoy may admit under the assignment until the abandon
+    /// reaches it, unreported: what a full bucket admits meanwhile stays charged.
+    async fn drop_bucket(&mut self, key: &BucketKey, why: WhyDropped) -> Option<BucketAction> {
+        let mut b = self.buckets.remove(key)?;
+        self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
+        let mut held = b.take_all();
+        if why != WhyDropped::Reload {
+            for h in &mut held {
+                if let Ending::Release { unused_units, .. } = h.ending_in_flight() {
+                    h.used_units = h.units - unused_units;
+                }
+            }
+        }
+        let returns = self.end_leases(held).await;
+        self.release_all(returns).await;
+        metrics::assignment("abandon");
+        metrics::dropped(why.name());
+        metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
+        tracing::debug!(?key, ?why, "RLQS bucket abandoned");
+        Some(BucketAction {
+            bucket_id: Some(bucket::bucket_id(key)),
+            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+        })
     }
 }
 
