@@ -279,6 +279,7 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
         panic!("a follower redirects: {redirect:?}");
     };
     assert_eq!(n.leader_address, peers[&first]);
+    assert_eq!(n.leader_node_id, Some(first));
     // A configuration put on a follower commits nothing: 421, naming the leader.
     let (line, body) = http_put(nodes[&follower].http_addr(), &config_put(5));
     assert!(line.contains("421"), "{line} {body}");
