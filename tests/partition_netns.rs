@@ -380,9 +380,13 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
     let mut forwarders = Vec::new();
     // Per region, its relay's address to each node.
     let mut relay_to: BTreeMap<&str, BTreeMap<u64, SocketAddr>> = BTreeMap::new();
+    // Each agent's list names the leader last, so that it asks a follower first and is
+    // redirected.
+    let mut asked = NODE_IDS;
+    asked.sort_by_key(|id| *id == leader);
     for (i, ((region, _, one_way_ms), host)) in REGIONS.iter().zip(&hosts).enumerate() {
         let mut entries = Vec::new();
-        for id in NODE_IDS {
+        for id in asked {
             let port = RELAY_BASE_PORT + 10 * i as u16 + id as u16;
             let relay_addr = SocketAddr::from((lab.addr(netns::HUB_OCTET), port));
             relays.push(
@@ -409,8 +413,8 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
         forwarders.push(fwd);
         agents.insert(*region, agent);
     }
-    // Each agent syncs with the leader through its own relay to it, whichever node it asked
-    // first: a follower's redirect named the leader's raft address, which it did not take.
+    // Each agent syncs with the leader through its own relay to it: a follower's redirect
+    // named the leader's raft address, which it did not take.
     let through_relay = |region: &str, s: &Value| {
         let leader = leader_status(&nodes_http).map(|(id, _)| id);
         let relay = leader
