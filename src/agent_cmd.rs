@@ -37,7 +37,9 @@ pub struct AgentArgs {
     #[arg(long, env = "ALLOT_REGION", default_value = "local")]
     region: String,
     /// Coordinator addresses (host:port,...): the agent syncs with the cluster's leader
-    /// through any of them. None: single region, this agent owns every quota.
+    /// through any of them. An entry ID=host:port is this agent's own address for node ID (a
+    /// proxy, a NAT, a relay): a redirect to that node goes there rather than to the address
+    /// the cluster advertises. None: single region, this agent owns every quota.
     #[arg(long = "coordinator", env = "ALLOT_COORDINATOR", value_delimiter = ',')]
     coordinators: Vec<String>,
     /// gRPC address (lease API and Envoy RLS).

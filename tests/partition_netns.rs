@@ -1,25 +1,29 @@
 //! A partition over a real network (slow tier, `ALLOT_SLOW_TESTS=1`; needs root and iproute2).
 //!
 //! The lab (`support/netns.rs`): subnet 10.77.0.0/24 on a bridge in its own namespace, the
-//! coordinator (one `allot coordinator` process) in namespace `allot-pn-coord` at 10.77.0.1,
-//! and one `allot agent` process per region (`a`, `b`, `c`) in its own namespace at
-//! 10.77.0.11-13, each on a veth whose other end is a port of the bridge. The subnet is
-//! blackholed in the root namespace and no lab namespace has a route beyond it, so nothing of
-//! the lab leaves the machine. These kernels have no netem: each agent reaches the
-//! coordinator through a relay the test runs in the bridge's namespace, which holds every
-//! chunk a fixed time per direction (round trips of 20, 40 and 70 ms). One coordinator node,
-//! because a follower redirects an agent to the leader's raft address, which would bypass
-//! the relays. The test reaches the daemons' loopback admin and gRPC addresses through
-//! forwarders that open their sockets inside the daemons' namespaces.
+//! coordinator cluster (three `allot coordinator` processes, raft ids 1-3) in namespaces
+//! `allot-pn-n1`..`n3` at 10.77.0.1-3, and one `allot agent` process per region (`a`, `b`,
+//! `c`) in its own namespace at 10.77.0.11-13, each on a veth whose other end is a port of the
+//! bridge. The subnet is blackholed in the root namespace and no lab namespace has a route
+//! beyond it, so nothing of the lab leaves the machine. These kernels have no netem: each
+//! agent reaches each coordinator node through a relay of its own the test runs in the
+//! bridge's namespace, which holds every chunk a fixed time per direction (round trips of 20,
+//! 40 and 70 ms, the same to every node of a region). The nodes reach each other directly.
+//! An agent is given its relays as `--coordinator ID=ADDR,...`: a follower names the leader's
+//! raft id with its raft address, and the agent goes to its own relay for that id instead of
+//! around it (D35); the test checks that every agent's leader is its relay to the leading
+//! node. The test reaches the daemons' loopback admin and gRPC addresses through forwarders
+//! that open their sockets inside the daemons' namespaces.
 //!
 //! Load: strict-limit acquires from the test to every agent, on a limit with the `floor`
 //! partition policy and one with `closed`, demand moving from `a` to `b` and `c` to `c` alone.
 //! `c`'s port on the bridge goes down for longer than `view_ttl`, then comes back up. Checks:
 //! in every window, the units admitted across regions (every grant the test saw, by the window
-//! its decision names) are at most the quota plus the bound the coordinator's `/v1/status`
+//! its decision names) are at most the quota plus the bound the leader's `/v1/status`
 //! reported for that window; while cut off, `c`'s metrics and `/v1/status` show it disconnected
 //! with its view expired and each limit's partition policy in force; after the heal it
-//! reconnects, its view is fresh and its allowance grows past its default share again.
+//! reconnects through its relay to the leader, its view is fresh and its allowance grows past
+//! its default share again.
 
 #[path = "support/netns.rs"]
 mod netns;
@@ -57,9 +61,10 @@ const KEYS: [&str; 2] = ["floor", "closed"];
 /// Regions: name, host octet, the relay's delay each way (round trip twice that).
 const REGIONS: [(&str, u8, u64); 3] = [("a", 11, 10), ("b", 12, 20), ("c", 13, 35)];
 const CUT_REGION: &str = "c";
-const COORDINATOR_OCTET: u8 = 1;
+/// The coordinator nodes' raft ids; node `id` is at host octet `id`.
+const NODE_IDS: [u64; 3] = [1, 2, 3];
 const COORDINATOR_GRPC_PORT: u16 = 7070;
-/// Region `i`'s relay listens on the hub at this port plus `i`.
+/// Region `i`'s relay to node `id` listens on the hub at this port plus `10 * i + id`.
 const RELAY_BASE_PORT: u16 = 7100;
 
 /// The agents' and coordinator's view TTL (the core's default, which the daemons use).
@@ -79,7 +84,7 @@ const HOT_PAUSE: Duration = Duration::from_millis(20);
 const COOL_PAUSE: Duration = Duration::from_millis(250);
 /// How often the test reads the cut region's keys while it is cut off.
 const POLICY_EVERY: Duration = Duration::from_millis(500);
-/// How often the test reads the coordinator's bound.
+/// How often the test reads the leader's bound.
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,16 +127,23 @@ struct BoundSeen {
     samples: u32,
 }
 
-/// What the coordinator's status showed: bounds per (key, window), round trips per region.
+/// What the leader's status showed: bounds per (key, window), round trips per region, and
+/// the nodes seen leading.
 #[derive(Default)]
 struct Watched {
     bounds: BTreeMap<(String, u64), BoundSeen>,
     round_trips_ms: BTreeMap<String, Vec<u64>>,
+    leaders: Vec<u64>,
 }
 
 fn unix_ms() -> u64 {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
     since.as_millis() as u64
+}
+
+/// Coordinator node `id`'s host octet.
+fn node_octet(id: u64) -> u8 {
+    u8::try_from(id).expect("a small node id")
 }
 
 /// The window a decision was for: its end is a multiple of the window length, `reset_after_ms`
@@ -213,12 +225,22 @@ async fn drive(
     }
 }
 
-/// Reads the coordinator's status every `STATUS_EVERY` until `stop`: the bound per window of
-/// each limit, and each region's round trip.
-fn watch_coordinator(http: String, stop: Arc<AtomicBool>, watched: Arc<Mutex<Watched>>) {
+/// Reads the nodes' status every `STATUS_EVERY` until `stop`, and from the one leading the
+/// bound per window of each limit and each region's round trip.
+fn watch_coordinator(
+    http: Vec<(u64, String)>,
+    stop: Arc<AtomicBool>,
+    watched: Arc<Mutex<Watched>>,
+) {
     while !stop.load(Ordering::Relaxed) {
-        let status = get_json(&http, "/v1/status");
+        let Some((id, status)) = leader_status(&http) else {
+            std::thread::sleep(STATUS_EVERY);
+            continue;
+        };
         let mut w = watched.lock().expect("watched");
+        if w.leaders.last() != Some(&id) {
+            w.leaders.push(id);
+        }
         for l in status["limits"].as_array().into_iter().flatten() {
             let bound = &l["bound"];
             let (Some(key), Some(window)) = (
@@ -247,6 +269,14 @@ fn watch_coordinator(http: String, stop: Arc<AtomicBool>, watched: Arc<Mutex<Wat
         drop(w);
         std::thread::sleep(STATUS_EVERY);
     }
+}
+
+/// The node that says it leads, with its status.
+fn leader_status(http: &[(u64, String)]) -> Option<(u64, Value)> {
+    http.iter().find_map(|(id, addr)| {
+        let status = get_json(addr, "/v1/status");
+        (status["state"] == "leader").then_some((*id, status))
+    })
 }
 
 fn sync_of(agent: &Process) -> Value {
@@ -283,7 +313,13 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
     let dir = support::scratch("partition_netns", "cut_and_heal", Some(LIMITS));
     // Declared first, so dropped last: the daemons are killed before their namespaces go.
     let mut lab = Lab::new("allot-pn", [10, 77, 0]).expect("the lab");
-    let coord_host = lab.add_host("coord", COORDINATOR_OCTET).expect("host");
+    let node_hosts: Vec<Host> = NODE_IDS
+        .iter()
+        .map(|id| {
+            lab.add_host(&format!("n{id}"), node_octet(*id))
+                .expect("host")
+        })
+        .collect();
     let hosts: Vec<Host> = REGIONS
         .iter()
         .map(|(name, octet, _)| lab.add_host(name, *octet).expect("host"))
@@ -291,64 +327,110 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
 
     // Nothing of the lab is reachable from the root namespace, and no lab namespace routes
     // beyond the subnet.
-    let coordinator_grpc = SocketAddr::from((lab.addr(COORDINATOR_OCTET), COORDINATOR_GRPC_PORT));
+    let node_grpc = |id: u64| SocketAddr::from((lab.addr(node_octet(id)), COORDINATOR_GRPC_PORT));
     let route = netns::ip(&["route", "show", "exact", "10.77.0.0/24"]).expect("ip route");
     assert!(route.starts_with("blackhole"), "{route}");
-    for host in hosts.iter().chain([&coord_host]) {
+    for host in hosts.iter().chain(&node_hosts) {
         let default = netns::ip(&["-n", &host.ns, "route", "show", "default"]).expect("ip");
         assert!(default.trim().is_empty(), "{}: {default}", host.ns);
     }
 
-    let mut cmd = netns::command(&coord_host.ns, env!("CARGO_BIN_EXE_allot"));
-    cmd.arg("coordinator")
-        .args([
-            "--grpc",
-            &coordinator_grpc.to_string(),
-            "--http",
-            "127.0.0.1:0",
-        ])
-        .arg("--data")
-        .arg(dir.join("node-1"))
-        .arg("--limits")
-        .arg(dir.join("limits.yaml"));
-    let (coordinator, _coordinator_fwd) = start_in(&coord_host, cmd, "coordinator").await;
-    assert!(
-        std::net::TcpStream::connect_timeout(&coordinator_grpc, Duration::from_secs(1)).is_err(),
-        "the lab is reachable from the root namespace"
-    );
+    let peers: Vec<String> = NODE_IDS
+        .iter()
+        .map(|id| format!("{id}={}", node_grpc(*id)))
+        .collect();
+    let mut nodes = Vec::new();
+    for (id, host) in NODE_IDS.iter().zip(&node_hosts) {
+        let mut cmd = netns::command(&host.ns, env!("CARGO_BIN_EXE_allot"));
+        cmd.arg("coordinator")
+            .args(["--id", &id.to_string(), "--peers", &peers.join(",")])
+            .args([
+                "--grpc",
+                &node_grpc(*id).to_string(),
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .arg("--data")
+            .arg(dir.join(format!("node-{id}")))
+            .arg("--limits")
+            .arg(dir.join("limits.yaml"));
+        nodes.push(start_in(host, cmd, "coordinator").await);
+    }
+    for id in NODE_IDS {
+        assert!(
+            std::net::TcpStream::connect_timeout(&node_grpc(id), Duration::from_secs(1)).is_err(),
+            "the lab is reachable from the root namespace"
+        );
+    }
+    let nodes_http: Vec<(u64, String)> = NODE_IDS
+        .iter()
+        .zip(&nodes)
+        .map(|(id, (p, _))| (*id, p.http.clone()))
+        .collect();
+    let (leader, _) = eventually(
+        "a coordinator node leads",
+        || leader_status(&nodes_http),
+        Option::is_some,
+    )
+    .await
+    .expect("checked");
 
     let mut relays = Vec::new();
     let mut agents = BTreeMap::new();
     let mut forwarders = Vec::new();
+    // Per region, its relay's address to each node.
+    let mut relay_to: BTreeMap<&str, BTreeMap<u64, SocketAddr>> = BTreeMap::new();
+    // Each agent's list names the leader last, so that it asks a follower first and is
+    // redirected.
+    let mut asked = NODE_IDS;
+    asked.sort_by_key(|id| *id == leader);
     for (i, ((region, _, one_way_ms), host)) in REGIONS.iter().zip(&hosts).enumerate() {
-        let port = RELAY_BASE_PORT + i as u16;
-        let relay_addr = SocketAddr::from((lab.addr(netns::HUB_OCTET), port));
-        relays.push(
-            Relay::start(
-                Endpoint {
-                    ns: Some(lab.hub().to_owned()),
-                    addr: relay_addr,
-                },
-                Endpoint {
-                    ns: Some(lab.hub().to_owned()),
-                    addr: coordinator_grpc,
-                },
-                Duration::from_millis(*one_way_ms),
-            )
-            .await
-            .expect("a relay"),
-        );
+        let mut entries = Vec::new();
+        for id in asked {
+            let port = RELAY_BASE_PORT + 10 * i as u16 + id as u16;
+            let relay_addr = SocketAddr::from((lab.addr(netns::HUB_OCTET), port));
+            relays.push(
+                Relay::start(
+                    Endpoint {
+                        ns: Some(lab.hub().to_owned()),
+                        addr: relay_addr,
+                    },
+                    Endpoint {
+                        ns: Some(lab.hub().to_owned()),
+                        addr: node_grpc(id),
+                    },
+                    Duration::from_millis(*one_way_ms),
+                )
+                .await
+                .expect("a relay"),
+            );
+            entries.push(format!("{id}={relay_addr}"));
+            relay_to.entry(region).or_default().insert(id, relay_addr);
+        }
         let mut cmd = netns::command(&host.ns, env!("CARGO_BIN_EXE_allot"));
-        agent_args(&mut cmd, &dir, region, Some(&relay_addr.to_string()));
+        agent_args(&mut cmd, &dir, region, Some(&entries.join(",")));
         let (agent, fwd) = start_in(host, cmd, "agent").await;
         forwarders.push(fwd);
         agents.insert(*region, agent);
     }
-    for agent in agents.values() {
+    // Each agent syncs with the leader through its own relay to it: a follower's redirect
+    // named the leader's raft address, which it did not take.
+    let through_relay = |region: &str, s: &Value| {
+        let leader = leader_status(&nodes_http).map(|(id, _)| id);
+        let relay = leader
+            .and_then(|id| relay_to[region].get(&id))
+            .map(ToString::to_string);
+        relay.is_some() && s["leader"].as_str() == relay.as_deref()
+    };
+    for (region, agent) in &agents {
         eventually(
-            "the agent syncs through its relay",
+            "the agent syncs with the leader through its relay",
             || sync_of(agent),
-            |s| s["connected"] == true && s["partition_state"] == "connected",
+            |s| {
+                s["connected"] == true
+                    && s["partition_state"] == "connected"
+                    && through_relay(region, s)
+            },
         )
         .await;
     }
@@ -358,7 +440,7 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
     let watched = Arc::new(Mutex::new(Watched::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (http, stop, watched) = (coordinator.http.clone(), stop.clone(), watched.clone());
+        let (http, stop, watched) = (nodes_http.clone(), stop.clone(), watched.clone());
         std::thread::spawn(move || watch_coordinator(http, stop, watched))
     };
     let (phase_tx, phase_rx) = tokio::sync::watch::channel(Phase::Warm);
@@ -462,9 +544,13 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
     let healed_at = Instant::now();
     phase_tx.send_replace(Phase::Healed);
     eventually(
-        "the healed region reconnects with a fresh view",
+        "the healed region reconnects to the leader through its relay with a fresh view",
         || sync_of(c),
-        |s| s["connected"] == true && s["partition_state"] == "connected",
+        |s| {
+            s["connected"] == true
+                && s["partition_state"] == "connected"
+                && through_relay(CUT_REGION, s)
+        },
     )
     .await;
     let fresh_after = healed_at.elapsed();
@@ -493,6 +579,10 @@ async fn a_region_cut_off_past_its_view_ttl_keeps_every_window_within_its_bound_
         fresh_after,
         converged_after,
     };
+    eprintln!(
+        "leader at the start: node {leader}; nodes seen leading: {:?}",
+        watched.leaders
+    );
     report(&watched, &ledger, &times);
     check_windows(&watched, &ledger);
     // The closed policy was in force in c while cut off: it denied for that reason. (Before

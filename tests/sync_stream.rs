@@ -15,7 +15,9 @@ use std::process::{Child, ChildStderr, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use allot_coordinator::sync_service::{MemoryCoordinator, RedirectTo, SyncHandler, SyncService};
+use allot_coordinator::sync_service::{
+    LeaderHint, MemoryCoordinator, RedirectTo, SyncHandler, SyncService,
+};
 use allot_core::config::{LimitsConfig, LoadOptions, SourceFile};
 use allot_core::ids::RegionId;
 use allot_core::rebalance::CoordinatorConfig;
@@ -409,13 +411,39 @@ async fn two_regions_share_quota_through_the_test_server_and_survive_its_outage(
 async fn an_agent_follows_a_followers_redirect_to_the_leader() {
     let dir = scratch("redirect");
     let leader = Server::memory(memory_coordinator(), "127.0.0.1:0");
-    let follower = Server::handler(RedirectTo(Some(leader.address())));
+    let follower = Server::handler(RedirectTo(Some(LeaderHint {
+        node_id: 1,
+        address: leader.address(),
+    })));
     let nobody = Server::handler(RedirectTo(None));
     // The first node knows no leader, the second names it.
     let a = Agent::start(
         &dir,
         "a",
         &format!("{},{}", nobody.address(), follower.address()),
+    );
+    let s = eventually("connected to the leader", || a.status(), |s| sync_of(s).0).await;
+    assert_eq!(s["sync"]["leader"], leader.address().as_str(), "{s}");
+    assert!(s["sync"]["reconnects"].as_u64() >= Some(1), "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_redirected_to_a_node_it_has_its_own_address_for_goes_there() {
+    let dir = scratch("redirect_mapped");
+    // The leader as this agent reaches it (through a proxy, say), and another coordinator at
+    // the address the membership names: an agent that followed the named address would sync
+    // with it and stay there.
+    let leader = Server::memory(memory_coordinator(), "127.0.0.1:0");
+    let named = Server::memory(memory_coordinator(), "127.0.0.1:0");
+    let follower = Server::handler(RedirectTo(Some(LeaderHint {
+        node_id: 2,
+        address: named.address(),
+    })));
+    // The follower is tried first.
+    let a = Agent::start(
+        &dir,
+        "a",
+        &format!("1={},2={}", follower.address(), leader.address()),
     );
     let s = eventually("connected to the leader", || a.status(), |s| sync_of(s).0).await;
     assert_eq!(s["sync"]["leader"], leader.address().as_str(), "{s}");

@@ -2,7 +2,9 @@
 //!
 //! The timer task never waits on the network. `send` puts the SyncUp in a small queue and
 //! returns; a background task owns the connection: it connects to one of the configured
-//! addresses (or to the leader a follower named), writes queued SyncUps, reads answers and
+//! addresses (or to the leader a follower named: through this agent's own address for that
+//! node when `--coordinator` gives one, [`crate::coordinators`]), writes queued SyncUps, reads
+//! answers and
 //! hands SyncDowns to `recv`. When the stream fails it reconnects after a capped exponential
 //! backoff with full jitter, cycling through the addresses. Meanwhile the budget machine's
 //! view ages as it would with no answers at all: once it expires, each limit's partition
@@ -23,7 +25,8 @@ use allot_core::sync::{SyncDown, SyncUp};
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_client::SyncClient;
 use allot_proto::sync_convert::{
-    LEADER_METADATA_KEY, MAX_SYNC_MESSAGE_BYTES, sync_down_from_wire, sync_up_to_wire,
+    LEADER_ID_METADATA_KEY, LEADER_METADATA_KEY, MAX_SYNC_MESSAGE_BYTES, sync_down_from_wire,
+    sync_up_to_wire,
 };
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -33,6 +36,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
+use crate::coordinators::{Coordinators, LeaderHint};
 use crate::error::Result;
 use crate::metrics;
 use crate::sync_link::SyncLink;
@@ -204,15 +208,15 @@ pub struct GrpcSyncLink {
 }
 
 impl GrpcSyncLink {
-    /// Starts the connection task over `addresses` (`host:port`, at least one); its state is
-    /// published in `status`.
-    pub fn start(addresses: Vec<String>, status: Arc<LinkStatus>, seed: u64) -> Self {
+    /// Starts the connection task over `coordinators` (at least one); its state is published
+    /// in `status`.
+    pub fn start(coordinators: Coordinators, status: Arc<LinkStatus>, seed: u64) -> Self {
         metrics::sync_link_connected(false);
         metrics::sync_link_age(f64::INFINITY);
         let outbox = Arc::new(Outbox::default());
         let (tx, inbox) = mpsc::channel(SYNC_DOWN_QUEUE);
         let conn = Connection {
-            addresses,
+            coordinators,
             outbox: outbox.clone(),
             inbox: tx,
             status: status.clone(),
@@ -259,12 +263,12 @@ impl SyncLink for GrpcSyncLink {
 /// How a session with one node ended.
 enum Ended {
     /// The node does not lead; it named the leader, or knows none.
-    Redirect(Option<String>),
+    Redirect(Option<LeaderHint>),
     Failed(String),
 }
 
 struct Connection {
-    addresses: Vec<String>,
+    coordinators: Coordinators,
     outbox: Arc<Outbox>,
     inbox: mpsc::Sender<SyncDown>,
     status: Arc<LinkStatus>,
@@ -273,7 +277,8 @@ struct Connection {
 
 impl Connection {
     async fn run(mut self) {
-        if self.addresses.is_empty() {
+        let addresses = self.coordinators.addresses().to_vec();
+        if addresses.is_empty() {
             tracing::error!("sync link started with no coordinator address: nothing to connect to");
             return;
         }
@@ -283,7 +288,7 @@ impl Connection {
         let mut hops = 0u32;
         loop {
             let address = hint.take().unwrap_or_else(|| {
-                let a = self.addresses[next % self.addresses.len()].clone();
+                let a = addresses[next % addresses.len()].clone();
                 next = next.wrapping_add(1);
                 a
             });
@@ -295,8 +300,15 @@ impl Connection {
             }
             let why = match ended {
                 Ended::Redirect(Some(leader)) => {
-                    tracing::info!(from = %address, to = %leader, "following the leader");
-                    hint = Some(leader);
+                    let to = self.coordinators.redirect(&leader);
+                    tracing::info!(
+                        from = %address,
+                        named = %leader.address,
+                        node = ?leader.node_id,
+                        %to,
+                        "following the leader"
+                    );
+                    hint = Some(to);
                     hops += 1;
                     format!("{address} is not the leader")
                 }
@@ -383,7 +395,12 @@ impl Connection {
             let down = match answer.answer {
                 Some(pb::sync_answer::Answer::SyncDown(d)) => d,
                 Some(pb::sync_answer::Answer::NotLeader(n)) => {
-                    let leader = Some(n.leader_address).filter(|a| !a.is_empty());
+                    let leader = Some(n.leader_address)
+                        .filter(|a| !a.is_empty())
+                        .map(|address| LeaderHint {
+                            node_id: n.leader_node_id,
+                            address,
+                        });
                     return (Ended::Redirect(leader), answered);
                 }
                 None => {
@@ -442,13 +459,19 @@ async fn connect(
 
 /// A status ending the stream; a refusal naming the leader is a redirect.
 fn refused(status: &tonic::Status) -> Ended {
-    let leader = status
-        .metadata()
-        .get(LEADER_METADATA_KEY)
-        .and_then(|v| v.to_str().ok())
-        .filter(|a| !a.is_empty());
+    let meta = |key| {
+        status
+            .metadata()
+            .get(key)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+    };
+    let leader = meta(LEADER_METADATA_KEY);
     match leader {
-        Some(l) => Ended::Redirect(Some(l.to_owned())),
+        Some(l) => Ended::Redirect(Some(LeaderHint {
+            node_id: meta(LEADER_ID_METADATA_KEY).and_then(|id| id.parse().ok()),
+            address: l.to_owned(),
+        })),
         None => Ended::Failed(format!(
             "stream refused: {:?}: {}",
             status.code(),

@@ -13,7 +13,8 @@
 //!   service (streamed usage reports, token bucket assignments backed by leases).
 //! - [`admin`]: HTTP metrics, health, readiness, key view; [`metrics`]: names and handles.
 //! - [`driver`]: timers, checkpoints, config reloads; [`sync_link`]: the coordinator seam;
-//!   [`grpc_link`]: its real implementation, the sync stream to the coordinator's leader.
+//!   [`grpc_link`]: its real implementation, the sync stream to the coordinator's leader;
+//!   [`coordinators`]: the `--coordinator` list and where a redirect goes.
 //! - [`limits`]: the configuration in force; [`negative`]: the over-limit cache.
 //! - [`clock`]: the one clock read; [`logging`]: tracing setup; [`error`]: the error type.
 
@@ -22,6 +23,7 @@ pub mod clock;
 pub mod cluster_config;
 pub mod commit;
 pub mod convert;
+pub mod coordinators;
 pub mod driver;
 pub mod error;
 pub mod grpc_link;

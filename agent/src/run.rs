@@ -14,6 +14,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin;
+use crate::coordinators::Coordinators;
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::grpc_link::{GrpcSyncLink, LinkStatus};
@@ -55,8 +56,10 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let link = Arc::new(LinkStatus::default());
     let timers = if agent.settings().is_coordinated() {
-        let coordinators = agent.settings().coordinators.clone();
-        tracing::info!(?coordinators, "syncing with the coordinator cluster");
+        let entries = &agent.settings().coordinators;
+        tracing::info!(coordinators = ?entries, "syncing with the coordinator cluster");
+        let coordinators =
+            Coordinators::parse(entries).map_err(|p| Error::Settings(p.join("; ")))?;
         let seed = agent.settings().jitter_seed.unwrap_or_else(|| {
             agent.now().as_unix_nanos() ^ u64::from(std::process::id()).rotate_left(32)
         });

@@ -8,6 +8,7 @@ use allot_core::budget::BudgetConfig;
 use allot_core::ids::RegionId;
 
 use crate::clock::Clock;
+use crate::coordinators::Coordinators;
 use crate::error::{Error, Result};
 use crate::store::Durability;
 
@@ -43,9 +44,11 @@ pub const MAX_TIMER_SLEEP: Duration = Duration::from_secs(1);
 pub struct Settings {
     /// This region's name.
     pub region: RegionId,
-    /// Coordinator addresses (`host:port`). None: single region, this agent owns every quota.
-    /// Some: the agent syncs with the cluster's leader through one of them, as one of the
-    /// regions the limits configuration names.
+    /// Coordinator addresses: `host:port`, or `ID=host:port` for an address of this agent's
+    /// own for node `ID` (a proxy, a NAT, a relay), which redirects to that node then take
+    /// ([`crate::coordinators`]). None: single region, this agent owns every quota. Some: the
+    /// agent syncs with the cluster's leader through one of them, as one of the regions the
+    /// limits configuration names.
     pub coordinators: Vec<String>,
     /// Limits files; none means the embedded default.
     pub config_files: Vec<PathBuf>,
@@ -116,10 +119,8 @@ impl Settings {
         if self.region.as_str().is_empty() {
             problems.push("the region name is empty".to_owned());
         }
-        for c in &self.coordinators {
-            if let Err(p) = check_address(c) {
-                problems.push(format!("coordinator '{c}': {p}"));
-            }
+        if let Err(mut p) = Coordinators::parse(&self.coordinators) {
+            problems.append(&mut p);
         }
         if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
             problems.push(format!(

@@ -26,6 +26,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::types::NodeId;
+
 /// Answers buffered per stream; past it the stream's task waits for the agent to read (only
 /// that agent's stream waits).
 pub const ANSWER_QUEUE: usize = 4;
@@ -39,13 +41,22 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Answer {
     /// The leader's answer for the region.
     Down(SyncDown),
-    /// This node does not lead; the leader's address when known.
-    NotLeader(Option<String>),
+    /// This node does not lead; where the agent goes next when this node knows.
+    NotLeader(Option<LeaderHint>),
     /// The SyncUp is refused (unknown region...): the stream ends with this message.
     Refused(String),
     /// No answer to this SyncUp (the leader is busy or just starting): the stream goes on.
     /// SyncUps are cumulative, so the agent's next one carries everything again.
     Unanswered,
+}
+
+/// Where a node that does not lead sends an agent: a node's raft id and its address as the
+/// membership gives it (the leader's, or a member's that knows the leader). The id lets an
+/// agent that reaches that node through an address of its own go there instead (D35).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderHint {
+    pub node_id: NodeId,
+    pub address: String,
 }
 
 /// Takes a SyncUp with the time it was received, gives the answer for its region.
@@ -125,8 +136,12 @@ async fn serve_stream<H: SyncHandler>(
                 answer: Some(pb::sync_answer::Answer::SyncDown(sync_down_to_wire(down))),
             }),
             Answer::NotLeader(leader) => Ok(pb::SyncAnswer {
-                answer: Some(pb::sync_answer::Answer::NotLeader(pb::NotLeader {
-                    leader_address: leader.unwrap_or_default(),
+                answer: Some(pb::sync_answer::Answer::NotLeader(match leader {
+                    Some(l) => pb::NotLeader {
+                        leader_address: l.address,
+                        leader_node_id: Some(l.node_id),
+                    },
+                    None => pb::NotLeader::default(),
                 })),
             }),
             Answer::Refused(msg) => Err(Status::failed_precondition(msg)),
@@ -149,7 +164,7 @@ pub fn system_now() -> Timestamp {
 
 /// Answers every SyncUp by naming another node as the leader: a follower, as the agent sees it.
 #[derive(Clone, Debug)]
-pub struct RedirectTo(pub Option<String>);
+pub struct RedirectTo(pub Option<LeaderHint>);
 
 impl SyncHandler for RedirectTo {
     async fn handle(&self, _received_at: Timestamp, _up: SyncUp) -> Answer {

@@ -303,10 +303,12 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
         let (line, body) = http_put(nodes[&follower].http_addr(), &config_put(5));
         assert_eq!(state(&nodes[&follower]).table().config_version(), 1);
         let named = match &redirect {
-            Ok(pb::sync_answer::Answer::NotLeader(n)) => Some(n.leader_address.clone()),
+            Ok(pb::sync_answer::Answer::NotLeader(n)) => {
+                Some((n.leader_address.clone(), n.leader_node_id))
+            }
             _ => None,
         };
-        if named.as_deref() == Some(peers[&first].as_str())
+        if named == Some((peers[&first].clone(), Some(first)))
             && line.contains("421")
             && body.contains(&peers[&first])
         {

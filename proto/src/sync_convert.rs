@@ -26,6 +26,9 @@ pub const MAX_SYNC_MESSAGE_BYTES: usize = 16 << 20;
 /// Metadata key of a status refusing a stream that names the leader (`host:port`), for a node
 /// that refuses the stream outright rather than answering `NotLeader` on it.
 pub const LEADER_METADATA_KEY: &str = "allot-leader";
+/// Metadata key of the same status naming the leader's raft id (decimal), as `NotLeader`'s
+/// `leader_node_id` does: an agent with an address of its own for that node goes there.
+pub const LEADER_ID_METADATA_KEY: &str = "allot-leader-id";
 
 const NANOS_PER_SEC: u32 = 1_000_000_000;
 

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::daemon::admin::Admin;
+use crate::sync_service::LeaderHint;
 use crate::types::{NodeId, TypeConfig};
 
 /// Longest an added node may take to catch up to the entry that added it before the call
@@ -92,17 +93,23 @@ pub fn known_leader(m: &Metrics) -> Option<NodeId> {
 /// does not vote (removed, or a learner) and knows no leader names a voter of the last
 /// membership it holds, which sends the caller on to the leader.
 pub fn redirect_address(m: &Metrics) -> Option<String> {
+    redirect_target(m).map(|t| t.address)
+}
+
+/// [`redirect_address`] with the raft id of the node it names.
+pub fn redirect_target(m: &Metrics) -> Option<LeaderHint> {
     let membership = m.membership_config.membership();
-    if let Some(leader) = known_leader(m) {
-        return membership.get_node(&leader).map(|n| n.addr.clone());
-    }
-    if role_of(membership, m.id) == Role::Voter {
+    let target = if let Some(leader) = known_leader(m) {
+        leader
+    } else if role_of(membership, m.id) == Role::Voter {
         return None;
-    }
-    membership
-        .voter_ids()
-        .find(|v| *v != m.id)
-        .and_then(|v| membership.get_node(&v).map(|n| n.addr.clone()))
+    } else {
+        membership.voter_ids().find(|v| *v != m.id)?
+    };
+    membership.get_node(&target).map(|n| LeaderHint {
+        node_id: target,
+        address: n.addr.clone(),
+    })
 }
 
 fn error(status: StatusCode, msg: impl Into<String>) -> Reply {

@@ -87,7 +87,7 @@ impl RaftSyncHandler {
             return Answer::Unanswered;
         }
         metrics::counter!(m::NOT_LEADER_ANSWERS).increment(1);
-        Answer::NotLeader(cluster::redirect_address(&m))
+        Answer::NotLeader(cluster::redirect_target(&m))
     }
 }
 
