@@ -198,8 +198,8 @@ async fn a_node_refuses_another_clusters_messages_and_garbage() {
 }
 
 /// Every node stops and starts again from its directory (nothing is written at shutdown, so
-/// this is what a kill leaves): the votes come back (the term never goes back; openraft lets a
-/// leader whose committed vote it finds lead again in its term), and the state is back whole
+/// this is what a kill leaves): the votes come back (the term never goes back; a leader that
+/// finds its own committed vote stands for a new term, D36), and the state is back whole
 /// before the next entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_restarts_from_disk_with_its_state() {
