@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_proto::raft::v1::raft_service_server::RaftServiceServer;
-use openraft::{Config, Raft};
+use openraft::storage::RaftLogStorage;
+use openraft::{Config, Raft, Vote};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -42,6 +43,36 @@ pub struct RaftNode {
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
 
+/// A node that finds its own committed vote in its directory keeps the vote but not the
+/// leadership: the vote is stored again uncommitted, so the node stands for a new term like
+/// any other instead of leading again in the stored one (what openraft does with a committed
+/// vote for itself, at once, with no election and no entry of its own). A directory that went
+/// back in time (a restored copy) holds an old committed vote with an old log: leading again in
+/// that term, the node wrote entries under log ids the others already hold for other entries,
+/// which they took as the same ones and committed, each node then applying its own (D36).
+/// Standing in a new term, it must win an election, which a log behind the others' cannot.
+async fn stand_down_from_a_stored_leadership(log: &mut store::LogStore, id: NodeId) -> Result<()> {
+    let stored = log
+        .read_vote()
+        .await
+        .map_err(|e| Error::Raft(format!("read the stored vote: {e}")))?;
+    let Some(vote) = stored else {
+        return Ok(());
+    };
+    if !vote.is_committed() || vote.leader_id().voted_for() != Some(id) {
+        return Ok(());
+    }
+    let uncommitted = Vote::new(vote.leader_id().term, id);
+    log.save_vote(&uncommitted)
+        .await
+        .map_err(|e| Error::Raft(format!("store the vote uncommitted: {e}")))?;
+    tracing::info!(
+        term = vote.leader_id().term,
+        "led before the restart: stands for a new term"
+    );
+    Ok(())
+}
+
 impl RaftNode {
     /// Opens the storage in `settings.data_dir` (recovering what a previous run left), starts
     /// raft and serves it on `listener`.
@@ -56,7 +87,8 @@ impl RaftNode {
         listener: TcpListener,
         extra: impl FnOnce(&Raft<TypeConfig>, &StateReader) -> Routes,
     ) -> Result<RaftNode> {
-        let (log_store, state_machine) = store::open(&settings.data_dir)?;
+        let (mut log_store, state_machine) = store::open(&settings.data_dir)?;
+        stand_down_from_a_stored_leadership(&mut log_store, settings.id).await?;
         let state = state_machine.reader();
         let cluster = settings.raft.cluster_name.clone();
         let network = GrpcNetwork::new(settings.id, cluster.clone());

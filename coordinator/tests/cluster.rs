@@ -198,8 +198,8 @@ async fn a_node_refuses_another_clusters_messages_and_garbage() {
 }
 
 /// Every node stops and starts again from its directory (nothing is written at shutdown, so
-/// this is what a kill leaves): the votes come back (the term never goes back; openraft lets a
-/// leader whose committed vote it finds lead again in its term), and the state is back whole
+/// this is what a kill leaves): the votes come back (the term never goes back; a leader that
+/// finds its own committed vote stands for a new term, D36), and the state is back whole
 /// before the next entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_restarts_from_disk_with_its_state() {
@@ -251,6 +251,109 @@ async fn the_whole_cluster_restarts_from_disk_with_its_state() {
     }
     let (outcome, _) = commit(&nodes[&leader], add_region("ap")).await;
     assert_eq!(outcome.configured_version(), Some(6));
+    for (_, node) in nodes {
+        node.shutdown().await.expect("node stops");
+    }
+}
+
+/// Copies a stopped node's directory (`cp -a`: the sled files as it left them).
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("cp runs");
+    assert!(out.status.success(), "cp: {out:?}");
+}
+
+/// Stops every node, then starts each again from its directory at its old address.
+async fn restart_all(
+    nodes: &mut BTreeMap<NodeId, RaftNode>,
+    members: &BTreeMap<NodeId, BasicNode>,
+    dir: &Path,
+    before_start: impl FnOnce(),
+) {
+    for (_, node) in std::mem::take(nodes) {
+        node.shutdown().await.expect("node stops");
+    }
+    before_start();
+    for (id, member) in members {
+        let listener = TcpListener::bind(&member.addr).await.expect("rebind");
+        nodes.insert(*id, start(*id, dir, listener).await);
+    }
+}
+
+/// The leader's directory goes back to a copy taken before later entries committed, and the
+/// whole cluster restarts: every node must end with the same state, holding every entry that
+/// committed. Before a node stood down from the leadership it found stored (D36), the old copy
+/// (a committed vote for itself, in the term the others still held) led again in that term at
+/// once and wrote new entries under log ids the others held for the later entries: they took
+/// them for the same, the leader committed them, and each node applied its own entry at the
+/// same index (the others kept `us` and `ap`, the old copy had `sa` in their place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_from_an_old_copy_of_its_directory_does_not_fork_the_log() {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut members = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr: SocketAddr = listener.local_addr().expect("address");
+        members.insert(id, BasicNode::new(addr.to_string()));
+        nodes.insert(id, start(id, dir.path(), listener).await);
+    }
+    nodes[&1]
+        .raft
+        .initialize(members.clone())
+        .await
+        .expect("cluster initialised");
+    let leader = leader_among(&nodes, None).await;
+    let (_, index) = commit(&nodes[&leader], add_region("eu")).await;
+    for node in nodes.values() {
+        applied_state(node, index).await;
+    }
+    let leader_dir = dir.path().join(format!("node-{leader}"));
+    let old_copy = dir.path().join("old-copy");
+    restart_all(&mut nodes, &members, dir.path(), || {
+        copy_dir(&leader_dir, &old_copy)
+    })
+    .await;
+
+    // Later entries commit, through whichever node leads now.
+    let now = leader_among(&nodes, None).await;
+    commit(&nodes[&now], add_region("us")).await;
+    let (_, index) = commit(&nodes[&now], add_region("ap")).await;
+    for node in nodes.values() {
+        applied_state(node, index).await;
+    }
+
+    // The first leader comes back from its old copy, the others from their directories.
+    restart_all(&mut nodes, &members, dir.path(), || {
+        std::fs::remove_dir_all(&leader_dir).expect("remove");
+        copy_dir(&old_copy, &leader_dir);
+    })
+    .await;
+    let now = leader_among(&nodes, None).await;
+    let (_, index) = commit(&nodes[&now], add_region("sa")).await;
+    let states: BTreeMap<NodeId, ClusterState> = {
+        let mut states = BTreeMap::new();
+        for (id, node) in &nodes {
+            states.insert(*id, applied_state(node, index).await);
+        }
+        states
+    };
+    let regions = |s: &ClusterState| -> Vec<String> {
+        s.regions().keys().map(|r| r.as_str().to_owned()).collect()
+    };
+    for (id, state) in &states {
+        assert_eq!(
+            regions(state),
+            ["ap", "eu", "sa", "us"],
+            "node {id} (node {leader} restarted from its old copy, node {now} led)"
+        );
+        assert_eq!(state, &states[&now], "node {id} differs from the leader's");
+    }
     for (_, node) in nodes {
         node.shutdown().await.expect("node stops");
     }

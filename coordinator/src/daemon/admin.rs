@@ -117,10 +117,12 @@ struct Status {
     leader_address: Option<String>,
     members: Vec<Member>,
     last_log_index: Option<u64>,
+    /// The index the state below (`config_version`, `regions`, `counters`' rows) was read at,
+    /// under the same lock: two reads at one index show the same rows.
     last_applied_index: Option<u64>,
     config_version: u64,
     regions: Vec<RegionStatus>,
-    /// Rows of the committed table per escalated counter (the first `MAX_STATUS_COUNTERS`),
+    /// Rows of the applied table per escalated counter (the first `MAX_STATUS_COUNTERS`),
     /// with each region's use on the leader.
     counters: Vec<CounterStatus>,
     /// The live bound per limit; on the leader only (followers name the leader instead).
@@ -139,7 +141,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
             .map(|r| (r.region.clone(), r))
             .collect();
         s.limits = Some(l.limits);
-        s.counters = l.counters;
+        add_used(&mut s.counters, &l.counters);
         s.limits_left_out = l.limits_left_out;
     }
     let now_ms = system_now().as_unix_millis();
@@ -171,7 +173,7 @@ fn raft_status(admin: &Admin) -> Status {
         .collect();
     let leader = cluster::known_leader(&m);
     let leader_address = leader.and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
-    let (config_version, regions, counters) = admin.state.read(|a| {
+    let (applied, config_version, regions, counters) = admin.state.read(|a| {
         let regions = a
             .state
             .regions()
@@ -184,7 +186,8 @@ fn raft_status(admin: &Admin) -> Status {
             })
             .collect();
         let counters = counters_status(a.state.table(), |_, _| None);
-        (a.state.table().config_version(), regions, counters)
+        let applied = a.last_applied.map(|l| l.index);
+        (applied, a.state.table().config_version(), regions, counters)
     });
     Status {
         node: m.id,
@@ -195,12 +198,27 @@ fn raft_status(admin: &Admin) -> Status {
         leader_address,
         members,
         last_log_index: m.last_log_index,
-        last_applied_index: m.last_applied.map(|l| l.index),
+        last_applied_index: applied,
         config_version,
         regions,
         counters,
         limits: None,
         limits_left_out: 0,
+    }
+}
+
+/// Adds the use the leader's rebalancer last heard to the applied rows. The rows stay the
+/// applied state's (read with `last_applied_index`), not the rebalancer's copy, which may be a
+/// round behind or ahead of the index read beside it.
+fn add_used(applied: &mut [CounterStatus], leader: &[CounterStatus]) {
+    let used: BTreeMap<_, _> = leader.iter().map(|c| (&c.counter, &c.regions)).collect();
+    for c in applied {
+        let Some(rows) = used.get(&c.counter) else {
+            continue;
+        };
+        for (region, row) in &mut c.regions {
+            row.used_units = rows.get(region).and_then(|r| r.used_units);
+        }
     }
 }
 
