@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crdts::{CmRDT, Dot, VClock};
 
-use crate::ids::RegionId;
-use crate::sync::{ClockGuard, ClockSample, CounterEntry};
+use crate::ids::{Epoch, RegionId};
+use crate::sync::{ClockGuard, ClockSample, CounterEntry, ReleaseAck};
 use crate::time::Timestamp;
 
 /// What the leader knows about one region.
@@ -84,6 +84,23 @@ impl RegionView {
     pub fn silent_for(&self, now: Timestamp) -> Duration {
         now.saturating_duration_since(self.last_heard)
     }
+}
+
+/// What the leader knows about one row of the table (a counter's allowance for one region)
+/// beyond the row itself: soft state, rebuilt from what the region resends.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RowView {
+    /// Epoch of the last grant sent, and when.
+    pub sent: Option<(Epoch, Timestamp)>,
+    /// The region reported an allowance other than the table's: the grant is to be resent.
+    pub resend: bool,
+    /// The region has shown (demand report or release ack) that it enforces at most the row.
+    /// A row below the region's configured default that is not confirmed may be unknown to
+    /// the region, which would then enforce its default: such a row is neither grown nor
+    /// shrunk, and its grant leads every answer, until confirmed.
+    pub confirmed: bool,
+    /// The region's ack of the row's pending release, waiting to be committed.
+    pub ack: Option<ReleaseAck>,
 }
 
 /// A region's latest demand report for one counter.

@@ -27,9 +27,9 @@ impl Coordinator {
         let mut budget = MAX_ITEMS_PER_MESSAGE;
         let (grants, release_requests) = self.grants_and_releases(now, region, &mut budget);
         for g in &grants {
-            let key = (g.counter.clone(), region.clone());
-            self.resend.remove(&key);
-            self.sent.insert(key, (g.epoch, now));
+            let row = self.row_view_mut(&g.counter, region);
+            row.resend = false;
+            row.sent = Some((g.epoch, now));
         }
         let entries = self.entries_for(now, region, budget);
         SyncDown {
@@ -61,7 +61,8 @@ impl Coordinator {
             let Some(row) = rows.get(region) else {
                 continue;
             };
-            let key = (counter.clone(), region.clone());
+            let view = self.rows.get(&(counter.clone(), region.clone()));
+            let sent = view.and_then(|v| v.sent);
             if let Some(p) = &row.pending {
                 releases.push(ReleaseRequest {
                     id: p.id,
@@ -74,7 +75,7 @@ impl Coordinator {
                 // region must release from the row, not from an allowance it held earlier.
                 // It leads the answer, so it is never cut while its release goes.
                 let before = Epoch(p.epoch.0.saturating_sub(1));
-                if before > floor && self.sent.get(&key).is_none_or(|(e, _)| *e < before) {
+                if before > floor && sent.is_none_or(|(e, _)| e < before) {
                     below_default.push(AllowanceGrant {
                         counter: counter.clone(),
                         region: region.clone(),
@@ -84,13 +85,12 @@ impl Coordinator {
                 }
                 continue;
             }
-            let sent = self.sent.get(&key);
-            let unsent = sent.is_none_or(|(e, _)| *e < row.epoch);
+            let unsent = sent.is_none_or(|(e, _)| e < row.epoch);
             // A mismatch reported less than a sync interval after sending is most likely the
             // grant still in flight: resend only once it has had time to arrive.
             let overdue = sent
-                .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= self.cfg.sync_interval);
-            let lost = self.resend.contains(&key) && overdue;
+                .is_none_or(|(_, at)| now.saturating_duration_since(at) >= self.cfg.sync_interval);
+            let lost = view.is_some_and(|v| v.resend) && overdue;
             let must_deliver = self.unconfirmed_below_default(counter, region);
             if row.epoch > floor && (unsent || lost || must_deliver) {
                 let g = AllowanceGrant {

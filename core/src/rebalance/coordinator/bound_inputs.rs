@@ -98,12 +98,7 @@ impl Coordinator {
     /// The region kept its edge band on a corrected clock through all of `window` (docs/bound.md,
     /// skew): its guard began, on our clock, at least its maximum uncertainty plus one window
     /// before the window did (a lease granted before the guard ends within a window).
-    fn guarded_through(
-        &self,
-        limit: &LimitId,
-        window: WindowIndex,
-        view: &RegionView,
-    ) -> bool {
+    fn guarded_through(&self, limit: &LimitId, window: WindowIndex, view: &RegionView) -> bool {
         let (Some(g), Some(w)) = (view.clock_guard, self.finite_window(limit)) else {
             return false;
         };
@@ -200,12 +195,7 @@ impl Coordinator {
 
     /// The window started before this leader first heard the region: what it did from the
     /// window's start until then is unknown here.
-    fn unheard_in(
-        &self,
-        limit: &LimitId,
-        window: WindowIndex,
-        view: &RegionView,
-    ) -> bool {
+    fn unheard_in(&self, limit: &LimitId, window: WindowIndex, view: &RegionView) -> bool {
         let Some(w) = self.finite_window(limit) else {
             return false;
         };

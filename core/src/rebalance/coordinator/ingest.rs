@@ -135,19 +135,18 @@ impl Coordinator {
     /// The region restarted: what was sent to it may be lost with its state, so every grant
     /// goes again (its rows count as unsent) and below-default rows must be confirmed again.
     fn forget_sent(&mut self, region: &RegionId) {
-        self.sent.retain(|(_, r), _| r != region);
-        self.confirmed.retain(|(_, r)| r != region);
-        self.resend.retain(|(_, r)| r != region);
+        for ((_, r), view) in self.rows.iter_mut() {
+            if r == region {
+                view.sent = None;
+                view.confirmed = false;
+                view.resend = false;
+            }
+        }
     }
 
     /// Keep a region's bound figures for a window that is recent on our clock (its own clock
     /// may put the index one window either side), merged by max.
-    fn record_stats(
-        &mut self,
-        now: Timestamp,
-        region: &RegionId,
-        st: &LimitWindowStats,
-    ) {
+    fn record_stats(&mut self, now: Timestamp, region: &RegionId, st: &LimitWindowStats) {
         let Some(window) = self.finite_window(&st.limit) else {
             return;
         };
@@ -185,18 +184,16 @@ impl Coordinator {
             let lost_grant = self.table.row(&d.counter, &msg.region).is_some_and(|row| {
                 row.pending.is_none() && row.allowance_units != d.allowance_units
             });
-            let key = (d.counter.clone(), msg.region.clone());
             let at_most_row = self
                 .table
                 .row(&d.counter, &msg.region)
                 .is_some_and(|row| d.allowance_units <= row.allowance_units);
-            if at_most_row {
-                self.confirmed.insert(key.clone());
-            }
-            if lost_grant {
-                self.resend.insert(key);
-            } else {
-                self.resend.remove(&key);
+            if at_most_row || lost_grant {
+                let view = self.row_view_mut(&d.counter, &msg.region);
+                view.confirmed |= at_most_row;
+                view.resend = lost_grant;
+            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), msg.region.clone())) {
+                view.resend = false;
             }
         }
     }
@@ -208,8 +205,7 @@ impl Coordinator {
             .and_then(|row| row.pending.as_ref());
         // Duplicated or late acks (the release already completed) match nothing and vanish.
         if pending.is_some_and(|p| p.id == ack.id) {
-            self.acks
-                .insert((ack.counter.clone(), region.clone()), ack.clone());
+            self.row_view_mut(&ack.counter, region).ack = Some(ack.clone());
         }
     }
 
@@ -252,7 +248,10 @@ impl Coordinator {
         let ack = match cmd {
             TableCommand::CompleteRelease {
                 counter, region, ..
-            } => self.acks.remove(&(counter.clone(), region.clone())),
+            } => self
+                .rows
+                .get_mut(&(counter.clone(), region.clone()))
+                .and_then(|v| v.ack.take()),
             _ => None,
         };
         let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
@@ -272,10 +271,7 @@ impl Coordinator {
     fn forget_dropped_rows(&mut self) {
         let table = &self.table;
         let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
-        self.sent.retain(|k, _| kept(k));
-        self.resend.retain(kept);
-        self.confirmed.retain(kept);
-        self.acks.retain(|k, _| kept(k));
+        self.rows.retain(|k, _| kept(k));
     }
 
     fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
@@ -287,7 +283,7 @@ impl Coordinator {
         };
         let row_units = self.table.allowance(counter, region);
         if ack.allowance_after_units <= row_units {
-            self.confirmed.insert((counter.clone(), region.clone()));
+            self.row_view_mut(counter, region).confirmed = true;
         }
     }
 }

@@ -19,17 +19,17 @@
 //! rebalancing round), `answer.rs` (SyncDowns out), `bound_inputs.rs` (what the bound reads);
 //! this file holds the state they share and the helpers they all use.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, LimitId, RegionId};
+use crate::ids::{LimitId, RegionId};
 use crate::limit::Quota;
 use crate::rebalance::reload::KeptConfigs;
 use crate::rebalance::table::{AllowanceTable, TableCommand};
-use crate::rebalance::views::{CounterView, RegionView};
-use crate::sync::{BoundFigures, CounterRef, ReleaseAck};
+use crate::rebalance::views::{CounterView, RegionView, RowView};
+use crate::sync::{BoundFigures, CounterRef};
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 
 mod answer;
@@ -130,21 +130,12 @@ pub struct Coordinator {
     leader_term: u64,
     regions: BTreeMap<RegionId, RegionView>,
     counters: BTreeMap<CounterRef, CounterView>,
-    /// Acks whose release is still pending in the table, waiting to be committed.
-    acks: BTreeMap<(CounterRef, RegionId), ReleaseAck>,
-    /// Epoch of the last grant sent per row, and when.
-    sent: BTreeMap<(CounterRef, RegionId), (Epoch, Timestamp)>,
-    /// Rows whose region reported an allowance other than the table's: grant to resend.
-    resend: BTreeSet<(CounterRef, RegionId)>,
+    /// Per row of the table (counter, region): what was sent, confirmed and acked.
+    rows: BTreeMap<(CounterRef, RegionId), RowView>,
     /// Per key, when its proposals were made and how many of them are still uncommitted: a
     /// round's plan for a counter goes out as one batch, and the counter is planned again
     /// only once the whole batch is in.
     in_flight: BTreeMap<ProposalKey, (Timestamp, usize)>,
-    /// Rows whose region has shown (demand report or release ack) that it enforces at most the
-    /// row. A row below the region's configured default that is not confirmed may be unknown to
-    /// the region, which would then enforce its default: such a row is neither grown nor
-    /// shrunk, and its grant leads every answer, until confirmed.
-    confirmed: BTreeSet<(CounterRef, RegionId)>,
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
@@ -180,11 +171,8 @@ impl Coordinator {
             leader_term,
             regions: BTreeMap::new(),
             counters: BTreeMap::new(),
-            acks: BTreeMap::new(),
-            sent: BTreeMap::new(),
-            resend: BTreeSet::new(),
+            rows: BTreeMap::new(),
             in_flight: BTreeMap::new(),
-            confirmed: BTreeSet::new(),
             entry_cursor: BTreeMap::new(),
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
@@ -233,11 +221,21 @@ impl Coordinator {
             .all(|(_, v)| v.config_version.is_none_or(|c| c == current))
     }
 
+    /// The leader's view of a row, made if it has none.
+    fn row_view_mut(&mut self, counter: &CounterRef, region: &RegionId) -> &mut RowView {
+        self.rows
+            .entry((counter.clone(), region.clone()))
+            .or_default()
+    }
+
     /// A row below the region's configured default that the region has not confirmed.
     fn unconfirmed_below_default(&self, counter: &CounterRef, region: &RegionId) -> bool {
         self.table.row(counter, region).is_some_and(|row| {
             row.allowance_units < self.table.configured_default(counter, region)
-                && !self.confirmed.contains(&(counter.clone(), region.clone()))
+                && !self
+                    .rows
+                    .get(&(counter.clone(), region.clone()))
+                    .is_some_and(|v| v.confirmed)
         })
     }
 

@@ -49,7 +49,11 @@ impl Coordinator {
     }
 
     fn propose_completions(&self, out: &mut Vec<TableCommand>) {
-        for ((counter, region), ack) in &self.acks {
+        let acks = self
+            .rows
+            .iter()
+            .filter_map(|(k, v)| v.ack.as_ref().map(|a| (k, a)));
+        for ((counter, region), ack) in acks {
             if self.is_in_flight(&ProposalKey::Counter(counter.clone())) {
                 continue;
             }
@@ -296,10 +300,7 @@ impl Coordinator {
             _ => true,
         };
         self.counters.retain(|c, _| !ended(c));
-        self.sent.retain(|(c, _), _| !ended(c));
-        self.resend.retain(|(c, _)| !ended(c));
-        self.acks.retain(|(c, _), _| !ended(c));
-        self.confirmed.retain(|(c, _)| !ended(c));
+        self.rows.retain(|(c, _), _| !ended(c));
         self.region_stats.retain(|(limit, w), _| {
             forgotten
                 .get(limit)
