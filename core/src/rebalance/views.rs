@@ -124,6 +124,9 @@ pub(crate) struct CounterView {
     /// zeros, and eventual-mode regions must tell "reported zero" from "never reported".
     pub reporters: BTreeSet<RegionId>,
     pub demand: BTreeMap<RegionId, DemandView>,
+    /// How far the regions' reported use moved since the counter was last planned, in units
+    /// (summed over regions): past the replan threshold it is planned again.
+    pub drift_units: u64,
 }
 
 impl CounterView {

@@ -2,6 +2,7 @@
 //! counter entries).
 
 use std::ops::Bound as RangeBound;
+use std::time::Duration;
 
 use crate::ids::{Epoch, RegionId};
 use crate::sync::{
@@ -9,7 +10,7 @@ use crate::sync::{
 };
 use crate::time::Timestamp;
 
-use super::Coordinator;
+use super::{Coordinator, first_live};
 
 impl Coordinator {
     /// The answer to `region`'s SyncUp `reply_to_seq`, from committed state only. Order of
@@ -46,8 +47,10 @@ impl Coordinator {
         }
     }
 
+    /// The grants and release requests `region`'s rows call for, read from the rows that may
+    /// have something to send (`attention`); rows with nothing left to send are dropped from it.
     fn grants_and_releases(
-        &self,
+        &mut self,
         now: Timestamp,
         region: &RegionId,
         budget: &mut usize,
@@ -55,12 +58,15 @@ impl Coordinator {
         let mut below_default = Vec::new();
         let mut releases = Vec::new();
         let mut grants = Vec::new();
-        for (counter, rows) in self.table.counters() {
-            // Rows start at the limit's epoch floor: one still at it is no news to the region.
-            let floor = self.table.epoch_floor(&counter.limit);
-            let Some(row) = rows.get(region) else {
+        let mut settled = Vec::new();
+        let attention = self.attention.get(region).into_iter().flatten();
+        for counter in attention {
+            let Some(row) = self.table.row(counter, region) else {
+                settled.push(counter.clone());
                 continue;
             };
+            // Rows start at the limit's epoch floor: one still at it is no news to the region.
+            let floor = self.table.epoch_floor(&counter.limit);
             let view = self.rows.get(&(counter.clone(), region.clone()));
             let sent = view.and_then(|v| v.sent);
             if let Some(p) = &row.pending {
@@ -90,7 +96,8 @@ impl Coordinator {
             // grant still in flight: resend only once it has had time to arrive.
             let overdue = sent
                 .is_none_or(|(_, at)| now.saturating_duration_since(at) >= self.cfg.sync_interval);
-            let lost = view.is_some_and(|v| v.resend) && overdue;
+            let resend = view.is_some_and(|v| v.resend);
+            let lost = resend && overdue;
             let must_deliver = self.unconfirmed_below_default(counter, region);
             if row.epoch > floor && (unsent || lost || must_deliver) {
                 let g = AllowanceGrant {
@@ -104,6 +111,13 @@ impl Coordinator {
                 } else {
                     grants.push(g)
                 }
+            } else if !resend {
+                settled.push(counter.clone());
+            }
+        }
+        if let Some(attention) = self.attention.get_mut(region) {
+            for c in &settled {
+                attention.remove(c);
             }
         }
         below_default.truncate(*budget);
@@ -129,33 +143,47 @@ impl Coordinator {
         region: &RegionId,
         budget: usize,
     ) -> Vec<CounterEntry> {
+        let slack = self.clock_slack();
         let first = self.carried.remove(region).unwrap_or_default();
         let mut out = Vec::new();
         for counter in &first {
-            if !self.push_counter_entries(now, counter, budget, &mut out) {
+            if !self.push_counter_entries(now, slack, counter, budget, &mut out) {
                 break;
             }
         }
-        let order: Vec<&CounterRef> = match self.entry_cursor.get(region) {
-            Some(c) => self
-                .counters
-                .range((RangeBound::Excluded(c), RangeBound::Unbounded))
-                .chain(self.counters.range(..=c))
-                .map(|(k, _)| k)
-                .collect(),
-            None => self.counters.keys().collect(),
+        // From just after the cursor to the end, then from the start to the cursor: read
+        // lazily, so an answer costs what it carries, not how many counters are tracked.
+        let cursor = self.entry_cursor.get(region).cloned();
+        let (after, wrap) = match &cursor {
+            Some(c) => (
+                (RangeBound::Excluded(c), RangeBound::Unbounded),
+                (RangeBound::Unbounded, RangeBound::Included(c)),
+            ),
+            None => (
+                (RangeBound::Unbounded, RangeBound::Unbounded),
+                (RangeBound::Unbounded, RangeBound::Unbounded),
+            ),
         };
+        let order = self
+            .counters
+            .range::<CounterRef, _>(after)
+            .chain(
+                self.counters
+                    .range::<CounterRef, _>(wrap)
+                    .take(if cursor.is_some() { usize::MAX } else { 0 }),
+            )
+            .map(|(k, _)| k);
         let mut last_fitted = None;
         for counter in order {
             if first.binary_search(counter).is_ok() {
                 continue;
             }
-            if !self.push_counter_entries(now, counter, budget, &mut out) {
+            if !self.push_counter_entries(now, slack, counter, budget, &mut out) {
                 break;
             }
-            last_fitted = Some(counter.clone());
+            last_fitted = Some(counter);
         }
-        if let Some(c) = last_fitted {
+        if let Some(c) = last_fitted.cloned() {
             self.entry_cursor.insert(region.clone(), c);
         }
         out
@@ -166,13 +194,14 @@ impl Coordinator {
     fn push_counter_entries(
         &self,
         now: Timestamp,
+        slack: Duration,
         counter: &CounterRef,
         budget: usize,
         out: &mut Vec<CounterEntry>,
     ) -> bool {
         let live = self
             .finite_window(&counter.limit)
-            .is_some_and(|w| counter.window >= self.live_windows(w, now).0);
+            .is_some_and(|w| counter.window >= first_live(w, now, slack));
         let Some(view) = self.counters.get(counter).filter(|_| live) else {
             return true;
         };

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::ids::RegionId;
 use crate::rebalance::table::{ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
-use crate::sync::{CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp};
+use crate::sync::{
+    CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp,
+};
 use crate::time::Timestamp;
 
 use super::{Coordinator, ProposalKey, forgotten_mark, proposal_key};
@@ -75,11 +77,8 @@ impl Coordinator {
             self.forget_sent(&msg.region);
         }
         for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
-            if e.region == msg.region
-                && self.track(now, &e.counter)
-                && let Some(v) = self.counters.get_mut(&e.counter)
-            {
-                v.merge(e);
+            if e.region == msg.region && self.track(now, &e.counter) {
+                self.merge_entry(e);
             }
         }
         if newer {
@@ -93,6 +92,27 @@ impl Coordinator {
             self.record_stats(now, &msg.region, st);
         }
         Ok(())
+    }
+
+    /// Merges a region's entry of a tracked counter. The counter is planned again when the
+    /// region's use becomes known, reaches its allowance, or has moved by the replan threshold
+    /// since the last plan (use that follows the forecast moves the plan only by what the
+    /// forecast missed: `schedule.rs`).
+    fn merge_entry(&mut self, e: &CounterEntry) {
+        let allowance = self.table.allowance(&e.counter, &e.region);
+        let threshold = self.replan_threshold(&e.counter.limit);
+        let Some(v) = self.counters.get_mut(&e.counter) else {
+            return;
+        };
+        let first = !v.reporters.contains(&e.region);
+        let before = v.used_units(&e.region);
+        v.merge(e);
+        let after = v.used_units(&e.region);
+        v.drift_units = v.drift_units.saturating_add(after.abs_diff(before));
+        let reached = before < allowance && after >= allowance;
+        if first || reached || v.drift_units >= threshold {
+            self.schedule.mark(&e.counter);
+        }
     }
 
     /// For the first message of a boot: whether this leader knew the region before it (an
@@ -142,6 +162,17 @@ impl Coordinator {
                 view.resend = false;
             }
         }
+        let rows: Vec<CounterRef> = self
+            .table
+            .counters()
+            .filter(|(_, rows)| rows.contains_key(region))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in rows {
+            self.attend(&c, region);
+        }
+        // Confirmations are gone: every plan reading them is planned again.
+        self.schedule.mark_all();
     }
 
     /// Keep a region's bound figures for a window that is recent on our clock (its own clock
@@ -172,7 +203,7 @@ impl Coordinator {
                 continue;
             }
             if let Some(v) = self.counters.get_mut(&d.counter) {
-                v.demand.insert(
+                let old = v.demand.insert(
                     msg.region.clone(),
                     DemandView {
                         micro_units_per_sec: d.demand_micro_units_per_sec,
@@ -180,18 +211,32 @@ impl Coordinator {
                         carried: false,
                     },
                 );
+                if old.is_none_or(|o| {
+                    o.carried || o.micro_units_per_sec != d.demand_micro_units_per_sec
+                }) {
+                    self.schedule.mark(&d.counter);
+                }
             }
-            let lost_grant = self.table.row(&d.counter, &msg.region).is_some_and(|row| {
+            let row = self.table.row(&d.counter, &msg.region);
+            let lost_grant = row.is_some_and(|row| {
                 row.pending.is_none() && row.allowance_units != d.allowance_units
             });
-            let at_most_row = self
-                .table
-                .row(&d.counter, &msg.region)
-                .is_some_and(|row| d.allowance_units <= row.allowance_units);
+            let at_most_row = row.is_some_and(|row| d.allowance_units <= row.allowance_units);
+            let below_default = row.is_some_and(|row| {
+                row.allowance_units < self.table.configured_default(&d.counter, &msg.region)
+            });
             if at_most_row || lost_grant {
                 let view = self.row_view_mut(&d.counter, &msg.region);
+                // Only a row below the default is frozen until confirmed (the plan reads it).
+                let newly_confirmed = at_most_row && !view.confirmed && below_default;
                 view.confirmed |= at_most_row;
                 view.resend = lost_grant;
+                if newly_confirmed {
+                    self.schedule.mark(&d.counter);
+                }
+                if lost_grant {
+                    self.attend(&d.counter, &msg.region);
+                }
             } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), msg.region.clone())) {
                 view.resend = false;
             }
@@ -206,6 +251,7 @@ impl Coordinator {
         // Duplicated or late acks (the release already completed) match nothing and vanish.
         if pending.is_some_and(|p| p.id == ack.id) {
             self.row_view_mut(&ack.counter, region).ack = Some(ack.clone());
+            self.acked.insert((ack.counter.clone(), region.clone()));
         }
     }
 
@@ -237,6 +283,10 @@ impl Coordinator {
             *left -= 1;
             if *left == 0 {
                 self.in_flight.remove(&key);
+                // The batch is in: the counter is planned from its result.
+                if let ProposalKey::Counter(c) = &key {
+                    self.schedule.mark(c);
+                }
             }
         }
         if let TableCommand::EndReclaim { limit, region } = cmd {
@@ -248,10 +298,11 @@ impl Coordinator {
         let ack = match cmd {
             TableCommand::CompleteRelease {
                 counter, region, ..
-            } => self
-                .rows
-                .get_mut(&(counter.clone(), region.clone()))
-                .and_then(|v| v.ack.take()),
+            } => {
+                let key = (counter.clone(), region.clone());
+                self.acked.remove(&key);
+                self.rows.get_mut(&key).and_then(|v| v.ack.take())
+            }
             _ => None,
         };
         let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
@@ -263,7 +314,48 @@ impl Coordinator {
             self.kept_configs.remember(&before, now);
             self.forget_dropped_rows();
         }
+        if outcome.is_applied() {
+            self.note_applied(cmd);
+        }
         outcome
+    }
+
+    /// What an applied command changes for the rounds and answers to come: a row command
+    /// replans its counter and may have something to send; a command that may touch any row
+    /// or every plan (reclaims, configuration, membership) replans every counter.
+    fn note_applied(&mut self, cmd: &TableCommand) {
+        match cmd {
+            TableCommand::Grow {
+                counter, region, ..
+            }
+            | TableCommand::RequestRelease {
+                counter, region, ..
+            }
+            | TableCommand::CompleteRelease {
+                counter, region, ..
+            } => {
+                self.schedule.mark(counter);
+                self.attend(counter, region);
+                if self
+                    .gc_checked
+                    .get(&counter.limit)
+                    .is_some_and(|w| counter.window < *w)
+                {
+                    self.gc_checked.remove(&counter.limit);
+                }
+            }
+            TableCommand::CollectGarbage { .. } => {}
+            TableCommand::SetConfig { .. }
+            | TableCommand::Reclaim { .. }
+            | TableCommand::EndReclaim { .. }
+            | TableCommand::RemoveRegion { .. }
+            | TableCommand::RestoreRegion { .. } => {
+                self.schedule.mark_all();
+                self.attend_all();
+                self.gc_checked.clear();
+                self.forget_due = true;
+            }
+        }
     }
 
     /// After a configuration change: what was sent, confirmed or acked for rows the table
@@ -272,6 +364,7 @@ impl Coordinator {
         let table = &self.table;
         let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
         self.rows.retain(|k, _| kept(k));
+        self.acked.retain(kept);
     }
 
     fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {

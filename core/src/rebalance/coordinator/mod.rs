@@ -19,7 +19,7 @@
 //! rebalancing round), `answer.rs` (SyncDowns out), `bound_inputs.rs` (what the bound reads);
 //! this file holds the state they share and the helpers they all use.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,10 @@ mod answer;
 mod bound_inputs;
 mod ingest;
 mod propose;
+mod schedule;
+
+use schedule::Schedule;
+pub use schedule::{MAX_REPLAN_INTERVAL, REPLAN_DRIFT_PPM};
 
 /// Most windows either side of the judged one whose allowances the skew term reads for a
 /// region with a clock sample; a clock further off reads as unknown (every window counts).
@@ -153,7 +157,23 @@ pub struct Coordinator {
     /// Kept with the window length it counts in: a reload that changes the length starts a
     /// new mark (indices of another length are not comparable).
     forgotten_before: BTreeMap<LimitId, (Window, WindowIndex)>,
+    /// A configuration change may have dropped limits: views are forgotten at the next round
+    /// even if no window mark moved.
+    forget_due: bool,
+    /// Which counters the next round plans (`schedule.rs`).
+    schedule: Schedule,
+    /// Rows whose `RowView` holds an ack: the completions a round proposes.
+    acked: BTreeSet<(CounterRef, RegionId)>,
+    /// Per region, the rows that may have something to send it (a grant not yet sent, lost or
+    /// unconfirmed, a release request): an answer reads these, not the whole table, and drops
+    /// those with nothing left to send.
+    attention: BTreeMap<RegionId, BTreeSet<CounterRef>>,
+    /// Per limit, the first live window at the last garbage check that found nothing to
+    /// collect: the rows are scanned again only once it moves (or a row older than it is
+    /// made).
+    gc_checked: BTreeMap<LimitId, WindowIndex>,
 }
+
 impl Coordinator {
     /// A leader starting at `now` over the committed `table`. `leader_term` must be larger
     /// than every earlier leader's (the raft term it was elected in): regions resend their
@@ -164,7 +184,7 @@ impl Coordinator {
         now: Timestamp,
         leader_term: u64,
     ) -> Self {
-        Coordinator {
+        let mut c = Coordinator {
             cfg,
             table,
             started_at: now,
@@ -178,7 +198,14 @@ impl Coordinator {
             region_stats: BTreeMap::new(),
             kept_configs: KeptConfigs::default(),
             forgotten_before: BTreeMap::new(),
-        }
+            forget_due: false,
+            schedule: Schedule::default(),
+            acked: BTreeSet::new(),
+            attention: BTreeMap::new(),
+            gc_checked: BTreeMap::new(),
+        };
+        c.attend_all();
+        c
     }
 
     pub fn config(&self) -> &CoordinatorConfig {
@@ -248,7 +275,55 @@ impl Coordinator {
 
     /// Silent long enough that its view (on its own clock) has expired.
     fn is_silent(&self, region: &RegionId, now: Timestamp) -> bool {
-        self.region_view(region).silent_for(now) >= self.cfg.view_ttl
+        let silent_for = self.regions.get(region).map_or_else(
+            || now.saturating_duration_since(self.started_at),
+            |v| v.silent_for(now),
+        );
+        silent_for >= self.cfg.view_ttl
+    }
+
+    /// Every row of the table may have something to send (at the start, and after a command
+    /// that may touch any row).
+    fn attend_all(&mut self) {
+        self.attention.clear();
+        for (counter, rows) in self.table.counters() {
+            for region in rows.keys() {
+                self.attention
+                    .entry(region.clone())
+                    .or_default()
+                    .insert(counter.clone());
+            }
+        }
+    }
+
+    /// `region`'s row of `counter` may have something to send.
+    fn attend(&mut self, counter: &CounterRef, region: &RegionId) {
+        self.attention
+            .entry(region.clone())
+            .or_default()
+            .insert(counter.clone());
+    }
+
+    /// Nothing is ready for a round at `now`: no counter marked or due.
+    #[cfg(test)]
+    pub(crate) fn round_is_idle(&self, now: Timestamp) -> bool {
+        self.schedule.is_idle_at(now)
+    }
+
+    /// How many rows the next answer to `region` reads for grants and release requests.
+    #[cfg(test)]
+    pub(crate) fn rows_to_read(&self, region: &RegionId) -> usize {
+        self.attention.get(region).map_or(0, BTreeSet::len)
+    }
+
+    /// The movement of use or forecast, in units, that plans a counter of `limit` again.
+    fn replan_threshold(&self, limit: &LimitId) -> u64 {
+        match self.table.limit(limit).map(|s| s.quota) {
+            Some(Quota::Units { units, .. }) => {
+                schedule::replan_threshold_units(units, self.cfg.rebalance_hysteresis_units)
+            }
+            _ => u64::MAX,
+        }
     }
 
     /// How far from ours a member region's clock may read now: the largest clock uncertainty

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::budget::config::STATS_WINDOWS_KEPT;
-use crate::ids::{LimitId, RegionId};
+use crate::ids::{KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
 use crate::rebalance::plan::{CounterPlanInput, PlanAction, RegionState, plan_counter};
 use crate::rebalance::table::TableCommand;
@@ -13,9 +13,10 @@ use crate::rebalance::views::{CounterView, DemandView};
 use crate::sync::CounterRef;
 use crate::time::{Timestamp, Window, WindowIndex};
 
+use super::schedule::{SharedInputs, drift_time, replan_threshold_units};
 use super::{
-    Coordinator, MAX_PROPOSALS_PER_POLL, ProposalKey, RELEASE_HANDOFF_SYNC_INTERVALS, first_live,
-    forgotten_mark, need_units, proposal_key,
+    Coordinator, MAX_PROPOSALS_PER_POLL, MAX_REPLAN_INTERVAL, ProposalKey,
+    RELEASE_HANDOFF_SYNC_INTERVALS, first_live, forgotten_mark, need_units, proposal_key,
 };
 
 impl Coordinator {
@@ -24,10 +25,21 @@ impl Coordinator {
         let timeout = self.cfg.proposal_timeout;
         // A reclaim's start is not forgotten: it may still commit after its region is heard
         // again, and must then have an end proposed behind it (`propose_reclaims`).
-        self.in_flight.retain(|key, (at, _)| {
-            matches!(key, ProposalKey::StartReclaim(..))
-                || now.saturating_duration_since(*at) < timeout
-        });
+        let expired: Vec<ProposalKey> = self
+            .in_flight
+            .iter()
+            .filter(|(key, (at, _))| {
+                !matches!(key, ProposalKey::StartReclaim(..))
+                    && now.saturating_duration_since(*at) >= timeout
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in expired {
+            self.in_flight.remove(&key);
+            if let ProposalKey::Counter(c) = &key {
+                self.schedule.mark(c);
+            }
+        }
         self.forget_ended(now);
         self.pre_issue(now);
         let mut out = Vec::new();
@@ -35,7 +47,12 @@ impl Coordinator {
         self.propose_reclaims(now, &mut out);
         self.propose_rebalance(now, &mut out);
         self.propose_gc(now, &mut out);
-        out.truncate(MAX_PROPOSALS_PER_POLL);
+        // A counter whose commands did not fit is planned again next round.
+        for cmd in out.drain(MAX_PROPOSALS_PER_POLL.min(out.len())..) {
+            if let Some(ProposalKey::Counter(c)) = proposal_key(&cmd) {
+                self.schedule.mark(&c);
+            }
+        }
         for cmd in &out {
             if let Some(key) = proposal_key(cmd) {
                 self.in_flight.entry(key).or_insert((now, 0)).1 += 1;
@@ -49,10 +66,10 @@ impl Coordinator {
     }
 
     fn propose_completions(&self, out: &mut Vec<TableCommand>) {
-        let acks = self
-            .rows
-            .iter()
-            .filter_map(|(k, v)| v.ack.as_ref().map(|a| (k, a)));
+        let acks = self.acked.iter().filter_map(|k| {
+            let ack = self.rows.get(k).and_then(|v| v.ack.as_ref())?;
+            Some((k, ack))
+        });
         for ((counter, region), ack) in acks {
             if self.is_in_flight(&ProposalKey::Counter(counter.clone())) {
                 continue;
@@ -134,38 +151,99 @@ impl Coordinator {
             && !self.table.is_removed(region)
     }
 
-    /// A limit with a reclaim whose region is back: its floor must not be planned with until
-    /// the reclaim's end is committed.
-    fn reclaim_ending(&self, limit: &LimitId, now: Timestamp) -> bool {
-        self.table
-            .reclaims()
-            .any(|((l, r), _)| l == limit && self.has_returned(r, now))
+    /// What every counter's plan reads from outside it, as of `now`.
+    fn shared_inputs(&self, now: Timestamp) -> SharedInputs {
+        let regions = self.table.regions();
+        SharedInputs {
+            silent: regions
+                .iter()
+                .filter(|r| self.is_silent(r, now))
+                .cloned()
+                .collect(),
+            versions_agree: self.versions_agree(),
+            // A limit with a reclaim whose region is back: its floor must not be planned with
+            // until the reclaim's end is committed.
+            reclaim_ending: self
+                .table
+                .reclaims()
+                .filter(|((_, r), _)| self.has_returned(r, now))
+                .map(|((l, _), _)| l.clone())
+                .collect(),
+        }
     }
 
-    fn propose_rebalance(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
+    /// Plans the counters the schedule has ready: marked since their last plan, or due.
+    fn propose_rebalance(&mut self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        let shared = self.shared_inputs(now);
+        self.schedule.observe_shared(shared.clone());
+        if !shared.versions_agree {
+            // Nothing is planned; the marks wait, and agreement marks every counter.
+            return;
+        }
         // A counter with a completion in this batch is planned next round, from its result.
         let taken: BTreeSet<ProposalKey> = out.iter().filter_map(proposal_key).collect();
-        for (counter, view) in &self.counters {
-            if taken.contains(&ProposalKey::Counter(counter.clone())) {
+        let ready = self.schedule.take_ready(now, self.counters.keys());
+        let mut wait = Vec::new();
+        for counter in ready {
+            if out.len() >= MAX_PROPOSALS_PER_POLL || shared.reclaim_ending.contains(&counter.limit)
+            {
+                wait.push(counter);
                 continue;
             }
-            if out.len() >= MAX_PROPOSALS_PER_POLL {
-                return;
+            let key = ProposalKey::Counter(counter.clone());
+            // In flight: the commit of its batch marks it again.
+            if taken.contains(&key) || self.is_in_flight(&key) {
+                continue;
             }
-            let Some(spec) = self.table.limit(&counter.limit) else {
+            let (Some(view), Some(spec)) = (
+                self.counters.get(&counter),
+                self.table.limit(&counter.limit),
+            ) else {
                 continue;
             };
-            let planable = spec.consistency == Consistency::Strict
-                && self.versions_agree()
-                && !self.is_in_flight(&ProposalKey::Counter(counter.clone()))
-                && !self.reclaim_ending(&counter.limit, now);
-            if !planable || view.demand.is_empty() {
+            if spec.consistency != Consistency::Strict || view.demand.is_empty() {
                 continue;
             }
-            if let Some(input) = self.plan_input(now, spec, counter, view) {
-                self.push_actions(counter, plan_counter(&input).actions, out);
+            let Some((input, rate)) = self.plan_input(now, spec, &counter, view, &shared.silent)
+            else {
+                continue;
+            };
+            let due = self.next_plan_at(now, spec, &counter, rate);
+            self.push_actions(&counter, plan_counter(&input).actions, out);
+            if let Some(v) = self.counters.get_mut(&counter) {
+                v.drift_units = 0;
+            }
+            self.schedule.set_due(&counter, due);
+        }
+        for counter in wait {
+            self.schedule.mark(&counter);
+        }
+    }
+
+    /// When time alone may have moved `counter`'s plan though nothing marked it: its forecast
+    /// needs moved by the replan threshold at the demand it has now (`rate` summed over live
+    /// regions), or the current window reaches the point past which no release is asked;
+    /// at the latest after [`MAX_REPLAN_INTERVAL`].
+    fn next_plan_at(
+        &self,
+        now: Timestamp,
+        spec: &LimitSpec,
+        counter: &CounterRef,
+        rate_micro_units_per_sec: u64,
+    ) -> Timestamp {
+        let mut at = now + MAX_REPLAN_INTERVAL;
+        if let Quota::Units { units, window } = spec.quota {
+            let threshold = replan_threshold_units(units, self.cfg.rebalance_hysteresis_units);
+            if let Some(d) = drift_time(rate_micro_units_per_sec, threshold) {
+                at = at.min(now + d);
+            }
+            let handoff = self.cfg.sync_interval * RELEASE_HANDOFF_SYNC_INTERVALS;
+            let no_release_from = window.end(counter.window).saturating_sub(handoff);
+            if no_release_from > now {
+                at = at.min(no_release_from);
             }
         }
+        at
     }
 
     fn plan_input(
@@ -174,21 +252,24 @@ impl Coordinator {
         spec: &LimitSpec,
         counter: &CounterRef,
         view: &CounterView,
-    ) -> Option<CounterPlanInput> {
+        silent: &BTreeSet<RegionId>,
+    ) -> Option<(CounterPlanInput, u64)> {
         let Quota::Units { units, window } = spec.quota else {
             return None;
         };
         let time_left = time_left(window, counter.window, now)?;
         let regions = self.table.regions();
+        let mut rate_micro_units_per_sec = 0u64;
         let states = regions
             .iter()
             .map(|r| {
-                let silent = self.is_silent(r, now);
+                let silent = silent.contains(r);
                 let demand = if silent {
                     0
                 } else {
                     view.demand.get(r).map_or(0, |d| d.micro_units_per_sec)
                 };
+                rate_micro_units_per_sec = rate_micro_units_per_sec.saturating_add(demand);
                 let row = self.table.row(counter, r);
                 let reclaimed = self
                     .table
@@ -212,13 +293,14 @@ impl Coordinator {
             .collect();
         let handoff = self.cfg.sync_interval * RELEASE_HANDOFF_SYNC_INTERVALS;
         let current = window.index(now) == counter.window;
-        Some(CounterPlanInput {
+        let input = CounterPlanInput {
             quota_units: units,
             free_units: self.table.free_units(counter),
             hysteresis_units: self.cfg.rebalance_hysteresis_units,
             releases_useful: !current || window.remaining(now) >= handoff,
             regions: states,
-        })
+        };
+        Some((input, rate_micro_units_per_sec))
     }
 
     fn push_actions(
@@ -253,23 +335,41 @@ impl Coordinator {
 
     /// Rows of windows that ended on every region's clock (ours less the clock slack, or the
     /// full reach while a member's clock is unknown, see `clock_slack`) are collected: late acks
-    /// for them are then ignored, which only strands the released units.
-    fn propose_gc(&self, now: Timestamp, out: &mut Vec<TableCommand>) {
-        let mut oldest: BTreeMap<&LimitId, WindowIndex> = BTreeMap::new();
-        for (counter, _) in self.table.counters() {
-            let w = oldest.entry(&counter.limit).or_insert(counter.window);
-            *w = (*w).min(counter.window);
-        }
-        for (limit, oldest_window) in oldest {
-            let Some(window) = self.table.window_of(limit) else {
+    /// for them are then ignored, which only strands the released units. The rows are scanned
+    /// only for limits whose first live window moved since a scan found nothing to collect.
+    fn propose_gc(&mut self, now: Timestamp, out: &mut Vec<TableCommand>) {
+        let slack = self.clock_slack();
+        let mut scan: BTreeMap<LimitId, WindowIndex> = BTreeMap::new();
+        for spec in self.table.limits() {
+            let Some(window) = self.table.window_of(&spec.id) else {
                 continue;
             };
-            let before = first_live(window, now, self.clock_slack());
-            if oldest_window < before && !self.is_in_flight(&ProposalKey::Gc(limit.clone())) {
+            let before = first_live(window, now, slack);
+            let checked = self.gc_checked.get(&spec.id) == Some(&before);
+            if !checked && !self.is_in_flight(&ProposalKey::Gc(spec.id.clone())) {
+                scan.insert(spec.id.clone(), before);
+            }
+        }
+        if scan.is_empty() {
+            return;
+        }
+        let mut oldest: BTreeMap<LimitId, WindowIndex> = BTreeMap::new();
+        for (counter, _) in self.table.counters() {
+            if scan.contains_key(&counter.limit) {
+                let w = oldest
+                    .entry(counter.limit.clone())
+                    .or_insert(counter.window);
+                *w = (*w).min(counter.window);
+            }
+        }
+        for (limit, before) in scan {
+            if oldest.get(&limit).is_some_and(|w| *w < before) {
                 out.push(TableCommand::CollectGarbage {
-                    limit: limit.clone(),
+                    limit,
                     before_window: before,
                 });
+            } else {
+                self.gc_checked.insert(limit, before);
             }
         }
     }
@@ -277,19 +377,28 @@ impl Coordinator {
     /// Drop soft state of windows that have ended.
     fn forget_ended(&mut self, now: Timestamp) {
         let slack = self.clock_slack();
+        // Only when a mark moves (or limits may be gone) is anything forgotten: the views are
+        // not scanned every round.
+        let mut moved = std::mem::take(&mut self.forget_due);
         for spec in self.table.limits() {
             if let Quota::Units { window, .. } = spec.quota {
                 let first = first_live(window, now, slack);
-                let mark = self
-                    .forgotten_before
-                    .entry(spec.id.clone())
-                    .or_insert((window, first));
-                *mark = if mark.0 == window {
-                    (window, mark.1.max(first))
-                } else {
-                    (window, first)
-                };
+                let mark = self.forgotten_before.get(&spec.id).map(|mark| {
+                    if mark.0 == window {
+                        (window, mark.1.max(first))
+                    } else {
+                        (window, first)
+                    }
+                });
+                let mark = mark.unwrap_or((window, first));
+                if self.forgotten_before.get(&spec.id) != Some(&mark) {
+                    self.forgotten_before.insert(spec.id.clone(), mark);
+                    moved = true;
+                }
             }
+        }
+        if !moved {
+            return;
         }
         let table = &self.table;
         let forgotten = &self.forgotten_before;
@@ -301,6 +410,11 @@ impl Coordinator {
         };
         self.counters.retain(|c, _| !ended(c));
         self.rows.retain(|(c, _), _| !ended(c));
+        self.acked.retain(|(c, _)| !ended(c));
+        self.schedule.retain(|c| !ended(c));
+        for counters in self.attention.values_mut() {
+            counters.retain(|c| !ended(c));
+        }
         self.region_stats.retain(|(limit, w), _| {
             forgotten
                 .get(limit)
@@ -311,22 +425,40 @@ impl Coordinator {
     }
 
     /// Near the end of a window, carry the demand of its hot counters over to the next one so
-    /// that the next window's allocations are planned (and granted) before it starts.
+    /// that the next window's allocations are planned (and granted) before it starts. Only the
+    /// limits near the end of a window are looked at.
     fn pre_issue(&mut self, now: Timestamp) {
+        let near_end: Vec<(LimitId, Window)> = self
+            .table
+            .limits()
+            .filter_map(|spec| match spec.quota {
+                Quota::Units { window, .. } if window.remaining(now) <= self.cfg.pre_issue_lead => {
+                    Some((spec.id.clone(), window))
+                }
+                _ => None,
+            })
+            .collect();
         let mut carried: Vec<(CounterRef, BTreeMap<RegionId, DemandView>)> = Vec::new();
-        for (counter, view) in &self.counters {
-            let Some(window) = self.finite_window(&counter.limit) else {
-                continue;
-            };
+        for (limit, window) in near_end {
             let current = window.index(now);
-            let near_end = window.remaining(now) <= self.cfg.pre_issue_lead;
-            let hot = view.demand.values().any(|d| d.micro_units_per_sec > 0);
-            if counter.window == current && near_end && hot {
-                let next = CounterRef {
-                    window: current.next(),
-                    ..counter.clone()
-                };
-                carried.push((next, view.demand.clone()));
+            let from = CounterRef {
+                limit: limit.clone(),
+                key: KeyId::from(""),
+                window: WindowIndex(0),
+            };
+            let of_limit = self
+                .counters
+                .range(from..)
+                .take_while(|(c, _)| c.limit == limit);
+            for (counter, view) in of_limit {
+                let hot = view.demand.values().any(|d| d.micro_units_per_sec > 0);
+                if counter.window == current && hot {
+                    let next = CounterRef {
+                        window: current.next(),
+                        ..counter.clone()
+                    };
+                    carried.push((next, view.demand.clone()));
+                }
             }
         }
         for (next, demand) in carried {
@@ -336,16 +468,24 @@ impl Coordinator {
             if let Some(v) = self.counters.get_mut(&next) {
                 // The latest demand of this window is the forecast for the next, until the
                 // region reports on the next window itself.
+                let mut changed = false;
                 for (region, d) in demand {
                     let forecast = DemandView {
                         micro_units_per_sec: d.micro_units_per_sec,
                         allowance_units: 0,
                         carried: true,
                     };
-                    let slot = v.demand.entry(region).or_insert(forecast);
-                    if slot.carried {
+                    let slot = v.demand.entry(region).or_insert_with(|| {
+                        changed = true;
+                        forecast
+                    });
+                    if slot.carried && *slot != forecast {
                         *slot = forecast;
+                        changed = true;
                     }
+                }
+                if changed {
+                    self.schedule.mark(&next);
                 }
             }
         }
