@@ -283,10 +283,6 @@ impl Coordinator {
             *left -= 1;
             if *left == 0 {
                 self.in_flight.remove(&key);
-                // The batch is in: the counter is planned from its result.
-                if let ProposalKey::Counter(c) = &key {
-                    self.schedule.mark(c);
-                }
             }
         }
         if let TableCommand::EndReclaim { limit, region } = cmd {
@@ -316,6 +312,9 @@ impl Coordinator {
         }
         if outcome.is_applied() {
             self.note_applied(cmd);
+        } else if let Some(ProposalKey::Counter(c)) = proposal_key(cmd) {
+            // Refused (a stale epoch, the quota taken meanwhile): planned again from the table.
+            self.schedule.mark(&c);
         }
         outcome
     }
@@ -334,7 +333,12 @@ impl Coordinator {
             | TableCommand::CompleteRelease {
                 counter, region, ..
             } => {
-                self.schedule.mark(counter);
+                // A grow or a release request applied is what the plan wanted: planning again
+                // from the same inputs proposes nothing. A completion frees quota that the
+                // plan's grows were waiting for.
+                if matches!(cmd, TableCommand::CompleteRelease { .. }) {
+                    self.schedule.mark(counter);
+                }
                 self.attend(counter, region);
                 if self
                     .gc_checked

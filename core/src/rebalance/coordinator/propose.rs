@@ -182,17 +182,20 @@ impl Coordinator {
         }
         // A counter with a completion in this batch is planned next round, from its result.
         let taken: BTreeSet<ProposalKey> = out.iter().filter_map(proposal_key).collect();
-        let ready = self.schedule.take_ready(now, self.counters.keys());
+        self.schedule.expand_all(self.counters.keys());
+        // Marked but not plannable yet (a batch in flight, a reclaim ending): marked again
+        // after this round, so what marked them is not lost.
         let mut wait = Vec::new();
-        for counter in ready {
-            if out.len() >= MAX_PROPOSALS_PER_POLL || shared.reclaim_ending.contains(&counter.limit)
+        while out.len() < MAX_PROPOSALS_PER_POLL {
+            let Some(counter) = self.schedule.pop_ready(now) else {
+                break;
+            };
+            let key = ProposalKey::Counter(counter.clone());
+            if shared.reclaim_ending.contains(&counter.limit)
+                || taken.contains(&key)
+                || self.is_in_flight(&key)
             {
                 wait.push(counter);
-                continue;
-            }
-            let key = ProposalKey::Counter(counter.clone());
-            // In flight: the commit of its batch marks it again.
-            if taken.contains(&key) || self.is_in_flight(&key) {
                 continue;
             }
             let (Some(view), Some(spec)) = (

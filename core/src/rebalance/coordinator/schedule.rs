@@ -71,26 +71,25 @@ impl Schedule {
         }
     }
 
-    /// Takes the counters to plan at `now`: the marked ones and those due, in order. With
-    /// every counter marked, `tracked` is the list.
-    pub fn take_ready<'a>(
-        &mut self,
-        now: Timestamp,
-        tracked: impl Iterator<Item = &'a CounterRef>,
-    ) -> BTreeSet<CounterRef> {
-        let mut ready = std::mem::take(&mut self.dirty);
+    /// With every counter marked, marks each of `tracked` (once, not at every round).
+    pub fn expand_all<'a>(&mut self, tracked: impl Iterator<Item = &'a CounterRef>) {
         if std::mem::take(&mut self.all) {
-            ready.extend(tracked.cloned());
+            self.dirty.extend(tracked.cloned());
         }
-        while let Some((at, _)) = self.due.first()
-            && *at <= now
-        {
-            if let Some((_, c)) = self.due.pop_first() {
-                self.due_at.remove(&c);
-                ready.insert(c);
-            }
+    }
+
+    /// The next counter to plan at `now`: a marked one, else one due. Taken one at a time, so
+    /// a round that fills up leaves the rest marked at no cost.
+    pub fn pop_ready(&mut self, now: Timestamp) -> Option<CounterRef> {
+        if let Some(c) = self.dirty.pop_first() {
+            return Some(c);
         }
-        ready
+        if self.due.first().is_some_and(|(at, _)| *at <= now) {
+            let (_, c) = self.due.pop_first()?;
+            self.due_at.remove(&c);
+            return Some(c);
+        }
+        None
     }
 
     /// Plans `counter` again at `at` unless marked before.
