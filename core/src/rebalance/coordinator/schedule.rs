@@ -19,7 +19,8 @@ use crate::time::Timestamp;
 /// follows the forecast leaves `n_r + need_r` unchanged, so the targets move only by what the
 /// forecast missed; planned again within 1% of the quota, the allocation stays within 1% of
 /// the one a plan every round would make (the simulator's utilization and convergence figures
-/// did not move: docs/benchmarks.md, "Leader cost per sync round").
+/// did not get worse: docs/benchmarks.md, "The simulator before and after the round
+/// schedule").
 pub const REPLAN_DRIFT_PPM: u64 = 10_000;
 
 /// Longest a counter with demand goes unplanned when nothing marks it: a backstop for
