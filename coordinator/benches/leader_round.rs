@@ -23,12 +23,22 @@
 //! Sizes and per-phase times, as a table (no criterion):
 //! `ALLOT_LEADER_REPORT=1 nice -n 10 cargo bench -p allot-coordinator --bench leader_round`
 //! Either for some cases only: `ALLOT_LEADER_CASES=3x10000,10x1000`.
+//!
+//! The report also measures commit latency: every command the run committed (the setup, then
+//! each round's entry) is replayed, in order, through real openraft nodes with their sled
+//! store in a temporary directory, a single node and a 3-node cluster on loopback gRPC; the
+//! latency is the wall time of `client_write` (append, fsync, replication to a majority,
+//! apply) of the entries of the measured intervals. Wall time on a shared machine: an upper
+//! bound. `ALLOT_LEADER_COMMIT=0` skips it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use allot_coordinator::codec;
+use allot_coordinator::node::{NodeSettings, RaftNode};
+use allot_coordinator::raft_config::raft_config;
 use allot_coordinator::{ClusterCommand, ClusterState, CommandOutcome, TypeConfig};
 use allot_core::ids::{Epoch, KeyId, LimitId, RegionId};
 use allot_core::limit::LimitSpec;
@@ -40,7 +50,7 @@ use allot_core::sync::{
 use allot_core::time::{Timestamp, Window};
 use allot_proto::sync_convert::{decode_sync_up, encode_sync_down, encode_sync_up};
 use criterion::{Criterion, criterion_group};
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::{BasicNode, CommittedLeaderId, EntryPayload, LogId};
 
 const SYNC_INTERVAL: Duration = Duration::from_millis(250);
 /// A day window: no window ends during a run, so every interval does the same kind of work.
@@ -291,16 +301,24 @@ struct World {
     regions: Vec<FakeRegion>,
     now: Timestamp,
     log_index: u64,
+    /// Every command applied so far, the setup's included, when recording (the report):
+    /// replayed through real raft nodes for the commit latency.
+    committed: Vec<ClusterCommand>,
+    record: bool,
 }
 
 impl World {
     fn new(regions: usize, counters: usize) -> World {
         let mut state = ClusterState::default();
         let spec = LimitSpec::simple("bench", QUOTA_UNITS, WINDOW);
-        let mut put = |cmd| match state.apply(cmd) {
-            Ok(CommandOutcome::Refused(r)) => panic!("setup refused: {r:?}"),
-            Ok(_) => {}
-            Err(e) => panic!("setup failed: {e}"),
+        let mut committed = Vec::new();
+        let mut put = |cmd: ClusterCommand| {
+            committed.push(cmd.clone());
+            match state.apply(cmd) {
+                Ok(CommandOutcome::Refused(r)) => panic!("setup refused: {r:?}"),
+                Ok(_) => {}
+                Err(e) => panic!("setup failed: {e}"),
+            }
         };
         put(ClusterCommand::PutLimits {
             version: 1,
@@ -343,6 +361,8 @@ impl World {
             regions: fakes,
             now,
             log_index: 1,
+            committed,
+            record: false,
         }
     }
 
@@ -365,6 +385,9 @@ impl World {
         figures.raft_entries += 1;
         figures.raft_entry_bytes += black_box(bytes).len();
         figures.commands += cmds.len();
+        if self.record {
+            self.committed.push(cmd.clone());
+        }
         let outcomes = match self.state.apply(cmd) {
             Ok(CommandOutcome::Round(outcomes)) => outcomes,
             other => panic!("a round answered {other:?}"),
@@ -420,8 +443,9 @@ impl World {
         figures
     }
 
-    fn warmed(regions: usize, counters: usize) -> World {
+    fn warmed(regions: usize, counters: usize, record: bool) -> World {
         let mut w = World::new(regions, counters);
+        w.record = record;
         for _ in 0..WARM_UP_INTERVALS {
             w.interval();
         }
@@ -446,7 +470,7 @@ fn leader_round(c: &mut Criterion) {
         } else {
             group.sample_size(20);
         }
-        let mut world = World::warmed(regions, counters);
+        let mut world = World::warmed(regions, counters, false);
         group.bench_function(format!("{regions}x{counters}"), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
@@ -469,6 +493,68 @@ fn chosen_cases() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Latency percentiles of committing `commands[measured_from..]`, after the ones before,
+/// through a fresh cluster of `nodes` real nodes (sled store, loopback gRPC).
+fn commit_latency(commands: &[ClusterCommand], measured_from: usize, nodes: u64) -> [Duration; 2] {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let dir = tempfile::TempDir::new().expect("a temporary directory");
+        let mut members = BTreeMap::new();
+        let mut started = BTreeMap::new();
+        for id in 1..=nodes {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a loopback port");
+            let addr: SocketAddr = listener.local_addr().expect("its address");
+            members.insert(id, BasicNode::new(addr.to_string()));
+            let settings = NodeSettings {
+                id,
+                data_dir: dir.path().join(format!("node-{id}")),
+                raft: raft_config("bench").expect("valid settings"),
+            };
+            let node = RaftNode::start(settings, listener)
+                .await
+                .expect("a node starts");
+            started.insert(id, node);
+        }
+        started[&1]
+            .raft
+            .initialize(members)
+            .await
+            .expect("the cluster initialises");
+        let leader = started[&1]
+            .raft
+            .wait(Some(Duration::from_secs(30)))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await
+            .expect("a leader is elected")
+            .current_leader
+            .expect("checked above");
+        let raft = started[&leader].raft.clone();
+        let mut latencies = Vec::new();
+        for (i, cmd) in commands.iter().enumerate() {
+            let at = Instant::now();
+            raft.client_write(cmd.clone()).await.expect("committed");
+            if i >= measured_from {
+                latencies.push(at.elapsed());
+            }
+        }
+        for node in started.into_values() {
+            node.shutdown().await.expect("a node stops");
+        }
+        latencies.sort();
+        let pick = |q: f64| {
+            let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+            latencies.get(i).copied().unwrap_or_default()
+        };
+        [pick(0.5), pick(0.99)]
+    })
+}
+
 /// Per case: the average over `REPORT_INTERVALS` intervals after the warm-up.
 fn report() {
     println!(
@@ -477,8 +563,11 @@ fn report() {
          | table rows |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let with_commit = !std::env::var("ALLOT_LEADER_COMMIT").is_ok_and(|v| v == "0");
+    let mut latency_rows = Vec::new();
     for (regions, counters) in chosen_cases() {
-        let mut world = World::warmed(regions, counters);
+        let mut world = World::warmed(regions, counters, with_commit);
+        let measured_from = world.committed.len();
         let mut sum = IntervalFigures::default();
         for _ in 0..REPORT_INTERVALS {
             sum.add(&world.interval());
@@ -506,6 +595,28 @@ fn report() {
             sum.sync_down_max_bytes as f64 / 1024.0,
             world.state.table().row_count(),
         );
+        if with_commit {
+            let [one_p50, one_p99] = commit_latency(&world.committed, measured_from, 1);
+            let [three_p50, three_p99] = commit_latency(&world.committed, measured_from, 3);
+            latency_rows.push(format!(
+                "| {regions} | {counters} | {} | {:.1} / {:.1} | {:.1} / {:.1} |",
+                world.committed.len() - measured_from,
+                one_p50.as_secs_f64() * 1e3,
+                one_p99.as_secs_f64() * 1e3,
+                three_p50.as_secs_f64() * 1e3,
+                three_p99.as_secs_f64() * 1e3,
+            ));
+        }
+    }
+    if !latency_rows.is_empty() {
+        println!();
+        println!(
+            "| regions | counters | entries measured | commit ms p50 / p99, 1 node | commit ms p50 / p99, 3 nodes |"
+        );
+        println!("|---|---|---|---|---|");
+        for row in latency_rows {
+            println!("{row}");
+        }
     }
 }
 

@@ -2705,3 +2705,62 @@ fn a_removed_region_on_an_old_version_does_not_hold_planning_up() {
         "{cmds:?}"
     );
 }
+
+// ---- what a round plans -------------------------------------------------------------------
+
+#[test]
+fn a_round_after_nothing_changed_plans_nothing_until_time_may_have_moved_the_plan() {
+    // a wants 10/s (weights 30/30, L = 100: threshold 1 unit, so time moves a's forecast by
+    // it in 100 ms); b is heard and idle. Once a's grow is committed and planned from, the
+    // same reports again mark nothing, and the counter is next due 100 ms after its plan.
+    let mut w = world(&weighted(spec(), 300_000, 300_000));
+    let t0 = at_ms(5_000);
+    w.up("b", t0);
+    w.a.set_demand(&counter(100), 10);
+    w.sync("a", t0);
+    assert!(
+        w.coord.poll_proposals(t0).is_empty(),
+        "planned from the result"
+    );
+    w.up("a", t0);
+    w.up("b", t0);
+    assert!(
+        w.coord.round_is_idle(at_ms(5_050)),
+        "same reports, nothing to plan"
+    );
+    assert!(
+        !w.coord.round_is_idle(at_ms(5_100)),
+        "due once time alone may have moved the forecast by the threshold"
+    );
+    w.a.set_demand(&counter(100), 20);
+    w.up("a", at_ms(5_010));
+    assert!(
+        !w.coord.round_is_idle(at_ms(5_010)),
+        "a changed demand is planned at once"
+    );
+}
+
+#[test]
+fn an_answer_reads_only_rows_with_something_to_send() {
+    // After a's grant went out, its row has nothing left to send: the next answer does not
+    // read it. A reported mismatch (a lost grant) puts it back, and the grant goes again.
+    let mut w = world(&weighted(spec(), 300_000, 300_000));
+    let now = at_ms(5_000);
+    w.up("b", now);
+    w.a.set_demand(&counter(100), 10);
+    let first = w.sync("a", now);
+    assert_eq!(first.grants.len(), 1);
+    let a = RegionId::from("a");
+    let next = w.down("a", now, 0);
+    assert!(next.grants.is_empty(), "sent once");
+    assert_eq!(w.coord.rows_to_read(&a), 0, "nothing left to send");
+    let later = at_ms(5_500);
+    let mut msg = w.a.poll_transmit(later);
+    for d in &mut msg.demand {
+        d.allowance_units = 30; // as if the grant had been lost
+    }
+    w.coord.handle_sync_up(later, msg).unwrap();
+    assert_eq!(w.coord.rows_to_read(&a), 1);
+    let again = w.coord.poll_sync_down(later, &a, 0);
+    assert_eq!(again.grants, first.grants, "the lost grant goes again");
+}

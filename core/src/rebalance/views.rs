@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crdts::{CmRDT, Dot, VClock};
 
-use crate::ids::RegionId;
-use crate::sync::{ClockGuard, ClockSample, CounterEntry};
+use crate::ids::{Epoch, RegionId};
+use crate::sync::{ClockGuard, ClockSample, CounterEntry, ReleaseAck};
 use crate::time::Timestamp;
 
 /// What the leader knows about one region.
@@ -86,6 +86,23 @@ impl RegionView {
     }
 }
 
+/// What the leader knows about one row of the table (a counter's allowance for one region)
+/// beyond the row itself: soft state, rebuilt from what the region resends.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RowView {
+    /// Epoch of the last grant sent, and when.
+    pub sent: Option<(Epoch, Timestamp)>,
+    /// The region reported an allowance other than the table's: the grant is to be resent.
+    pub resend: bool,
+    /// The region has shown (demand report or release ack) that it enforces at most the row.
+    /// A row below the region's configured default that is not confirmed may be unknown to
+    /// the region, which would then enforce its default: such a row is neither grown nor
+    /// shrunk, and its grant leads every answer, until confirmed.
+    pub confirmed: bool,
+    /// The region's ack of the row's pending release, waiting to be committed.
+    pub ack: Option<ReleaseAck>,
+}
+
 /// A region's latest demand report for one counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DemandView {
@@ -107,6 +124,9 @@ pub(crate) struct CounterView {
     /// zeros, and eventual-mode regions must tell "reported zero" from "never reported".
     pub reporters: BTreeSet<RegionId>,
     pub demand: BTreeMap<RegionId, DemandView>,
+    /// How far the regions' reported use moved since the counter was last planned, in units
+    /// (summed over regions): past the replan threshold it is planned again.
+    pub drift_units: u64,
 }
 
 impl CounterView {

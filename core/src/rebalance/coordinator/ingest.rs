@@ -1,0 +1,386 @@
+//! Ingest: what comes in. A region's SyncUp (entries merged by max, demand, acks, clock sample,
+//! bound figures) and each committed command, applied to the leader's copy of the table.
+
+use crate::budget::config::STATS_WINDOWS_KEPT;
+use crate::error::{Error, Result};
+use crate::ids::RegionId;
+use crate::rebalance::table::{ApplyOutcome, TableCommand};
+use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
+use crate::sync::{
+    CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp,
+};
+use crate::time::Timestamp;
+
+use super::{Coordinator, ProposalKey, forgotten_mark, proposal_key};
+
+impl Coordinator {
+    /// Record one SyncUp. Old or duplicated messages are harmless: entries merge by max,
+    /// acks are matched by id, and demand is taken only from a newer message: a larger
+    /// `(boot, seq)`. A larger boot is a restart, perhaps from an old copy of the region's
+    /// state: every grant of its rows is sent again and its rows count as unconfirmed.
+    pub fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> Result<()> {
+        if self.table.regions().binary_search(&msg.region).is_err() {
+            return Err(Error::InvalidRequest(format!(
+                "sync from unknown region {}",
+                msg.region
+            )));
+        }
+        // Refused before anything of it is taken: the region is no longer heard, so its view
+        // expires on its side and, under the closed policy, its floor becomes reclaimable.
+        if self.table.is_removed(&msg.region) {
+            return Err(Error::RegionRemoved(msg.region.clone()));
+        }
+        let started_at = self.started_at;
+        let known = self.known_before(&msg);
+        let view = self
+            .regions
+            .entry(msg.region.clone())
+            .or_insert_with(|| RegionView::new(started_at));
+        let newer = view
+            .last_seq
+            .is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
+        let restarted = view.last_seq.is_some() && msg.boot > view.boot;
+        // Even a late message proves the region answers: its view is aged from the message's
+        // own send time, which is before now, so hearing it "now" is never optimistic.
+        view.last_heard = view.last_heard.max(now);
+        view.heard = true;
+        view.first_heard_at.get_or_insert(now);
+        if newer {
+            view.boot = msg.boot;
+            view.last_seq = Some(msg.seq);
+            view.last_received_at = now;
+            // A region that ran on a corrected clock restarts on its own: the sample of the
+            // corrected one no longer describes it.
+            let reclocked = restarted && view.clock_guard.is_some();
+            view.clock = if reclocked {
+                msg.clock
+            } else {
+                msg.clock.or(view.clock)
+            };
+            view.clock_guard = msg.clock_guard;
+            view.view_expired = msg.view_expired;
+            if let Some(old) = view.config_version
+                && old != msg.config_version
+            {
+                view.previous_version = Some(PreviousVersion {
+                    version: old,
+                    switched_at: now,
+                    uncertainty_at_switch: view.clock_uncertainty(),
+                });
+            }
+            view.config_version = Some(msg.config_version);
+        }
+        if let Some(k) = known {
+            view.known_before_boot = k;
+        }
+        if restarted {
+            self.forget_sent(&msg.region);
+        }
+        for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            if e.region == msg.region && self.track(now, &e.counter) {
+                self.merge_entry(e);
+            }
+        }
+        if newer {
+            self.record_demand(now, &msg);
+            self.record_carried(&msg);
+        }
+        for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.record_ack(&msg.region, ack);
+        }
+        for st in msg.stats.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            self.record_stats(now, &msg.region, st);
+        }
+        Ok(())
+    }
+
+    /// Merges a region's entry of a tracked counter. The counter is planned again when the
+    /// region's use becomes known, reaches its allowance, or has moved by the replan threshold
+    /// since the last plan (use that follows the forecast moves the plan only by what the
+    /// forecast missed: `schedule.rs`).
+    fn merge_entry(&mut self, e: &CounterEntry) {
+        let allowance = self.table.allowance(&e.counter, &e.region);
+        let threshold = self.replan_threshold(&e.counter.limit);
+        let Some(v) = self.counters.get_mut(&e.counter) else {
+            return;
+        };
+        let first = !v.reporters.contains(&e.region);
+        let before = v.used_units(&e.region);
+        v.merge(e);
+        let after = v.used_units(&e.region);
+        v.drift_units = v.drift_units.saturating_add(after.abs_diff(before));
+        let reached = before < allowance && after >= allowance;
+        if first || reached || v.drift_units >= threshold {
+            self.schedule.mark(&e.counter);
+        }
+    }
+
+    /// For the first message of a boot: whether this leader knew the region before it (an
+    /// earlier boot heard, a row of its table, or an entry of a counter it tracks), so that a
+    /// region that found its store empty learns whether it lost it. `None` for other
+    /// messages. Scans the table and the tracked counters once a boot.
+    fn known_before(&self, msg: &SyncUp) -> Option<bool> {
+        let view = self.regions.get(&msg.region);
+        let first_of_boot = view.is_none_or(|v| v.last_seq.is_none() || msg.boot > v.boot);
+        if !first_of_boot {
+            return None;
+        }
+        let earlier_boot = view.is_some_and(|v| v.last_seq.is_some());
+        let region = &msg.region;
+        Some(
+            earlier_boot
+                || self
+                    .table
+                    .counters()
+                    .any(|(_, rows)| rows.contains_key(region))
+                || self.table.reclaims().any(|((_, r), _)| r == region)
+                || self.counters.values().any(|v| v.entry(region) != (0, 0)),
+        )
+    }
+
+    /// The counters `msg` carried (entries and demand, both capped per message), whose
+    /// entries the answer sends first.
+    fn record_carried(&mut self, msg: &SyncUp) {
+        let entries = msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE);
+        let demand = msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE);
+        let mut counters: Vec<CounterRef> = entries
+            .map(|e| e.counter.clone())
+            .chain(demand.map(|d| d.counter.clone()))
+            .collect();
+        counters.sort();
+        counters.dedup();
+        self.carried.insert(msg.region.clone(), counters);
+    }
+
+    /// The region restarted: what was sent to it may be lost with its state, so every grant
+    /// goes again (its rows count as unsent) and below-default rows must be confirmed again.
+    fn forget_sent(&mut self, region: &RegionId) {
+        for ((_, r), view) in self.rows.iter_mut() {
+            if r == region {
+                view.sent = None;
+                view.confirmed = false;
+                view.resend = false;
+            }
+        }
+        let rows: Vec<CounterRef> = self
+            .table
+            .counters()
+            .filter(|(_, rows)| rows.contains_key(region))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in rows {
+            self.attend(&c, region);
+        }
+        // Confirmations are gone: every plan reading them is planned again.
+        self.schedule.mark_all();
+    }
+
+    /// Keep a region's bound figures for a window that is recent on our clock (its own clock
+    /// may put the index one window either side), merged by max.
+    fn record_stats(&mut self, now: Timestamp, region: &RegionId, st: &LimitWindowStats) {
+        let Some(window) = self.finite_window(&st.limit) else {
+            return;
+        };
+        let (first, last) = self.live_windows(window, now);
+        let first = forgotten_mark(&self.forgotten_before, &st.limit, window)
+            .map_or(first, |f| first.max(f));
+        let oldest = first.0.saturating_sub(STATS_WINDOWS_KEPT as u64);
+        if st.window.0 < oldest || st.window > last.next() {
+            return;
+        }
+        let figures = self
+            .region_stats
+            .entry((st.limit.clone(), st.window))
+            .or_default()
+            .entry(region.clone())
+            .or_default();
+        *figures = figures.max(st.figures);
+    }
+
+    fn record_demand(&mut self, now: Timestamp, msg: &SyncUp) {
+        for d in msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE) {
+            if !self.track(now, &d.counter) {
+                continue;
+            }
+            if let Some(v) = self.counters.get_mut(&d.counter) {
+                let old = v.demand.insert(
+                    msg.region.clone(),
+                    DemandView {
+                        micro_units_per_sec: d.demand_micro_units_per_sec,
+                        allowance_units: d.allowance_units,
+                        carried: false,
+                    },
+                );
+                if old.is_none_or(|o| {
+                    o.carried || o.micro_units_per_sec != d.demand_micro_units_per_sec
+                }) {
+                    self.schedule.mark(&d.counter);
+                }
+            }
+            let row = self.table.row(&d.counter, &msg.region);
+            let lost_grant = row.is_some_and(|row| {
+                row.pending.is_none() && row.allowance_units != d.allowance_units
+            });
+            let at_most_row = row.is_some_and(|row| d.allowance_units <= row.allowance_units);
+            let below_default = row.is_some_and(|row| {
+                row.allowance_units < self.table.configured_default(&d.counter, &msg.region)
+            });
+            if at_most_row || lost_grant {
+                let view = self.row_view_mut(&d.counter, &msg.region);
+                // Only a row below the default is frozen until confirmed (the plan reads it).
+                let newly_confirmed = at_most_row && !view.confirmed && below_default;
+                view.confirmed |= at_most_row;
+                view.resend = lost_grant;
+                if newly_confirmed {
+                    self.schedule.mark(&d.counter);
+                }
+                if lost_grant {
+                    self.attend(&d.counter, &msg.region);
+                }
+            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), msg.region.clone())) {
+                view.resend = false;
+            }
+        }
+    }
+
+    fn record_ack(&mut self, region: &RegionId, ack: &ReleaseAck) {
+        let pending = self
+            .table
+            .row(&ack.counter, region)
+            .and_then(|row| row.pending.as_ref());
+        // Duplicated or late acks (the release already completed) match nothing and vanish.
+        if pending.is_some_and(|p| p.id == ack.id) {
+            self.row_view_mut(&ack.counter, region).ack = Some(ack.clone());
+            self.acked.insert((ack.counter.clone(), region.clone()));
+        }
+    }
+
+    /// Starts tracking `counter` if there is room and it is worth tracking; true if tracked.
+    pub(super) fn track(&mut self, now: Timestamp, counter: &CounterRef) -> bool {
+        if self.counters.contains_key(counter) {
+            return true;
+        }
+        let Some(window) = self.finite_window(&counter.limit) else {
+            return false;
+        };
+        let (first, last) = self.live_windows(window, now);
+        let forgotten = forgotten_mark(&self.forgotten_before, &counter.limit, window)
+            .is_some_and(|w| counter.window < w);
+        let live = !forgotten && counter.window >= first && counter.window <= last.next();
+        if !live || self.counters.len() >= self.cfg.max_tracked_counters {
+            return false;
+        }
+        self.counters
+            .insert(counter.clone(), CounterView::default());
+        true
+    }
+
+    /// Apply a committed command to the leader's table.
+    pub fn handle_committed(&mut self, now: Timestamp, cmd: &TableCommand) -> ApplyOutcome {
+        if let Some(key) = proposal_key(cmd)
+            && let Some((_, left)) = self.in_flight.get_mut(&key)
+        {
+            *left -= 1;
+            if *left == 0 {
+                self.in_flight.remove(&key);
+            }
+        }
+        if let TableCommand::EndReclaim { limit, region } = cmd {
+            // Whatever was proposed before this end has committed by now or never will (log
+            // order): a start of the reclaim can no longer take effect behind the region's back.
+            self.in_flight
+                .remove(&ProposalKey::StartReclaim(limit.clone(), region.clone()));
+        }
+        let ack = match cmd {
+            TableCommand::CompleteRelease {
+                counter, region, ..
+            } => {
+                let key = (counter.clone(), region.clone());
+                self.acked.remove(&key);
+                self.rows.get_mut(&key).and_then(|v| v.ack.take())
+            }
+            _ => None,
+        };
+        let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
+        let outcome = self.table.apply(cmd.clone());
+        if let (Some(ack), true) = (ack, outcome.is_applied()) {
+            self.confirm_from_ack(&ack, cmd);
+        }
+        if let (Some(before), true) = (before, outcome.is_applied()) {
+            self.kept_configs.remember(&before, now);
+            self.forget_dropped_rows();
+        }
+        if outcome.is_applied() {
+            self.note_applied(cmd);
+        } else if let Some(ProposalKey::Counter(c)) = proposal_key(cmd) {
+            // Refused (a stale epoch, the quota taken meanwhile): planned again from the table.
+            self.schedule.mark(&c);
+        }
+        outcome
+    }
+
+    /// What an applied command changes for the rounds and answers to come: a row command
+    /// replans its counter and may have something to send; a command that may touch any row
+    /// or every plan (reclaims, configuration, membership) replans every counter.
+    fn note_applied(&mut self, cmd: &TableCommand) {
+        match cmd {
+            TableCommand::Grow {
+                counter, region, ..
+            }
+            | TableCommand::RequestRelease {
+                counter, region, ..
+            }
+            | TableCommand::CompleteRelease {
+                counter, region, ..
+            } => {
+                // A grow or a release request applied is what the plan wanted: planning again
+                // from the same inputs proposes nothing. A completion frees quota that the
+                // plan's grows were waiting for.
+                if matches!(cmd, TableCommand::CompleteRelease { .. }) {
+                    self.schedule.mark(counter);
+                }
+                self.attend(counter, region);
+                if self
+                    .gc_checked
+                    .get(&counter.limit)
+                    .is_some_and(|w| counter.window < *w)
+                {
+                    self.gc_checked.remove(&counter.limit);
+                }
+            }
+            TableCommand::CollectGarbage { .. } => {}
+            TableCommand::SetConfig { .. }
+            | TableCommand::Reclaim { .. }
+            | TableCommand::EndReclaim { .. }
+            | TableCommand::RemoveRegion { .. }
+            | TableCommand::RestoreRegion { .. } => {
+                self.schedule.mark_all();
+                self.attend_all();
+                self.gc_checked.clear();
+                self.forget_due = true;
+            }
+        }
+    }
+
+    /// After a configuration change: what was sent, confirmed or acked for rows the table
+    /// dropped belongs to the old parameters.
+    fn forget_dropped_rows(&mut self) {
+        let table = &self.table;
+        let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
+        self.rows.retain(|k, _| kept(k));
+        self.acked.retain(kept);
+    }
+
+    fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
+        let TableCommand::CompleteRelease {
+            counter, region, ..
+        } = cmd
+        else {
+            return;
+        };
+        let row_units = self.table.allowance(counter, region);
+        if ack.allowance_after_units <= row_units {
+            self.row_view_mut(counter, region).confirmed = true;
+        }
+    }
+}
