@@ -293,3 +293,69 @@ fn rlqs_reload_that_removes_the_rule_lifts_the_limit() {
     let after = traffic(&[&envoy], "k1", 2 * REPORTING_INTERVAL)[0];
     assert!(after > 2 * QUOTA, "no limit any more: {after} passed");
 }
+
+/// The agent's `/v1/keys` for `api_key`: (granted, refunded) units.
+fn key_units(agent: &AgentProcess, api_key: &str) -> (u64, u64) {
+    let path = format!("/v1/keys?domain={DOMAIN}&descriptor={DESCRIPTOR_KEY}={api_key}");
+    let r = http_get(agent.http_addr(), &path, &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let units = |f: &str| v[f].as_u64().unwrap_or_else(|| panic!("{f} in {v}"));
+    (units("granted_units"), units("refunded_units"))
+}
+
+/// `allot_rlqs_buckets_dropped_total{reason="idle"}` on the agent's metrics.
+fn idle_drops(agent: &AgentProcess) -> f64 {
+    let r = http_get(agent.http_addr(), "/metrics", &[]).unwrap();
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .find(|l| l.starts_with("allot_rlqs_buckets_dropped_total{reason=\"idle\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn rlqs_an_idle_bucket_is_abandoned_and_its_unused_units_go_back() {
+    let test = "rlqs_an_idle_bucket_is_abandoned_and_its_unused_units_go_back";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = start_agent(&rt, QUOTA, dir.path());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+
+    let admitted = open_bucket(&envoy, "k1") + traffic(&[&envoy], "k1", REPORTING_INTERVAL)[0];
+    let (granted, refunded) = key_units(&agent, "k1");
+    assert!(
+        granted > admitted,
+        "a lease ahead of use: {granted} for {admitted}"
+    );
+    assert_eq!(refunded, 0);
+    // Envoy reports every bucket at every interval (every 5 s in Envoy 1.40): after three
+    // reports with no request the agent abandons the bucket and ends its lease.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while idle_drops(&agent) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no idle bucket abandoned in 40 s\n{}",
+            agent.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (granted_after, refunded_after) = key_units(&agent, "k1");
+    let net = granted_after - refunded_after;
+    eprintln!(
+        "{test}: {admitted} admitted, lease of {granted}; after the abandon {granted_after} \
+         granted, {refunded_after} refunded"
+    );
+    assert!(refunded_after > 0, "unused units went back to the region");
+    assert!(
+        net >= admitted,
+        "what Envoy admitted stays counted: {net} < {admitted}"
+    );
+    // The next request opens a new bucket, assigned again.
+    open_bucket(&envoy, "k1");
+    assert_eq!(status(&envoy, "k1"), 200);
+}

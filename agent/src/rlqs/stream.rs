@@ -40,8 +40,9 @@ pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// Reports in a row with no request after which a bucket is abandoned: Envoy forgets it
 /// and the unused units of its leases go back to the region instead of expiring with them.
 pub const IDLE_REPORTS: u32 = 3;
-/// Reporting intervals with no report of a bucket after which it is dropped: Envoy reports
-/// every bucket it holds at every interval, so it no longer holds this one.
+/// Reporting intervals (at least `MAX_REPORT_INTERVAL_SECS` each) with no report of a bucket
+/// after which it is dropped: Envoy reports every bucket it holds at every interval, so it no
+/// longer holds this one.
 pub const UNREPORTED_INTERVALS: u32 = 3;
 
 /// Why a bucket is dropped (the `reason` of `allot_rlqs_buckets_dropped_total`).
@@ -175,7 +176,11 @@ impl Session {
 
     async fn on_tick(&mut self) -> Vec<BucketAction> {
         let mut actions = self.on_reload().await;
-        let stale = self.report_interval * UNREPORTED_INTERVALS;
+        // The interval learnt so far may be the 1 s assumed before a second report, where
+        // Envoy reports every 5 s: silence counts only against the longest interval the
+        // timing serves, so a bucket Envoy still holds is never dropped for it.
+        let longest = Duration::from_secs(policy::MAX_REPORT_INTERVAL_SECS);
+        let stale = self.report_interval.max(longest) * UNREPORTED_INTERVALS;
         let now = Instant::now();
         let gone: Vec<BucketKey> = self
             .buckets
