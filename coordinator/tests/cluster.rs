@@ -84,9 +84,8 @@ fn add_region(name: &str) -> ClusterCommand {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_leader_commits_after_the_leader_is_lost_and_a_restarted_node_catches_up() {
-    let dir = TempDir::new().expect("temporary directory");
+/// Three nodes on loopback, each in its own directory under `dir`, initialised as one cluster.
+async fn start_three(dir: &Path) -> (BTreeMap<NodeId, BasicNode>, BTreeMap<NodeId, RaftNode>) {
     let mut listeners = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3 {
@@ -97,13 +96,20 @@ async fn a_new_leader_commits_after_the_leader_is_lost_and_a_restarted_node_catc
     }
     let mut nodes = BTreeMap::new();
     for (id, listener) in listeners {
-        nodes.insert(id, start(id, dir.path(), listener).await);
+        nodes.insert(id, start(id, dir, listener).await);
     }
     nodes[&1]
         .raft
         .initialize(members.clone())
         .await
         .expect("cluster initialised");
+    (members, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_commits_after_the_leader_is_lost_and_a_restarted_node_catches_up() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (members, mut nodes) = start_three(dir.path()).await;
 
     let first = leader_among(&nodes, None).await;
     let (outcome, index) = commit(&nodes[&first], add_region("eu")).await;
@@ -204,19 +210,7 @@ async fn a_node_refuses_another_clusters_messages_and_garbage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_restarts_from_disk_with_its_state() {
     let dir = TempDir::new().expect("temporary directory");
-    let mut members = BTreeMap::new();
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr: SocketAddr = listener.local_addr().expect("address");
-        members.insert(id, BasicNode::new(addr.to_string()));
-        nodes.insert(id, start(id, dir.path(), listener).await);
-    }
-    nodes[&1]
-        .raft
-        .initialize(members.clone())
-        .await
-        .expect("cluster initialised");
+    let (members, mut nodes) = start_three(dir.path()).await;
     let leader = leader_among(&nodes, None).await;
     for name in ["eu", "us"] {
         commit(&nodes[&leader], add_region(name)).await;
@@ -295,19 +289,7 @@ async fn restart_all(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_restarted_from_an_old_copy_of_its_directory_does_not_fork_the_log() {
     let dir = TempDir::new().expect("temporary directory");
-    let mut members = BTreeMap::new();
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr: SocketAddr = listener.local_addr().expect("address");
-        members.insert(id, BasicNode::new(addr.to_string()));
-        nodes.insert(id, start(id, dir.path(), listener).await);
-    }
-    nodes[&1]
-        .raft
-        .initialize(members.clone())
-        .await
-        .expect("cluster initialised");
+    let (members, mut nodes) = start_three(dir.path()).await;
     let leader = leader_among(&nodes, None).await;
     let (_, index) = commit(&nodes[&leader], add_region("eu")).await;
     for node in nodes.values() {
