@@ -276,7 +276,7 @@ impl Session {
             let b = self.buckets.get_mut(key)?;
             (b.target.clone(), b.take_superseded())
         };
-        let mut returns = self.end_leases(done).await;
+        let mut returns = self.end_leases(done, false).await;
         let action = match self
             .extend(key, &target, demand, timing, &mut returns)
             .await
@@ -496,11 +496,17 @@ impl Session {
     }
 
     /// Settles the leases that used more than they held; returns the others for the next
-    /// lease call to release (one call per bucket and report).
-    async fn end_leases(&self, done: Vec<Held>) -> Vec<LeaseReturn> {
+    /// lease call to release (one call per bucket and report). `in_flight`: Envoy may still
+    /// admit under them, unreported ([`Held::ending_in_flight`]).
+    async fn end_leases(&self, done: Vec<Held>, in_flight: bool) -> Vec<LeaseReturn> {
         let mut returns = Vec::new();
         for h in done {
-            match h.ending() {
+            let ending = if in_flight {
+                h.ending_in_flight()
+            } else {
+                h.ending()
+            };
+            match ending {
                 Ending::Release {
                     lease,
                     unused_units,
@@ -567,15 +573,8 @@ impl Session {
     async fn drop_bucket(&mut self, key: &BucketKey, why: WhyDropped) -> Option<BucketAction> {
         let mut b = self.buckets.remove(key)?;
         self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
-        let mut held = b.take_all();
-        if why != WhyDropped::Reload {
-            for h in &mut held {
-                if let Ending::Release { unused_units, .. } = h.ending_in_flight() {
-                    h.used_units = h.units - unused_units;
-                }
-            }
-        }
-        let returns = self.end_leases(held).await;
+        let in_flight = why != WhyDropped::Reload;
+        let returns = self.end_leases(b.take_all(), in_flight).await;
         self.release_all(returns).await;
         metrics::assignment("abandon");
         metrics::dropped(why.name());

@@ -327,10 +327,7 @@ impl AllowanceTable {
         let Quota::Units { units, .. } = spec.quota else {
             return 0;
         };
-        let reclaimed = self
-            .reclaim(&counter.limit, region)
-            .is_some_and(|r| counter.window >= r.from_window);
-        if reclaimed {
+        if self.reclaims_window(counter, region) {
             return 0;
         }
         spec.weights.default_allowance(region, &self.regions, units)
