@@ -170,6 +170,7 @@ async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -
         "window_end_unix_ms": v.window_end.as_unix_millis(),
         "granted_units": v.granted_units,
         "refunded_units": v.refunded_units,
+        "carried_in_units": v.carried_in_units,
         "net_units": v.granted_units.saturating_sub(v.refunded_units),
         "allowance_units": v.allowance_units,
         "explicit_allowance": v.explicit_allowance,

@@ -531,8 +531,10 @@ async fn caller(
                 }
             }
             Ok(_) => {}
+            // A failed call counts even when it ended past the interval: a call that timed
+            // out there may still have been admitted, and a caller of the ledger must see it.
             Err(kind) => {
-                if counted {
+                if began >= interval.start {
                     *tally.errors.entry(kind).or_insert(0) += 1;
                 }
                 tokio::time::sleep(ERROR_PAUSE).await;

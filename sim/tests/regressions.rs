@@ -2591,6 +2591,26 @@ fn a_reload_keeps_a_removed_region_s_spent_grant_in_the_table() {
     assert_no_violation(&r);
 }
 
+/// Swarm seed 801839, shrunk (`sim/swarm-findings/seed-801839-region-allowance-above-table-removal-then-reload.yaml`):
+/// r1 (strict, closed, 34 s ahead) is removed at 22.9 s while it holds a pre-issued grant of
+/// 18,711 for the window its clock then reaches; it spends 6,606 of it. A reload at 40.1 s
+/// drops the limit's rows; r1 reloads too and holds what it used up to its new default,
+/// 4,691. No reclaim covered that window yet, so D38 kept nothing, and the reclaim the leader
+/// committed right after the reload started at that very window: the table gave r1 0 there
+/// (`enforces 4691, the table gives it 0`, `region_allowance_above_table`). A reload now keeps
+/// every dropped row of a closed limit at the region's new default (D39). After: 0 violations.
+#[test]
+fn a_reclaim_after_a_reload_keeps_the_window_a_removed_region_spent_in() {
+    assert_no_violation(&run(
+        &parsed("swarm-801839.yaml", SWARM_801839),
+        801_839..801_840,
+    ));
+}
+
+const SWARM_801839: &str = include_str!(
+    "../swarm-findings/seed-801839-region-allowance-above-table-removal-then-reload.yaml"
+);
+
 const SWARM_799488_SHRUNK: &str = r#"
 name: swarm-799488
 description: drawn by `allot sim --swarm --seeds 799488..799489`

@@ -371,6 +371,9 @@ pub struct Watched {
     pub bounds: BTreeMap<(String, u64), BTreeMap<(u64, u64), Stated>>,
     pub leading_until_ms: BTreeMap<(u64, u64), u64>,
     pub agent_granted: BTreeMap<(String, String, u64), u64>,
+    /// Per (region, key, window): the units the agent's end band carried in from the window
+    /// before (counted in both, docs/budget.md), fixed at the window's start.
+    pub agent_carried_in: BTreeMap<(String, String, u64), u64>,
     pub tables: Vec<TableSeen>,
 }
 
@@ -452,17 +455,19 @@ fn watch(
                 let Some(k) = try_json(http, &path) else {
                     continue;
                 };
-                let (Some(window), Some(granted)) =
-                    (k["window"].as_u64(), k["granted_units"].as_u64())
-                else {
+                let (Some(window), Some(granted), Some(carried)) = (
+                    k["window"].as_u64(),
+                    k["granted_units"].as_u64(),
+                    k["carried_in_units"].as_u64(),
+                ) else {
                     continue;
                 };
+                let at = (region.to_string(), key.to_owned(), window);
                 let mut w = watched.lock().expect("watched");
-                let seen = w
-                    .agent_granted
-                    .entry((region.to_string(), key.to_owned(), window))
-                    .or_default();
+                let seen = w.agent_granted.entry(at.clone()).or_default();
                 *seen = (*seen).max(granted);
+                let carried_in = w.agent_carried_in.entry(at).or_default();
+                *carried_in = (*carried_in).max(carried);
             }
         }
         std::thread::sleep(WATCH_EVERY);
@@ -473,7 +478,8 @@ fn watch(
 pub struct Row {
     pub key: String,
     pub window: u64,
-    /// Per region: (what the load generator saw admitted, the largest count the agent showed).
+    /// Per region: (what the load generator saw admitted, the largest count the agent showed
+    /// less the units its end band carried in from the window before).
     pub by_region: BTreeMap<String, (u64, u64)>,
     pub bound: Result<u64, String>,
 }
@@ -490,7 +496,12 @@ impl Row {
 pub fn windows(watched: &Watched, ledger: &Ledger) -> Vec<Row> {
     let mut rows: BTreeMap<(String, u64), Row> = BTreeMap::new();
     let load = ledger.admitted.iter().map(|(at, n)| (at, *n, 0));
-    let agents = watched.agent_granted.iter().map(|(at, n)| (at, 0, *n));
+    // What the agent admitted in the window: its count less what its end band carried in
+    // (admitted, and seen by the load, in the window before).
+    let agents = watched.agent_granted.iter().map(|(at, n)| {
+        let carried_in = watched.agent_carried_in.get(at).copied().unwrap_or(0);
+        (at, 0, n.saturating_sub(carried_in))
+    });
     for ((region, key, window), seen, counted) in load.chain(agents) {
         if seen + counted == 0 {
             continue;

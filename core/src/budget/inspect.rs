@@ -20,6 +20,10 @@ pub struct KeyView {
     /// Own counter entries for that window (zero when the key was last used earlier).
     pub granted_units: u64,
     pub refunded_units: u64,
+    /// The part of `granted_units` admitted at the end of the window before, in its end band
+    /// (docs/budget.md, edge band): counted in both windows, since the clock may already
+    /// be in this one.
+    pub carried_in_units: u64,
     /// The allowance `a_r` in force, and what decides it.
     pub allowance_units: u64,
     pub reason: Reason,
@@ -90,6 +94,7 @@ impl RegionBudget {
             window_end: p.window_end(ks.window),
             granted_units: ks.granted_units,
             refunded_units: ks.refunded_units,
+            carried_in_units: hot.map_or(0, |h| h.carried_in_units),
             allowance_units: allowance.units,
             reason,
             explicit_allowance: ks.explicit_allowance(ks.window).is_some(),

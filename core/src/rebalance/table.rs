@@ -802,7 +802,7 @@ impl AllowanceTable {
             .cloned()
             .collect();
         let mut top: BTreeMap<LimitId, Epoch> = BTreeMap::new();
-        let mut reclaimed_rows = Vec::new();
+        let mut dropped_rows = Vec::new();
         for counter in dropped {
             if let Some(rows) = self.counters.remove(&counter) {
                 self.row_count -= rows.len();
@@ -817,10 +817,13 @@ impl AllowanceTable {
                 let new_window = self.window_of(&counter.limit);
                 let same_window = new_window.is_some()
                     && old.get(&counter.limit).and_then(window_of) == new_window;
-                for (region, row) in rows.into_iter().filter(|_| same_window) {
-                    if self.reclaims_window(&counter, &region) {
-                        reclaimed_rows.push((counter.clone(), region, row.allowance_units));
-                    }
+                // Only a closed limit's defaults are ever reclaimed.
+                let closed = self
+                    .limits
+                    .get(&counter.limit)
+                    .is_some_and(|s| s.partition_policy == PartitionPolicy::Closed);
+                for (region, row) in rows.into_iter().filter(|_| same_window && closed) {
+                    dropped_rows.push((counter.clone(), region, row.allowance_units));
                 }
             }
         }
@@ -841,7 +844,7 @@ impl AllowanceTable {
                 .get(limit)
                 .is_some_and(|s| s.partition_policy == PartitionPolicy::Closed)
         });
-        self.keep_reclaimed_rows(reclaimed_rows);
+        self.keep_dropped_rows(dropped_rows);
     }
 
     /// Whether a reclaim of `region` covers `counter`'s window: its default there is zero.
@@ -850,19 +853,23 @@ impl AllowanceTable {
             .is_some_and(|r| counter.window >= r.from_window)
     }
 
-    /// A reclaimed region's grant for a window its default no longer covers (pre-issued, or
-    /// kept across the reclaim) may already be spent: it was silent or removed, so nothing
-    /// told it to stop, and under the new parameters it holds what it used up to its new
-    /// default (`closed_units` on the agent). Dropped with the other rows, the grant would
-    /// leave the region at zero while those units stay spent, and the others could be grown
-    /// into them. It stays instead, cut to the region's new configured default, so the
-    /// defaults' sum still fits the new quota.
-    fn keep_reclaimed_rows(&mut self, rows: Vec<(CounterRef, RegionId, u64)>) {
+    /// A grant is spent where the region holds it, whatever happens to contact: a region
+    /// may have admitted under a dropped row, and under the new parameters it holds what it
+    /// used up to its new default (`closed_units` on the agent), or that default if it is
+    /// heard. Dropped with no trace, the row would leave the region at its default, and a
+    /// reclaim proposed later (its region silent, removed) would then zero that default in
+    /// this very window, under units already spent; the others could be grown into them. So
+    /// each row stays, cut to the region's new configured default (the defaults' sum fits
+    /// the new quota): in a window a reclaim already covers, to what the old row held as
+    /// well, since the region there is closed and holds at most what it used of the row.
+    fn keep_dropped_rows(&mut self, rows: Vec<(CounterRef, RegionId, u64)>) {
         for (counter, region, units) in rows {
-            if !self.reclaims_window(&counter, &region) {
-                continue;
-            }
-            let units = units.min(self.configured_default(&counter, &region));
+            let default = self.configured_default(&counter, &region);
+            let units = if self.reclaims_window(&counter, &region) {
+                units.min(default)
+            } else {
+                default
+            };
             if units == 0 {
                 continue;
             }
