@@ -16,7 +16,7 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output};
+use std::process::{Child, Command, Output};
 use std::time::Instant;
 
 use allot_proto::lease::v1 as pb;
@@ -24,7 +24,7 @@ use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use serde_json::Value;
 use tonic::transport::Channel;
 
-use support::{Ready, clear_of_the_day_boundary, eventually, slow_tier};
+use support::{clear_of_the_day_boundary, eventually, slow_tier};
 
 /// A day window; `strict` leaves 40% of its quota unassigned for the rebalancer.
 const LIMITS: &str = "\
@@ -44,23 +44,12 @@ struct Process {
     child: Child,
     grpc: String,
     http: String,
-    _stderr: Option<ChildStderr>,
 }
 
 impl Process {
     fn start(cmd: Command) -> Process {
-        let Ready {
-            child,
-            grpc,
-            http,
-            stderr,
-        } = support::spawn_ready(cmd, "process");
-        Process {
-            child,
-            grpc,
-            http,
-            _stderr: stderr,
-        }
+        let (child, grpc, http, _log) = support::spawn_ready(cmd, "process").logged("process");
+        Process { child, grpc, http }
     }
 
     /// A coordinator node: `--peers` to start a cluster (empty: a single-node one), or none

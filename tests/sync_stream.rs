@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, ChildStderr, Command};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,7 +30,6 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::Channel;
 
-use support::Ready;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Longest a test waits for something that should happen within a few sync intervals (or,
@@ -161,7 +160,6 @@ struct Agent {
     child: Child,
     grpc: String,
     http: String,
-    _stderr: Option<ChildStderr>,
 }
 
 impl Agent {
@@ -174,18 +172,8 @@ impl Agent {
             .arg("--config")
             .arg(dir.join("limits.yaml"))
             .args(["--region", region, "--coordinator", coordinators]);
-        let Ready {
-            child,
-            grpc,
-            http,
-            stderr,
-        } = support::spawn_ready(cmd, "agent");
-        Agent {
-            child,
-            grpc,
-            http,
-            _stderr: stderr,
-        }
+        let (child, grpc, http, _log) = support::spawn_ready(cmd, "agent").logged("agent");
+        Agent { child, grpc, http }
     }
 
     fn json(&self, path: &str) -> Value {

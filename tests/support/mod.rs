@@ -1,6 +1,7 @@
 //! What the tests that run the `allot` binary share.
 
 use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 
 /// A started `allot` daemon that printed its ready line (`... grpc=ADDR http=ADDR`).
@@ -50,21 +51,37 @@ pub fn spawn_ready(mut cmd: Command, what: &str) -> Ready {
     }
 }
 
+impl Ready {
+    /// Copies the child's log, from here on, to `CARGO_TARGET_TMPDIR/child-logs/WHAT-PID.log`
+    /// as it is written: the child logs synchronously and would block once a pipe nobody
+    /// reads is full (64 KiB: a few elections' worth), stalling a node mid-test. The file
+    /// is there to read when a test fails. Returns the child, its addresses and the file.
+    #[allow(dead_code)]
+    pub fn logged(self, what: &str) -> (Child, String, String, PathBuf) {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("child-logs");
+        std::fs::create_dir_all(&dir).expect("the log directory");
+        let path = dir.join(format!("{what}-{}.log", self.child.id()));
+        let mut file = std::fs::File::create(&path).expect("the log file");
+        if let Some(mut stderr) = self.stderr {
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut file));
+        }
+        (self.child, self.grpc, self.http, path)
+    }
+}
+
 // Not every test crate that includes this module uses every helper below.
 #[allow(dead_code)]
 mod process {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::path::{Path, PathBuf};
-    use std::process::{Child, ChildStderr, Command};
+    use std::process::{Child, Command};
     use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
     use allot_proto::lease::v1 as pb;
     use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
     use serde_json::Value;
     use tonic::transport::Channel;
-
-    use super::Ready;
 
     /// Longest a test waits for something that should happen within a few sync intervals, an
     /// election, or a reconnect's backoff: a bound on a hang, not a timing claim.
@@ -75,23 +92,18 @@ mod process {
         pub child: Child,
         pub grpc: String,
         pub http: String,
-        /// Held so the process never blocks on a full stderr pipe.
-        _stderr: Option<ChildStderr>,
+        /// Where its log goes ([`Ready::logged`]).
+        pub log: PathBuf,
     }
 
     impl Process {
         pub fn start(cmd: Command, what: &str) -> Process {
-            let Ready {
-                child,
-                grpc,
-                http,
-                stderr,
-            } = super::spawn_ready(cmd, what);
+            let (child, grpc, http, log) = super::spawn_ready(cmd, what).logged(what);
             Process {
                 child,
                 grpc,
                 http,
-                _stderr: stderr,
+                log,
             }
         }
 
