@@ -365,13 +365,8 @@ fn rlqs_an_idle_bucket_is_abandoned_and_its_unused_units_go_back() {
 /// strict with default shares of a quarter each, half left to the rebalancer.
 fn coordinated_limits_yaml(quota: u64) -> String {
     format!(
-        "domain: {DOMAIN}\n\
-         descriptors:\n  \
-           - key: {DESCRIPTOR_KEY}\n    \
-             rate_limit:\n      \
-               unit: day\n      \
-               requests_per_unit: {quota}\n    \
-             allot: {{weights: {{a: 0.25, b: 0.25}}}}\n"
+        "{}    allot: {{weights: {{a: 0.25, b: 0.25}}}}\n",
+        limits_yaml(quota)
     )
 }
 

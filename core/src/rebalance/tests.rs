@@ -952,6 +952,23 @@ fn a_config_change_drops_the_rows_of_changed_limits_and_keeps_epochs_rising() {
     );
 }
 
+/// A closed limit of weights 0.3 / 0.3 (defaults 30 each of 100) where `b` was grown to 60 in
+/// window 100.
+fn closed_with_b_grown_to_60(
+    closed: impl Fn(u32, u32) -> LimitSpec,
+    b: &RegionId,
+) -> AllowanceTable {
+    let mut t = table_with(&closed(300_000, 300_000));
+    let grow = TableCommand::Grow {
+        counter: counter(100),
+        region: b.clone(),
+        expected_epoch: t.epoch_of(&counter(100), b),
+        allowance_units: 60,
+    };
+    assert!(t.apply(grow).is_applied());
+    t
+}
+
 /// A reclaimed region's grant for a window its reclaim covers survives a reload that drops
 /// the limit's rows, cut to its new default: the region (silent or removed, so never told)
 /// may have spent it, and the others must not be grown into those units. Found by the swarm
@@ -962,14 +979,7 @@ fn a_reload_keeps_what_a_reclaimed_region_was_granted_in_its_reclaimed_windows()
     let closed = |a_ppm, b_ppm| weighted(with_policy(PartitionPolicy::Closed), a_ppm, b_ppm);
     let b = RegionId::from("b");
     let reclaimed_with_grant = || {
-        let mut t = table_with(&closed(300_000, 300_000));
-        let grow = TableCommand::Grow {
-            counter: counter(100),
-            region: b.clone(),
-            expected_epoch: t.epoch_of(&counter(100), &b),
-            allowance_units: 60,
-        };
-        assert!(t.apply(grow).is_applied());
+        let mut t = closed_with_b_grown_to_60(closed, &b);
         let reclaim = TableCommand::Reclaim {
             limit: LimitId::from("l"),
             region: b.clone(),
@@ -1039,14 +1049,7 @@ fn a_reload_keeps_what_a_reclaimed_region_was_granted_in_its_reclaimed_windows()
 fn a_reclaim_after_a_reload_leaves_what_a_dropped_grant_became() {
     let closed = |a_ppm, b_ppm| weighted(with_policy(PartitionPolicy::Closed), a_ppm, b_ppm);
     let b = RegionId::from("b");
-    let mut t = table_with(&closed(300_000, 300_000));
-    let grow = TableCommand::Grow {
-        counter: counter(100),
-        region: b.clone(),
-        expected_epoch: t.epoch_of(&counter(100), &b),
-        allowance_units: 60,
-    };
-    assert!(t.apply(grow).is_applied());
+    let mut t = closed_with_b_grown_to_60(closed, &b);
     let reload = TableCommand::SetConfig {
         version: 2,
         limits: vec![closed(500_000, 200_000)],
@@ -1066,7 +1069,11 @@ fn a_reclaim_after_a_reload_leaves_what_a_dropped_grant_became() {
         20,
         "the window b held a grant in keeps what it may have spent"
     );
-    assert_eq!(t.allowance(&counter(101), &b), 0, "later windows are reclaimed");
+    assert_eq!(
+        t.allowance(&counter(101), &b),
+        0,
+        "later windows are reclaimed"
+    );
     assert_eq!(
         t.allowance(&counter(100), &RegionId::from("a")),
         50,
