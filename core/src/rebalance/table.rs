@@ -290,6 +290,17 @@ impl AllowanceTable {
         self.limits.get(id)
     }
 
+    /// The table's own copy of `id` (the same string), if it is a configured limit.
+    pub fn limit_id(&self, id: &LimitId) -> Option<&LimitId> {
+        self.limits.get_key_value(id).map(|(k, _)| k)
+    }
+
+    /// The table's own copy of `region` (the same string), if it is a member.
+    pub fn region_id(&self, region: &RegionId) -> Option<&RegionId> {
+        let i = self.regions.binary_search(region).ok()?;
+        self.regions.get(i)
+    }
+
     pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
         self.limits.values()
     }
