@@ -112,16 +112,28 @@ impl Coordinator {
                 *region = id.clone();
             }
         };
+        // A tracked counter is named by its view's own ids (its key the same way).
+        let share_counter = |counter: &mut CounterRef| {
+            share_limit(&mut counter.limit);
+            if let Some((id, _)) = self.counters.get_key_value(counter) {
+                *counter = id.clone();
+            }
+        };
         share_region(&mut msg.region);
         for e in msg.entries.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
-            share_limit(&mut e.counter.limit);
+            share_counter(&mut e.counter);
             share_region(&mut e.region);
         }
-        for d in msg.demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
-            share_limit(&mut d.counter.limit);
+        let entries = &msg.entries;
+        for (i, d) in msg.demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE).enumerate() {
+            // An agent reports a counter's entries and demand at the same position of both.
+            match entries.get(i).filter(|e| e.counter == d.counter) {
+                Some(e) => d.counter = e.counter.clone(),
+                None => share_counter(&mut d.counter),
+            }
         }
         for a in msg.release_acks.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
-            share_limit(&mut a.counter.limit);
+            share_counter(&mut a.counter);
         }
         for st in msg.stats.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
             share_limit(&mut st.limit);
