@@ -33,13 +33,20 @@ fn cmp_bytes(mut a: &[u8], mut b: &[u8]) -> Ordering {
 macro_rules! shared_str_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Eq, Serialize, Deserialize)]
         pub struct $name(Arc<str>);
 
         impl PartialEq for $name {
             #[inline]
             fn eq(&self, other: &Self) -> bool {
                 Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
+
+        impl std::hash::Hash for $name {
+            /// The string's hash, as derived: equal ids (by address or bytes) hash alike.
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
             }
         }
 

@@ -168,7 +168,9 @@ pub fn sync_up_from_wire(up: pb::SyncUp) -> Result<SyncUp> {
     let from = region(up.region, "region")?;
     let mut ids = SharedIds::default();
     ids.regions.push(from.clone());
-    let entries = list(up.entries, "entries", |e| entry_from_wire_shared(e, &mut ids))?;
+    let entries = list(up.entries, "entries", |e| {
+        entry_from_wire_shared(e, &mut ids)
+    })?;
     // An agent reports a counter's entries and demand at the same position of both lists.
     let mut at = 0;
     let demand = list(up.demand, "demand", |d| {

@@ -1066,7 +1066,11 @@ fn a_reclaim_after_a_reload_leaves_what_a_dropped_grant_became() {
         20,
         "the window b held a grant in keeps what it may have spent"
     );
-    assert_eq!(t.allowance(&counter(101), &b), 0, "later windows are reclaimed");
+    assert_eq!(
+        t.allowance(&counter(101), &b),
+        0,
+        "later windows are reclaimed"
+    );
     assert_eq!(
         t.allowance(&counter(100), &RegionId::from("a")),
         50,

@@ -125,7 +125,12 @@ impl Coordinator {
             share_region(&mut e.region);
         }
         let entries = &msg.entries;
-        for (i, d) in msg.demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE).enumerate() {
+        for (i, d) in msg
+            .demand
+            .iter_mut()
+            .take(MAX_ITEMS_PER_MESSAGE)
+            .enumerate()
+        {
             // An agent reports a counter's entries and demand at the same position of both.
             match entries.get(i).filter(|e| e.counter == d.counter) {
                 Some(e) => d.counter = e.counter.clone(),
