@@ -171,7 +171,7 @@ pub fn sync_up_from_wire(up: pb::SyncUp) -> Result<SyncUp> {
     let entries = list(up.entries, "entries", |e| {
         entry_from_wire_shared(e, &mut ids)
     })?;
-    // An agent reports a counter's entries and demand at the same position of both lists.
+    // A counter often sits at the same position of entries and demand (only a fast path).
     let mut at = 0;
     let demand = list(up.demand, "demand", |d| {
         let same_as = entries.get(at).map(|e| &e.counter);

@@ -131,7 +131,7 @@ impl Coordinator {
             .take(MAX_ITEMS_PER_MESSAGE)
             .enumerate()
         {
-            // An agent reports a counter's entries and demand at the same position of both.
+            // A counter often sits at the same position of entries and demand (only a fast path).
             match entries.get(i).filter(|e| e.counter == d.counter) {
                 Some(e) => d.counter = e.counter.clone(),
                 None => share_counter(&mut d.counter),
