@@ -165,14 +165,27 @@ fn release_to_wire(r: ReleaseRequest) -> pb::ReleaseRequest {
 // ---- wire -> core -------------------------------------------------------------------------
 
 pub fn sync_up_from_wire(up: pb::SyncUp) -> Result<SyncUp> {
+    let from = region(up.region, "region")?;
+    let mut ids = SharedIds::default();
+    ids.regions.push(from.clone());
+    let entries = list(up.entries, "entries", |e| {
+        entry_from_wire_shared(e, &mut ids)
+    })?;
+    // A counter often sits at the same position of entries and demand (only a fast path).
+    let mut at = 0;
+    let demand = list(up.demand, "demand", |d| {
+        let same_as = entries.get(at).map(|e| &e.counter);
+        at += 1;
+        demand_from_wire_shared(d, &mut ids, same_as)
+    })?;
     Ok(SyncUp {
-        region: region(up.region, "region")?,
+        region: from,
         boot: up.boot,
         seq: up.seq,
         sent_at: Timestamp::from_unix_nanos(up.sent_at_unix_nanos),
         config_version: up.config_version,
-        entries: list(up.entries, "entries", entry_from_wire)?,
-        demand: list(up.demand, "demand", demand_from_wire)?,
+        entries,
+        demand,
         release_acks: list(up.release_acks, "release_acks", ack_from_wire)?,
         clock: up.clock.map(|c| ClockSample {
             offset_nanos: c.offset_nanos,
@@ -232,7 +245,11 @@ pub fn config_from_wire(c: pb::ConfigFiles) -> Result<ConfigFiles> {
 }
 
 /// Converts every item, refusing a list longer than the core ever sends in one message.
-fn list<W, C>(items: Vec<W>, name: &str, convert: fn(W) -> Result<C>) -> Result<Vec<C>> {
+fn list<W, C>(
+    items: Vec<W>,
+    name: &str,
+    mut convert: impl FnMut(W) -> Result<C>,
+) -> Result<Vec<C>> {
     if items.len() > MAX_ITEMS_PER_MESSAGE {
         return Err(WireError::out_of_range(
             name,
@@ -283,9 +300,81 @@ fn entry_from_wire(e: pb::CounterEntry) -> Result<CounterEntry> {
     })
 }
 
-fn demand_from_wire(d: pb::DemandReport) -> Result<DemandReport> {
+/// Most distinct limits and regions [`SharedIds`] keeps per message; names beyond them are
+/// decoded each on its own (as before), so a message naming many costs no more to decode.
+const SHARED_IDS_KEPT: usize = 8;
+
+/// The ids one SyncUp repeats, decoded to one shared string each: a SyncUp names the same
+/// few limits and regions thousands of times, and each counter twice (its entry and its
+/// demand); a string allocated per name was much of its decoding (docs/benchmarks.md,
+/// "Leader cost per sync round"). What is decoded is the same either way.
+#[derive(Default)]
+struct SharedIds {
+    limits: Vec<LimitId>,
+    regions: Vec<RegionId>,
+}
+
+impl SharedIds {
+    fn limit(&mut self, s: String, field: &str) -> Result<LimitId> {
+        let s = non_empty(s, field)?;
+        if let Some(l) = self.limits.iter().find(|l| l.as_str() == s) {
+            return Ok(l.clone());
+        }
+        let l = LimitId::new(s);
+        if self.limits.len() < SHARED_IDS_KEPT {
+            self.limits.push(l.clone());
+        }
+        Ok(l)
+    }
+
+    fn region(&mut self, s: String, field: &str) -> Result<RegionId> {
+        let s = non_empty(s, field)?;
+        if let Some(r) = self.regions.iter().find(|r| r.as_str() == s) {
+            return Ok(r.clone());
+        }
+        let r = RegionId::new(s);
+        if self.regions.len() < SHARED_IDS_KEPT {
+            self.regions.push(r.clone());
+        }
+        Ok(r)
+    }
+
+    /// A counter, sharing the key of `same_as` when it names the same one.
+    fn counter(
+        &mut self,
+        c: Option<pb::CounterRef>,
+        same_as: Option<&CounterRef>,
+    ) -> Result<CounterRef> {
+        let c = c.ok_or_else(|| WireError::Missing("counter".to_owned()))?;
+        let key = match same_as {
+            Some(same) if same.key.as_str() == c.key => same.key.clone(),
+            // An empty key is a real key: a rule whose descriptor names no value.
+            _ => KeyId::new(c.key),
+        };
+        Ok(CounterRef {
+            limit: self.limit(c.limit, "counter.limit")?,
+            key,
+            window: WindowIndex(c.window),
+        })
+    }
+}
+
+fn entry_from_wire_shared(e: pb::CounterEntry, ids: &mut SharedIds) -> Result<CounterEntry> {
+    Ok(CounterEntry {
+        counter: ids.counter(e.counter, None)?,
+        region: ids.region(e.region, "region")?,
+        granted_units: e.granted_units,
+        refunded_units: e.refunded_units,
+    })
+}
+
+fn demand_from_wire_shared(
+    d: pb::DemandReport,
+    ids: &mut SharedIds,
+    same_as: Option<&CounterRef>,
+) -> Result<DemandReport> {
     Ok(DemandReport {
-        counter: counter_from_wire(d.counter)?,
+        counter: ids.counter(d.counter, same_as)?,
         demand_micro_units_per_sec: d.demand_micro_units_per_sec,
         allowance_units: d.allowance_units,
     })

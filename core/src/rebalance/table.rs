@@ -121,6 +121,25 @@ pub enum TableCommand {
     RestoreRegion { region: RegionId },
 }
 
+impl TableCommand {
+    /// The one counter whose sum of allowances the command may change, for a row command;
+    /// `None` for a command that may change any counter's (reclaims change defaults,
+    /// configuration changes quotas and shares, collection drops rows).
+    pub fn touched_counter(&self) -> Option<&CounterRef> {
+        match self {
+            TableCommand::Grow { counter, .. }
+            | TableCommand::RequestRelease { counter, .. }
+            | TableCommand::CompleteRelease { counter, .. } => Some(counter),
+            TableCommand::SetConfig { .. }
+            | TableCommand::Reclaim { .. }
+            | TableCommand::EndReclaim { .. }
+            | TableCommand::CollectGarbage { .. }
+            | TableCommand::RemoveRegion { .. }
+            | TableCommand::RestoreRegion { .. } => None,
+        }
+    }
+}
+
 /// Why a command was refused. A refusal changes nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RejectReason {
@@ -271,6 +290,17 @@ impl AllowanceTable {
         self.limits.get(id)
     }
 
+    /// The table's own copy of `id` (the same string), if it is a configured limit.
+    pub fn limit_id(&self, id: &LimitId) -> Option<&LimitId> {
+        self.limits.get_key_value(id).map(|(k, _)| k)
+    }
+
+    /// The table's own copy of `region` (the same string), if it is a member.
+    pub fn region_id(&self, region: &RegionId) -> Option<&RegionId> {
+        let i = self.regions.binary_search(region).ok()?;
+        self.regions.get(i)
+    }
+
     pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
         self.limits.values()
     }
@@ -387,6 +417,29 @@ impl AllowanceTable {
         let rows: usize = self.counters.values().map(BTreeMap::len).sum();
         assert_eq!(rows, self.row_count, "row count out of step");
         Ok(())
+    }
+
+    /// Invariant 2 for `counter` alone (nothing for a counter without rows: all defaults,
+    /// whose sum fits by construction).
+    pub fn check_counter_invariant(&self, counter: &CounterRef) -> Result<(), RejectReason> {
+        if !self.counters.contains_key(counter) {
+            return Ok(());
+        }
+        self.check_counter(counter)
+    }
+
+    /// [`AllowanceTable::apply`], then invariant 2 wherever the command may have moved a sum:
+    /// its own counter for a row command (no other counter's rows, defaults or quota change),
+    /// every counter for anything else. The replicated state machine applies entries through
+    /// this, so a round of row commands costs what it touches, not the table's size.
+    pub fn apply_checked(&mut self, cmd: TableCommand) -> Result<ApplyOutcome, RejectReason> {
+        let touched = cmd.touched_counter().cloned();
+        let outcome = self.apply(cmd);
+        match touched {
+            Some(counter) => self.check_counter_invariant(&counter)?,
+            None => self.check_invariants()?,
+        }
+        Ok(outcome)
     }
 
     /// Apply one committed command. Deterministic; a refused command changes nothing.

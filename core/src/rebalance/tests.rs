@@ -1716,6 +1716,31 @@ proptest! {
             }
         }
     }
+
+    /// What lets the replicated state check only the counter a row command names: no other
+    /// counter's sum (rows or defaults) moves, and the check after it passes where the whole
+    /// table's does.
+    #[test]
+    fn a_row_command_moves_only_the_sum_of_the_counter_it_names(
+        cmds in prop::collection::vec(arb_command(), 1..60),
+        a_ppm in 0u32..=600_000,
+    ) {
+        let spec = weighted(with_policy(PartitionPolicy::Closed), a_ppm, 1_000_000 - a_ppm);
+        let mut t = table_with(&spec);
+        for cmd in cmds {
+            let touched = cmd.touched_counter().cloned();
+            let sums_before: Vec<u128> = (100..103).map(|w| t.allowance_sum(&counter(w))).collect();
+            let checked = t.apply_checked(cmd);
+            prop_assert!(checked.is_ok(), "{checked:?}");
+            prop_assert!(t.check_invariants().is_ok());
+            let Some(touched) = touched else { continue };
+            for (w, before) in (100..103).zip(sums_before) {
+                if counter(w) != touched {
+                    prop_assert_eq!(t.allowance_sum(&counter(w)), before, "window {}", w);
+                }
+            }
+        }
+    }
 }
 
 // ---- property: invariant 2 and region safety over a lossy network --------------------------
