@@ -6,30 +6,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// Byte order of two strings, the order `str` has, compared eight bytes at a time inline:
-/// ids are compared in every map lookup of the table and the rebalancer (a `CounterRef` is a
-/// limit and a key), and for short ids a call to `memcmp` per comparison was the larger part
-/// of the leader's time (docs/benchmarks.md, "Leader cost per sync round").
-#[inline]
-fn cmp_bytes(mut a: &[u8], mut b: &[u8]) -> Ordering {
-    while let (Some((x, rest_a)), Some((y, rest_b))) =
-        (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
-    {
-        if x != y {
-            // Big-endian: the first differing byte decides, as in a byte-wise comparison.
-            return u64::from_be_bytes(*x).cmp(&u64::from_be_bytes(*y));
-        }
-        a = rest_a;
-        b = rest_b;
-    }
-    for (x, y) in a.iter().zip(b) {
-        if x != y {
-            return x.cmp(y);
-        }
-    }
-    a.len().cmp(&b.len())
-}
-
 macro_rules! shared_str_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -54,10 +30,12 @@ macro_rules! shared_str_id {
             /// The strings' byte order, as `str` orders them.
             #[inline]
             fn cmp(&self, other: &Self) -> Ordering {
+                // The leader's maps share one copy of each id (docs/benchmarks.md, "Leader
+                // cost per sync round"): the same copy is equal without reading it.
                 if Arc::ptr_eq(&self.0, &other.0) {
                     return Ordering::Equal;
                 }
-                cmp_bytes(self.0.as_bytes(), other.0.as_bytes())
+                self.0.cmp(&other.0)
             }
         }
 
@@ -138,8 +116,8 @@ mod tests {
 
     proptest! {
         /// Maps keyed by ids (the table's rows, the rebalancer's views) iterate in `str` order:
-        /// the inline comparison must be exactly that order, prefixes and multi-byte
-        /// characters included.
+        /// the comparison (with its shortcut for a shared copy) must be exactly that order,
+        /// prefixes and multi-byte characters included.
         #[test]
         fn ids_order_and_compare_as_their_strings(
             a in "[a-c\u{e9}\u{1F600}/=-]{0,20}",
