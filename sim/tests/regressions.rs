@@ -99,10 +99,26 @@ fn parsed(name: &str, yaml: &str) -> Scenario {
 }
 
 /// Seeds of the slow tier (`ALLOT_SLOW_TESTS=1`, which `.ci/run` sets) for a regression
-/// scenario, and fewer for the two whose runs are long (20 s and 50 s of thousands of requests
-/// a second).
+/// scenario, and fewer for those whose runs are long (20 s to 60 s of thousands of requests
+/// a second): `.ci/run` keeps to its time box with 200 of them, and
+/// `ALLOT_LONG_RUN_SEEDS=0..1000` (any `A..B`) runs more, as docs/sim.md records.
 const SLOW_SEEDS: std::ops::Range<u64> = 0..1_000;
 const SLOW_SEEDS_LONG_RUNS: std::ops::Range<u64> = 0..200;
+
+/// The slow tier's seeds for a long run: `ALLOT_LONG_RUN_SEEDS` if set, else
+/// `SLOW_SEEDS_LONG_RUNS`. A malformed value fails the test rather than running fewer.
+fn long_run_seeds() -> std::ops::Range<u64> {
+    let Ok(text) = std::env::var("ALLOT_LONG_RUN_SEEDS") else {
+        return SLOW_SEEDS_LONG_RUNS;
+    };
+    let parsed = text
+        .split_once("..")
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    match parsed {
+        Some((start, end)) if start < end => start..end,
+        _ => panic!("ALLOT_LONG_RUN_SEEDS={text:?}: expected A..B with A < B, e.g. 0..1000"),
+    }
+}
 
 /// Runs a regression scenario on `fast` seeds. In the slow tier it also runs the scenario's
 /// Poisson variant on `slow` seeds, which must hold: the scenarios are written with uniform
@@ -232,7 +248,7 @@ traffic:
     arrivals: uniform
 "#,
         0..1,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&r);
     let w3 = &r.per_seed[0].windows[3];
@@ -289,7 +305,7 @@ faults:
   - coordinator_outage: {start: 16s, end: 35s}
 "#,
         0..1,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&r);
     assert_eq!(unbounded_starts(&r), vec![10_000, 20_000]);
@@ -639,7 +655,7 @@ faults:
   - link: {region: a, direction: down, loss: 0.7, end: 55s}
 "#,
         0..2,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_eq!(
         r.figures.violations,
@@ -692,7 +708,7 @@ faults:
   - gateway_crash: {region: a, gateway: 0, at: 10s, restart_after: 1s}
 "#,
         0..2,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_eq!(
         r.figures.violations,
@@ -744,7 +760,7 @@ faults:
   - agent_crash: {region: a, at: 25s, restart_after: 500ms}
 "#,
         0..2,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_eq!(
         r.figures.violations,
@@ -880,7 +896,7 @@ fn a_gateway_clock_slow_by_1500_ppm_spends_no_60s_lease_past_its_window() {
         "slow-gateway-strict.yaml",
         &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "strict"),
         0..1,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&strict);
     assert_eq!(strict.figures.overshoot_max_on_region_clocks, 0);
@@ -888,7 +904,7 @@ fn a_gateway_clock_slow_by_1500_ppm_spends_no_60s_lease_past_its_window() {
         "slow-gateway-eventual.yaml",
         &SLOW_GATEWAY_LONG_LEASE.replace("CONS", "eventual"),
         0..1,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&eventual);
     // One region sees every unit it admits: nothing may pass L on any clock.
@@ -1188,7 +1204,7 @@ fn refills_in_place_hold_the_bound_under_crashes_and_partitions() {
         "refills-in-place.yaml",
         REFILLS_IN_PLACE,
         0..2,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&in_place);
     assert!(in_place.per_seed.iter().all(|s| s.stats.lease_refills > 0));
@@ -1550,7 +1566,7 @@ fn a_region_ahead_is_counted_under_its_old_version_in_windows_it_reached_before_
         "swarm-435.yaml",
         SWARM_435_SHRUNK,
         435..437,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     );
     assert_no_violation(&r);
 }
@@ -2438,7 +2454,7 @@ fn a_restored_start_reuses_no_lease_id_of_its_lost_copy() {
         "swarm-8062",
         SWARM_8062,
         8062..8064,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     ));
 }
 
@@ -2481,7 +2497,7 @@ fn a_reload_counts_the_reach_a_region_had_when_it_switched() {
         "swarm-800659",
         SWARM_800659,
         800659..800661,
-        SLOW_SEEDS_LONG_RUNS,
+        long_run_seeds(),
     ));
 }
 
