@@ -6,12 +6,15 @@
 //! ```text
 //! allot agent --config limits.yaml --grpc 127.0.0.1:18081 --http 127.0.0.1:18080 --data ./d &
 //! cargo run --release -p allot-client --example agent_cpu -- \
-//!     --agent 127.0.0.1:18081 --pid <agent pid> --rounds 3 --secs 4
+//!     --agent 127.0.0.1:18081 --pid <agent pid> --rounds 3 --secs 4 [--keys 16]
 //! ```
 //!
-//! Both sides run 16 callers in a closed loop on one key of domain `bench`, descriptor
-//! `key=hot`, whose quota no run reaches; the agent's CPU is user plus system time of its
-//! process, from `/proc/<pid>/stat`, read as each interval starts and ends.
+//! Both sides run 16 callers in a closed loop on `--keys` keys of domain `bench` (1 by
+//! default: every caller on descriptor `key=hot0`; with N, caller i on `key=hot{i % N}`),
+//! whose quota no run reaches; the agent's CPU is user plus system time of its process, from
+//! `/proc/<pid>/stat`, read as each interval starts and ends. One key is the client's worst
+//! case: it holds one lease at a time, so every refill reaches the agent alone, where many
+//! keys' refills share the agent's reads and writes as the per-request side's calls do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,6 +32,7 @@ struct Args {
     rounds: u32,
     secs: u64,
     lease_units: u64,
+    keys: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,6 +42,7 @@ fn parse() -> Result<Args, String> {
         rounds: 3,
         secs: 4,
         lease_units: 100,
+        keys: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +54,7 @@ fn parse() -> Result<Args, String> {
             "--rounds" => args.rounds = num(&value)? as u32,
             "--secs" => args.secs = num(&value)?,
             "--lease-units" => args.lease_units = num(&value)?,
+            "--keys" => args.keys = num(&value)?.clamp(1, CALLERS as u64) as usize,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -89,22 +95,29 @@ fn rpcs_of(client: &Client) -> u64 {
 }
 
 async fn run_client(args: &Args, client: &Arc<Client>) -> Measured {
-    let key = Arc::new(
-        client
-            .key(&Target::new("bench").entry("key", "hot"))
-            .expect("key"),
-    );
-    // Warm up: the first lease and the rate estimate.
-    for _ in 0..10_000 {
-        let _ = client.spend(&key, 1).await;
+    let keys: Vec<_> = (0..args.keys)
+        .map(|k| {
+            let target = Target::new("bench").entry("key", format!("hot{k}"));
+            Arc::new(client.key(&target).expect("key"))
+        })
+        .collect();
+    // Warm up: the first lease and the rate estimate of each key.
+    for key in &keys {
+        for _ in 0..10_000 {
+            let _ = client.spend(key, 1).await;
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     let admitted = Arc::new(AtomicU64::new(0));
     let (cpu0, rpcs0) = (agent_cpu(args.pid), rpcs_of(client));
     let tasks: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            let (client, key, stop, admitted) =
-                (client.clone(), key.clone(), stop.clone(), admitted.clone());
+        .map(|i| {
+            let (client, key, stop, admitted) = (
+                client.clone(),
+                keys[i % keys.len()].clone(),
+                stop.clone(),
+                admitted.clone(),
+            );
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
@@ -139,12 +152,12 @@ async fn run_acquire(args: &Args) -> Measured {
         .connect()
         .await
         .expect("agent");
-    let request = || pb::AcquireRequest {
+    let request = |i: usize| pb::AcquireRequest {
         target: Some(pb::Target {
             domain: "bench".into(),
             entries: vec![pb::Entry {
                 key: "key".into(),
-                value: "hot".into(),
+                value: format!("hot{}", i % args.keys),
             }],
         }),
         cost_units: 1,
@@ -154,13 +167,14 @@ async fn run_acquire(args: &Args) -> Measured {
     let admitted = Arc::new(AtomicU64::new(0));
     let cpu0 = agent_cpu(args.pid);
     let tasks: Vec<_> = (0..CALLERS)
-        .map(|_| {
+        .map(|i| {
             let mut client = LeaseServiceClient::new(channel.clone());
+            let request = request(i);
             let (stop, admitted) = (stop.clone(), admitted.clone());
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let ok = client.acquire(request()).await.ok();
+                    let ok = client.acquire(request.clone()).await.ok();
                     if ok
                         .and_then(|r| r.into_inner().decision)
                         .is_some_and(|d| d.allowed)
@@ -210,9 +224,10 @@ async fn main() {
         let ratio = per_cpu_sec(&leased) / per_cpu_sec(&direct);
         ratios.push(ratio);
         println!(
-            "round {round}: leases of {}: {} admitted, {} RPCs (1/{:.0}), agent CPU {:.2} s, \
+            "round {round}: {} keys, leases of {}: {} admitted, {} RPCs (1/{:.0}), agent CPU {:.2} s, \
              {:.0} admitted per agent CPU-s | per request: {} admitted, agent CPU {:.2} s, \
              {:.0} per agent CPU-s | ratio {ratio:.1}x",
+            args.keys,
             args.lease_units,
             leased.admitted,
             leased.rpcs,
