@@ -148,7 +148,7 @@ pub struct RlsDescriptor {
 
 /// What the admin key view shows.
 #[derive(Clone, Debug)]
-pub struct KeyState {
+pub struct AdminKey {
     pub rule: Arc<RuleInfo>,
     pub key: KeyId,
     pub view: KeyView,
@@ -614,14 +614,14 @@ impl Agent {
     }
 
     /// The operator's view of one key; `None` when no rule matches.
-    pub fn key_state(&self, target: &Target) -> Result<Option<KeyState>> {
+    pub fn key_state(&self, target: &Target) -> Result<Option<AdminKey>> {
         let Some((rule, matched_key)) = self.matched(target) else {
             return Ok(None);
         };
         let now = self.now();
         let view = self.lock().key_view(now, &rule.id, &matched_key)?;
         let pair = (rule.id.clone(), matched_key);
-        Ok(Some(KeyState {
+        Ok(Some(AdminKey {
             negative_cache_until: self.negative.until(&pair),
             rule,
             key: pair.1,

@@ -371,7 +371,7 @@ impl NodeFactory for CoreFactory {
         if store.config != setup.reload {
             // A reload reached the region while it was down: what it had admitted, it
             // admitted under the configuration before, as if the reload had reached it live.
-            for k in region.budget.key_views(now) {
+            for k in region.budget.key_accounts(now) {
                 let used = region.used_at_reload.entry(k.counter).or_default();
                 *used = (*used).max(k.granted_units.saturating_sub(k.refunded_units));
             }
@@ -672,7 +672,7 @@ impl RegionNode for CoreRegion {
     fn observe(&self, out: &mut RegionObservation) {
         let region = self.budget.region();
         out.config_version = Some(self.budget.config_version());
-        for k in self.budget.key_views(self.last_now) {
+        for k in self.budget.key_accounts(self.last_now) {
             let strict = self.coordinated && self.is_strict(&k.counter.limit);
             let quota = self.quota_units(&k.counter.limit);
             out.entries.push(allot_core::sync::CounterEntry {
@@ -726,7 +726,7 @@ impl RegionNode for CoreRegion {
         let now = self.saw(now);
         self.used_at_reload = self
             .budget
-            .key_views(now)
+            .key_accounts(now)
             .into_iter()
             .map(|k| (k.counter, k.granted_units.saturating_sub(k.refunded_units)))
             .collect();

@@ -65,6 +65,15 @@ pub(crate) struct ClosingEntry {
     pub refunded_units: u64,
 }
 
+/// Which epochs [`HotState::apply_allowance`] takes for the current window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EpochRule {
+    /// A coordinator's answer: only a newer epoch.
+    Newer,
+    /// A store record replayed at a restart: an equal epoch too.
+    SameToo,
+}
+
 /// The rarely used parts of a key. Everything here is for `KeyState::window` unless it says
 /// otherwise.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -284,6 +293,37 @@ impl HotState {
             && !pacing(&self.open_rate)
     }
 
+    /// Applies an explicit allowance for the current window `key_window` or a later one: the
+    /// one place a grant, or what a release left, takes effect. Returns false when it is not
+    /// taken (stale, or too far ahead).
+    ///
+    /// For the current window a coordinator's grant counts only with a newer epoch: a
+    /// duplicate or reordered answer changes nothing. A replay from the store
+    /// ([`EpochRule::SameToo`]) is taken at an equal epoch too: each record holds the key's
+    /// allowance as it was when written, the restore clears the allowance before each record
+    /// but keeps the epoch, so the record that wrote the epoch in force must still bring its
+    /// allowance back. Later windows' lists are cleared the same way and never hold epoch 0,
+    /// so one rule serves both there.
+    pub fn apply_allowance(
+        &mut self,
+        key_window: WindowIndex,
+        a: WindowAllowance,
+        rule: EpochRule,
+    ) -> bool {
+        if a.window != key_window {
+            return self.set_future(key_window, a);
+        }
+        let taken = match rule {
+            EpochRule::Newer => a.epoch > self.epoch,
+            EpochRule::SameToo => a.epoch >= self.epoch,
+        };
+        if taken {
+            self.allowance = Some(a.allowance_units);
+            self.epoch = a.epoch;
+        }
+        taken
+    }
+
     /// Keep a pre-issued allowance for a later window. Returns false when it is stale (its
     /// epoch is not newer) or too far ahead.
     pub fn set_future(&mut self, key_window: WindowIndex, grant: WindowAllowance) -> bool {
@@ -392,6 +432,47 @@ mod tests {
         k.granted_units = 3;
         k.roll(WindowIndex(4));
         assert_eq!((k.window, k.granted_units), (WindowIndex(5), 3));
+    }
+
+    #[test]
+    fn an_answer_at_the_epoch_in_force_changes_nothing_but_a_replayed_record_restores_it() {
+        let grant = |units, e| WindowAllowance {
+            window: WindowIndex(5),
+            allowance_units: units,
+            epoch: Epoch(e),
+        };
+        let mut live = HotState::default();
+        assert!(live.apply_allowance(WindowIndex(5), grant(70, 3), EpochRule::Newer));
+        assert!(
+            !live.apply_allowance(WindowIndex(5), grant(90, 3), EpochRule::Newer),
+            "a duplicate answer at the same epoch"
+        );
+        assert!(!live.apply_allowance(WindowIndex(5), grant(90, 2), EpochRule::Newer));
+        assert_eq!((live.allowance, live.epoch), (Some(70), Epoch(3)));
+        // A restore clears the allowance before each record and keeps the epoch: the record
+        // that wrote epoch 3 brings its allowance back, where an answer's rule would drop it.
+        let mut replayed = live.clone();
+        replayed.allowance = None;
+        assert!(
+            !replayed
+                .clone()
+                .apply_allowance(WindowIndex(5), grant(70, 3), EpochRule::Newer)
+        );
+        assert!(replayed.apply_allowance(WindowIndex(5), grant(70, 3), EpochRule::SameToo));
+        assert_eq!((replayed.allowance, replayed.epoch), (Some(70), Epoch(3)));
+        assert!(!replayed.apply_allowance(WindowIndex(5), grant(10, 2), EpochRule::SameToo));
+        // Later windows keep one rule: a newer epoch.
+        assert!(live.apply_allowance(WindowIndex(5), grant_at(6, 40, 1), EpochRule::SameToo));
+        assert!(!live.apply_allowance(WindowIndex(5), grant_at(6, 50, 1), EpochRule::SameToo));
+        assert_eq!(live.future, vec![grant_at(6, 40, 1)]);
+    }
+
+    fn grant_at(window: u64, units: u64, epoch: u64) -> WindowAllowance {
+        WindowAllowance {
+            window: WindowIndex(window),
+            allowance_units: units,
+            epoch: Epoch(epoch),
+        }
     }
 
     #[test]

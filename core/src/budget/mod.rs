@@ -108,9 +108,9 @@ impl CounterState {
     }
 }
 
-/// One key as [`RegionBudget::key_views`] shows it.
+/// One key as [`RegionBudget::key_accounts`] shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyView {
+pub struct KeyAccount {
     /// The key's counter, for the window it was last used in.
     pub counter: CounterRef,
     pub granted_units: u64,
@@ -386,7 +386,7 @@ impl RegionBudget {
     /// Every key's own counter with the allowance it is judged against and the excess policy
     /// let in (invariant 1: `net <= allowance + excess` at admission), in limit then key
     /// order: for observers such as the simulator's checker, not for the request path.
-    pub fn key_views(&self, now: Timestamp) -> Vec<KeyView> {
+    pub fn key_accounts(&self, now: Timestamp) -> Vec<KeyAccount> {
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let mut out = Vec::new();
         for (id, lim) in &self.limits {
@@ -396,7 +396,7 @@ impl RegionBudget {
             for (name, ks) in &lim.keys {
                 let allowance = admit::allowance(&lim.params, ks, ks.window, &ctx);
                 let start = lim.params.window_start(ks.window);
-                out.push(KeyView {
+                out.push(KeyAccount {
                     counter: CounterRef {
                         limit: id.clone(),
                         key: KeyId::new(name.as_ref()),

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{ID_BLOCK, MAX_DIRTY_ITEMS};
 use super::idempotency::IdempotencyEntry;
-use super::key::{KeyState, WindowAllowance};
+use super::key::{EpochRule, KeyState, WindowAllowance};
 use super::lease::Lease;
 use super::limits::LimitState;
 use super::slots::SlotHome;
@@ -681,22 +681,12 @@ impl RegionBudget {
             hot.future.clear();
         }
         for a in rec.allowances {
-            let hot = ks.hot_mut();
-            if a.window == window {
-                if a.epoch >= hot.epoch {
-                    hot.allowance = Some(a.allowance_units);
-                    hot.epoch = a.epoch;
-                }
-            } else {
-                hot.set_future(
-                    window,
-                    WindowAllowance {
-                        window: a.window,
-                        allowance_units: a.allowance_units,
-                        epoch: a.epoch,
-                    },
-                );
-            }
+            let a = WindowAllowance {
+                window: a.window,
+                allowance_units: a.allowance_units,
+                epoch: a.epoch,
+            };
+            ks.hot_mut().apply_allowance(window, a, EpochRule::SameToo);
         }
         if let Some(t) = rec.rate_tat {
             ks.hot_mut().rate = Some(GcraState::from_tat(t));

@@ -16,7 +16,7 @@ use crdts::{CmRDT, Dot};
 
 use super::admit::{self, Ctx};
 use super::config::{MAX_INFLIGHT_SYNCS, MAX_PENDING_ACKS, RECENT_RELEASES_KEPT, SYNC_SCAN_KEYS};
-use super::key::{KeyState, WindowAllowance};
+use super::key::{EpochRule, KeyState, WindowAllowance};
 use super::limits::LimitState;
 use super::persist::{Dirty, DirtySet};
 use super::view::RoundTrip;
@@ -565,20 +565,13 @@ impl RegionBudget {
             let hot = ks.hot_mut();
             if g.counter.window == window {
                 hot.mentioned = true;
-                if g.epoch > hot.epoch {
-                    hot.allowance = Some(g.allowance_units);
-                    hot.epoch = g.epoch;
-                }
-            } else {
-                hot.set_future(
-                    window,
-                    WindowAllowance {
-                        window: g.counter.window,
-                        allowance_units: g.allowance_units,
-                        epoch: g.epoch,
-                    },
-                );
             }
+            let a = WindowAllowance {
+                window: g.counter.window,
+                allowance_units: g.allowance_units,
+                epoch: g.epoch,
+            };
+            hot.apply_allowance(window, a, EpochRule::Newer);
         });
         self.after_sync_item(done.is_ok(), &g.counter, touched);
     }

@@ -75,7 +75,7 @@ enum Ask {
 }
 
 #[derive(Clone, Debug)]
-struct KeyState {
+struct HeldKey {
     limit: LimitId,
     key: KeyId,
     /// Capacity `max_leases_per_key`, reserved when the key is added.
@@ -101,7 +101,7 @@ struct KeyState {
     last_active_at: Timestamp,
 }
 
-impl KeyState {
+impl HeldKey {
     /// Queues a request for the next lease once the held units run low.
     fn prefetch_if_low(&mut self, max_leases: usize) {
         let low = self.ask == Ask::None
@@ -128,7 +128,7 @@ impl KeyState {
 #[derive(Clone, Debug)]
 struct Slot {
     generation: u32,
-    state: Option<KeyState>,
+    state: Option<HeldKey>,
 }
 
 /// The gateway's leases for every key it serves. See the module documentation.
@@ -181,7 +181,7 @@ impl Gateway {
             return Ok(self.handle_of(slot));
         }
         let slot = self.allocate_slot(limit, key)?;
-        let state = KeyState {
+        let state = HeldKey {
             limit: limit.clone(),
             key: key.clone(),
             leases: Vec::with_capacity(self.config.max_leases_per_key),
@@ -641,7 +641,7 @@ fn expiry_margin(config: &GatewayConfig, ttl: Duration) -> Duration {
 /// Clears the key's refill in flight; the lease it named if that was emptied meanwhile and
 /// the answer did not add to it (`granted`): its end is reported now. (A lease dropped as
 /// expired is not reported: the agent counts it spent at its own expiry.)
-fn emptied_refill(state: &mut KeyState, granted: Option<LeaseId>) -> Option<LeaseId> {
+fn emptied_refill(state: &mut HeldKey, granted: Option<LeaseId>) -> Option<LeaseId> {
     let lease = state.refill_of.take()?;
     let emptied = std::mem::take(&mut state.refill_of_emptied);
     (emptied && granted != Some(lease)).then_some(lease)
@@ -659,7 +659,7 @@ fn refill_target(leases: &[HeldLease], answer_by: Timestamp) -> Option<LeaseId> 
         .map(|l| l.id)
 }
 
-fn waiting_state(slots: &mut [Slot], ticket: LeaseTicket) -> Option<(&mut KeyState, Timestamp)> {
+fn waiting_state(slots: &mut [Slot], ticket: LeaseTicket) -> Option<(&mut HeldKey, Timestamp)> {
     let state = slot_state_mut(slots, ticket.handle)?;
     match state.ask {
         Ask::Sent { seq, sent_at } if seq == ticket.seq => Some((state, sent_at)),
@@ -667,7 +667,7 @@ fn waiting_state(slots: &mut [Slot], ticket: LeaseTicket) -> Option<(&mut KeySta
     }
 }
 
-fn slot_state(slots: &[Slot], handle: KeyHandle) -> Option<&KeyState> {
+fn slot_state(slots: &[Slot], handle: KeyHandle) -> Option<&HeldKey> {
     let slot = slots.get(handle.slot as usize)?;
     if slot.generation != handle.generation {
         return None;
@@ -675,7 +675,7 @@ fn slot_state(slots: &[Slot], handle: KeyHandle) -> Option<&KeyState> {
     slot.state.as_ref()
 }
 
-fn slot_state_mut(slots: &mut [Slot], handle: KeyHandle) -> Option<&mut KeyState> {
+fn slot_state_mut(slots: &mut [Slot], handle: KeyHandle) -> Option<&mut HeldKey> {
     let slot = slots.get_mut(handle.slot as usize)?;
     if slot.generation != handle.generation {
         return None;

@@ -155,7 +155,7 @@ fn key_views_show_each_counter_against_its_allowance() {
     );
     b.settle(at(10), g.lease, 70, None).expect("settle");
     acquire(&mut b, at(20), "api", "b", 5);
-    let views = b.key_views(at(30));
+    let views = b.key_accounts(at(30));
     let of = |k: &str| {
         views
             .iter()

@@ -264,7 +264,7 @@ fn a_restarted_region_keeps_the_excess_it_recorded() {
     b.settle(at(10), g.lease, 130, None).expect("settle");
     let log = b.drain_dirty();
     let excess = |r: &RegionBudget| {
-        let v = r.key_views(at(20));
+        let v = r.key_accounts(at(20));
         (v[0].granted_units - v[0].refunded_units, v[0].excess_units)
     };
     assert_eq!(excess(&b), (130, 30));

@@ -127,10 +127,10 @@ fn the_windows_a_restore_closed_stay_closed_after_a_crash() {
 #[test]
 fn key_views_say_a_restore_awaits_its_answer_until_it_comes() {
     let mut b = restored(RestoreStart::Declared);
-    let awaiting = |b: &RegionBudget| b.key_views(at(30_200))[0].restore_awaiting;
+    let awaiting = |b: &RegionBudget| b.key_accounts(at(30_200))[0].restore_awaiting;
     assert!(awaiting(&b));
     assert_eq!(
-        b.key_views(at(30_200))[0].allowance_units,
+        b.key_accounts(at(30_200))[0].allowance_units,
         10,
         "its own count"
     );
