@@ -2678,3 +2678,20 @@ faults:
               failure_mode: closed
   - region_removal: {region: r1, at: 42986ms}
 "#;
+
+/// Swarm seed 954, shrunk (`sim/swarm-findings/seed-954-region-allowance-above-table-switch-after-add-back.yaml`):
+/// a reload at 12.2 s reaches r1 (strict, closed, idle) only 10.2 s later. Meanwhile r1 is
+/// removed and added back; the others were grown into its share, so the table holds zeroes for
+/// it, at the new version. r1, still on the old one, ignores them (grants apply only between
+/// equal versions), and on switching took its new default at once: `enforces 284, the table
+/// gives it 0` (`region_allowance_above_table`). A closed strict key now holds as closed from
+/// a version switch until an answer at the new version, which the zeroes lead; and a region's
+/// demand report confirms a row only at the table's version. After: 0 violations.
+#[test]
+fn a_region_that_switches_versions_after_an_add_back_takes_the_zeroes_first() {
+    assert_no_violation(&run(&parsed("swarm-954.yaml", SWARM_954), 954..955));
+}
+
+const SWARM_954: &str = include_str!(
+    "../swarm-findings/seed-954-region-allowance-above-table-switch-after-add-back.yaml"
+);

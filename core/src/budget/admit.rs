@@ -36,6 +36,10 @@ pub(crate) struct Ctx {
     pub open_from: Option<Timestamp>,
     /// A restored start's limits on admission (none for a normal start).
     pub restore: RestoreGate,
+    /// The region switched configuration versions and has had no answer at its new one yet
+    /// ([`super::view::View::version_unheard`]): a closed strict key holds as if its view
+    /// had expired.
+    pub version_unheard: bool,
 }
 
 /// The allowance `a_r` in force for a key, and where it comes from.
@@ -149,6 +153,12 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
         if let Some(units) = ks.explicit_allowance(window) {
             return Allowance { units, ..default };
         }
+        // The table's rows for the new version may hold this region below its default (the
+        // zeroes of windows others were grown into while it was silent or removed); they
+        // come only with an answer at that version, so until then closed means closed.
+        if ctx.version_unheard && p.spec.partition_policy == PartitionPolicy::Closed {
+            return closed_allowance(p, ks, window);
+        }
     } else if !ctx.view_expired {
         let hot = ks.hot.as_deref().filter(|_| ks.window == window);
         return match hot.filter(|h| h.known_to_coordinator) {
@@ -183,15 +193,7 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
     }
     match p.spec.partition_policy {
         PartitionPolicy::Floor => default,
-        PartitionPolicy::Closed => Allowance {
-            units: if ks.window == window {
-                closed_units(p, ks)
-            } else {
-                0
-            },
-            reason: Reason::PartitionClosed,
-            open: false,
-        },
+        PartitionPolicy::Closed => closed_allowance(p, ks, window),
         PartitionPolicy::Open { .. } => Allowance {
             open: true,
             ..default
@@ -202,6 +204,20 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
 /// Closed policy, view expired: nothing more than is used. A strict region also stays within
 /// the default share its table allowance is (settle overage can take use past it); an
 /// eventual region's use may rightly be past its share, which is no ceiling in view mode.
+/// What a closed region holds in `window`: in its current window what it used, up to its
+/// default (strict); in a later one nothing.
+fn closed_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex) -> Allowance {
+    Allowance {
+        units: if ks.window == window {
+            closed_units(p, ks)
+        } else {
+            0
+        },
+        reason: Reason::PartitionClosed,
+        open: false,
+    }
+}
+
 fn closed_units(p: &LimitParams, ks: &KeyState) -> u64 {
     if p.is_eventual() {
         ks.net_units()

@@ -272,6 +272,9 @@ impl RegionBudget {
         let skipped = self.config_version != 0
             && version != self.config_version
             && version != self.config_version.saturating_add(1);
+        if self.config_version != 0 && version != self.config_version {
+            self.view.version_unheard = true;
+        }
         self.config_version = version;
         if skipped {
             self.hold_grants_at_defaults();
@@ -580,6 +583,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .filter(|_| coordinated)
             .map(|(from, _)| from),
         restore: view.restore.gate(),
+        version_unheard: coordinated && view.version_unheard,
     }
 }
 

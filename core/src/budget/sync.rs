@@ -418,6 +418,9 @@ impl RegionBudget {
         for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
             self.apply_grant(now, g);
         }
+        // The rows below the default lead every answer until confirmed, so this one brought
+        // them: an answer to any SyncUp will do, as long as it speaks this version.
+        self.view.version_unheard = false;
         // A restored start awaiting its boot's first answer holds an old copy of its
         // allowances: a release taken from one (an answer to the lost copy's SyncUp) leaves it
         // above the row the coordinator lowers. Not applied, not acked: the first answer

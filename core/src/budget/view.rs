@@ -29,6 +29,13 @@ pub(crate) struct View {
     open_accounted_until: Option<Timestamp>,
     /// A start that may have lost state: ends (or closes earlier windows) at the first answer.
     pub restore: Restore,
+    /// The configuration version changed here and no answer at the new one has come yet.
+    /// Grants apply only between equal versions, so a row the table holds for this region
+    /// below its default under the new version (a window others were grown into while it was
+    /// removed or silent) has not reached it: under the closed policy its strict keys hold
+    /// as if the view had expired until that answer (swarm seed 954). Not persisted: a
+    /// restart starts with no contact, which holds them the same way.
+    pub version_unheard: bool,
 }
 
 impl View {
@@ -43,6 +50,7 @@ impl View {
             clock_correction: None,
             open_accounted_until: None,
             restore: Restore::default(),
+            version_unheard: false,
         }
     }
 

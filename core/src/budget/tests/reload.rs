@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::budget::persist::PersistRecord;
-use crate::limit::Consistency;
+use crate::limit::{Consistency, PartitionPolicy};
 
 /// A region holding a grant of 250 for window `w` (epoch 2), 200 of it used.
 fn granted_and_used(spec: LimitSpec) -> RegionBudget {
@@ -236,4 +236,62 @@ fn the_stored_allocation_changes_exactly_when_allocation_changed_says() {
             "{v:?}"
         );
     }
+}
+
+/// Swarm seed 954: a closed region, on an older version while the table moved on, ignores the
+/// zero the table holds for it in a window the others were grown into; switching versions, it
+/// must not take its default there before an answer at its new version brings the zero.
+#[test]
+fn a_closed_region_that_switches_versions_holds_closed_until_an_answer_at_the_new_one() {
+    let closed = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..per_minute("api", 400)
+    };
+    let mut b = budget(vec![closed]);
+    b.set_config_version(1);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.config_version = 1;
+    b.handle_sync_down(at(10), down);
+    assert_eq!(allowance(&b, at(10), "api", "k"), 100, "in contact: its default");
+    let zero_at_2 = |up: &SyncUp, now| {
+        let mut down = answer(up, now);
+        down.config_version = 2;
+        down.grants = vec![grant("api", "k", w, 0, 3)];
+        down
+    };
+    let up = b.poll_transmit(at(300)).expect("sync");
+    b.handle_sync_down(at(310), zero_at_2(&up, at(300)));
+    assert_eq!(
+        allowance(&b, at(310), "api", "k"),
+        100,
+        "another version's zero is not applied"
+    );
+    b.set_config_version(2);
+    assert_eq!(
+        allowance(&b, at(400), "api", "k"),
+        0,
+        "closed until an answer at the new version"
+    );
+    assert!(!acquire(&mut b, at(400), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(600)).expect("sync");
+    b.handle_sync_down(at(610), zero_at_2(&up, at(600)));
+    assert_eq!(allowance(&b, at(610), "api", "k"), 0, "the zero, applied");
+    assert_eq!(allowance(&b, at(610), "api", "j"), 100, "no row: the default");
+}
+
+/// The floor policy keeps its default through a version switch: the table never takes a
+/// floor region's default share while it is silent, so no zero can be waiting for it.
+#[test]
+fn a_floor_region_that_switches_versions_keeps_its_default() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.set_config_version(1);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.config_version = 1;
+    b.handle_sync_down(at(10), down);
+    b.set_config_version(2);
+    assert_eq!(allowance(&b, at(20), "api", "k"), 100);
+    assert!(acquire(&mut b, at(20), "api", "k", 1).allowed);
 }

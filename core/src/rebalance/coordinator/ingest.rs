@@ -250,6 +250,11 @@ impl Coordinator {
     }
 
     fn record_demand(&mut self, now: Timestamp, msg: &SyncUp) {
+        // The allowance a region reports was set under its version: against the table's
+        // rows it confirms (or shows lost) nothing unless the two agree, since a region
+        // applies no grant of another version. A zero it ignored there must still lead the
+        // answers once it switches (swarm seed 954).
+        let same_version = msg.config_version == self.table.config_version();
         for d in msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE) {
             if !self.track(now, &d.counter) {
                 continue;
@@ -268,6 +273,9 @@ impl Coordinator {
                 }) {
                     self.schedule.mark(&d.counter);
                 }
+            }
+            if !same_version {
+                continue;
             }
             let row = self.table.row(&d.counter, &msg.region);
             let lost_grant = row.is_some_and(|row| {
