@@ -13,8 +13,8 @@ use super::*;
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, RateCap, RegionWeights};
 use crate::sync::{
-    BoundFigures, ClockSample, CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE,
-    ReleaseAck, SyncDown, SyncUp,
+    BoundFigures, ClockSample, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
+    MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, WindowIndex};
 
@@ -629,6 +629,48 @@ fn a_returning_region_hears_its_reclaimed_zeroes_before_anything_else() {
         w.a.allowance(&counter(101)) + w.b.allowance(&counter(101)),
         100
     );
+}
+
+/// b's zero for window 101 after it came back (as in the test above), and its answer to a
+/// SyncUp from b that reports holding 0 there under `version`.
+fn zero_after_a_report_at(version: u64) -> SyncDown {
+    let mut w = silent_b(PartitionPolicy::Closed);
+    for c in w.coord.poll_proposals(at_ms(3_500)) {
+        w.coord.handle_committed(at_ms(3_500), &c);
+    }
+    w.a.set_demand(&counter(100), 10);
+    w.sync("a", at_ms(9_100));
+    let back = at_ms(9_500);
+    w.sync("b", back);
+    let mut up = w.b.poll_transmit(at_ms(9_750));
+    up.config_version = version;
+    up.demand = vec![DemandReport {
+        counter: counter(101),
+        demand_micro_units_per_sec: 0,
+        allowance_units: 0,
+    }];
+    let seq = up.seq;
+    w.coord.handle_sync_up(at_ms(9_750), up).unwrap();
+    w.commit_all(at_ms(9_750));
+    w.down("b", at_ms(10_100), seq)
+}
+
+/// A region applies no grant of another version than its own, so a report it makes under
+/// another version confirms nothing: the zero still leads its answers, and reaches it when it
+/// switches (swarm seed 954). At the table's version the same report confirms the zero.
+#[test]
+fn a_report_under_another_version_confirms_no_row() {
+    let table_version = silent_b(PartitionPolicy::Closed)
+        .coord
+        .table()
+        .config_version();
+    let zero = |d: &SyncDown| {
+        d.grants
+            .iter()
+            .any(|g| g.counter == counter(101) && g.allowance_units == 0)
+    };
+    assert!(zero(&zero_after_a_report_at(table_version + 1)));
+    assert!(!zero(&zero_after_a_report_at(table_version)));
 }
 
 #[test]

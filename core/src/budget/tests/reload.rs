@@ -254,7 +254,11 @@ fn a_closed_region_that_switches_versions_holds_closed_until_an_answer_at_the_ne
     let mut down = answer(&up, at(0));
     down.config_version = 1;
     b.handle_sync_down(at(10), down);
-    assert_eq!(allowance(&b, at(10), "api", "k"), 100, "in contact: its default");
+    assert_eq!(
+        allowance(&b, at(10), "api", "k"),
+        100,
+        "in contact: its default"
+    );
     let zero_at_2 = |up: &SyncUp, now| {
         let mut down = answer(up, now);
         down.config_version = 2;
@@ -278,7 +282,11 @@ fn a_closed_region_that_switches_versions_holds_closed_until_an_answer_at_the_ne
     let up = b.poll_transmit(at(600)).expect("sync");
     b.handle_sync_down(at(610), zero_at_2(&up, at(600)));
     assert_eq!(allowance(&b, at(610), "api", "k"), 0, "the zero, applied");
-    assert_eq!(allowance(&b, at(610), "api", "j"), 100, "no row: the default");
+    assert_eq!(
+        allowance(&b, at(610), "api", "j"),
+        100,
+        "no row: the default"
+    );
 }
 
 /// The floor policy keeps its default through a version switch: the table never takes a
