@@ -313,6 +313,12 @@ impl AllowanceTable {
         self.counters.get(counter)?.get(region)
     }
 
+    /// Every explicit row of `counter`, by region: one search of the table for what takes
+    /// one per region through [`AllowanceTable::row`].
+    pub fn rows(&self, counter: &CounterRef) -> Option<&BTreeMap<RegionId, AllowanceRow>> {
+        self.counters.get(counter)
+    }
+
     /// Counters with at least one explicit row, with their rows.
     pub fn counters(
         &self,
@@ -376,7 +382,17 @@ impl AllowanceTable {
 
     /// The allowance the table grants `region` for `counter`, explicit or default.
     pub fn allowance(&self, counter: &CounterRef, region: &RegionId) -> u64 {
-        match self.row(counter, region) {
+        self.allowance_of(counter, region, self.row(counter, region))
+    }
+
+    /// [`AllowanceTable::allowance`], given `row`, the row of (`counter`, `region`).
+    pub fn allowance_of(
+        &self,
+        counter: &CounterRef,
+        region: &RegionId,
+        row: Option<&AllowanceRow>,
+    ) -> u64 {
+        match row {
             Some(row) => row.allowance_units,
             None => self.default_allowance(counter, region),
         }
@@ -384,7 +400,15 @@ impl AllowanceTable {
 
     /// Sum over regions (members and any region with a row) of the allowance for `counter`.
     pub fn allowance_sum(&self, counter: &CounterRef) -> u128 {
-        let rows = self.counters.get(counter);
+        self.allowance_sum_of(counter, self.counters.get(counter))
+    }
+
+    /// [`AllowanceTable::allowance_sum`], given `rows`, the rows of `counter`.
+    fn allowance_sum_of(
+        &self,
+        counter: &CounterRef,
+        rows: Option<&BTreeMap<RegionId, AllowanceRow>>,
+    ) -> u128 {
         let mut sum: u128 = self
             .regions
             .iter()
@@ -402,8 +426,19 @@ impl AllowanceTable {
 
     /// Free quota of `counter`: `L - sum a_r`, or zero for a limit without rows.
     pub fn free_units(&self, counter: &CounterRef) -> u64 {
+        self.free_units_of(counter, self.counters.get(counter))
+    }
+
+    /// [`AllowanceTable::free_units`], given `rows`, the rows of `counter`.
+    pub fn free_units_of(
+        &self,
+        counter: &CounterRef,
+        rows: Option<&BTreeMap<RegionId, AllowanceRow>>,
+    ) -> u64 {
         match self.strict_quota(&counter.limit) {
-            Ok(q) => u128::from(q.units).saturating_sub(self.allowance_sum(counter)) as u64,
+            Ok(q) => {
+                u128::from(q.units).saturating_sub(self.allowance_sum_of(counter, rows)) as u64
+            }
             Err(_) => 0,
         }
     }
