@@ -6,7 +6,7 @@ use std::collections::btree_map::Entry;
 use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{LimitId, RegionId};
-use crate::rebalance::table::{ApplyOutcome, TableCommand};
+use crate::rebalance::table::{AllowanceRow, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
 use crate::sync::{
     CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp,
@@ -80,13 +80,19 @@ impl Coordinator {
             self.forget_sent(&msg.region);
         }
         let mut trackable = TrackableMemo::default();
+        // The table's row of each entry's counter for the region, as `merge_entry` found it
+        // (the table does not change while a SyncUp is taken): `record_demand` reads the same
+        // row for a counter's demand, mostly at the same position.
+        let mut rows_seen = Vec::with_capacity(msg.entries.len().min(MAX_ITEMS_PER_MESSAGE));
         for e in msg.entries.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
-            if e.region == msg.region {
-                self.merge_entry(now, &mut trackable, e);
-            }
+            rows_seen.push(if e.region == msg.region {
+                Some(self.merge_entry(now, &mut trackable, e))
+            } else {
+                None
+            });
         }
         if newer {
-            self.record_demand(now, &mut trackable, &mut msg);
+            self.record_demand(now, &mut trackable, &rows_seen, &mut msg);
             self.record_carried(&msg);
         }
         for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
@@ -145,12 +151,20 @@ impl Coordinator {
     /// region's use becomes known, reaches its allowance, or has moved by the replan threshold
     /// since the last plan (use that follows the forecast moves the plan only by what the
     /// forecast missed: `schedule.rs`).
-    /// Untracked counters are tracked first if they may be (`track`).
-    fn merge_entry(&mut self, now: Timestamp, trackable: &mut TrackableMemo, e: &mut CounterEntry) {
-        let allowance = self.table.allowance(&e.counter, &e.region);
+    /// Untracked counters are tracked first if they may be (`track`). Returns what the table's
+    /// row of the entry's counter and region holds.
+    fn merge_entry(
+        &mut self,
+        now: Timestamp,
+        trackable: &mut TrackableMemo,
+        e: &mut CounterEntry,
+    ) -> Option<RowFacts> {
+        let row = self.table.row(&e.counter, &e.region);
+        let facts = row.map(RowFacts::of);
+        let allowance = self.table.allowance_of(&e.counter, &e.region, row);
         let threshold = self.replan_threshold(&e.counter.limit);
         let Some(v) = self.tracked_view(now, trackable, &mut e.counter) else {
-            return;
+            return facts;
         };
         let first = !v.reporters.contains(&e.region);
         let before = v.used_units(&e.region);
@@ -161,6 +175,7 @@ impl Coordinator {
         if first || reached || v.drift_units >= threshold {
             self.schedule.mark(&e.counter);
         }
+        facts
     }
 
     /// For the first message of a boot: whether this leader knew the region before it (an
@@ -245,13 +260,28 @@ impl Coordinator {
         *figures = figures.max(st.figures);
     }
 
-    fn record_demand(&mut self, now: Timestamp, trackable: &mut TrackableMemo, msg: &mut SyncUp) {
-        for d in msg.demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
+    /// `rows_seen[i]`: the table's row for `msg.entries[i]`, if `merge_entry` read it.
+    fn record_demand(
+        &mut self,
+        now: Timestamp,
+        trackable: &mut TrackableMemo,
+        rows_seen: &[Option<Option<RowFacts>>],
+        msg: &mut SyncUp,
+    ) {
+        let SyncUp {
+            region,
+            entries,
+            demand,
+            ..
+        } = msg;
+        let region = &*region;
+        let demand = demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE).enumerate();
+        for (i, d) in demand {
             let Some(v) = self.tracked_view(now, trackable, &mut d.counter) else {
                 continue;
             };
             let old = v.demand.insert(
-                msg.region.clone(),
+                region.clone(),
                 DemandView {
                     micro_units_per_sec: d.demand_micro_units_per_sec,
                     allowance_units: d.allowance_units,
@@ -263,16 +293,25 @@ impl Coordinator {
             {
                 self.schedule.mark(&d.counter);
             }
-            let row = self.table.row(&d.counter, &msg.region);
-            let lost_grant = row.is_some_and(|row| {
-                row.pending.is_none() && row.allowance_units != d.allowance_units
+            // The entry at the same position read the same row, if it names the same counter
+            // (only a fast path: else the row is looked up).
+            let seen = rows_seen.get(i).copied().flatten().filter(|_| {
+                entries
+                    .get(i)
+                    .is_some_and(|e| e.counter == d.counter && e.region == *region)
             });
+            let row = match seen {
+                Some(facts) => facts,
+                None => self.table.row(&d.counter, region).map(RowFacts::of),
+            };
+            let lost_grant =
+                row.is_some_and(|row| row.no_pending && row.allowance_units != d.allowance_units);
             let at_most_row = row.is_some_and(|row| d.allowance_units <= row.allowance_units);
             let below_default = row.is_some_and(|row| {
-                row.allowance_units < self.table.configured_default(&d.counter, &msg.region)
+                row.allowance_units < self.table.configured_default(&d.counter, region)
             });
             if at_most_row || lost_grant {
-                let view = self.row_view_mut(&d.counter, &msg.region);
+                let view = self.row_view_mut(&d.counter, region);
                 // Only a row below the default is frozen until confirmed (the plan reads it).
                 let newly_confirmed = at_most_row && !view.confirmed && below_default;
                 view.confirmed |= at_most_row;
@@ -281,9 +320,9 @@ impl Coordinator {
                     self.schedule.mark(&d.counter);
                 }
                 if lost_grant {
-                    self.attend(&d.counter, &msg.region);
+                    self.attend(&d.counter, region);
                 }
-            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), msg.region.clone())) {
+            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), region.clone())) {
                 view.resend = false;
             }
         }
@@ -480,6 +519,22 @@ impl TrackableMemo {
                 self.0 = Some((counter.limit.clone(), counter.window, may));
                 may
             }
+        }
+    }
+}
+
+/// What `record_demand` reads of a table row: its allowance, and whether a release is pending.
+#[derive(Clone, Copy)]
+struct RowFacts {
+    allowance_units: u64,
+    no_pending: bool,
+}
+
+impl RowFacts {
+    fn of(row: &AllowanceRow) -> Self {
+        RowFacts {
+            allowance_units: row.allowance_units,
+            no_pending: row.pending.is_none(),
         }
     }
 }
