@@ -351,8 +351,12 @@ impl AllowanceTable {
     /// The epoch of (`counter`, `region`): its row's, or the floor where it has none. A
     /// command on the row is proposed with it.
     pub fn epoch_of(&self, counter: &CounterRef, region: &RegionId) -> Epoch {
-        self.row(counter, region)
-            .map_or_else(|| self.epoch_floor(&counter.limit), |r| r.epoch)
+        self.epoch_of_row(counter, self.row(counter, region))
+    }
+
+    /// [`AllowanceTable::epoch_of`], given `row`, the row of (`counter`, the region).
+    fn epoch_of_row(&self, counter: &CounterRef, row: Option<&AllowanceRow>) -> Epoch {
+        row.map_or_else(|| self.epoch_floor(&counter.limit), |r| r.epoch)
     }
 
     /// `region`'s default for `counter`: `floor(w_r * L)`, or zero where reclaimed.
@@ -581,7 +585,8 @@ impl AllowanceTable {
     /// Those zeroes are what the returning region is told before anything else.
     fn rows_to_create(&self, counter: &CounterRef, region: &RegionId) -> Vec<RegionId> {
         let mut new_rows = Vec::new();
-        if !self.counters.contains_key(counter) {
+        let rows = self.counters.get(counter);
+        if rows.is_none() {
             new_rows.extend(
                 self.reclaims
                     .iter()
@@ -591,7 +596,7 @@ impl AllowanceTable {
                     .map(|((_, r), _)| r.clone()),
             );
         }
-        if self.row(counter, region).is_none() {
+        if rows.is_none_or(|rows| !rows.contains_key(region)) {
             new_rows.push(region.clone());
         }
         new_rows
@@ -642,9 +647,11 @@ impl AllowanceTable {
         allowance_units: u64,
     ) -> Result<(), RejectReason> {
         let quota = self.check_row_target(counter, region)?;
-        let current = self.allowance(counter, region);
-        let row = self.row(counter, region);
-        let epoch = self.epoch_of(counter, region);
+        // The counter's rows, searched for once for every question below.
+        let rows = self.counters.get(counter);
+        let row = rows.and_then(|rows| rows.get(region));
+        let current = self.allowance_of(counter, region, row);
+        let epoch = self.epoch_of_row(counter, row);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,
@@ -658,7 +665,7 @@ impl AllowanceTable {
             return Err(RejectReason::BadAmount);
         }
         // Growing only ever draws on free quota: the new sum is the old plus the increase.
-        let sum = self.allowance_sum(counter) + u128::from(allowance_units - current);
+        let sum = self.allowance_sum_of(counter, rows) + u128::from(allowance_units - current);
         if sum > u128::from(quota.units) {
             return Err(RejectReason::AboveQuota {
                 counter: counter.clone(),
@@ -681,9 +688,9 @@ impl AllowanceTable {
         units: u64,
     ) -> Result<(), RejectReason> {
         self.check_row_target(counter, region)?;
-        let current = self.allowance(counter, region);
         let row = self.row(counter, region);
-        let epoch = self.epoch_of(counter, region);
+        let current = self.allowance_of(counter, region, row);
+        let epoch = self.epoch_of_row(counter, row);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,
