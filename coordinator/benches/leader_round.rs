@@ -29,9 +29,12 @@
 //! store in a temporary directory, a single node and a 3-node cluster on loopback gRPC; the
 //! latency is the wall time of `client_write` (append, fsync, replication to a majority,
 //! apply) of the entries of the measured intervals. Wall time on a shared machine: an upper
-//! bound. `ALLOT_LEADER_COMMIT=0` skips it.
+//! bound. `ALLOT_LEADER_COMMIT=0` skips it. `ALLOT_LEADER_DIGEST=1` also prints, per case, a
+//! hash of every round entry and SyncDown the run encoded (untimed): a change meant to keep
+//! what the leader does must keep it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hasher};
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -305,6 +308,9 @@ struct World {
     /// replayed through real raft nodes for the commit latency.
     committed: Vec<ClusterCommand>,
     record: bool,
+    /// Every round entry and SyncDown of the run, as encoded, hashed in order: two builds
+    /// that print the same digest (`ALLOT_LEADER_DIGEST=1`) committed and answered the same.
+    digest: DefaultHasher,
 }
 
 impl World {
@@ -363,6 +369,7 @@ impl World {
             log_index: 1,
             committed,
             record: false,
+            digest: DefaultHasher::new(),
         }
     }
 
@@ -383,7 +390,7 @@ impl World {
         };
         let bytes = codec::encode("log entry", &entry).expect("a round encodes");
         figures.raft_entries += 1;
-        figures.raft_entry_bytes += black_box(bytes).len();
+        figures.raft_entry_bytes += black_box(&bytes).len();
         figures.commands += cmds.len();
         if self.record {
             self.committed.push(cmd.clone());
@@ -397,6 +404,8 @@ impl World {
             assert_eq!(mine, replicated, "{cmd:?}");
         }
         figures.commit += since(committing);
+        // Untimed: what was committed, byte for byte (`ALLOT_LEADER_DIGEST`).
+        self.digest.write(&bytes);
     }
 
     /// One sync interval: every region's SyncUp answered, then the tick.
@@ -431,6 +440,7 @@ impl World {
             figures.add(&inner);
             figures.sync_down_bytes += down_bytes.len();
             figures.sync_down_max_bytes = figures.sync_down_max_bytes.max(down_bytes.len());
+            self.digest.write(&down_bytes);
 
             self.regions[i].handle_sync_down(&down);
         }
@@ -564,7 +574,9 @@ fn report() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let with_commit = !std::env::var("ALLOT_LEADER_COMMIT").is_ok_and(|v| v == "0");
+    let with_digest = std::env::var("ALLOT_LEADER_DIGEST").is_ok_and(|v| v == "1");
     let mut latency_rows = Vec::new();
+    let mut digests = Vec::new();
     for (regions, counters) in chosen_cases() {
         let mut world = World::warmed(regions, counters, with_commit);
         let measured_from = world.committed.len();
@@ -595,6 +607,10 @@ fn report() {
             sum.sync_down_max_bytes as f64 / 1024.0,
             world.state.table().row_count(),
         );
+        digests.push(format!(
+            "{regions}x{counters}: {:016x}",
+            world.digest.finish()
+        ));
         if with_commit {
             let [one_p50, one_p99] = commit_latency(&world.committed, measured_from, 1);
             let [three_p50, three_p99] = commit_latency(&world.committed, measured_from, 3);
@@ -606,6 +622,13 @@ fn report() {
                 three_p50.as_secs_f64() * 1e3,
                 three_p99.as_secs_f64() * 1e3,
             ));
+        }
+    }
+    if with_digest {
+        println!();
+        println!("digest of every round entry and SyncDown, warm-up included:");
+        for d in digests {
+            println!("{d}");
         }
     }
     if !latency_rows.is_empty() {

@@ -313,6 +313,12 @@ impl AllowanceTable {
         self.counters.get(counter)?.get(region)
     }
 
+    /// Every explicit row of `counter`, by region: one search of the table for what takes
+    /// one per region through [`AllowanceTable::row`].
+    pub fn rows(&self, counter: &CounterRef) -> Option<&BTreeMap<RegionId, AllowanceRow>> {
+        self.counters.get(counter)
+    }
+
     /// Counters with at least one explicit row, with their rows.
     pub fn counters(
         &self,
@@ -345,8 +351,12 @@ impl AllowanceTable {
     /// The epoch of (`counter`, `region`): its row's, or the floor where it has none. A
     /// command on the row is proposed with it.
     pub fn epoch_of(&self, counter: &CounterRef, region: &RegionId) -> Epoch {
-        self.row(counter, region)
-            .map_or_else(|| self.epoch_floor(&counter.limit), |r| r.epoch)
+        self.epoch_of_row(counter, self.row(counter, region))
+    }
+
+    /// [`AllowanceTable::epoch_of`], given `row`, the row of (`counter`, the region).
+    fn epoch_of_row(&self, counter: &CounterRef, row: Option<&AllowanceRow>) -> Epoch {
+        row.map_or_else(|| self.epoch_floor(&counter.limit), |r| r.epoch)
     }
 
     /// `region`'s default for `counter`: `floor(w_r * L)`, or zero where reclaimed.
@@ -376,7 +386,17 @@ impl AllowanceTable {
 
     /// The allowance the table grants `region` for `counter`, explicit or default.
     pub fn allowance(&self, counter: &CounterRef, region: &RegionId) -> u64 {
-        match self.row(counter, region) {
+        self.allowance_of(counter, region, self.row(counter, region))
+    }
+
+    /// [`AllowanceTable::allowance`], given `row`, the row of (`counter`, `region`).
+    pub fn allowance_of(
+        &self,
+        counter: &CounterRef,
+        region: &RegionId,
+        row: Option<&AllowanceRow>,
+    ) -> u64 {
+        match row {
             Some(row) => row.allowance_units,
             None => self.default_allowance(counter, region),
         }
@@ -384,7 +404,15 @@ impl AllowanceTable {
 
     /// Sum over regions (members and any region with a row) of the allowance for `counter`.
     pub fn allowance_sum(&self, counter: &CounterRef) -> u128 {
-        let rows = self.counters.get(counter);
+        self.allowance_sum_of(counter, self.counters.get(counter))
+    }
+
+    /// [`AllowanceTable::allowance_sum`], given `rows`, the rows of `counter`.
+    fn allowance_sum_of(
+        &self,
+        counter: &CounterRef,
+        rows: Option<&BTreeMap<RegionId, AllowanceRow>>,
+    ) -> u128 {
         let mut sum: u128 = self
             .regions
             .iter()
@@ -402,8 +430,19 @@ impl AllowanceTable {
 
     /// Free quota of `counter`: `L - sum a_r`, or zero for a limit without rows.
     pub fn free_units(&self, counter: &CounterRef) -> u64 {
+        self.free_units_of(counter, self.counters.get(counter))
+    }
+
+    /// [`AllowanceTable::free_units`], given `rows`, the rows of `counter`.
+    pub fn free_units_of(
+        &self,
+        counter: &CounterRef,
+        rows: Option<&BTreeMap<RegionId, AllowanceRow>>,
+    ) -> u64 {
         match self.strict_quota(&counter.limit) {
-            Ok(q) => u128::from(q.units).saturating_sub(self.allowance_sum(counter)) as u64,
+            Ok(q) => {
+                u128::from(q.units).saturating_sub(self.allowance_sum_of(counter, rows)) as u64
+            }
             Err(_) => 0,
         }
     }
@@ -546,7 +585,8 @@ impl AllowanceTable {
     /// Those zeroes are what the returning region is told before anything else.
     fn rows_to_create(&self, counter: &CounterRef, region: &RegionId) -> Vec<RegionId> {
         let mut new_rows = Vec::new();
-        if !self.counters.contains_key(counter) {
+        let rows = self.counters.get(counter);
+        if rows.is_none() {
             new_rows.extend(
                 self.reclaims
                     .iter()
@@ -556,7 +596,7 @@ impl AllowanceTable {
                     .map(|((_, r), _)| r.clone()),
             );
         }
-        if self.row(counter, region).is_none() {
+        if rows.is_none_or(|rows| !rows.contains_key(region)) {
             new_rows.push(region.clone());
         }
         new_rows
@@ -607,9 +647,11 @@ impl AllowanceTable {
         allowance_units: u64,
     ) -> Result<(), RejectReason> {
         let quota = self.check_row_target(counter, region)?;
-        let current = self.allowance(counter, region);
-        let row = self.row(counter, region);
-        let epoch = self.epoch_of(counter, region);
+        // The counter's rows, searched for once for every question below.
+        let rows = self.counters.get(counter);
+        let row = rows.and_then(|rows| rows.get(region));
+        let current = self.allowance_of(counter, region, row);
+        let epoch = self.epoch_of_row(counter, row);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,
@@ -623,7 +665,7 @@ impl AllowanceTable {
             return Err(RejectReason::BadAmount);
         }
         // Growing only ever draws on free quota: the new sum is the old plus the increase.
-        let sum = self.allowance_sum(counter) + u128::from(allowance_units - current);
+        let sum = self.allowance_sum_of(counter, rows) + u128::from(allowance_units - current);
         if sum > u128::from(quota.units) {
             return Err(RejectReason::AboveQuota {
                 counter: counter.clone(),
@@ -646,9 +688,9 @@ impl AllowanceTable {
         units: u64,
     ) -> Result<(), RejectReason> {
         self.check_row_target(counter, region)?;
-        let current = self.allowance(counter, region);
         let row = self.row(counter, region);
-        let epoch = self.epoch_of(counter, region);
+        let current = self.allowance_of(counter, region, row);
+        let epoch = self.epoch_of_row(counter, row);
         if epoch != expected_epoch {
             return Err(RejectReason::StaleEpoch {
                 expected: expected_epoch,

@@ -11,6 +11,7 @@ use crate::sync::{
 use crate::time::Timestamp;
 
 use super::{Coordinator, first_live};
+use crate::rebalance::views::CounterView;
 
 impl Coordinator {
     /// The answer to `region`'s SyncUp `reply_to_seq`, from committed state only. Order of
@@ -98,7 +99,7 @@ impl Coordinator {
                 .is_none_or(|(_, at)| now.saturating_duration_since(at) >= self.cfg.sync_interval);
             let resend = view.is_some_and(|v| v.resend);
             let lost = resend && overdue;
-            let must_deliver = self.unconfirmed_below_default(counter, region);
+            let must_deliver = self.unconfirmed_below_default(counter, region, Some(row), || view);
             if row.epoch > floor && (unsent || lost || must_deliver) {
                 let g = AllowanceGrant {
                     counter: counter.clone(),
@@ -164,21 +165,17 @@ impl Coordinator {
                 (RangeBound::Unbounded, RangeBound::Unbounded),
             ),
         };
-        let order = self
-            .counters
-            .range::<CounterRef, _>(after)
-            .chain(
-                self.counters
-                    .range::<CounterRef, _>(wrap)
-                    .take(if cursor.is_some() { usize::MAX } else { 0 }),
-            )
-            .map(|(k, _)| k);
+        let order = self.counters.range::<CounterRef, _>(after).chain(
+            self.counters
+                .range::<CounterRef, _>(wrap)
+                .take(if cursor.is_some() { usize::MAX } else { 0 }),
+        );
         let mut last_fitted = None;
-        for counter in order {
+        for (counter, view) in order {
             if first.binary_search(counter).is_ok() {
                 continue;
             }
-            if !self.push_counter_entries(now, slack, counter, budget, &mut out) {
+            if !self.push_entries_of(now, slack, counter, Some(view), budget, &mut out) {
                 break;
             }
             last_fitted = Some(counter);
@@ -199,10 +196,23 @@ impl Coordinator {
         budget: usize,
         out: &mut Vec<CounterEntry>,
     ) -> bool {
+        self.push_entries_of(now, slack, counter, self.counters.get(counter), budget, out)
+    }
+
+    /// [`Coordinator::push_counter_entries`], given `view`, the view of `counter` if tracked.
+    fn push_entries_of(
+        &self,
+        now: Timestamp,
+        slack: Duration,
+        counter: &CounterRef,
+        view: Option<&CounterView>,
+        budget: usize,
+        out: &mut Vec<CounterEntry>,
+    ) -> bool {
         let live = self
             .finite_window(&counter.limit)
             .is_some_and(|w| counter.window >= first_live(w, now, slack));
-        let Some(view) = self.counters.get(counter).filter(|_| live) else {
+        let Some(view) = view.filter(|_| live) else {
             return true;
         };
         if out.len() + view.reporters.len() > budget {

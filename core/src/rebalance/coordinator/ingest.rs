@@ -1,15 +1,17 @@
 //! Ingest: what comes in. A region's SyncUp (entries merged by max, demand, acks, clock sample,
 //! bound figures) and each committed command, applied to the leader's copy of the table.
 
+use std::collections::btree_map::Entry;
+
 use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{LimitId, RegionId};
-use crate::rebalance::table::{ApplyOutcome, TableCommand};
+use crate::rebalance::table::{AllowanceRow, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
 use crate::sync::{
     CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp,
 };
-use crate::time::Timestamp;
+use crate::time::{Timestamp, WindowIndex};
 
 use super::{Coordinator, ProposalKey, forgotten_mark, proposal_key};
 
@@ -30,7 +32,7 @@ impl Coordinator {
         if self.table.is_removed(&msg.region) {
             return Err(Error::RegionRemoved(msg.region.clone()));
         }
-        let msg = self.with_table_ids(msg);
+        let mut msg = self.with_table_ids(msg);
         let started_at = self.started_at;
         let known = self.known_before(&msg);
         let view = self
@@ -77,13 +79,20 @@ impl Coordinator {
         if restarted {
             self.forget_sent(&msg.region);
         }
-        for e in msg.entries.iter().take(MAX_ITEMS_PER_MESSAGE) {
-            if e.region == msg.region && self.track(now, &e.counter) {
-                self.merge_entry(e);
-            }
+        let mut trackable = TrackableMemo::default();
+        // The table's row of each entry's counter for the region, as `merge_entry` found it
+        // (the table does not change while a SyncUp is taken): `record_demand` reads the same
+        // row for a counter's demand, mostly at the same position.
+        let mut rows_seen = Vec::with_capacity(msg.entries.len().min(MAX_ITEMS_PER_MESSAGE));
+        for e in msg.entries.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
+            rows_seen.push(if e.region == msg.region {
+                Some(self.merge_entry(now, &mut trackable, e))
+            } else {
+                None
+            });
         }
         if newer {
-            self.record_demand(now, &msg);
+            self.record_demand(now, &mut trackable, &rows_seen, &mut msg);
             self.record_carried(&msg);
         }
         for ack in msg.release_acks.iter().take(MAX_ITEMS_PER_MESSAGE) {
@@ -120,22 +129,14 @@ impl Coordinator {
             }
         };
         share_region(&mut msg.region);
+        // The counters of entries and demand take their view's ids where they are looked up
+        // (`tracked_view`), with the same search.
         for e in msg.entries.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
-            share_counter(&mut e.counter);
+            share_limit(&mut e.counter.limit);
             share_region(&mut e.region);
         }
-        let entries = &msg.entries;
-        for (i, d) in msg
-            .demand
-            .iter_mut()
-            .take(MAX_ITEMS_PER_MESSAGE)
-            .enumerate()
-        {
-            // A counter often sits at the same position of entries and demand (only a fast path).
-            match entries.get(i).filter(|e| e.counter == d.counter) {
-                Some(e) => d.counter = e.counter.clone(),
-                None => share_counter(&mut d.counter),
-            }
+        for d in msg.demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
+            share_limit(&mut d.counter.limit);
         }
         for a in msg.release_acks.iter_mut().take(MAX_ITEMS_PER_MESSAGE) {
             share_counter(&mut a.counter);
@@ -150,11 +151,20 @@ impl Coordinator {
     /// region's use becomes known, reaches its allowance, or has moved by the replan threshold
     /// since the last plan (use that follows the forecast moves the plan only by what the
     /// forecast missed: `schedule.rs`).
-    fn merge_entry(&mut self, e: &CounterEntry) {
-        let allowance = self.table.allowance(&e.counter, &e.region);
+    /// Untracked counters are tracked first if they may be (`track`). Returns what the table's
+    /// row of the entry's counter and region holds.
+    fn merge_entry(
+        &mut self,
+        now: Timestamp,
+        trackable: &mut TrackableMemo,
+        e: &mut CounterEntry,
+    ) -> Option<RowFacts> {
+        let row = self.table.row(&e.counter, &e.region);
+        let facts = row.map(RowFacts::of);
+        let allowance = self.table.allowance_of(&e.counter, &e.region, row);
         let threshold = self.replan_threshold(&e.counter.limit);
-        let Some(v) = self.counters.get_mut(&e.counter) else {
-            return;
+        let Some(v) = self.tracked_view(now, trackable, &mut e.counter) else {
+            return facts;
         };
         let first = !v.reporters.contains(&e.region);
         let before = v.used_units(&e.region);
@@ -165,6 +175,7 @@ impl Coordinator {
         if first || reached || v.drift_units >= threshold {
             self.schedule.mark(&e.counter);
         }
+        facts
     }
 
     /// For the first message of a boot: whether this leader knew the region before it (an
@@ -249,44 +260,67 @@ impl Coordinator {
         *figures = figures.max(st.figures);
     }
 
-    fn record_demand(&mut self, now: Timestamp, msg: &SyncUp) {
+    /// `rows_seen[i]`: the table's row for `msg.entries[i]`, if `merge_entry` read it.
+    fn record_demand(
+        &mut self,
+        now: Timestamp,
+        trackable: &mut TrackableMemo,
+        rows_seen: &[Option<Option<RowFacts>>],
+        msg: &mut SyncUp,
+    ) {
+        let SyncUp {
+            region,
+            entries,
+            demand,
+            config_version,
+            ..
+        } = msg;
+        let region = &*region;
         // The allowance a region reports was set under its version: against the table's
         // rows it confirms (or shows lost) nothing unless the two agree, since a region
         // applies no grant of another version. A zero it ignored there must still lead the
         // answers once it switches (swarm seed 954).
-        let same_version = msg.config_version == self.table.config_version();
-        for d in msg.demand.iter().take(MAX_ITEMS_PER_MESSAGE) {
-            if !self.track(now, &d.counter) {
+        let same_version = *config_version == self.table.config_version();
+        let demand = demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE).enumerate();
+        for (i, d) in demand {
+            let Some(v) = self.tracked_view(now, trackable, &mut d.counter) else {
                 continue;
-            }
-            if let Some(v) = self.counters.get_mut(&d.counter) {
-                let old = v.demand.insert(
-                    msg.region.clone(),
-                    DemandView {
-                        micro_units_per_sec: d.demand_micro_units_per_sec,
-                        allowance_units: d.allowance_units,
-                        carried: false,
-                    },
-                );
-                if old.is_none_or(|o| {
-                    o.carried || o.micro_units_per_sec != d.demand_micro_units_per_sec
-                }) {
-                    self.schedule.mark(&d.counter);
-                }
+            };
+            let old = v.demand.insert(
+                region.clone(),
+                DemandView {
+                    micro_units_per_sec: d.demand_micro_units_per_sec,
+                    allowance_units: d.allowance_units,
+                    carried: false,
+                },
+            );
+            if old
+                .is_none_or(|o| o.carried || o.micro_units_per_sec != d.demand_micro_units_per_sec)
+            {
+                self.schedule.mark(&d.counter);
             }
             if !same_version {
                 continue;
             }
-            let row = self.table.row(&d.counter, &msg.region);
-            let lost_grant = row.is_some_and(|row| {
-                row.pending.is_none() && row.allowance_units != d.allowance_units
+            // The entry at the same position read the same row, if it names the same counter
+            // (only a fast path: else the row is looked up).
+            let seen = rows_seen.get(i).copied().flatten().filter(|_| {
+                entries
+                    .get(i)
+                    .is_some_and(|e| e.counter == d.counter && e.region == *region)
             });
+            let row = match seen {
+                Some(facts) => facts,
+                None => self.table.row(&d.counter, region).map(RowFacts::of),
+            };
+            let lost_grant =
+                row.is_some_and(|row| row.no_pending && row.allowance_units != d.allowance_units);
             let at_most_row = row.is_some_and(|row| d.allowance_units <= row.allowance_units);
             let below_default = row.is_some_and(|row| {
-                row.allowance_units < self.table.configured_default(&d.counter, &msg.region)
+                row.allowance_units < self.table.configured_default(&d.counter, region)
             });
             if at_most_row || lost_grant {
-                let view = self.row_view_mut(&d.counter, &msg.region);
+                let view = self.row_view_mut(&d.counter, region);
                 // Only a row below the default is frozen until confirmed (the plan reads it).
                 let newly_confirmed = at_most_row && !view.confirmed && below_default;
                 view.confirmed |= at_most_row;
@@ -295,9 +329,9 @@ impl Coordinator {
                     self.schedule.mark(&d.counter);
                 }
                 if lost_grant {
-                    self.attend(&d.counter, &msg.region);
+                    self.attend(&d.counter, region);
                 }
-            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), msg.region.clone())) {
+            } else if let Some(view) = self.rows.get_mut(&(d.counter.clone(), region.clone())) {
                 view.resend = false;
             }
         }
@@ -320,19 +354,47 @@ impl Coordinator {
         if self.counters.contains_key(counter) {
             return true;
         }
-        let Some(window) = self.finite_window(&counter.limit) else {
-            return false;
-        };
-        let (first, last) = self.live_windows(window, now);
-        let forgotten = forgotten_mark(&self.forgotten_before, &counter.limit, window)
-            .is_some_and(|w| counter.window < w);
-        let live = !forgotten && counter.window >= first && counter.window <= last.next();
-        if !live || self.counters.len() >= self.cfg.max_tracked_counters {
+        if !self.may_track(now, &counter.limit, counter.window)
+            || self.counters.len() >= self.cfg.max_tracked_counters
+        {
             return false;
         }
         self.counters
             .insert(counter.clone(), CounterView::default());
         true
+    }
+
+    /// A counter of `limit` and `window` is worth tracking at `now`: a finite window some
+    /// region may still be in (or the next), not forgotten.
+    fn may_track(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> bool {
+        let Some(length) = self.finite_window(limit) else {
+            return false;
+        };
+        let (first, last) = self.live_windows(length, now);
+        let forgotten =
+            forgotten_mark(&self.forgotten_before, limit, length).is_some_and(|w| window < w);
+        !forgotten && window >= first && window <= last.next()
+    }
+
+    /// As `track`, then the view of `counter`, with `counter` swapped for the view's own ids
+    /// (so that every map shares one copy of them): one search of the views where `track`, the
+    /// swap and the view took one each (docs/benchmarks.md, "Leader cost per sync round").
+    fn tracked_view(
+        &mut self,
+        now: Timestamp,
+        trackable: &mut TrackableMemo,
+        counter: &mut CounterRef,
+    ) -> Option<&mut CounterView> {
+        let room = self.counters.len() < self.cfg.max_tracked_counters;
+        let may_track = room && trackable.get(counter, |l, w| self.may_track(now, l, w));
+        match self.counters.entry(counter.clone()) {
+            Entry::Occupied(o) => {
+                *counter = o.key().clone();
+                Some(o.into_mut())
+            }
+            Entry::Vacant(v) if may_track => Some(v.insert(CounterView::default())),
+            Entry::Vacant(_) => None,
+        }
     }
 
     /// Apply a committed command to the leader's table.
@@ -441,6 +503,47 @@ impl Coordinator {
         let row_units = self.table.allowance(counter, region);
         if ack.allowance_after_units <= row_units {
             self.row_view_mut(counter, region).confirmed = true;
+        }
+    }
+}
+
+/// `Coordinator::may_track` of the last limit and window asked, within one SyncUp (one `now`,
+/// one set of clock samples): a message's counters are mostly of one limit and window, and
+/// whether they may be tracked is asked before each is looked up.
+#[derive(Default)]
+struct TrackableMemo(Option<(LimitId, WindowIndex, bool)>);
+
+impl TrackableMemo {
+    fn get(
+        &mut self,
+        counter: &CounterRef,
+        may_track: impl FnOnce(&LimitId, WindowIndex) -> bool,
+    ) -> bool {
+        match &self.0 {
+            Some((limit, window, may)) if *limit == counter.limit && *window == counter.window => {
+                *may
+            }
+            _ => {
+                let may = may_track(&counter.limit, counter.window);
+                self.0 = Some((counter.limit.clone(), counter.window, may));
+                may
+            }
+        }
+    }
+}
+
+/// What `record_demand` reads of a table row: its allowance, and whether a release is pending.
+#[derive(Clone, Copy)]
+struct RowFacts {
+    allowance_units: u64,
+    no_pending: bool,
+}
+
+impl RowFacts {
+    fn of(row: &AllowanceRow) -> Self {
+        RowFacts {
+            allowance_units: row.allowance_units,
+            no_pending: row.pending.is_none(),
         }
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{LimitId, RegionId};
 use crate::limit::Quota;
 use crate::rebalance::reload::KeptConfigs;
-use crate::rebalance::table::{AllowanceTable, TableCommand};
+use crate::rebalance::table::{AllowanceRow, AllowanceTable, TableCommand};
 use crate::rebalance::views::{CounterView, RegionView, RowView};
 use crate::sync::{BoundFigures, CounterRef};
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
@@ -256,13 +256,18 @@ impl Coordinator {
     }
 
     /// A row below the region's configured default that the region has not confirmed.
-    fn unconfirmed_below_default(&self, counter: &CounterRef, region: &RegionId) -> bool {
-        self.table.row(counter, region).is_some_and(|row| {
+    /// `row` is the table's row of (`counter`, `region`), and `view` gives the leader's view
+    /// of it if needed: the callers have both at hand (one search of each map, not two).
+    fn unconfirmed_below_default<'a>(
+        &'a self,
+        counter: &CounterRef,
+        region: &RegionId,
+        row: Option<&AllowanceRow>,
+        view: impl FnOnce() -> Option<&'a RowView>,
+    ) -> bool {
+        row.is_some_and(|row| {
             row.allowance_units < self.table.configured_default(counter, region)
-                && !self
-                    .rows
-                    .get(&(counter.clone(), region.clone()))
-                    .is_some_and(|v| v.confirmed)
+                && !view().is_some_and(|v| v.confirmed)
         })
     }
 

@@ -262,6 +262,8 @@ impl Coordinator {
         };
         let time_left = time_left(window, counter.window, now)?;
         let regions = self.table.regions();
+        // The counter's rows, searched for once (not once per region and question).
+        let rows = self.table.rows(counter);
         let mut rate_micro_units_per_sec = 0u64;
         let states = regions
             .iter()
@@ -273,7 +275,7 @@ impl Coordinator {
                     view.demand.get(r).map_or(0, |d| d.micro_units_per_sec)
                 };
                 rate_micro_units_per_sec = rate_micro_units_per_sec.saturating_add(demand);
-                let row = self.table.row(counter, r);
+                let row = rows.and_then(|rows| rows.get(r));
                 let reclaimed = self
                     .table
                     .reclaim(&counter.limit, r)
@@ -284,13 +286,15 @@ impl Coordinator {
                     default_units: spec.weights.default_allowance(r, regions, units),
                     used_units: view.used_units(r),
                     need_units: need_units(demand, time_left),
-                    allowance_units: self.table.allowance(counter, r),
+                    allowance_units: self.table.allowance_of(counter, r, row),
                     pending_release_units: row
                         .and_then(|row| row.pending.as_ref().map(|p| p.units)),
                     frozen: silent
                         || reclaimed
                         || self.table.is_removed(r)
-                        || self.unconfirmed_below_default(counter, r),
+                        || self.unconfirmed_below_default(counter, r, row, || {
+                            self.rows.get(&(counter.clone(), r.clone()))
+                        }),
                 }
             })
             .collect();
@@ -298,7 +302,7 @@ impl Coordinator {
         let current = window.index(now) == counter.window;
         let input = CounterPlanInput {
             quota_units: units,
-            free_units: self.table.free_units(counter),
+            free_units: self.table.free_units_of(counter, rows),
             hysteresis_units: self.cfg.rebalance_hysteresis_units,
             releases_useful: !current || window.remaining(now) >= handoff,
             regions: states,
