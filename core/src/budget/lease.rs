@@ -18,8 +18,7 @@ use super::api::{
 use super::config::{ENDED_LEASES_KEPT, MAX_LEASE_RETURNS};
 use super::key::KeyState;
 use super::limits::LimitParams;
-use super::persist::Dirty;
-use super::persist::IdBlocks;
+use super::shared::{Dirty, IdBlocks};
 use super::stats::{LimitStats, WindowStats};
 use super::{RegionBudget, ctx_of, decision_of, unmetered_decision};
 use crate::algo::gcra::Gcra;

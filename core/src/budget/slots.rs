@@ -3,10 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::RegionBudget;
 use super::api::{RequestFingerprint, SlotOutcome};
-use super::persist::Dirty;
-use super::persist::IdBlocks;
-use super::{RegionBudget, sync::KeyRef};
+use super::shared::{Dirty, IdBlocks, KeyRef};
 use crate::algo::concurrency::{SlotDecision, SlotId};
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LimitId, RequestId};

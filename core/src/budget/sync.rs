@@ -18,22 +18,15 @@ use super::admit::{self, Ctx};
 use super::config::{MAX_INFLIGHT_SYNCS, MAX_PENDING_ACKS, RECENT_RELEASES_KEPT, SYNC_SCAN_KEYS};
 use super::key::{EpochRule, KeyState, WindowAllowance};
 use super::limits::LimitState;
-use super::persist::{Dirty, DirtySet};
+use super::shared::{Dirty, DirtySet, KeyRef};
 use super::view::RoundTrip;
 use super::{RegionBudget, ctx_of};
-use crate::ids::{Epoch, KeyId, LimitId, RegionId};
+use crate::ids::{Epoch, LimitId, RegionId};
 use crate::sync::{
     AllowanceGrant, BoundFigures, CounterEntry, CounterRef, DemandReport, LimitWindowStats,
     MAX_ITEMS_PER_MESSAGE, ReleaseAck, ReleaseRequest, SyncDown, SyncUp,
 };
 use crate::time::{Timestamp, WindowIndex};
-
-/// A key of a limit, as the sync index names it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct KeyRef {
-    pub limit: LimitId,
-    pub key: KeyId,
-}
 
 /// A counter a SyncUp carried, and the values it carried if it carried an entry.
 #[derive(Clone, Debug)]

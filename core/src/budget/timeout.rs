@@ -4,7 +4,7 @@
 use super::RegionBudget;
 use super::config::{STATS_WINDOWS_KEPT, SWEEP_KEYS_PER_TIMEOUT};
 use super::lease::Settlement;
-use super::persist::Dirty;
+use super::shared::Dirty;
 use crate::ids::KeyId;
 use crate::limit::PartitionPolicy;
 use crate::time::{Timestamp, WindowIndex};
