@@ -19,10 +19,11 @@ use serde_json::{Value, json};
 
 use crate::convert;
 use crate::grpc_link::LinkStatus;
+use crate::request::Target;
 use crate::service::http as lease_http;
 use crate::service::lease::LeaseApi;
 use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
-use crate::state::{Agent, Target};
+use crate::state::Agent;
 
 #[derive(Clone)]
 struct Admin {

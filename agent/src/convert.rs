@@ -12,11 +12,11 @@ use allot_proto::lease::v1 as pb;
 
 use crate::error::{Error, Result};
 use crate::limits::RuleInfo;
+use crate::request::{Checked, RlsDescriptor, Target};
 use crate::settings::{
     MAX_DESCRIPTORS_PER_REQUEST, MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES,
     MAX_IDEMPOTENCY_KEY_BYTES,
 };
-use crate::state::{Checked, RlsDescriptor, Target};
 
 /// A lease asked for with `ttl_ms: 0` gets this TTL (still capped by the agent's maximum and
 /// the end of the window).

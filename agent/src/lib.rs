@@ -31,6 +31,7 @@ pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod negative;
+pub mod request;
 pub mod rlqs;
 pub mod run;
 pub mod service;

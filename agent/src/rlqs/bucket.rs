@@ -22,8 +22,8 @@ use allot_core::time::Timestamp;
 use allot_proto::envoy::rlqs::BucketId;
 
 use super::policy::Shape;
+use crate::request::Target;
 use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
-use crate::state::Target;
 
 /// The bucket id entry that names the domain.
 pub const DOMAIN_ENTRY: &str = "domain";

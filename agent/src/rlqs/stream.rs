@@ -29,7 +29,8 @@ use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
 use super::policy::{self, Demand, Shape, Timing};
 use super::{MAX_BUCKETS_PER_AGENT, MAX_BUCKETS_PER_STREAM, MAX_REPORTS_PER_MESSAGE, metrics};
 use crate::error::Error;
-use crate::state::{Agent, LeaseAsk, Leased, Target};
+use crate::request::{LeaseAsk, Leased, Target};
+use crate::state::Agent;
 
 /// At most one assignment per bucket per this long; reports between are only counted.
 pub const MIN_REASSIGN_GAP: Duration = Duration::from_millis(500);

@@ -9,7 +9,7 @@ use allot_core::budget::Reason;
 use allot_core::headers::{self, HeaderItem};
 
 use crate::convert::rule_name;
-use crate::state::Checked;
+use crate::request::Checked;
 
 /// The headers for one ShouldRateLimit answer; `over_limit` is the answer's overall code
 /// (a quota-mode descriptor over its limit does not always refuse the request, and an

@@ -13,7 +13,8 @@ use tonic::{Request, Response, Status};
 
 use super::status;
 use crate::convert::{self, Scope, ceil_ms};
-use crate::state::{Agent, LeaseAsk, Leased, Slotted};
+use crate::request::{LeaseAsk, Leased, Slotted};
+use crate::state::Agent;
 
 const SERVICE: &str = "lease";
 

@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 use super::headers::rate_limit_headers;
 use super::status;
 use crate::convert;
-use crate::state::{Agent, Checked};
+use crate::request::Checked;
+use crate::state::Agent;
 
 const SERVICE: &str = "rls";
 

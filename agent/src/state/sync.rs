@@ -1,0 +1,96 @@
+//! The coordinator's side of the state: the machine's timers and SyncUps, answers, the
+//! timebase's guard, and the link's status.
+
+use allot_core::budget::RegionBudget;
+use allot_core::sync::{SyncDown, SyncUp};
+use allot_core::time::Timestamp;
+
+use super::Agent;
+use crate::error::Result;
+use crate::metrics;
+
+impl Agent {
+    /// Hands the machine the timebase's edge band and guard as of now, after taking the
+    /// clock sample of a round trip just answered (`sampled`).
+    pub(super) fn clock_guard(&self, b: &mut RegionBudget, sampled: bool) {
+        let Some(tb) = &self.timebase else { return };
+        let mut tb = tb.lock().unwrap_or_else(|p| p.into_inner());
+        let local = self.settings.clock.now();
+        let breaks = tb.assumption_breaks();
+        if sampled
+            && let Some((sent_at, sample)) = b.clock_round_trip()
+            && tb.on_sample(local, sent_at, sample)
+        {
+            if tb.assumption_breaks() > breaks {
+                metrics::clock_assumption_broken();
+                tracing::warn!(
+                    offset_ms = sample.offset_nanos / 1_000_000,
+                    "a clock sample was further off than the timebase's uncertainty allowed (a rate error above 1%, or a clock step): the clock guard starts again"
+                );
+            }
+            b.set_clock_correction(tb.correction());
+            let started = self
+                .restored_at_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(start) = started {
+                b.restore_started_no_earlier_than(tb.estimate(start));
+            }
+        }
+        let band = tb.band(local);
+        b.set_clock_guard(band, tb.guard());
+    }
+
+    /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent
+    /// (already durable, as the machine's contract asks).
+    pub async fn on_timer(&self) -> Result<(Option<Timestamp>, Option<SyncUp>)> {
+        let now = self.now();
+        let limits = self.limits();
+        self.with_budget(|b| {
+            b.handle_timeout(now);
+            for rule in limits.rules() {
+                rule.metrics.keys.set(b.key_count(&rule.id) as f64);
+            }
+            let up = b.poll_transmit(now);
+            (b.poll_timeout(), up)
+        })
+        .await
+    }
+
+    /// A message from the coordinator: grants may have raised allowances, so the negative
+    /// cache is forgotten.
+    pub async fn on_sync_down(&self, mut down: SyncDown) -> Result<()> {
+        if let Some(files) = down.config.take() {
+            // Before the rest: the answer's grants are of the version it carries.
+            self.take_cluster_config(files).await;
+        }
+        let now = self.now();
+        self.with_budget(|b| {
+            b.handle_sync_down(now, down);
+            self.clock_guard(b, true);
+        })
+        .await?;
+        self.negative.invalidate();
+        Ok(())
+    }
+
+    /// The partition-policy state (`single_region`, `connected` or `expired`) and seconds
+    /// since the coordinator last answered.
+    pub fn sync_status(&self) -> (&'static str, f64) {
+        let now = self.now();
+        let b = self.lock();
+        if !b.config().coordinated {
+            return ("single_region", 0.0);
+        }
+        let lag = b.last_contact().map_or(f64::INFINITY, |t| {
+            now.saturating_duration_since(t).as_secs_f64()
+        });
+        let state = if b.is_view_expired(now) {
+            "expired"
+        } else {
+            "connected"
+        };
+        (state, lag)
+    }
+}
