@@ -238,6 +238,17 @@ fn the_stored_allocation_changes_exactly_when_allocation_changed_says() {
     }
 }
 
+/// A region under `spec` at configuration version 1, answered at that version at 10 ms.
+fn in_contact_at_version_1(spec: LimitSpec) -> RegionBudget {
+    let mut b = budget(vec![spec]);
+    b.set_config_version(1);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.config_version = 1;
+    b.handle_sync_down(at(10), down);
+    b
+}
+
 /// Swarm seed 954: a closed region, on an older version while the table moved on, ignores the
 /// zero the table holds for it in a window the others were grown into; switching versions, it
 /// must not take its default there before an answer at its new version brings the zero.
@@ -247,13 +258,8 @@ fn a_closed_region_that_switches_versions_holds_closed_until_an_answer_at_the_ne
         partition_policy: PartitionPolicy::Closed,
         ..per_minute("api", 400)
     };
-    let mut b = budget(vec![closed]);
-    b.set_config_version(1);
+    let mut b = in_contact_at_version_1(closed);
     let w = minute_window(0);
-    let up = b.poll_transmit(at(0)).expect("sync");
-    let mut down = answer(&up, at(0));
-    down.config_version = 1;
-    b.handle_sync_down(at(10), down);
     assert_eq!(
         allowance(&b, at(10), "api", "k"),
         100,
@@ -293,12 +299,7 @@ fn a_closed_region_that_switches_versions_holds_closed_until_an_answer_at_the_ne
 /// floor region's default share while it is silent, so no zero can be waiting for it.
 #[test]
 fn a_floor_region_that_switches_versions_keeps_its_default() {
-    let mut b = budget(vec![per_minute("api", 400)]);
-    b.set_config_version(1);
-    let up = b.poll_transmit(at(0)).expect("sync");
-    let mut down = answer(&up, at(0));
-    down.config_version = 1;
-    b.handle_sync_down(at(10), down);
+    let mut b = in_contact_at_version_1(per_minute("api", 400));
     b.set_config_version(2);
     assert_eq!(allowance(&b, at(20), "api", "k"), 100);
     assert!(acquire(&mut b, at(20), "api", "k", 1).allowed);
