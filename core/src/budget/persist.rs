@@ -192,6 +192,26 @@ pub struct AllowanceRecord {
     pub epoch: Epoch,
 }
 
+impl From<WindowAllowance> for AllowanceRecord {
+    fn from(a: WindowAllowance) -> Self {
+        AllowanceRecord {
+            window: a.window,
+            allowance_units: a.allowance_units,
+            epoch: a.epoch,
+        }
+    }
+}
+
+impl From<AllowanceRecord> for WindowAllowance {
+    fn from(a: AllowanceRecord) -> Self {
+        WindowAllowance {
+            window: a.window,
+            allowance_units: a.allowance_units,
+            epoch: a.epoch,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
     pub lease: LeaseId,
@@ -574,12 +594,8 @@ impl RegionBudget {
             hot.future.clear();
         }
         for a in rec.allowances {
-            let a = WindowAllowance {
-                window: a.window,
-                allowance_units: a.allowance_units,
-                epoch: a.epoch,
-            };
-            ks.hot_mut().apply_allowance(window, a, EpochRule::SameToo);
+            ks.hot_mut()
+                .apply_allowance(window, a.into(), EpochRule::SameToo);
         }
         if let Some(t) = rec.rate_tat {
             ks.hot_mut().rate = Some(GcraState::from_tat(t));
@@ -676,13 +692,9 @@ fn key_record(lim: &LimitState, name: &str, ks: &KeyState) -> KeyRecord {
             epoch: h.epoch,
         })
     });
-    let future = hot.into_iter().flat_map(|h| {
-        h.future.iter().map(|f| AllowanceRecord {
-            window: f.window,
-            allowance_units: f.allowance_units,
-            epoch: f.epoch,
-        })
-    });
+    let future = hot
+        .into_iter()
+        .flat_map(|h| h.future.iter().copied().map(AllowanceRecord::from));
     KeyRecord {
         limit: lim.id().clone(),
         key: KeyId::new(name),
