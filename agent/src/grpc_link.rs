@@ -508,6 +508,7 @@ mod tests {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: None,
+            clock_leader_term: 0,
             stats: Vec::new(),
             view_expired: false,
             restored: false,

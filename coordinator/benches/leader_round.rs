@@ -217,6 +217,8 @@ impl FakeRegion {
                 offset_nanos: 0,
                 round_trip_nanos: 1_000_000,
             }),
+            // The bench's leader answers under term 1.
+            clock_leader_term: 1,
             stats: Vec::new(),
             view_expired: false,
             clock_guard: None,

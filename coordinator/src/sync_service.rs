@@ -302,6 +302,7 @@ mod tests {
             }],
             release_acks: Vec::new(),
             clock: None,
+            clock_leader_term: 0,
             stats: Vec::new(),
             view_expired: false,
             restored: false,

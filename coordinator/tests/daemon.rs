@@ -112,6 +112,7 @@ fn up(region: &str, seq: u64) -> SyncUp {
         }],
         release_acks: Vec::new(),
         clock: None,
+        clock_leader_term: 0,
         stats: Vec::new(),
         view_expired: false,
         restored: false,

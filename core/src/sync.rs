@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use crate::ids::{Epoch, KeyId, LimitId, RegionId};
-use crate::time::{Timestamp, WindowIndex};
+use crate::time::{Timestamp, WindowIndex, duration_nanos};
 
 /// Most entries (counter entries, demand reports, grants, ...) one message carries; the rest
 /// waits for the next interval. Bounds memory and message size whatever the key count.
@@ -100,6 +100,61 @@ pub struct ReleaseAck {
 pub struct ClockSample {
     pub offset_nanos: i64,
     pub round_trip_nanos: u64,
+}
+
+impl ClockSample {
+    /// NTP's estimate from one round trip: sent at `t0` and back at `t3` on the sampling
+    /// clock, received at `t1` and answered at `t2` on the sampled one. `offset = ((t1 - t0) +
+    /// (t2 - t3)) / 2` (positive when the sampled clock is ahead), `round trip = (t3 - t0) -
+    /// (t2 - t1)`, never negative.
+    pub fn from_round_trip(t0: Timestamp, t1: Timestamp, t2: Timestamp, t3: Timestamp) -> Self {
+        let ns = |t: Timestamp| i128::from(t.as_unix_nanos());
+        let (t0, t1, t2, t3) = (ns(t0), ns(t1), ns(t2), ns(t3));
+        let offset = ((t1 - t0) + (t2 - t3)) / 2;
+        let round_trip = (t3 - t0) - (t2 - t1);
+        let saturated = if offset < 0 { i64::MIN } else { i64::MAX };
+        ClockSample {
+            offset_nanos: i64::try_from(offset).unwrap_or(saturated),
+            round_trip_nanos: u64::try_from(round_trip.max(0)).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Two clocks known to be one (the same node's clock under two of its terms).
+    pub const SAME_CLOCK: ClockSample = ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: 0,
+    };
+
+    /// How far the sampled clock may be from the sampling one: `|offset| + round trip / 2`.
+    pub fn uncertainty(&self) -> Duration {
+        Duration::from_nanos(
+            self.offset_nanos
+                .unsigned_abs()
+                .saturating_add(self.round_trip_nanos / 2),
+        )
+    }
+
+    /// This sample of clock A taken on clock B (`A - B`, as a region measures its leader)
+    /// carried over to clock C, given `hop`, a sample of C taken on A (`C - A`, as a leader
+    /// measures another node): `C - B = (C - A) + (A - B)`. The errors add too; the round
+    /// trips carry them (half of each).
+    pub fn through(self, hop: ClockSample) -> ClockSample {
+        ClockSample {
+            offset_nanos: self.offset_nanos.saturating_add(hop.offset_nanos),
+            round_trip_nanos: self.round_trip_nanos.saturating_add(hop.round_trip_nanos),
+        }
+    }
+
+    /// This sample `age` after it was taken, by clocks whose rates may differ by
+    /// `drift_ppm`: its error grows by that share of the age (a round trip grows by twice).
+    pub fn aged(self, age: Duration, drift_ppm: u64) -> ClockSample {
+        let drift = u128::from(duration_nanos(age)) * u128::from(drift_ppm) / 1_000_000;
+        let grown = u64::try_from(drift.saturating_mul(2)).unwrap_or(u64::MAX);
+        ClockSample {
+            offset_nanos: self.offset_nanos,
+            round_trip_nanos: self.round_trip_nanos.saturating_add(grown),
+        }
+    }
 }
 
 /// What a region tells the coordinator about its timebase in every SyncUp: since `since` (its
@@ -185,6 +240,10 @@ pub struct SyncUp {
     pub demand: Vec<DemandReport>,
     pub release_acks: Vec<ReleaseAck>,
     pub clock: Option<ClockSample>,
+    /// The `leader_term` of the answer `clock` was measured with: a sample describes that
+    /// leader's clock, not a later one's (0: not known, and not taken).
+    #[serde(default)]
+    pub clock_leader_term: u64,
     /// Measurements for the bound that changed since the coordinator last confirmed them.
     pub stats: Vec<LimitWindowStats>,
     /// The region's view has expired (no answer within `view_ttl`, or none yet): it admits
@@ -288,5 +347,45 @@ impl ConfigFiles {
                 merge_domains: self.merge_domains,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(offset_ms: i64, rtt_ms: u64) -> ClockSample {
+        ClockSample {
+            offset_nanos: offset_ms * 1_000_000,
+            round_trip_nanos: rtt_ms * 1_000_000,
+        }
+    }
+
+    /// A region 2 s behind leader 1 (`L1 - B = 2 s`), leader 2 0.5 s behind leader 1
+    /// (`L2 - L1 = -0.5 s`): the region is 1.5 s behind leader 2, and both errors count.
+    #[test]
+    fn a_sample_carried_over_adds_offsets_and_errors() {
+        let carried = sample(2_000, 40).through(sample(-500, 10));
+        assert_eq!(carried, sample(1_500, 50));
+        assert_eq!(carried.uncertainty(), Duration::from_millis(1_525));
+        assert_eq!(carried.through(ClockSample::SAME_CLOCK), carried);
+    }
+
+    /// 1% over 10 s: 100 ms more error each way, 200 ms more round trip.
+    #[test]
+    fn an_aged_sample_grows_its_error_by_the_drift() {
+        let aged = sample(7, 20).aged(Duration::from_secs(10), 10_000);
+        assert_eq!(aged, sample(7, 220));
+        let extreme = sample(0, u64::MAX / 1_000_000).aged(Duration::MAX, u64::MAX);
+        assert_eq!(extreme.round_trip_nanos, u64::MAX);
+    }
+
+    /// Sent at 1,000 ms, received at 1,120 and answered at 1,130 on a clock ahead by 100 ms,
+    /// back at 1,050: 100 ms ahead, 40 ms on the wire.
+    #[test]
+    fn a_round_trip_gives_the_ntp_estimate() {
+        let ms = Timestamp::from_unix_millis;
+        let s = ClockSample::from_round_trip(ms(1_000), ms(1_120), ms(1_130), ms(1_050));
+        assert_eq!(s, sample(100, 40));
     }
 }

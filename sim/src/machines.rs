@@ -27,7 +27,7 @@ use allot_core::gateway::{
 use allot_core::ids::{LeaseId, LimitId, RegionId};
 use allot_core::limit::{Consistency, FailureMode, LimitSpec, Quota, RegionWeights};
 use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, TableCommand};
-use allot_core::sync::{CounterRef, SyncDown, SyncUp};
+use allot_core::sync::{ClockSample, CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
 
 use crate::clock::RegionClock;
@@ -390,10 +390,19 @@ impl NodeFactory for CoreFactory {
             regions: self.regions.clone(),
         });
         debug_assert!(outcome.is_applied(), "{outcome:?}");
+        let mut coordinator =
+            Coordinator::new(self.coordinator.clone(), table, now, setup.leader_term);
+        // Every leader of a run reads the one true clock: samples regions measured with an
+        // earlier leader's answers carry over unchanged. (The daemon measures the hop and
+        // replicates the samples too; a new leader here starts without them, so it reclaims
+        // a region it has not heard later than the daemon's would.)
+        for earlier in 0..setup.leader_term {
+            coordinator.adopt_clocks(earlier, ClockSample::SAME_CLOCK, Vec::new());
+        }
         CoreCoordinator {
             tick: self.coordinator.sync_interval,
             next_tick: now + self.coordinator.sync_interval,
-            coordinator: Coordinator::new(self.coordinator.clone(), table, now, setup.leader_term),
+            coordinator,
             active: setup.policy == Policy::Rebalancing,
             limits: self.limits.clone(),
             stated: BTreeMap::new(),

@@ -198,6 +198,7 @@ impl RegionNode for TestRegion {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: None,
+            clock_leader_term: 0,
             stats: Vec::new(),
             view_expired: false,
             clock_guard: None,

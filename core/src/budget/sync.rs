@@ -236,6 +236,7 @@ impl RegionBudget {
             demand: Vec::new(),
             release_acks: Vec::new(),
             clock: self.view.clock(),
+            clock_leader_term: self.view.clock_term(),
             stats: self.collect_stats(),
             view_expired: self.view.is_expired(now),
             clock_guard: self.view.guard(),
@@ -379,12 +380,15 @@ impl RegionBudget {
         let sent_at = answered.as_ref().map(|f| f.sent_at);
         let first_answer = answered.is_some() && self.view.restore.is_awaiting();
         if let Some(f) = answered {
-            self.view.on_answer(RoundTrip {
-                sent_at: f.sent_at,
-                received_at: msg.received_at,
-                answered_at: msg.sent_at,
-                returned_at: now,
-            });
+            self.view.on_answer(
+                RoundTrip {
+                    sent_at: f.sent_at,
+                    received_at: msg.received_at,
+                    answered_at: msg.sent_at,
+                    returned_at: now,
+                },
+                msg.leader_term,
+            );
             if current_leader {
                 self.confirm(&f);
             }

@@ -18,6 +18,8 @@ pub(crate) struct View {
     /// Send time (agent clock) of the latest answered SyncUp; `None` before the first answer.
     contact_at: Option<Timestamp>,
     clock: Option<ClockSample>,
+    /// The `leader_term` of the answer `clock` was measured with (0 before the first).
+    clock_term: u64,
     /// Send time (agent clock) of the round trip `clock` was measured on.
     clock_sent_at: Option<Timestamp>,
     /// The timebase's edge band and guard, as the driver last set them.
@@ -44,6 +46,7 @@ impl View {
             ttl,
             contact_at: None,
             clock: None,
+            clock_term: 0,
             clock_sent_at: None,
             edge_band: None,
             guard: None,
@@ -80,11 +83,17 @@ impl View {
         self.clock
     }
 
-    /// An answer arrived: contact dates from the send time of the SyncUp it answers.
-    pub fn on_answer(&mut self, rt: RoundTrip) {
+    pub fn clock_term(&self) -> u64 {
+        self.clock_term
+    }
+
+    /// An answer of the leader of `leader_term` arrived: contact dates from the send time of
+    /// the SyncUp it answers, and the clock sample describes that leader's clock.
+    pub fn on_answer(&mut self, rt: RoundTrip, leader_term: u64) {
         let t0 = rt.sent_at;
         self.contact_at = Some(self.contact_at.map_or(t0, |c| c.max(t0)));
         self.clock = Some(rt.clock_sample());
+        self.clock_term = leader_term;
         self.clock_sent_at = Some(t0);
     }
 
@@ -153,16 +162,12 @@ impl RoundTrip {
     /// NTP's estimate: `offset = ((t1 - t0) + (t2 - t3)) / 2` (positive when the coordinator's
     /// clock is ahead) and `round trip = (t3 - t0) - (t2 - t1)`, never negative.
     pub fn clock_sample(&self) -> ClockSample {
-        let ns = |t: Timestamp| i128::from(t.as_unix_nanos());
-        let (t0, t1) = (ns(self.sent_at), ns(self.received_at));
-        let (t2, t3) = (ns(self.answered_at), ns(self.returned_at));
-        let offset = ((t1 - t0) + (t2 - t3)) / 2;
-        let round_trip = (t3 - t0) - (t2 - t1);
-        let saturated = if offset < 0 { i64::MIN } else { i64::MAX };
-        ClockSample {
-            offset_nanos: i64::try_from(offset).unwrap_or(saturated),
-            round_trip_nanos: u64::try_from(round_trip.max(0)).unwrap_or(u64::MAX),
-        }
+        ClockSample::from_round_trip(
+            self.sent_at,
+            self.received_at,
+            self.answered_at,
+            self.returned_at,
+        )
     }
 }
 
@@ -206,7 +211,7 @@ mod tests {
     fn the_view_expires_strictly_after_its_ttl() {
         let mut v = View::new(Duration::from_secs(2));
         assert!(v.is_expired(ms(0)), "no contact yet");
-        v.on_answer(rt(10_000, 10_010, 10_011, 10_030));
+        v.on_answer(rt(10_000, 10_010, 10_011, 10_030), 1);
         assert!(
             !v.is_expired(ms(12_000)),
             "exactly the TTL old is still fresh"
@@ -218,8 +223,8 @@ mod tests {
     #[test]
     fn a_late_answer_to_an_older_sync_never_moves_contact_back() {
         let mut v = View::new(Duration::from_secs(2));
-        v.on_answer(rt(5_000, 5_000, 5_000, 5_100));
-        v.on_answer(rt(4_000, 4_000, 4_000, 5_200));
+        v.on_answer(rt(5_000, 5_000, 5_000, 5_100), 1);
+        v.on_answer(rt(4_000, 4_000, 4_000, 5_200), 1);
         assert_eq!(v.contact_at(), Some(ms(5_000)));
     }
 
@@ -237,7 +242,7 @@ mod tests {
     #[test]
     fn expired_spans_are_handed_out_once() {
         let mut v = View::new(Duration::from_secs(2));
-        v.on_answer(rt(1_000, 1_000, 1_000, 1_000));
+        v.on_answer(rt(1_000, 1_000, 1_000, 1_000), 1);
         assert_eq!(v.take_expired_span(ms(2_000)), None, "fresh");
         // Expired from 3,000 (contact + TTL); at 5,000 the span is 3,000..5,000.
         assert_eq!(v.take_expired_span(ms(5_000)), Some((ms(3_000), ms(5_000))));

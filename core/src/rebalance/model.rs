@@ -52,6 +52,9 @@ pub(crate) struct ModelRegion {
     /// Send time of each SyncUp still in memory, and of the newest one answered.
     sent_at: BTreeMap<u64, Timestamp>,
     contact: Timestamp,
+    /// The term of the latest answer: the one clock sample it measures is of that leader.
+    /// Starts at 1, every test's first leader, so that its first SyncUp carries a sample.
+    leader_term: u64,
 }
 
 impl ModelRegion {
@@ -69,6 +72,7 @@ impl ModelRegion {
             view_ttl: Duration::from_secs(2),
             sent_at: BTreeMap::new(),
             contact: Timestamp::ZERO,
+            leader_term: 1,
         }
     }
 
@@ -186,6 +190,7 @@ impl ModelRegion {
                 offset_nanos: 0,
                 round_trip_nanos: 0,
             }),
+            clock_leader_term: self.leader_term,
             stats: Vec::new(),
             // The model region of these tests is strict-mode: its view plays no part.
             view_expired: false,
@@ -196,6 +201,7 @@ impl ModelRegion {
     pub fn handle_sync_down(&mut self, msg: &SyncDown) {
         if let Some(t0) = self.sent_at.get(&msg.reply_to_seq) {
             self.contact = self.contact.max(*t0);
+            self.leader_term = msg.leader_term;
         }
         self.unconfirmed_acks
             .retain(|_, carried| carried.is_none_or(|s| s > msg.reply_to_seq));

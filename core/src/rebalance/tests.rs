@@ -130,6 +130,7 @@ impl World {
             offset_nanos,
             round_trip_nanos: 0,
         });
+        msg.clock_leader_term = self.coord.leader_term();
         self.coord.handle_sync_up(now, msg).unwrap();
     }
 
@@ -501,6 +502,7 @@ fn first_reclaim(clock: Option<ClockSample>, heard_ms: u64, until_ms: u64) -> Op
     let mut w = world(&spec);
     let mut msg = w.b.poll_transmit(at_ms(heard_ms));
     msg.clock = clock;
+    msg.clock_leader_term = w.coord.leader_term();
     w.coord.handle_sync_up(at_ms(heard_ms), msg).unwrap();
     (heard_ms..=until_ms).step_by(10).find_map(|t| {
         w.coord
@@ -511,6 +513,106 @@ fn first_reclaim(clock: Option<ClockSample>, heard_ms: u64, until_ms: u64) -> Op
                 _ => None,
             })
     })
+}
+
+/// b, heard by leader 1 at 10.3 s with a sample (no offset, no round trip) it measured with
+/// leader 1's answers; leader 2 starts at 10.4 s and `prepare` hands it what the driver knows
+/// of leader 1's clock. With `resent`, b's next SyncUp (at 10.5 s, then silence) resends that
+/// sample to leader 2; without, leader 2 never hears b. Returns the window leader 2 first
+/// reclaims b's floor from (1 s windows, the closed policy), polling every 10 ms to 60 s.
+fn first_reclaim_by_leader_2(
+    resent: bool,
+    prepare: impl FnOnce(&mut Coordinator),
+) -> Option<WindowIndex> {
+    let spec = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..LimitSpec::simple("l", 100, Duration::from_secs(1))
+    };
+    let mut w = world(&spec);
+    let sample = ClockSample::SAME_CLOCK;
+    let mut msg = w.b.poll_transmit(at_ms(10_300));
+    (msg.clock, msg.clock_leader_term) = (Some(sample), 1);
+    w.coord.handle_sync_up(at_ms(10_300), msg).unwrap();
+    let table = w.coord.table().clone();
+    w.coord = Coordinator::new(config(), table, at_ms(10_400), 2);
+    prepare(&mut w.coord);
+    if resent {
+        let mut msg = w.b.poll_transmit(at_ms(10_500));
+        (msg.clock, msg.clock_leader_term) = (Some(sample), 1);
+        w.coord.handle_sync_up(at_ms(10_500), msg).unwrap();
+    }
+    (10_500..=60_000).step_by(10).find_map(|t| {
+        w.coord
+            .poll_proposals(at_ms(t))
+            .into_iter()
+            .find_map(|c| match c {
+                TableCommand::Reclaim { from_window, .. } => Some(from_window),
+                _ => None,
+            })
+    })
+}
+
+/// A sample describes the clock of the leader whose answers measured it, and coordinator
+/// nodes' clocks differ: a new leader that does not know the earlier one's clock does not
+/// take a resent sample as its own, so it reclaims nothing from a region it has no sample of
+/// (before, it took the sample, and a leader 3 s ahead of the old one reclaimed b's floor 3 s
+/// early, in windows b was still spending it).
+#[test]
+fn a_new_leader_takes_no_sample_measured_with_another_leader_s_answers() {
+    assert_eq!(first_reclaim_by_leader_2(true, |_| {}), None);
+}
+
+/// Given the earlier leader's clock against its own (a sample of this node the earlier one
+/// took, replicated), a new leader carries resent samples over: the deadline moves by the
+/// hop, as if the region had measured the hop's offset itself.
+#[test]
+fn a_new_leader_carries_resent_samples_over_by_the_old_leader_s_clock() {
+    for ahead_ms in [0_i64, 3_000, -3_000] {
+        let hop = ClockSample {
+            offset_nanos: ahead_ms * 1_000_000,
+            round_trip_nanos: 40_000_000,
+        };
+        let carried = first_reclaim_by_leader_2(true, |c| c.adopt_clocks(1, hop, Vec::new()));
+        // The same sample measured against leader 2 itself, heard at the same time.
+        let own = first_reclaim(Some(hop), 10_500, 60_000);
+        assert!(carried.is_some(), "{ahead_ms} ms: never reclaimed");
+        assert_eq!(carried, own, "leader 2 {ahead_ms} ms ahead of leader 1");
+    }
+}
+
+/// With the samples the earlier leader replicated, a new leader reclaims the floor of a
+/// region silent since before it started (a region cut off across a leader change): before,
+/// it could not until the region was heard again.
+#[test]
+fn a_new_leader_reclaims_a_region_it_never_heard_from_the_replicated_samples() {
+    let b = RegionId::from("b");
+    assert_eq!(first_reclaim_by_leader_2(false, |_| {}), None);
+    let replicated = |c: &mut Coordinator| {
+        c.adopt_clocks(
+            1,
+            ClockSample::SAME_CLOCK,
+            vec![(b.clone(), ClockSample::SAME_CLOCK)],
+        );
+    };
+    let from = first_reclaim_by_leader_2(false, replicated).expect("reclaimed");
+    // Last heard: leader 2's start (10.4 s), + 2 s view TTL + 0.5 s drift margin; b's
+    // windows are 1 s long and aligned with ours (no offset).
+    let deadline_ms = START_MS + 10_400 + 2_000 + 500;
+    assert_eq!(from, WindowIndex(deadline_ms.div_ceil(1_000)));
+}
+
+/// A term at or above the leader's own is not an earlier leader's: nothing is adopted.
+#[test]
+fn clocks_of_a_later_term_are_not_adopted() {
+    let b = RegionId::from("b");
+    let later = |c: &mut Coordinator| {
+        c.adopt_clocks(
+            2,
+            ClockSample::SAME_CLOCK,
+            vec![(b.clone(), ClockSample::SAME_CLOCK)],
+        );
+    };
+    assert_eq!(first_reclaim_by_leader_2(false, later), None);
 }
 
 /// Without a clock sample the region's clock may be any number of windows away: nothing is
@@ -809,6 +911,9 @@ fn a_new_leader_collects_rows_only_once_it_has_every_member_s_clock() {
     assert!(w.coord.table().row_count() > 0);
     let table = w.coord.table().clone();
     w.coord = Coordinator::new(config(), table, at_ms(10_000), 2);
+    // The samples regions resend were measured with leader 1's answers; its clock is this
+    // one's (one clock in these tests), but its samples are not replicated here.
+    w.coord.adopt_clocks(1, ClockSample::SAME_CLOCK, Vec::new());
     w.up("a", at_ms(10_100));
     assert!(!w.coord.poll_proposals(at_ms(10_600)).iter().any(is_gc));
     w.up_with_offset("b", at_ms(11_000), 1_500_000_000);
@@ -2164,6 +2269,7 @@ fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> Syn
         demand: Vec::new(),
         release_acks: Vec::new(),
         clock: None,
+        clock_leader_term: 0,
         stats: Vec::new(),
         view_expired: false,
         clock_guard: None,
@@ -2363,6 +2469,7 @@ fn a_reload_reaches_as_far_as_the_clock_was_ahead_when_the_region_switched() {
         let up = SyncUp {
             config_version: version,
             clock,
+            clock_leader_term: 1,
             ..up_with("a", seq, &[], 0)
         };
         c.handle_sync_up(at_ms(now), up).unwrap();
@@ -2453,6 +2560,7 @@ fn a_guarded_region_counts_0_in_the_skew_term_once_its_guard_covers_the_window()
             offset_nanos: 0,
             round_trip_nanos: 20_000_000,
         });
+        msg.clock_leader_term = w.coord.leader_term();
         msg.clock_guard = Some(guard);
         w.coord.handle_sync_up(at_ms(600), msg).unwrap();
     }
@@ -2496,6 +2604,7 @@ fn a_window_that_started_before_a_raise_is_stated_against_the_old_quota() {
             let mut up = up_with(r, seq, &[], 0);
             up.config_version = version;
             up.clock = (r == "b").then_some(sample);
+            up.clock_leader_term = 1;
             if version == 2 && seq == 2 && r == "a" {
                 let raise = TableCommand::SetConfig {
                     version: 2,
@@ -2545,6 +2654,7 @@ fn a_region_silent_since_before_a_reload_to_closed_keeps_its_floor() {
         offset_nanos: 0,
         round_trip_nanos: 0,
     });
+    msg.clock_leader_term = w.coord.leader_term();
     w.coord.handle_sync_up(at_ms(60_000), msg).unwrap();
     assert_eq!(reclaims(&w.coord.poll_proposals(at_ms(120_000))).len(), 1);
 }

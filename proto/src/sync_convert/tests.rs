@@ -112,10 +112,11 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
         since: Timestamp::from_unix_nanos(s),
         max_uncertainty: Duration::from_nanos(u),
     }));
+    let clock = (clock, any::<u64>());
     (head, clock, lists, (any::<bool>(), any::<bool>()), guard).prop_map(
         |(
             (r, boot, seq, t0, v),
-            clock,
+            (clock, clock_leader_term),
             (entries, demand, release_acks, stats),
             (view_expired, restored),
             clock_guard,
@@ -130,6 +131,7 @@ fn sync_up() -> impl Strategy<Value = SyncUp> {
                 demand,
                 release_acks,
                 clock,
+                clock_leader_term,
                 stats,
                 view_expired,
                 restored,

@@ -748,3 +748,25 @@ fn a_slow_key_of_a_day_window_still_reports_its_demand() {
     assert_eq!(up.demand[0].demand_micro_units_per_sec, 441_919);
     assert_eq!(up.demand[0].allowance_units, 25_000);
 }
+
+/// The clock sample a SyncUp carries names the term of the answer it was measured with: a
+/// new leader's clock is another node's, and it must know which clock the sample describes.
+#[test]
+fn a_clock_sample_names_the_leader_whose_answer_measured_it() {
+    let mut b = eventual_budget();
+    let up = b.poll_transmit(at(0)).expect("sync");
+    assert_eq!((up.clock, up.clock_leader_term), (None, 0));
+    b.handle_sync_down(at(10), answer(&up, at(10)));
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert!(up.clock.is_some());
+    assert_eq!(up.clock_leader_term, 1);
+    let mut down = answer(&up, at(260));
+    down.leader_term = 2;
+    b.handle_sync_down(at(260), down);
+    let up = b.poll_transmit(at(500)).expect("sync");
+    assert_eq!(up.clock_leader_term, 2);
+    // A late answer of leader 1 measured leader 1's clock: the sample says so.
+    b.handle_sync_down(at(510), answer(&up, at(510)));
+    let up = b.poll_transmit(at(750)).expect("sync");
+    assert_eq!(up.clock_leader_term, 1);
+}

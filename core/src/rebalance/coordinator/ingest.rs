@@ -35,6 +35,7 @@ impl Coordinator {
         let mut msg = self.with_table_ids(msg);
         let started_at = self.started_at;
         let known = self.known_before(&msg);
+        let sample = self.on_my_clock(msg.clock, msg.clock_leader_term);
         let view = self
             .regions
             .entry(msg.region.clone())
@@ -56,9 +57,9 @@ impl Coordinator {
             // corrected one no longer describes it.
             let reclocked = restarted && view.clock_guard.is_some();
             view.clock = if reclocked {
-                msg.clock
+                sample
             } else {
-                msg.clock.or(view.clock)
+                sample.or(view.clock)
             };
             view.clock_guard = msg.clock_guard;
             view.view_expired = msg.view_expired;

@@ -29,11 +29,12 @@ use crate::limit::Quota;
 use crate::rebalance::reload::KeptConfigs;
 use crate::rebalance::table::{AllowanceRow, AllowanceTable, TableCommand};
 use crate::rebalance::views::{CounterView, RegionView, RowView};
-use crate::sync::{BoundFigures, CounterRef};
+use crate::sync::{BoundFigures, ClockSample, CounterRef};
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 
 mod answer;
 mod bound_inputs;
+mod clocks;
 mod ingest;
 mod propose;
 mod schedule;
@@ -133,6 +134,9 @@ pub struct Coordinator {
     /// This leader's term ([`SyncDown::leader_term`]): larger than every earlier leader's.
     leader_term: u64,
     regions: BTreeMap<RegionId, RegionView>,
+    /// Per earlier leader term, that leader's clock against this one's (`clocks.rs`): a
+    /// region's sample measured with its answers is carried over by it.
+    clock_hops: BTreeMap<u64, ClockSample>,
     counters: BTreeMap<CounterRef, CounterView>,
     /// Per row of the table (counter, region): what was sent, confirmed and acked.
     rows: BTreeMap<(CounterRef, RegionId), RowView>,
@@ -190,6 +194,7 @@ impl Coordinator {
             started_at: now,
             leader_term,
             regions: BTreeMap::new(),
+            clock_hops: BTreeMap::new(),
             counters: BTreeMap::new(),
             rows: BTreeMap::new(),
             in_flight: BTreeMap::new(),

@@ -86,8 +86,8 @@ impl Coordinator {
     /// When `region`, silent since it was last heard, has certainly closed itself: `view_ttl`
     /// after its last contact on its own clock, plus the drift margin, plus how far its clock
     /// may be from ours. `None` without a clock sample: its clock may be any number of windows
-    /// away, so nothing is reclaimed (a new leader learns the sample from the region's next
-    /// SyncUp, which carries its latest one).
+    /// away, so nothing is reclaimed (a new leader takes the earlier leader's replicated
+    /// samples, or the region's next SyncUp's, carried over to its own clock: `clocks.rs`).
     fn reclaim_deadline(&self, region: &RegionId) -> Option<Timestamp> {
         let view = self.region_view(region);
         let uncertainty = view.clock_uncertainty()?;
