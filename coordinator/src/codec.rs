@@ -21,6 +21,10 @@ pub const FORMAT_V2: u8 = 0x02;
 /// (`AllowanceTable::removed`); format 2 and 1 states still read.
 pub const FORMAT_V3: u8 = 0x03;
 
+/// The snapshot state's layout since the clock samples name their clock
+/// (`ClusterState::clock_source`); format 3, 2 and 1 states still read.
+pub const FORMAT_V4: u8 = 0x04;
+
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>> {
     encode_as(FORMAT_V1, what, value)
 }

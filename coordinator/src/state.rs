@@ -23,6 +23,7 @@ use allot_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::types::NodeId;
 
 /// Most regions a cluster holds: bounds the membership, the clock samples and the table's
 /// per-counter sums. A join beyond it is refused.
@@ -31,6 +32,9 @@ pub const MAX_REGIONS: usize = 64;
 /// Most table commands one round entry carries: one `poll_proposals` of the leader's
 /// rebalancer, which returns at most this many.
 pub const MAX_COMMANDS_PER_ROUND: usize = MAX_PROPOSALS_PER_POLL;
+
+/// Most nodes whose clocks one frame carries (a cluster has 3 to 5; learners too).
+pub const MAX_NODES: usize = 64;
 
 /// Most limits one configuration holds (the table holds a spec per limit).
 pub const MAX_LIMITS: usize = 16_384;
@@ -58,14 +62,46 @@ pub enum ClusterCommand {
     },
     /// A region leaves; its rows go with the configuration change (agents drop theirs too).
     RemoveRegion { region: RegionId },
-    /// The leader's latest clock samples, so that a new leader states the skew term from the
-    /// first round rather than treating every region's clock as unknown.
+    /// Region clock samples with no word of whose clock they were measured on. Not proposed
+    /// since [`ClusterCommand::RecordClockFrame`]; kept so that entries written before decode.
     RecordClocks(Vec<RegionClock>),
     /// A new limits configuration as its files (`allot config put`, `--limits`): loaded here
     /// with the configuration loader (deterministic, so every node gets the same limits), put
     /// as [`ClusterCommand::PutLimits`] puts limits, and kept, so that the leader sends them
-    /// to agents on another version. Last of the variants: entries written before it decode.
+    /// to agents on another version. Entries written before it decode.
     PutConfig(ConfigFiles),
+    /// The leader's latest clock samples of the regions, on its clock, with its samples of the
+    /// other nodes' clocks: a new leader carries the regions' samples over to its own clock by
+    /// the sample of itself, so that it states the skew term and reclaims from its first round
+    /// (D43). Replaces the samples before it as a whole. Last of the variants: entries written
+    /// before it decode.
+    RecordClockFrame(ClockFrame),
+}
+
+/// Whose clock the recorded samples are on: the leader that recorded them, and its samples of
+/// the other nodes' clocks (`sample.offset_nanos` is the node's clock minus the leader's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSource {
+    pub leader: NodeId,
+    /// The rebalancer term the regions' samples were measured under (`SyncDown::leader_term`).
+    pub leader_term: u64,
+    pub nodes: Vec<NodeClock>,
+}
+
+/// One node's clock as the leader sampled it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeClock {
+    pub node: NodeId,
+    pub sample: ClockSample,
+    /// The leader's time when the probe came back.
+    pub taken_at: Timestamp,
+}
+
+/// What [`ClusterCommand::RecordClockFrame`] records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockFrame {
+    pub source: ClockSource,
+    pub regions: Vec<RegionClock>,
 }
 
 /// One region's clock sample as the leader took it.
@@ -148,6 +184,10 @@ pub enum Refusal {
         in_force: Vec<RegionId>,
         proposed: Vec<RegionId>,
     },
+    #[error("{nodes} node clocks are above the most, {MAX_NODES}")]
+    TooManyNodes { nodes: usize },
+    #[error("clock samples of rebalancer term {term} are older than those recorded ({recorded})")]
+    OlderClocks { term: u64, recorded: u64 },
 }
 
 fn names(regions: &[RegionId]) -> String {
@@ -166,6 +206,32 @@ pub struct ClusterState {
     /// The files `limits` were loaded from, when they were put as files (`PutConfig`); their
     /// version is the put's, which a membership change moves on from.
     config_files: Option<ConfigFiles>,
+    /// Whose clock `clocks` are on (the last `RecordClockFrame`); `None` before the first.
+    clock_source: Option<ClockSource>,
+}
+
+/// The snapshot layout before the clock samples named their clock (format 3): read, never
+/// written.
+#[derive(Deserialize)]
+pub(crate) struct ClusterStateV3 {
+    table: AllowanceTable,
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+    config_files: Option<ConfigFiles>,
+}
+
+impl From<ClusterStateV3> for ClusterState {
+    fn from(v3: ClusterStateV3) -> Self {
+        ClusterState {
+            table: v3.table,
+            limits: v3.limits,
+            regions: v3.regions,
+            clocks: v3.clocks,
+            config_files: v3.config_files,
+            clock_source: None,
+        }
+    }
 }
 
 /// The snapshot layout before the configuration's files were kept (format 1): read, never
@@ -186,6 +252,7 @@ impl From<ClusterStateV1> for ClusterState {
             regions: v1.regions,
             clocks: v1.clocks,
             config_files: None,
+            clock_source: None,
         }
     }
 }
@@ -208,6 +275,7 @@ impl From<ClusterStateV2> for ClusterState {
             regions: v2.regions,
             clocks: v2.clocks,
             config_files: v2.config_files,
+            clock_source: None,
         }
     }
 }
@@ -220,6 +288,7 @@ impl Default for ClusterState {
             regions: BTreeMap::new(),
             clocks: BTreeMap::new(),
             config_files: None,
+            clock_source: None,
         }
     }
 }
@@ -239,6 +308,11 @@ impl ClusterState {
 
     pub fn clocks(&self) -> &BTreeMap<RegionId, RegionClock> {
         &self.clocks
+    }
+
+    /// Whose clock [`ClusterState::clocks`] are on, once a leader recorded a frame.
+    pub fn clock_source(&self) -> Option<&ClockSource> {
+        self.clock_source.as_ref()
     }
 
     /// The files of the limits in force, at the table's version (a membership change moves
@@ -267,6 +341,7 @@ impl ClusterState {
             }
             ClusterCommand::RemoveRegion { region } => (self.remove_region(&region), false),
             ClusterCommand::RecordClocks(clocks) => (self.record_clocks(clocks), false),
+            ClusterCommand::RecordClockFrame(frame) => (self.record_clock_frame(frame), false),
             ClusterCommand::PutConfig(files) => (self.put_config(files), false),
         };
         if !checked || cfg!(debug_assertions) {
@@ -442,6 +517,34 @@ impl ClusterState {
         for clock in clocks {
             self.clocks.insert(clock.region.clone(), clock);
         }
+        Ok(CommandOutcome::ClocksRecorded)
+    }
+
+    /// A frame replaces the samples before it, unless it is of an earlier rebalancer than
+    /// theirs (a deposed leader's, committed late): samples never go back to an older clock.
+    fn record_clock_frame(
+        &mut self,
+        frame: ClockFrame,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        if frame.source.nodes.len() > MAX_NODES {
+            return Err(Refusal::TooManyNodes {
+                nodes: frame.source.nodes.len(),
+            });
+        }
+        if let Some(now) = &self.clock_source
+            && frame.source.leader_term < now.leader_term
+        {
+            return Err(Refusal::OlderClocks {
+                term: frame.source.leader_term,
+                recorded: now.leader_term,
+            });
+        }
+        let before = std::mem::take(&mut self.clocks);
+        if let Err(refused) = self.record_clocks(frame.regions) {
+            self.clocks = before;
+            return Err(refused);
+        }
+        self.clock_source = Some(frame.source);
         Ok(CommandOutcome::ClocksRecorded)
     }
 }
@@ -741,6 +844,61 @@ mod tests {
             Some(CommandOutcome::Refused(Refusal::WeightsAboveOne {
                 total_ppm: 1_100_000
             }))
+        );
+        assert_eq!(state, before);
+    }
+
+    fn frame(term: u64, regions: &[&str]) -> ClusterCommand {
+        let sample = ClockSample {
+            offset_nanos: 1_000,
+            round_trip_nanos: 2_000,
+        };
+        ClusterCommand::RecordClockFrame(ClockFrame {
+            source: ClockSource {
+                leader: 1,
+                leader_term: term,
+                nodes: vec![NodeClock {
+                    node: 2,
+                    sample,
+                    taken_at: Timestamp::from_unix_nanos(term),
+                }],
+            },
+            regions: regions
+                .iter()
+                .map(|r| RegionClock {
+                    region: region(r),
+                    sample,
+                    heard_at: Timestamp::from_unix_nanos(term),
+                })
+                .collect(),
+        })
+    }
+
+    /// A frame replaces the samples before it as a whole, with whose clock they are on; one
+    /// of an earlier rebalancer (a deposed leader's, committed late) or naming a stranger
+    /// changes nothing.
+    #[test]
+    fn a_clock_frame_replaces_the_samples_and_never_goes_back_to_an_older_clock() {
+        let mut state = two_regions();
+        let recorded = Some(CommandOutcome::ClocksRecorded);
+        assert_eq!(state.apply(frame(5, &["eu", "us"])).ok(), recorded);
+        assert_eq!(state.clocks().len(), 2);
+        assert_eq!(state.apply(frame(6, &["eu"])).ok(), recorded);
+        assert_eq!(state.clocks().keys().collect::<Vec<_>>(), [&region("eu")]);
+        assert_eq!(state.clock_source().map(|s| s.leader_term), Some(6));
+        let before = state.clone();
+        assert_eq!(
+            state.apply(frame(5, &["us"])).ok(),
+            Some(CommandOutcome::Refused(Refusal::OlderClocks {
+                term: 5,
+                recorded: 6
+            }))
+        );
+        assert_eq!(
+            state.apply(frame(7, &["eu", "mars"])).ok(),
+            Some(CommandOutcome::Refused(Refusal::UnknownRegion(region(
+                "mars"
+            ))))
         );
         assert_eq!(state, before);
     }

@@ -13,7 +13,7 @@ use allot_coordinator::{ClusterState, NodeId};
 use allot_core::ids::{KeyId, LimitId, RegionId};
 use allot_core::limit::{LimitSpec, RegionWeights};
 use allot_core::rebalance::CoordinatorConfig;
-use allot_core::sync::{CounterEntry, CounterRef, DemandReport, SyncDown, SyncUp};
+use allot_core::sync::{ClockSample, CounterEntry, CounterRef, DemandReport, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, Window};
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_client::SyncClient;
@@ -323,6 +323,44 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
     };
     let before = sync_down(nodes[&first].grpc_addr(), "a").await;
     let grown = before.grants.first().expect("a grow").allowance_units;
+
+    // The leader records the regions' clock samples with its probes of the other nodes'
+    // clocks (every 5 s): the next leader carries the samples over to its own clock by them.
+    let mut sampled = up("a", 2);
+    sampled.clock = Some(ClockSample {
+        offset_nanos: 2_000_000_000,
+        round_trip_nanos: 10_000_000,
+    });
+    sampled.clock_leader_term = before.leader_term;
+    assert!(matches!(
+        send(nodes[&first].grpc_addr(), sampled).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
+    let follower = *nodes.keys().find(|id| **id != first).expect("three");
+    wait_for("a clock frame with both followers' clocks", || {
+        let s = state(&nodes[&follower]);
+        let from_first = s.clock_source().is_some_and(|c| {
+            c.leader == first && c.leader_term == before.leader_term && c.nodes.len() == 2
+        });
+        from_first
+            && s.clocks()
+                .get(&RegionId::from("a"))
+                .is_some_and(|c| c.sample.offset_nanos == 2_000_000_000)
+    })
+    .await;
+    let status = http_get(nodes[&first].http_addr(), "/v1/status");
+    assert!(status.contains("\"node_clocks\":[{\"node\":"), "{status}");
+    let source = state(&nodes[&follower])
+        .clock_source()
+        .cloned()
+        .expect("a frame");
+    for n in &source.nodes {
+        // One machine, one clock: each probe finds the other node within its round trip.
+        assert!(
+            n.sample.offset_nanos.unsigned_abs() <= n.sample.round_trip_nanos.max(1_000_000),
+            "{n:?}"
+        );
+    }
 
     // The leader's node stops; another is elected and its rebalancer answers from the
     // replicated table under a larger term (agents resend everything on seeing it).

@@ -128,6 +128,8 @@ struct Status {
     /// The live bound per limit; on the leader only (followers name the leader instead).
     limits: Option<Vec<crate::daemon::leader::LimitBound>>,
     limits_left_out: usize,
+    /// On the leader: the other nodes' clocks against its own, from its latest probes (D43).
+    node_clocks: Option<Vec<crate::state::NodeClock>>,
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Status> {
@@ -143,6 +145,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
         s.limits = Some(l.limits);
         add_used(&mut s.counters, &l.counters);
         s.limits_left_out = l.limits_left_out;
+        s.node_clocks = Some(l.node_clocks);
     }
     let now_ms = system_now().as_unix_millis();
     for r in &mut s.regions {
@@ -204,6 +207,7 @@ fn raft_status(admin: &Admin) -> Status {
         counters,
         limits: None,
         limits_left_out: 0,
+        node_clocks: None,
     }
 }
 

@@ -9,26 +9,32 @@
 //! lost) the task ends and its rebalancer is dropped, with no answer sent from it.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use allot_core::budget::timebase::MAX_CLOCK_DRIFT_PPM;
 use allot_core::error::Error as CoreError;
 use allot_core::ids::{LimitId, RegionId};
 use allot_core::limit::Quota;
 use allot_core::rebalance::{
     AllowanceTable, ApplyOutcome, Bound, Coordinator, CoordinatorConfig, TableCommand,
 };
-use allot_core::sync::{CounterRef, SyncUp};
+use allot_core::sync::{ClockSample, CounterRef, SyncUp};
 use allot_core::time::Timestamp;
 use openraft::Raft;
 use openraft::raft::ClientWriteResponse;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use crate::daemon::metrics as m;
-use crate::state::{ClusterCommand, CommandOutcome};
+use crate::network::clock::ClockProber;
+use crate::state::{
+    ClockFrame, ClockSource, ClusterCommand, ClusterState, CommandOutcome, NodeClock, RegionClock,
+};
 use crate::store::StateReader;
 use crate::sync_service::{Answer, system_now};
-use crate::types::TypeConfig;
+use crate::types::{NodeId, TypeConfig};
 
 /// Jobs waiting for the leader's rebalancer. A SyncUp that finds the queue full is left
 /// unanswered (counted); the agent's next SyncUp carries everything again. With at most
@@ -39,6 +45,13 @@ pub const JOB_QUEUE: usize = 256;
 /// from its quorum keeps its role until it hears a newer term; agents meanwhile go to the
 /// other nodes after their own answer timeout).
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the leader samples the other nodes' clocks (`network/clock.rs`).
+pub const CLOCK_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the leader records its clock frame through raft: the regions' samples and its
+/// samples of the other nodes, which the next leader starts from (D43).
+pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Most limits whose bound one status answer carries.
 pub const MAX_STATUS_LIMITS: usize = 1_000;
@@ -150,6 +163,8 @@ pub struct LeaderStatus {
     pub limits: Vec<LimitBound>,
     /// Limits left out past `MAX_STATUS_LIMITS`.
     pub limits_left_out: usize,
+    /// The other nodes' clocks against the leader's, from its latest probes.
+    pub node_clocks: Vec<NodeClock>,
 }
 
 /// The leader's rebalancer and the raft handle it commits through.
@@ -158,6 +173,18 @@ pub struct Leader {
     state: StateReader,
     coordinator: Coordinator,
     heard: BTreeMap<RegionId, RegionHeard>,
+    node_id: NodeId,
+    /// The other nodes' clocks, as the probe task last sampled them.
+    node_clocks: Arc<Mutex<BTreeMap<NodeId, NodeClock>>>,
+}
+
+/// A task that ends with the value holding it (the leader's, when its rebalancer is dropped).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Leader {
@@ -169,12 +196,20 @@ impl Leader {
         cfg: CoordinatorConfig,
         leader_term: u64,
     ) -> Leader {
-        let table = state.read(|a| a.state.table().clone());
+        let now = system_now();
+        let node_id = raft.metrics().borrow().id;
+        let coordinator = state.read(|a| {
+            let mut c = Coordinator::new(cfg, a.state.table().clone(), now, leader_term);
+            adopt_recorded_clocks(&mut c, &a.state, node_id, now);
+            c
+        });
         Leader {
             raft,
             state: state.clone(),
-            coordinator: Coordinator::new(cfg, table, system_now(), leader_term),
+            coordinator,
             heard: BTreeMap::new(),
+            node_id,
+            node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -183,6 +218,9 @@ impl Leader {
     pub async fn run(mut self, mut jobs: mpsc::Receiver<Job>) -> Ended {
         let mut tick = tokio::time::interval(self.coordinator.config().sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut frame_tick = tokio::time::interval(CLOCK_FRAME_INTERVAL);
+        frame_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let _prober = self.spawn_prober();
         loop {
             let served = tokio::select! {
                 job = jobs.recv() => match job {
@@ -190,6 +228,7 @@ impl Leader {
                     None => return Ended::Closed,
                 },
                 _ = tick.tick() => self.commit_proposals().await,
+                _ = frame_tick.tick() => self.record_clock_frame().await,
             };
             if let Err(ended) = served {
                 return ended;
@@ -348,6 +387,74 @@ impl Leader {
         Ok(written.data)
     }
 
+    /// Probes every other member's clock each [`CLOCK_PROBE_INTERVAL`], one at a time (a
+    /// node that does not answer costs [`crate::network::clock::PROBE_TIMEOUT`]), off the
+    /// rebalancer's task: a probe never holds a SyncUp up.
+    fn spawn_prober(&self) -> AbortOnDrop {
+        let raft = self.raft.clone();
+        let me = self.node_id;
+        let clocks = Arc::clone(&self.node_clocks);
+        let mut prober = ClockProber::new(raft.config().cluster_name.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CLOCK_PROBE_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let members: Vec<(NodeId, String)> = {
+                    let m = raft.metrics().borrow().membership_config.clone();
+                    m.nodes()
+                        .filter(|(id, _)| **id != me)
+                        .map(|(id, n)| (*id, n.addr.clone()))
+                        .collect()
+                };
+                lock(&clocks).retain(|id, _| members.iter().any(|(m, _)| m == id));
+                for (node, addr) in members {
+                    probe_one(&mut prober, &clocks, node, &addr).await;
+                }
+            }
+        }))
+    }
+
+    /// Commits the regions' samples on this leader's clock with its samples of the other
+    /// nodes (`ClusterCommand::RecordClockFrame`). A refusal (a later leader recorded
+    /// already) is counted; a failed commit ends the task as any other.
+    async fn record_clock_frame(&mut self) -> Result<(), Ended> {
+        let now = system_now();
+        let regions = self
+            .coordinator
+            .clock_samples()
+            .into_iter()
+            .map(|(region, sample)| {
+                let heard_at = self.heard.get(&region).map_or(now, |h| {
+                    allot_core::time::Timestamp::from_unix_millis(h.last_heard_unix_ms)
+                });
+                RegionClock {
+                    region,
+                    sample,
+                    heard_at,
+                }
+            })
+            .collect();
+        let frame = ClockFrame {
+            source: ClockSource {
+                leader: self.node_id,
+                leader_term: self.coordinator.leader_term(),
+                nodes: lock(&self.node_clocks).values().cloned().collect(),
+            },
+            regions,
+        };
+        let written = self.commit(ClusterCommand::RecordClockFrame(frame)).await?;
+        let result = match written.data {
+            CommandOutcome::ClocksRecorded => "recorded",
+            other => {
+                tracing::warn!(outcome = ?other, "clock frame not recorded");
+                "refused"
+            }
+        };
+        metrics::counter!(m::CLOCK_FRAMES, "result" => result).increment(1);
+        Ok(())
+    }
+
     fn status(&self) -> LeaderStatus {
         let now = system_now();
         let table = self.coordinator.table();
@@ -374,8 +481,75 @@ impl Leader {
             counters: counters_status(table, |counter, region| c.used_units(counter, region)),
             limits,
             limits_left_out: left_out,
+            node_clocks: lock(&self.node_clocks).values().cloned().collect(),
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Holders only insert or remove whole entries: a poisoned map is still consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn probe_one(
+    prober: &mut ClockProber,
+    clocks: &Mutex<BTreeMap<NodeId, NodeClock>>,
+    node: NodeId,
+    addr: &str,
+) {
+    match prober.probe(node, addr).await {
+        Ok((sample, taken_at)) => {
+            let label = node.to_string();
+            metrics::gauge!(m::NODE_CLOCK_OFFSET, "node" => label.clone())
+                .set(sample.offset_nanos as f64 / 1e9);
+            metrics::gauge!(m::NODE_CLOCK_ROUND_TRIP, "node" => label)
+                .set(sample.round_trip_nanos as f64 / 1e9);
+            let clock = NodeClock {
+                node,
+                sample,
+                taken_at,
+            };
+            lock(clocks).insert(node, clock);
+        }
+        Err(e) => {
+            metrics::counter!(m::CLOCK_PROBE_FAILURES).increment(1);
+            tracing::debug!(node, addr, error = %e, "clock probe failed");
+        }
+    }
+}
+
+/// A new leader starts from the samples the last leader recorded, carried over to its own
+/// clock by that leader's sample of it (its own clock, if it recorded them itself), each
+/// grown by the drift allowed since it was taken. Without a sample of this node, none.
+pub fn adopt_recorded_clocks(
+    coordinator: &mut Coordinator,
+    state: &ClusterState,
+    me: NodeId,
+    now: Timestamp,
+) {
+    let Some(source) = state.clock_source() else {
+        return;
+    };
+    let aged = |sample: ClockSample, at: Timestamp| {
+        sample.aged(now.saturating_duration_since(at), MAX_CLOCK_DRIFT_PPM)
+    };
+    let hop = if source.leader == me {
+        Some(ClockSample::SAME_CLOCK)
+    } else {
+        source
+            .nodes
+            .iter()
+            .find(|n| n.node == me)
+            .map(|n| aged(n.sample, n.taken_at))
+    };
+    let Some(hop) = hop else {
+        return;
+    };
+    let samples = state
+        .clocks()
+        .values()
+        .map(|c| (c.region.clone(), aged(c.sample, c.heard_at)));
+    coordinator.adopt_clocks(source.leader_term, hop, samples);
 }
 
 fn heard_from(received_at: Timestamp, up: &SyncUp) -> RegionHeard {
@@ -391,3 +565,83 @@ fn heard_from(received_at: Timestamp, up: &SyncUp) -> RegionHeard {
 
 /// How long a status read waits for the leader's task (behind the jobs queued before it).
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use allot_core::limit::LimitSpec;
+    use allot_core::rebalance::CoordinatorConfig;
+
+    use super::*;
+    use crate::state::RegionClock;
+
+    fn sample(offset_ms: i64, rtt_ms: u64) -> ClockSample {
+        ClockSample {
+            offset_nanos: offset_ms * 1_000_000,
+            round_trip_nanos: rtt_ms * 1_000_000,
+        }
+    }
+
+    /// A cluster of regions eu and us whose leader, node 1 under rebalancer term 7, recorded
+    /// eu 2 s behind it and node 2's clock 0.5 s behind its own, at `at`.
+    fn recorded(at: Timestamp) -> ClusterState {
+        let mut state = ClusterState::default();
+        for r in ["eu", "us"] {
+            let join = ClusterCommand::AddRegion {
+                region: RegionId::from(r),
+                weight_ppm: None,
+            };
+            state.apply(join).expect("joins");
+        }
+        let put = ClusterCommand::PutLimits {
+            version: 5,
+            limits: vec![LimitSpec::simple("l", 100, Duration::from_secs(1))],
+        };
+        state.apply(put).expect("puts");
+        let frame = ClockFrame {
+            source: ClockSource {
+                leader: 1,
+                leader_term: 7,
+                nodes: vec![NodeClock {
+                    node: 2,
+                    sample: sample(-500, 4),
+                    taken_at: at,
+                }],
+            },
+            regions: vec![RegionClock {
+                region: RegionId::from("eu"),
+                sample: sample(2_000, 10),
+                heard_at: at,
+            }],
+        };
+        let outcome = state.apply(ClusterCommand::RecordClockFrame(frame));
+        assert_eq!(outcome.ok(), Some(CommandOutcome::ClocksRecorded));
+        state
+    }
+
+    fn adopted_on(
+        node: NodeId,
+        state: &ClusterState,
+        now: Timestamp,
+    ) -> Vec<(RegionId, ClockSample)> {
+        let mut c = Coordinator::new(CoordinatorConfig::default(), state.table().clone(), now, 8);
+        adopt_recorded_clocks(&mut c, state, node, now);
+        c.clock_samples()
+    }
+
+    /// Node 2 is 0.5 s behind node 1, so eu is 1.5 s behind node 2, with both errors and 1%
+    /// of the 10 s since the samples were taken (twice, in the round trip) on top.
+    #[test]
+    fn a_new_leader_carries_the_recorded_samples_over_by_its_own_clock() {
+        let at = Timestamp::from_unix_millis(1_000_000);
+        let state = recorded(at);
+        let later = at + Duration::from_secs(10);
+        let eu = RegionId::from("eu");
+        let on_2 = adopted_on(2, &state, later);
+        // 10 ms + 4 ms of round trips, and 2 x 100 ms of drift for each of the two samples.
+        assert_eq!(on_2, vec![(eu.clone(), sample(1_500, 414))]);
+        // The recording node reads its own samples, aged.
+        assert_eq!(adopted_on(1, &state, later), vec![(eu, sample(2_000, 210))]);
+        // A node the leader never sampled cannot tell whose clock they are on: none.
+        assert!(adopted_on(3, &state, later).is_empty());
+    }
+}

@@ -23,6 +23,10 @@ pub const COMMIT_SECONDS: &str = "allot_coordinator_commit_seconds";
 pub const REBUILDS: &str = "allot_coordinator_rebalancer_rebuilds_total";
 pub const CONFIG_SENT: &str = "allot_coordinator_config_sent_total";
 pub const CONFIG_PUTS: &str = "allot_coordinator_config_puts_total";
+pub const NODE_CLOCK_OFFSET: &str = "allot_coordinator_node_clock_offset_seconds";
+pub const NODE_CLOCK_ROUND_TRIP: &str = "allot_coordinator_node_clock_round_trip_seconds";
+pub const CLOCK_PROBE_FAILURES: &str = "allot_coordinator_clock_probe_failures_total";
+pub const CLOCK_FRAMES: &str = "allot_coordinator_clock_frames_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
 /// same handle).
@@ -47,6 +51,22 @@ fn describe() {
         "1 while this node leads and runs the rebalancer."
     );
     describe_gauge!(TERM, "This node's raft term.");
+    describe_gauge!(
+        NODE_CLOCK_OFFSET,
+        "On the leader: each other node's clock minus the leader's, by node, from its latest clock probe (a new leader carries the regions' clock samples over by it)."
+    );
+    describe_gauge!(
+        NODE_CLOCK_ROUND_TRIP,
+        "On the leader: the round trip of each node's latest clock probe, by node (twice the sample's error)."
+    );
+    describe_counter!(
+        CLOCK_PROBE_FAILURES,
+        "Clock probes of another node that failed or took longer than 500 ms."
+    );
+    describe_counter!(
+        CLOCK_FRAMES,
+        "Clock frames (the regions' samples and the nodes' clocks) the leader committed, by result (recorded, refused)."
+    );
     describe_counter!(SYNC_UPS, "SyncUps received from agents.");
     describe_counter!(
         SYNC_UPS_DROPPED,

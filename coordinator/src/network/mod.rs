@@ -5,6 +5,7 @@
 //! `Raft`. Every message names the sender's cluster; a node refuses another cluster's.
 
 pub mod client;
+pub mod clock;
 pub mod service;
 
 pub use client::{GrpcNetwork, PeerClient};

@@ -2,13 +2,14 @@
 //! `Raft`. The only place of the crate that speaks `tonic::Status`.
 
 use allot_proto::raft::v1::raft_service_server::RaftService;
-use allot_proto::raft::v1::{RaftReply, RaftRequest};
+use allot_proto::raft::v1::{ClockProbe, ClockReading, RaftReply, RaftRequest};
 use openraft::Raft;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use crate::codec::{decode, encode};
+use crate::sync_service::system_now;
 use crate::types::TypeConfig;
 
 /// The raft service of one node.
@@ -29,14 +30,19 @@ impl RaftGrpcService {
     /// Checks the sender's cluster and decodes its request.
     fn open<Req: DeserializeOwned>(&self, request: Request<RaftRequest>) -> Result<Req, Status> {
         let request = request.into_inner();
-        if request.cluster != self.cluster {
-            return Err(Status::failed_precondition(format!(
-                "this node is of cluster {:?}, the message of cluster {:?}",
-                self.cluster, request.cluster
-            )));
-        }
+        self.same_cluster(&request.cluster)?;
         decode("raft request", &request.payload)
             .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+
+    fn same_cluster(&self, cluster: &str) -> Result<(), Status> {
+        if cluster != self.cluster {
+            return Err(Status::failed_precondition(format!(
+                "this node is of cluster {:?}, the message of cluster {cluster:?}",
+                self.cluster
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -67,5 +73,14 @@ impl RaftService for RaftGrpcService {
     ) -> Result<Response<RaftReply>, Status> {
         let req = self.open(request)?;
         reply(&self.raft.install_snapshot(req).await)
+    }
+
+    async fn clock(&self, request: Request<ClockProbe>) -> Result<Response<ClockReading>, Status> {
+        let received_at = system_now();
+        self.same_cluster(&request.into_inner().cluster)?;
+        Ok(Response::new(ClockReading {
+            received_at_unix_nanos: received_at.as_unix_nanos(),
+            sent_at_unix_nanos: system_now().as_unix_nanos(),
+        }))
     }
 }

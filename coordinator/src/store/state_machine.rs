@@ -18,10 +18,11 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
 use crate::codec::{
-    FORMAT_V1, FORMAT_V2, FORMAT_V3, decode_body, encode_as, split_format, unknown_format,
+    FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, decode_body, encode_as, split_format,
+    unknown_format,
 };
 use crate::error::Error;
-use crate::state::{ClusterState, ClusterStateV1, ClusterStateV2, CommandOutcome};
+use crate::state::{ClusterState, ClusterStateV1, ClusterStateV2, ClusterStateV3, CommandOutcome};
 use crate::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -85,7 +86,8 @@ impl StateMachineStore {
 fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
     const WHAT: &str = "snapshot state";
     let state: ClusterState = match split_format(WHAT, data)? {
-        (FORMAT_V3, body) => decode_body(WHAT, body)?,
+        (FORMAT_V4, body) => decode_body(WHAT, body)?,
+        (FORMAT_V3, body) => decode_body::<ClusterStateV3>(WHAT, body)?.into(),
         (FORMAT_V2, body) => decode_body::<ClusterStateV2>(WHAT, body)?.into(),
         (FORMAT_V1, body) => decode_body::<ClusterStateV1>(WHAT, body)?.into(),
         (format, _) => return Err(unknown_format(WHAT, format)),
@@ -106,9 +108,9 @@ fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
     Ok(state)
 }
 
-/// The state as a snapshot carries it (format 3).
+/// The state as a snapshot carries it (format 4).
 pub(crate) fn encode_state(state: &ClusterState) -> Result<Vec<u8>, Error> {
-    encode_as(FORMAT_V3, "snapshot state", state)
+    encode_as(FORMAT_V4, "snapshot state", state)
 }
 
 fn read_lock(lock: &RwLock<Applied>) -> RwLockReadGuard<'_, Applied> {

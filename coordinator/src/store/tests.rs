@@ -368,3 +368,24 @@ fn a_format_2_snapshot_state_still_installs() {
     assert_eq!(installed.regions(), state.regions());
     assert_eq!(installed.config_files().map(|f| f.files.len()), Some(0));
 }
+
+/// Snapshots written before the clock samples named their clock (format 3) still install,
+/// with no clock source: a new leader then carries no recorded sample over.
+#[test]
+fn a_format_3_snapshot_state_still_installs() {
+    let state = expected_state();
+    let files: Option<allot_core::sync::ConfigFiles> = None;
+    let layout = (
+        state.table(),
+        state.limits(),
+        state.regions(),
+        state.clocks(),
+        files,
+    );
+    let mut data = vec![crate::codec::FORMAT_V3];
+    data.extend(postcard::to_stdvec(&layout).expect("encode"));
+    let installed = install_and_reopen(data);
+    assert_eq!(installed.table(), state.table());
+    assert_eq!(installed.regions(), state.regions());
+    assert_eq!(installed.clock_source(), None);
+}

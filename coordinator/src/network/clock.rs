@@ -1,0 +1,81 @@
+//! The leader's probes of the other nodes' clocks (D43 in docs/decisions.md): NTP's estimate
+//! over `allot.raft.v1.RaftService/Clock`, so that a later leader can carry the regions' clock
+//! samples, measured against this leader's clock, over to its own.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use allot_core::sync::ClockSample;
+use allot_core::time::Timestamp;
+use allot_proto::raft::v1::ClockProbe;
+use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::network::client::CONNECT_TIMEOUT;
+use crate::sync_service::system_now;
+use crate::types::NodeId;
+
+/// Longest a probe may take: a slower answer is no sample (its error would be as large).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Channels to the nodes probed, kept between probes.
+pub struct ClockProber {
+    cluster: String,
+    channels: BTreeMap<NodeId, (String, RaftServiceClient<Channel>)>,
+}
+
+impl ClockProber {
+    pub fn new(cluster: impl Into<String>) -> ClockProber {
+        ClockProber {
+            cluster: cluster.into(),
+            channels: BTreeMap::new(),
+        }
+    }
+
+    /// Samples the clock of the node at `addr`: its clock minus ours, with the round trip, and
+    /// when the probe came back (our clock). A node that does not answer in time gives none.
+    pub async fn probe(
+        &mut self,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<(ClockSample, Timestamp), String> {
+        let mut client = self.client(node, addr).await?;
+        let probe = ClockProbe {
+            cluster: self.cluster.clone(),
+        };
+        let t0 = system_now();
+        let answered = tokio::time::timeout(PROBE_TIMEOUT, client.clock(probe)).await;
+        let t3 = system_now();
+        let reading = match answered {
+            Ok(Ok(reading)) => reading.into_inner(),
+            Ok(Err(status)) => {
+                self.channels.remove(&node);
+                return Err(status.message().to_owned());
+            }
+            Err(_) => return Err(format!("no answer in {PROBE_TIMEOUT:?}")),
+        };
+        let t1 = Timestamp::from_unix_nanos(reading.received_at_unix_nanos);
+        let t2 = Timestamp::from_unix_nanos(reading.sent_at_unix_nanos);
+        Ok((ClockSample::from_round_trip(t0, t1, t2, t3), t3))
+    }
+
+    async fn client(
+        &mut self,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<RaftServiceClient<Channel>, String> {
+        if let Some((known, client)) = self.channels.get(&node)
+            && known == addr
+        {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+        let client = RaftServiceClient::new(channel);
+        self.channels
+            .insert(node, (addr.to_owned(), client.clone()));
+        Ok(client)
+    }
+}
