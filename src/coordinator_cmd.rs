@@ -192,6 +192,20 @@ async fn get_json(addr: &str, path: &str) -> Result<Value, String> {
     serde_json::from_str(body).map_err(|e| format!("{addr}{path}: not JSON: {e}"))
 }
 
+/// A node's clock against the leader's, as the leader last probed it.
+fn node_clock_line(n: &Value) -> String {
+    let ms = |v: &Value| {
+        v.as_f64()
+            .map_or("?".to_owned(), |x| format!("{:.1}", x / 1e6))
+    };
+    format!(
+        "\n  node {} clock {} ms from the leader's (round trip {} ms)",
+        n["node"],
+        ms(&n["sample"]["offset_nanos"]),
+        ms(&n["sample"]["round_trip_nanos"]),
+    )
+}
+
 /// The status for a person: the cluster, the regions, the bounds.
 fn summary(s: &Value) -> String {
     let mut out = format!(
@@ -207,6 +221,9 @@ fn summary(s: &Value) -> String {
         if m["role"] == "learner" {
             out += " (learner)";
         }
+    }
+    for n in s["node_clocks"].as_array().into_iter().flatten() {
+        out += &node_clock_line(n);
     }
     match s["role"].as_str() {
         Some("learner") => out += "\nthis node is a learner (no vote)",
@@ -295,4 +312,32 @@ fn bound_line(b: &Value) -> String {
 fn fail(code: u8, msg: &str) -> ExitCode {
     eprintln!("allot: {msg}");
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leader's probes of the other nodes read as milliseconds; a follower has none.
+    #[test]
+    fn the_summary_shows_each_probed_node_clock() {
+        let leader: Value = serde_json::from_str(
+            r#"{"node":1,"state":"leader","term":3,"leader":1,"leader_address":"a:1",
+                "members":[{"id":1,"address":"a:1"},{"id":2,"address":"b:2"}],
+                "node_clocks":[{"node":2,"sample":{"offset_nanos":-1500000,
+                "round_trip_nanos":400000},"taken_at":0}],"regions":[],"counters":[],
+                "limits":[]}"#,
+        )
+        .expect("json");
+        let out = summary(&leader);
+        assert!(
+            out.contains("node 2 clock -1.5 ms from the leader's (round trip 0.4 ms)"),
+            "{out}"
+        );
+        let follower: Value = serde_json::from_str(
+            r#"{"node":2,"members":[],"node_clocks":null,"regions":[],"counters":[]}"#,
+        )
+        .expect("json");
+        assert!(!summary(&follower).contains("clock"));
+    }
 }
