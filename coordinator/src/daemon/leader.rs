@@ -176,6 +176,9 @@ pub struct Leader {
     node_id: NodeId,
     /// The other nodes' clocks, as the probe task last sampled them.
     node_clocks: Arc<Mutex<BTreeMap<NodeId, NodeClock>>>,
+    /// When the samples this leader started from were heard, on its clock: a region it has
+    /// not heard is recorded again with its sample's own age, not as heard now.
+    adopted_heard: BTreeMap<RegionId, Timestamp>,
 }
 
 /// A task that ends with the value holding it (the leader's, when its rebalancer is dropped).
@@ -198,10 +201,10 @@ impl Leader {
     ) -> Leader {
         let now = system_now();
         let node_id = raft.metrics().borrow().id;
-        let coordinator = state.read(|a| {
+        let (coordinator, adopted_heard) = state.read(|a| {
             let mut c = Coordinator::new(cfg, a.state.table().clone(), now, leader_term);
-            adopt_recorded_clocks(&mut c, &a.state, node_id, now);
-            c
+            let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, now);
+            (c, heard)
         });
         Leader {
             raft,
@@ -210,6 +213,7 @@ impl Leader {
             heard: BTreeMap::new(),
             node_id,
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
+            adopted_heard,
         }
     }
 
@@ -424,15 +428,16 @@ impl Leader {
             .coordinator
             .clock_samples()
             .into_iter()
-            .map(|(region, sample)| {
-                let heard_at = self.heard.get(&region).map_or(now, |h| {
-                    allot_core::time::Timestamp::from_unix_millis(h.last_heard_unix_ms)
-                });
-                RegionClock {
+            .filter_map(|(region, sample)| {
+                let heard_at = match self.heard.get(&region) {
+                    Some(h) => Timestamp::from_unix_millis(h.last_heard_unix_ms),
+                    None => *self.adopted_heard.get(&region)?,
+                };
+                Some(RegionClock {
                     region,
                     sample,
-                    heard_at,
-                }
+                    heard_at: heard_at.min(now),
+                })
             })
             .collect();
         let frame = ClockFrame {
@@ -521,14 +526,16 @@ async fn probe_one(
 /// A new leader starts from the samples the last leader recorded, carried over to its own
 /// clock by that leader's sample of it (its own clock, if it recorded them itself), each
 /// grown by the drift allowed since it was taken. Without a sample of this node, none.
+/// Returns when each was heard, on this node's clock (moved by the hop's offset, and earlier
+/// by its error: an older sample only grows more).
 pub fn adopt_recorded_clocks(
     coordinator: &mut Coordinator,
     state: &ClusterState,
     me: NodeId,
     now: Timestamp,
-) {
+) -> BTreeMap<RegionId, Timestamp> {
     let Some(source) = state.clock_source() else {
-        return;
+        return BTreeMap::new();
     };
     let aged = |sample: ClockSample, at: Timestamp| {
         sample.aged(now.saturating_duration_since(at), MAX_CLOCK_DRIFT_PPM)
@@ -543,13 +550,23 @@ pub fn adopt_recorded_clocks(
             .map(|n| aged(n.sample, n.taken_at))
     };
     let Some(hop) = hop else {
-        return;
+        return BTreeMap::new();
     };
     let samples = state
         .clocks()
         .values()
         .map(|c| (c.region.clone(), aged(c.sample, c.heard_at)));
     coordinator.adopt_clocks(source.leader_term, hop, samples);
+    let on_my_clock = |t: Timestamp| {
+        let nanos = i128::from(t.as_unix_nanos()) + i128::from(hop.offset_nanos)
+            - i128::from(hop.round_trip_nanos / 2);
+        Timestamp::from_unix_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX))
+    };
+    state
+        .clocks()
+        .values()
+        .map(|c| (c.region.clone(), on_my_clock(c.heard_at)))
+        .collect()
 }
 
 fn heard_from(received_at: Timestamp, up: &SyncUp) -> RegionHeard {
@@ -637,6 +654,19 @@ mod tests {
         let later = at + Duration::from_secs(10);
         let eu = RegionId::from("eu");
         let on_2 = adopted_on(2, &state, later);
+        let mut c = Coordinator::new(
+            CoordinatorConfig::default(),
+            state.table().clone(),
+            later,
+            8,
+        );
+        let heard = adopt_recorded_clocks(&mut c, &state, 2, later);
+        // Heard at 1,000 s on node 1's clock: 999.5 s on node 2's, less the hop's error now
+        // (2 ms of probe, 100 ms of drift over the 10 s since).
+        assert_eq!(
+            heard.get(&RegionId::from("eu")),
+            Some(&Timestamp::from_unix_millis(999_398))
+        );
         // 10 ms + 4 ms of round trips, and 2 x 100 ms of drift for each of the two samples.
         assert_eq!(on_2, vec![(eu.clone(), sample(1_500, 414))]);
         // The recording node reads its own samples, aged.
