@@ -374,6 +374,19 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
     assert_ne!(second, first);
     let after = sync_down(nodes[&second].grpc_addr(), "a").await;
     assert!(after.leader_term > before.leader_term, "{after:?}");
+    // The new leader started from the recorded frame: a's sample, carried over by the old
+    // leader's probe of this node (one clock here: the same offset, within the probe's error),
+    // is in its own frame though a has sent it no sample.
+    wait_for("the new leader's frame with a's carried sample", || {
+        let s = state(&nodes[&second]);
+        let from_second = s.clock_source().is_some_and(|c| c.leader == second);
+        from_second
+            && s.clocks().get(&RegionId::from("a")).is_some_and(|c| {
+                c.sample.offset_nanos.abs_diff(2_000_000_000) <= 5_000_000
+                    && c.sample.round_trip_nanos >= 10_000_000
+            })
+    })
+    .await;
     let c = counter(now());
     assert_eq!(
         state(&nodes[&second])

@@ -222,7 +222,11 @@ impl Leader {
     pub async fn run(mut self, mut jobs: mpsc::Receiver<Job>) -> Ended {
         let mut tick = tokio::time::interval(self.coordinator.config().sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut frame_tick = tokio::time::interval(CLOCK_FRAME_INTERVAL);
+        // The first frame waits a whole interval, for the probes: recorded at once, it would
+        // replace the last leader's frame (which the next leader may need) with one that
+        // holds no node's clock.
+        let first_frame = tokio::time::Instant::now() + CLOCK_FRAME_INTERVAL;
+        let mut frame_tick = tokio::time::interval_at(first_frame, CLOCK_FRAME_INTERVAL);
         frame_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let _prober = self.spawn_prober();
         loop {
