@@ -11,7 +11,7 @@ use allot_proto::envoy::rlqs::rate_limit_quota_response::bucket_action::BucketAc
 use allot_proto::envoy::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use support::{Process, scratch};
+use support::{Process, scratch, slow_tier};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -25,6 +25,9 @@ descriptors:
 /// The agent's caps (agent/src/rlqs/mod.rs), as documented.
 const MAX_REPORTS_PER_MESSAGE: usize = 1_000;
 const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+const MAX_BUCKETS_PER_AGENT: usize = 100_000;
+/// At most one assignment per bucket in this long (agent/src/rlqs/stream.rs).
+const MIN_REASSIGN_GAP: Duration = Duration::from_millis(500);
 /// Longest a test waits for one answer from the agent.
 const ANSWER_WAIT: Duration = Duration::from_secs(20);
 
@@ -191,4 +194,80 @@ async fn a_stream_past_its_bucket_cap_ends_with_resource_exhausted() {
         .send(reports(vec![usage(bucket(&[("api_key", "after")]))]))
         .await;
     assert_eq!(assigned(&other.next().await.expect("an answer")).len(), 1);
+}
+
+/// A report within `MIN_REASSIGN_GAP` of the bucket's last assignment is counted and not
+/// answered (a flood of reports costs no lease call each); the first report after the gap is.
+#[tokio::test]
+async fn reports_inside_the_reassign_gap_are_counted_not_answered() {
+    let dir = scratch("rlqs_wire", "reassign_gap", Some(LIMITS));
+    let agent = Process::agent(&dir, "local", None);
+    let mut stream = Stream::open(&agent).await;
+    let k = || reports(vec![usage(bucket(&[("api_key", "k")]))]);
+    stream.send(k()).await;
+    let first = stream.next().await.expect("an answer");
+    assert_eq!(assigned(&first).len(), 1, "{first:?}");
+    let reports_before = agent.metric("allot_rlqs_bucket_reports_total");
+    for _ in 0..20 {
+        stream.send(k()).await;
+    }
+    let quiet = tokio::time::timeout(MIN_REASSIGN_GAP / 2, stream.answers.message()).await;
+    assert!(quiet.is_err(), "answered inside the gap: {quiet:?}");
+    support::eventually(
+        "the 20 reports counted",
+        || agent.metric("allot_rlqs_bucket_reports_total"),
+        |n| *n >= reports_before + 20.0,
+    )
+    .await;
+    tokio::time::sleep(MIN_REASSIGN_GAP).await;
+    stream.send(k()).await;
+    let after = stream.next().await.expect("answered after the gap");
+    assert_eq!(assigned(&after).len(), 1, "{after:?}");
+}
+
+/// Slow tier: the agent-wide cap. Ten streams hold 10,000 buckets each; the next new bucket,
+/// on an eleventh stream, ends that stream with RESOURCE_EXHAUSTED and
+/// `too_many_buckets_agent`, and the ten go on being answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_past_the_agent_cap_end_only_the_stream_that_asks() {
+    if !slow_tier() {
+        return;
+    }
+    let dir = scratch("rlqs_wire", "agent_cap", Some(LIMITS));
+    let agent = Process::agent(&dir, "local", None);
+    let streams_needed = MAX_BUCKETS_PER_AGENT / MAX_BUCKETS_PER_STREAM;
+    let mut full = Vec::new();
+    for s in 0..streams_needed {
+        let mut stream = Stream::open(&agent).await;
+        for first in (0..MAX_BUCKETS_PER_STREAM).step_by(MAX_REPORTS_PER_MESSAGE) {
+            let usages = (first..first + MAX_REPORTS_PER_MESSAGE)
+                .map(|i| usage(bucket(&[("api_key", &format!("s{s}k{i}"))])))
+                .collect();
+            stream.send(reports(usages)).await;
+            stream.next().await.expect("under the caps");
+        }
+        full.push(stream);
+    }
+    assert_eq!(
+        agent.metric("allot_rlqs_buckets"),
+        MAX_BUCKETS_PER_AGENT as f64
+    );
+    let mut last = Stream::open(&agent).await;
+    last.send(reports(vec![usage(bucket(&[("api_key", "one-more")]))]))
+        .await;
+    let status = last.next().await.expect_err("the stream ends");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("100000 RLQS buckets"),
+        "{status:?}"
+    );
+    assert_eq!(refused(&agent, "too_many_buckets_agent"), 1.0);
+    // The streams at the cap are served as before: a held bucket's report is answered.
+    tokio::time::sleep(MIN_REASSIGN_GAP).await;
+    let first = &mut full[0];
+    first
+        .send(reports(vec![usage(bucket(&[("api_key", "s0k0")]))]))
+        .await;
+    let answer = first.next().await.expect("still served");
+    assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
 }
