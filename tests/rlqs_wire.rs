@@ -271,3 +271,37 @@ async fn buckets_past_the_agent_cap_end_only_the_stream_that_asks() {
     let answer = first.next().await.expect("still served");
     assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
 }
+
+/// A stream whose client sends reports and never reads the answers holds only its own task
+/// (the answers wait in a bounded queue, then in HTTP/2 flow control): another stream opened
+/// meanwhile is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_never_reads_its_answers_holds_up_no_other() {
+    let dir = scratch("rlqs_wire", "never_reads", Some(LIMITS));
+    let agent = Process::agent(&dir, "local", None);
+    let stuck = Stream::open(&agent).await;
+    let flood = tokio::spawn(async move {
+        // About 100 KB of answer per message, every message past the reassign gap.
+        for _ in 0..10 {
+            let usages = (0..MAX_REPORTS_PER_MESSAGE)
+                .map(|i| usage(bucket(&[("api_key", &format!("stuck{i}"))])))
+                .collect();
+            if stuck.send.send(reports(usages)).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(MIN_REASSIGN_GAP + Duration::from_millis(100)).await;
+        }
+        stuck
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Answered within `ANSWER_WAIT`: a stuck stream holding anything the others need (the
+    // machine's lock, the lease path) would hold this answer for as long as it stays stuck.
+    let mut other = Stream::open(&agent).await;
+    other
+        .send(reports(vec![usage(bucket(&[("api_key", "other")]))]))
+        .await;
+    let answer = other.next().await.expect("answered");
+    assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
+    let stuck = flood.await.expect("the flood ends");
+    drop(stuck);
+}
