@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{LimitId, RegionId};
 use crate::limit::Quota;
+use crate::rebalance::hashed::{HashedMap, OrderedMap, hashed_map};
 use crate::rebalance::reload::KeptConfigs;
 use crate::rebalance::table::{AllowanceRow, AllowanceTable, TableCommand};
 use crate::rebalance::views::{CounterView, RegionView, RowView};
@@ -133,9 +134,12 @@ pub struct Coordinator {
     /// This leader's term ([`SyncDown::leader_term`]): larger than every earlier leader's.
     leader_term: u64,
     regions: BTreeMap<RegionId, RegionView>,
-    counters: BTreeMap<CounterRef, CounterView>,
-    /// Per row of the table (counter, region): what was sent, confirmed and acked.
-    rows: BTreeMap<(CounterRef, RegionId), RowView>,
+    /// Looked up per counter of every SyncUp, plan and answer; iterated in counter order by
+    /// the answer's round-robin and the pre-issue (D42).
+    counters: OrderedMap<CounterRef, CounterView>,
+    /// Per row of the table (counter, region): what was sent, confirmed and acked. Only
+    /// looked up, or scanned where the order does not matter (D42).
+    rows: HashedMap<(CounterRef, RegionId), RowView>,
     /// Per key, when its proposals were made and how many of them are still uncommitted: a
     /// round's plan for a counter goes out as one batch, and the counter is planned again
     /// only once the whole batch is in.
@@ -184,14 +188,15 @@ impl Coordinator {
         now: Timestamp,
         leader_term: u64,
     ) -> Self {
+        let seed = hash_seed(now, leader_term);
         let mut c = Coordinator {
             cfg,
-            table,
+            table: table.reseeded(seed),
             started_at: now,
             leader_term,
             regions: BTreeMap::new(),
-            counters: BTreeMap::new(),
-            rows: BTreeMap::new(),
+            counters: OrderedMap::with_seed(seed),
+            rows: hashed_map(seed),
             in_flight: BTreeMap::new(),
             entry_cursor: BTreeMap::new(),
             carried: BTreeMap::new(),
@@ -372,6 +377,13 @@ impl Coordinator {
         let last = window.index(now + slack.min(window.len() * MAX_SKEW_REACH_WINDOWS as u32));
         (first_live(window, now, slack), last)
     }
+}
+
+/// The seed of the leader's hash maps (D42): from its start and term, which a client cannot
+/// know in advance, and no OS randomness (the simulator replays a run from its seed; no
+/// output depends on hash order anyway).
+fn hash_seed(started_at: Timestamp, leader_term: u64) -> u64 {
+    started_at.as_unix_nanos() ^ leader_term.rotate_left(32)
 }
 
 /// `ceil(rate * time)` in units, of a rate in millionths of a unit per second.
