@@ -95,7 +95,7 @@ impl Default for CoordinatorConfig {
 }
 
 /// What an in-flight proposal is about: at most one per key.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum ProposalKey {
     Counter(CounterRef),
     /// Starting and ending a reclaim are separate keys: a reclaim proposed while its region
@@ -142,8 +142,9 @@ pub struct Coordinator {
     rows: HashedMap<(CounterRef, RegionId), RowView>,
     /// Per key, when its proposals were made and how many of them are still uncommitted: a
     /// round's plan for a counter goes out as one batch, and the counter is planned again
-    /// only once the whole batch is in.
-    in_flight: BTreeMap<ProposalKey, (Timestamp, usize)>,
+    /// only once the whole batch is in. Looked up per planned counter and committed command;
+    /// scanned only for timeouts, whose effects do not depend on the order (D42).
+    in_flight: HashedMap<ProposalKey, (Timestamp, usize)>,
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
@@ -197,14 +198,14 @@ impl Coordinator {
             regions: BTreeMap::new(),
             counters: OrderedMap::with_seed(seed),
             rows: hashed_map(seed),
-            in_flight: BTreeMap::new(),
+            in_flight: hashed_map(seed),
             entry_cursor: BTreeMap::new(),
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
             kept_configs: KeptConfigs::default(),
             forgotten_before: BTreeMap::new(),
             forget_due: false,
-            schedule: Schedule::default(),
+            schedule: Schedule::with_seed(seed),
             acked: BTreeSet::new(),
             attention: BTreeMap::new(),
             gc_checked: BTreeMap::new(),
