@@ -19,6 +19,7 @@ pub mod reload;
 pub mod table;
 pub mod waterfill;
 
+mod hashed;
 mod views;
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Epoch, LimitId, RegionId};
 use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::rebalance::hashed::OrderedMap;
 use crate::sync::CounterRef;
 use crate::time::{Timestamp, Window, WindowIndex};
 
@@ -214,7 +215,8 @@ pub struct AllowanceTable {
     limits: BTreeMap<LimitId, LimitSpec>,
     /// Sorted, no duplicates.
     regions: Vec<RegionId>,
-    counters: BTreeMap<CounterRef, BTreeMap<RegionId, AllowanceRow>>,
+    /// Looked up by every command, plan and answer; iterated in counter order (D42).
+    counters: OrderedMap<CounterRef, BTreeMap<RegionId, AllowanceRow>>,
     reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
     /// Windows below this were collected; no row may be created for them again.
     collected_below: BTreeMap<LimitId, WindowIndex>,
@@ -252,7 +254,7 @@ impl From<AllowanceTableV1> for AllowanceTable {
             config_version: v1.config_version,
             limits: v1.limits,
             regions: v1.regions,
-            counters: v1.counters,
+            counters: v1.counters.into_iter().collect(),
             reclaims: v1.reclaims,
             collected_below: v1.collected_below,
             epoch_floor: v1.epoch_floor,
@@ -276,6 +278,13 @@ impl AllowanceTable {
             next_release_id: 1,
             ..AllowanceTable::default()
         }
+    }
+
+    /// The same table, its counters hashed with `seed` (D42): a leader seeds its copy as it
+    /// does its own maps. Changes no row, no order and no output.
+    pub fn reseeded(mut self, seed: u64) -> Self {
+        self.counters = std::mem::take(&mut self.counters).reseeded(seed);
+        self
     }
 
     pub fn config_version(&self) -> u64 {
@@ -623,7 +632,7 @@ impl AllowanceTable {
             } else {
                 Epoch(floor.0 + 1)
             };
-            self.counters.entry(counter.clone()).or_default().insert(
+            self.counters.entry_or_default(counter).insert(
                 r,
                 AllowanceRow {
                     allowance_units,
@@ -785,7 +794,7 @@ impl AllowanceTable {
 
     fn insert_zero_row(&mut self, counter: &CounterRef, region: &RegionId) {
         let epoch = Epoch(self.epoch_floor(&counter.limit).0 + 1);
-        let rows = self.counters.entry(counter.clone()).or_default();
+        let rows = self.counters.entry_or_default(counter);
         rows.insert(
             region.clone(),
             AllowanceRow {
@@ -973,10 +982,7 @@ impl AllowanceTable {
                 epoch: self.epoch_floor(&counter.limit),
                 pending: None,
             };
-            self.counters
-                .entry(counter)
-                .or_default()
-                .insert(region, row);
+            self.counters.entry_or_default(&counter).insert(region, row);
             self.row_count += 1;
         }
     }

@@ -165,11 +165,14 @@ impl Coordinator {
                 (RangeBound::Unbounded, RangeBound::Unbounded),
             ),
         };
-        let order = self.counters.range::<CounterRef, _>(after).chain(
+        let order =
             self.counters
-                .range::<CounterRef, _>(wrap)
-                .take(if cursor.is_some() { usize::MAX } else { 0 }),
-        );
+                .range(after)
+                .chain(self.counters.range(wrap).take(if cursor.is_some() {
+                    usize::MAX
+                } else {
+                    0
+                }));
         let mut last_fitted = None;
         for (counter, view) in order {
             if first.binary_search(counter).is_ok() {

@@ -1,8 +1,6 @@
 //! Ingest: what comes in. A region's SyncUp (entries merged by max, demand, acks, clock sample,
 //! bound figures) and each committed command, applied to the leader's copy of the table.
 
-use std::collections::btree_map::Entry;
-
 use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{LimitId, RegionId};
@@ -388,14 +386,8 @@ impl Coordinator {
     ) -> Option<&mut CounterView> {
         let room = self.counters.len() < self.cfg.max_tracked_counters;
         let may_track = room && trackable.get(counter, |l, w| self.may_track(now, l, w));
-        match self.counters.entry(counter.clone()) {
-            Entry::Occupied(o) => {
-                *counter = o.key().clone();
-                Some(o.into_mut())
-            }
-            Entry::Vacant(v) if may_track => Some(v.insert(CounterView::default())),
-            Entry::Vacant(_) => None,
-        }
+        self.counters
+            .get_sharing_key(counter, || may_track.then(CounterView::default))
     }
 
     /// Apply a committed command to the leader's table.

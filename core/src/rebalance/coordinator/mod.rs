@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{LimitId, RegionId};
 use crate::limit::Quota;
+use crate::rebalance::hashed::{HashedMap, OrderedMap, hashed_map};
 use crate::rebalance::reload::KeptConfigs;
 use crate::rebalance::table::{AllowanceRow, AllowanceTable, TableCommand};
 use crate::rebalance::views::{CounterView, RegionView, RowView};
@@ -95,7 +96,7 @@ impl Default for CoordinatorConfig {
 }
 
 /// What an in-flight proposal is about: at most one per key.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum ProposalKey {
     Counter(CounterRef),
     /// Starting and ending a reclaim are separate keys: a reclaim proposed while its region
@@ -137,13 +138,17 @@ pub struct Coordinator {
     /// Per earlier leader term, that leader's clock against this one's (`clocks.rs`): a
     /// region's sample measured with its answers is carried over by it.
     clock_hops: BTreeMap<u64, ClockSample>,
-    counters: BTreeMap<CounterRef, CounterView>,
-    /// Per row of the table (counter, region): what was sent, confirmed and acked.
-    rows: BTreeMap<(CounterRef, RegionId), RowView>,
+    /// Looked up per counter of every SyncUp, plan and answer; iterated in counter order by
+    /// the answer's round-robin and the pre-issue (D42).
+    counters: OrderedMap<CounterRef, CounterView>,
+    /// Per row of the table (counter, region): what was sent, confirmed and acked. Only
+    /// looked up, or scanned where the order does not matter (D42).
+    rows: HashedMap<(CounterRef, RegionId), RowView>,
     /// Per key, when its proposals were made and how many of them are still uncommitted: a
     /// round's plan for a counter goes out as one batch, and the counter is planned again
-    /// only once the whole batch is in.
-    in_flight: BTreeMap<ProposalKey, (Timestamp, usize)>,
+    /// only once the whole batch is in. Looked up per planned counter and committed command;
+    /// scanned only for timeouts, whose effects do not depend on the order (D42).
+    in_flight: HashedMap<ProposalKey, (Timestamp, usize)>,
     /// Per region, the last counter whose entries fitted in an answer: the next answer starts
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
@@ -188,23 +193,24 @@ impl Coordinator {
         now: Timestamp,
         leader_term: u64,
     ) -> Self {
+        let seed = hash_seed(now, leader_term);
         let mut c = Coordinator {
             cfg,
-            table,
+            table: table.reseeded(seed),
             started_at: now,
             leader_term,
             regions: BTreeMap::new(),
             clock_hops: BTreeMap::new(),
-            counters: BTreeMap::new(),
-            rows: BTreeMap::new(),
-            in_flight: BTreeMap::new(),
+            counters: OrderedMap::with_seed(seed),
+            rows: hashed_map(seed),
+            in_flight: hashed_map(seed),
             entry_cursor: BTreeMap::new(),
             carried: BTreeMap::new(),
             region_stats: BTreeMap::new(),
             kept_configs: KeptConfigs::default(),
             forgotten_before: BTreeMap::new(),
             forget_due: false,
-            schedule: Schedule::default(),
+            schedule: Schedule::with_seed(seed),
             acked: BTreeSet::new(),
             attention: BTreeMap::new(),
             gc_checked: BTreeMap::new(),
@@ -377,6 +383,13 @@ impl Coordinator {
         let last = window.index(now + slack.min(window.len() * MAX_SKEW_REACH_WINDOWS as u32));
         (first_live(window, now, slack), last)
     }
+}
+
+/// The seed of the leader's hash maps (D42): from its start and term, which a client cannot
+/// know in advance, and no OS randomness (the simulator replays a run from its seed; no
+/// output depends on hash order anyway).
+fn hash_seed(started_at: Timestamp, leader_term: u64) -> u64 {
+    started_at.as_unix_nanos() ^ leader_term.rotate_left(32)
 }
 
 /// `ceil(rate * time)` in units, of a rate in millionths of a unit per second.

@@ -24,7 +24,8 @@ impl Coordinator {
     pub fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
         let timeout = self.cfg.proposal_timeout;
         // A reclaim's start is not forgotten: it may still commit after its region is heard
-        // again, and must then have an end proposed behind it (`propose_reclaims`).
+        // again, and must then have an end proposed behind it (`propose_reclaims`). Taken in
+        // hash order: forgetting a key and marking its counter do not depend on it.
         let expired: Vec<ProposalKey> = self
             .in_flight
             .iter()

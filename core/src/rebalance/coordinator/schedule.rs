@@ -7,10 +7,11 @@
 //! Planning a counter more often than this changes nothing: a plan with unchanged inputs
 //! proposes what the last one did, which is already in flight or committed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::ids::{LimitId, RegionId};
+use crate::rebalance::hashed::{HashedMap, hashed_map};
 use crate::sync::CounterRef;
 use crate::time::Timestamp;
 
@@ -39,7 +40,7 @@ pub(super) struct SharedInputs {
     pub reclaim_ending: BTreeSet<LimitId>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Schedule {
     /// Counters whose inputs changed since they were last planned.
     dirty: BTreeSet<CounterRef>,
@@ -47,12 +48,24 @@ pub(super) struct Schedule {
     all: bool,
     /// When each planned counter is due again though nothing marked it.
     due: BTreeSet<(Timestamp, CounterRef)>,
-    due_at: BTreeMap<CounterRef, Timestamp>,
+    /// Each counter's entry of `due`, by hash: only looked up (D42).
+    due_at: HashedMap<CounterRef, Timestamp>,
     /// The shared inputs of the last round.
     shared: Option<SharedInputs>,
 }
 
 impl Schedule {
+    /// An empty schedule whose index hashes with `seed`.
+    pub fn with_seed(seed: u64) -> Self {
+        Schedule {
+            dirty: BTreeSet::new(),
+            all: false,
+            due: BTreeSet::new(),
+            due_at: hashed_map(seed),
+            shared: None,
+        }
+    }
+
     pub fn mark(&mut self, counter: &CounterRef) {
         if !self.all && !self.dirty.contains(counter) {
             self.dirty.insert(counter.clone());
