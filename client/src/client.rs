@@ -219,6 +219,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The gateways' clock: monotonic, from the client's start.
+    #[inline]
     pub fn now(&self) -> Timestamp {
         let elapsed = quanta::Instant::now().saturating_duration_since(self.epoch);
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
@@ -372,12 +373,21 @@ impl Client {
 
     /// The synchronous fast path: `None` when no held lease can decide and the caller would
     /// have to wait for the agent ([`Client::spend`] waits).
+    #[inline]
     pub fn try_spend(&self, key: &Key, cost_units: u64) -> Option<Decision> {
         let units = cost_units.max(1);
         let now = self.shared.now();
         if key.chunk.as_ref().is_some_and(|c| c.try_take(now, units)) {
             return Some(Decision::Allowed);
         }
+        self.try_spend_locked(key, now, units)
+    }
+
+    /// The slow half of [`Client::try_spend`], once per chunk: kept out of line so the fast
+    /// half stays a few instructions with no registers to save.
+    #[cold]
+    #[inline(never)]
+    fn try_spend_locked(&self, key: &Key, now: Timestamp, units: u64) -> Option<Decision> {
         let max_chunk_units = self.shared.config.max_chunk_units;
         match self.attempt(key, now, units, max_chunk_units) {
             Attempt::Spent(_) | Attempt::FromChunk => Some(Decision::Allowed),
