@@ -331,6 +331,10 @@ impl<'c> Locks<'c> {
     fn handle(&mut self, now: Timestamp, key: &Key) -> Option<KeyHandle> {
         let handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
         let gateway = self.gateway(key.shard);
+        // Its units back in the leases first: an axis decides from the leases alone.
+        if let Some(chunk) = &key.chunk {
+            chunk.settle(gateway, now);
+        }
         if gateway.contains(handle) {
             return Some(handle);
         }

@@ -1,10 +1,13 @@
 //! The handle a service holds: keys, decisions from held leases, reservations, shutdown.
 //!
 //! Keys are spread by hash over `shards` independent [`Gateway`]s, each behind its own mutex
-//! (docs/decisions.md, D-number "client fast path"). A decision locks one shard for the time
-//! of [`Gateway::try_spend`] (tens of nanoseconds), allocates nothing and makes no system call
-//! beyond the monotonic clock's read (vDSO). Everything that talks to the agent runs in the
-//! driver task ([`crate::driver`]).
+//! (docs/decisions.md, D23). A decision first takes its units from the key's fast budget
+//! ([`crate::chunk`], D44): a chunk of a held lease, taken by one compare-and-swap with no
+//! lock, until it runs out or its lease expires. Only then does it lock the shard, settle the
+//! old chunk and carve the next one ([`Gateway::carve`]). Neither path allocates or makes a
+//! system call beyond the clock's read (quanta: the TSC). Reservations and several axes at
+//! once decide under the lock, after settling the key's chunk. Everything that talks to the
+//! agent runs in the driver task ([`crate::driver`]).
 
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
@@ -19,6 +22,7 @@ use allot_core::time::Timestamp;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use crate::chunk::{Chunks, FastChunk};
 use crate::config::ClientConfig;
 use crate::driver::SlotAnswer;
 use crate::error::Result;
@@ -62,6 +66,9 @@ pub struct Key {
     /// key (idle) and it is spent again.
     pub(crate) handle: AtomicU64,
     failure_mode: FailureMode,
+    /// The counter's fast budget, shared with every other `Key` of it; `None` when the shard
+    /// holds its most budgets or the budget is turned off (`max_chunk_units` 0).
+    pub(crate) chunk: Option<Arc<FastChunk>>,
 }
 
 impl Key {
@@ -162,6 +169,8 @@ pub(crate) struct Counters {
 #[repr(align(128))]
 pub(crate) struct Shard {
     gateway: Mutex<Gateway>,
+    /// The fast budgets of the shard's counters. Locked only with `gateway` held, after it.
+    chunks: Mutex<Chunks>,
     /// Woken when the driver fed an answer (or an outage) to this shard.
     pub answered: Notify,
 }
@@ -172,6 +181,20 @@ impl Shard {
     /// later spender of the shard's keys.
     pub fn lock(&self) -> MutexGuard<'_, Gateway> {
         self.gateway.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The fast budgets; lock the gateway first.
+    fn chunks(&self) -> MutexGuard<'_, Chunks> {
+        // A map changed by single inserts and removals: whole after any panic.
+        self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Settles every fast budget, then gives every unused unit back (shutdown).
+    pub fn release_all(&self, now: Timestamp) -> MutexGuard<'_, Gateway> {
+        let mut gateway = self.lock();
+        self.chunks().settle_all(&mut gateway, now);
+        gateway.release_all(now);
+        gateway
     }
 }
 
@@ -196,6 +219,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The gateways' clock: monotonic, from the client's start.
+    #[inline]
     pub fn now(&self) -> Timestamp {
         let elapsed = quanta::Instant::now().saturating_duration_since(self.epoch);
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
@@ -250,6 +274,8 @@ impl Shared {
 
 enum Attempt {
     Spent(SpendReceipt),
+    /// Paid from the key's fast budget (no receipt: the budget's chunk is settled whole).
+    FromChunk,
     Decided(Decision),
     Wait,
 }
@@ -279,6 +305,7 @@ impl Client {
             .map(|_| {
                 Ok(Shard {
                     gateway: Mutex::new(Gateway::new(config.gateway.clone())?),
+                    chunks: Mutex::new(Chunks::new(config.gateway.max_keys)),
                     answered: Notify::new(),
                 })
             })
@@ -310,10 +337,18 @@ impl Client {
         (&limit, &key).hash(&mut hasher);
         // shards is a power of two, so the mask keeps the index in range.
         let shard = (hasher.finish() as usize) & (self.shared.shards.len() - 1);
-        let handle = self.shared.shards[shard]
-            .lock()
-            .key(self.shared.now(), &limit, &key)?;
+        let now = self.shared.now();
+        let (handle, chunk) = {
+            let shard = &self.shared.shards[shard];
+            let mut gateway = shard.lock();
+            let handle = gateway.key(now, &limit, &key)?;
+            let chunk = (self.shared.config.max_chunk_units > 0)
+                .then(|| shard.chunks().get_or_add(&mut gateway, now, &limit, &key))
+                .flatten();
+            (handle, chunk)
+        };
         Ok(Key {
+            chunk,
             shard,
             failure_mode: self.shared.config.failure_mode_of(&target.domain),
             limit,
@@ -326,6 +361,9 @@ impl Client {
     /// network hop. With no lease yet (a new key, or one spent faster than refilled) it waits
     /// for the driver's lease request to be answered.
     pub async fn spend(&self, key: &Key, cost_units: u64) -> Decision {
+        if let Some(decision) = self.try_spend(key, cost_units) {
+            return decision;
+        }
         match self.reserve(key, cost_units).await {
             Ok(r) if r.admitted_by_failure_mode() => Decision::Unavailable { allowed: true },
             Ok(_) => Decision::Allowed,
@@ -335,9 +373,24 @@ impl Client {
 
     /// The synchronous fast path: `None` when no held lease can decide and the caller would
     /// have to wait for the agent ([`Client::spend`] waits).
+    #[inline]
     pub fn try_spend(&self, key: &Key, cost_units: u64) -> Option<Decision> {
-        match self.attempt(key, cost_units.max(1)) {
-            Attempt::Spent(_) => Some(Decision::Allowed),
+        let units = cost_units.max(1);
+        let now = self.shared.now();
+        if key.chunk.as_ref().is_some_and(|c| c.try_take(now, units)) {
+            return Some(Decision::Allowed);
+        }
+        self.try_spend_locked(key, now, units)
+    }
+
+    /// The slow half of [`Client::try_spend`], once per chunk: kept out of line so the fast
+    /// half stays a few instructions with no registers to save.
+    #[cold]
+    #[inline(never)]
+    fn try_spend_locked(&self, key: &Key, now: Timestamp, units: u64) -> Option<Decision> {
+        let max_chunk_units = self.shared.config.max_chunk_units;
+        match self.attempt(key, now, units, max_chunk_units) {
+            Attempt::Spent(_) | Attempt::FromChunk => Some(Decision::Allowed),
             Attempt::Decided(d) => Some(d),
             Attempt::Wait => {
                 self.shared.wake_driver.notify_one();
@@ -358,7 +411,7 @@ impl Client {
             tokio::pin!(answered);
             // Registered before the attempt, so an answer between the two is not missed.
             answered.as_mut().enable();
-            match self.attempt(key, units) {
+            match self.attempt(key, self.shared.now(), units, units) {
                 Attempt::Spent(receipt) => {
                     return Ok(Reservation {
                         paid: Some((key.shard, receipt)),
@@ -369,6 +422,7 @@ impl Client {
                     return Ok(Reservation { paid: None, units });
                 }
                 Attempt::Decided(d) => return Err(d),
+                Attempt::FromChunk => unreachable_from_chunk(),
                 Attempt::Wait => {}
             }
             self.shared.wake_driver.notify_one();
@@ -425,12 +479,14 @@ impl Client {
         self.count_failure_mode(self.shared.config.failure_mode_of(domain))
     }
 
-    /// Units the key holds in live leases now.
+    /// Units the key holds in live leases now, its fast budget's included.
     pub fn held_units(&self, key: &Key) -> u64 {
         let handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
-        self.shared.shards[key.shard]
-            .lock()
-            .held_units(self.shared.now(), handle)
+        let now = self.shared.now();
+        let gateway = self.shared.shards[key.shard].lock();
+        // Under the lock, so no chunk moves between the budget and the leases meanwhile.
+        let in_chunk = key.chunk.as_ref().map_or(0, |c| c.units_at(now));
+        gateway.held_units(now, handle) + in_chunk
     }
 
     /// Whether the driver holds a working connection to the agent.
@@ -477,28 +533,56 @@ impl Client {
         }
     }
 
-    fn attempt(&self, key: &Key, units: u64) -> Attempt {
-        let now = self.shared.now();
+    /// Decides under the shard's lock: settles the key's chunk, then takes a new one of up to
+    /// `max_chunk_units` of which the request takes `units` (`max_chunk_units == units`: a
+    /// plain spend, with the receipt). `now` was read before the lock.
+    fn attempt(&self, key: &Key, now: Timestamp, units: u64, max_chunk_units: u64) -> Attempt {
         let mut gateway = self.shared.shards[key.shard].lock();
+        let chunk = key.chunk.as_deref();
+        if let Some(chunk) = chunk {
+            // Another spender may have carved a chunk while this one waited for the lock.
+            if max_chunk_units > units && chunk.try_take(now, units) {
+                return Attempt::FromChunk;
+            }
+            chunk.settle(&mut gateway, now);
+        }
+        let max_units = if chunk.is_some() {
+            max_chunk_units.max(units)
+        } else {
+            units
+        };
         let mut handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
-        let mut spend = gateway.try_spend(now, handle, units);
-        if spend == Spend::UnknownKey {
+        let mut carved = gateway.carve(now, handle, units, max_units);
+        if carved == Err(Spend::UnknownKey) {
             // Forgotten while idle: add it again (rare, and the only allocation here).
             match gateway.key(now, &key.limit, &key.key) {
                 Ok(h) => {
                     handle = h;
                     key.handle.store(h.to_bits(), Ordering::Relaxed);
-                    spend = gateway.try_spend(now, handle, units);
+                    carved = gateway.carve(now, handle, units, max_units);
                 }
-                Err(_) => spend = Spend::Unavailable,
+                Err(_) => carved = Err(Spend::Unavailable),
             }
         }
-        drop(gateway);
+        match (carved, chunk) {
+            (Ok(c), Some(chunk)) if c.receipt.units > units => {
+                chunk.install(c, units);
+                Attempt::FromChunk
+            }
+            (Ok(c), _) => Attempt::Spent(c.receipt),
+            (Err(spend), _) => {
+                drop(gateway);
+                self.refused(key, spend)
+            }
+        }
+    }
+
+    fn refused(&self, key: &Key, spend: Spend) -> Attempt {
         match spend {
-            Spend::Spent(receipt) => Attempt::Spent(receipt),
             Spend::Denied { retry_after } => Attempt::Decided(Decision::Denied { retry_after }),
             Spend::Unavailable | Spend::UnknownKey => Attempt::Decided(self.failure_mode(key)),
             Spend::Wait => Attempt::Wait,
+            Spend::Spent(_) => unreachable_spent(),
         }
     }
 
@@ -521,6 +605,16 @@ impl Client {
         counter.fetch_add(1, Ordering::Relaxed);
         Decision::Unavailable { allowed }
     }
+}
+
+#[cold]
+fn unreachable_from_chunk() -> ! {
+    panic!("a reservation takes no chunk: it carves exactly its units")
+}
+
+#[cold]
+fn unreachable_spent() -> ! {
+    panic!("Gateway::carve refuses with an outcome other than Spent")
 }
 
 /// A held concurrency slot; dropping it gives the slot back (through the driver, so drop
@@ -592,6 +686,10 @@ mod tests {
 
     /// Grants `units` to the key's pending lease request by hand, as the driver would.
     fn grant(client: &Client, key: &Key, units: u64) {
+        grant_for(client, key, units, Duration::from_secs(60));
+    }
+
+    fn grant_for(client: &Client, key: &Key, units: u64, ttl: Duration) {
         let shard = &client.shared.shards[key.shard];
         let mut gateway = shard.lock();
         let now = client.shared.now();
@@ -604,14 +702,148 @@ mod tests {
             LeaseGrant {
                 lease: LeaseId(7),
                 units,
-                ttl: Duration::from_secs(60),
+                ttl,
                 remaining_units: 1_000_000,
             },
         );
     }
 
+    /// The messages the key's shard has for the agent now.
+    fn messages(client: &Client, key: &Key) -> Vec<ToAgent> {
+        let mut gateway = client.shared.shards[key.shard].lock();
+        let now = client.shared.now();
+        std::iter::from_fn(|| gateway.poll_transmit(now)).collect()
+    }
+
+    /// Units given back to the agent by the messages.
+    fn returned_units(messages: &[ToAgent]) -> u64 {
+        messages
+            .iter()
+            .map(|m| match m {
+                ToAgent::Release(r) => r.units,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Several threads, each with its own `Key` of one counter (so one shared fast budget),
+    /// spend a lease to its last unit: never more than granted, and all of it.
+    #[test]
+    fn spenders_sharing_a_fast_budget_admit_exactly_what_was_granted() {
+        let mut config = ClientConfig::new("http://127.0.0.1:1");
+        config.gateway.refill_threshold_percent = 0;
+        config.max_chunk_units = 64;
+        let (client, _stopped) = Client::detached(config).expect("client");
+        let client = Arc::new(client);
+        let target = Target::new("d").entry("k", "shared");
+        let first = client.key(&target).expect("key");
+        assert_eq!(client.try_spend(&first, 1), None, "no lease yet: wait");
+        grant(&client, &first, GRANTED_UNITS);
+        let spenders: Vec<_> = (0..SPENDERS)
+            .map(|i| {
+                let client = client.clone();
+                let key = client.key(&target).expect("key");
+                std::thread::spawn(move || {
+                    let cost_units = 1 + i as u64 % 3;
+                    let mut admitted = 0u64;
+                    while client.try_spend(&key, cost_units) == Some(Decision::Allowed) {
+                        admitted += cost_units;
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let admitted: u64 = spenders
+            .into_iter()
+            .map(|s| s.join().expect("spender"))
+            .sum();
+        let left = client.held_units(&first);
+        assert!(admitted <= GRANTED_UNITS, "admitted {admitted}");
+        // Costs of 2 and 3 may leave a unit or two none of them can take.
+        assert_eq!(admitted + left, GRANTED_UNITS, "left {left}");
+        assert!(left < 3, "left {left}");
+    }
+
+    /// Shutdown settles the fast budget before giving the leases back: a chunk's unspent units
+    /// reach the agent with the lease's.
+    #[test]
+    fn shutdown_gives_back_what_a_fast_budget_did_not_spend() {
+        let (client, _stopped) =
+            Client::detached(ClientConfig::new("http://127.0.0.1:1")).expect("client");
+        let key = client.key(&Target::new("d").entry("k", "v")).expect("key");
+        assert_eq!(client.try_spend(&key, 1), None);
+        grant(&client, &key, 1_000);
+        for _ in 0..10 {
+            assert_eq!(client.try_spend(&key, 1), Some(Decision::Allowed));
+        }
+        let in_chunk = key.chunk.as_ref().map(|c| c.units_at(client.shared.now()));
+        assert_eq!(in_chunk, Some(240), "a chunk of 250, 10 spent");
+        assert_eq!(client.held_units(&key), 990);
+        let now = client.shared.now();
+        drop(client.shared.shards[key.shard].release_all(now));
+        assert_eq!(returned_units(&messages(&client, &key)), 990);
+        assert_eq!(client.held_units(&key), 0);
+    }
+
+    /// Past its lease's expiry nothing more is spent from a chunk: the request waits for a new
+    /// lease, and the chunk's leftover is the agent's to refund (it counts the lease spent).
+    #[test]
+    fn nothing_is_spent_from_a_chunk_after_its_lease_expired() {
+        const TTL: Duration = Duration::from_millis(200);
+        let (client, _stopped) =
+            Client::detached(ClientConfig::new("http://127.0.0.1:1")).expect("client");
+        let key = client.key(&Target::new("d").entry("k", "v")).expect("key");
+        assert_eq!(client.try_spend(&key, 1), None);
+        grant_for(&client, &key, 1_000, TTL);
+        assert_eq!(client.try_spend(&key, 1), Some(Decision::Allowed));
+        assert_eq!(client.held_units(&key), 999);
+        messages(&client, &key);
+        std::thread::sleep(TTL);
+        assert_eq!(client.held_units(&key), 0);
+        assert_eq!(client.try_spend(&key, 1), None, "expired: wait for a lease");
+        let refunded: u64 = messages(&client, &key)
+            .iter()
+            .map(|m| match m {
+                ToAgent::Settle(s) => match s.delta {
+                    allot_core::gateway::SettleDelta::Refund { units } => units,
+                    allot_core::gateway::SettleDelta::Overage { .. } => panic!("{s:?}"),
+                },
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(refunded, 249, "the chunk's 249 unspent units");
+    }
+
+    /// A key the idle sweep forgot keeps spending what its chunk holds (counted spent at the
+    /// gateway when carved), then asks for a lease again; nothing is counted twice.
+    #[test]
+    fn a_key_forgotten_while_idle_spends_its_chunk_then_asks_again() {
+        let (client, _stopped) =
+            Client::detached(ClientConfig::new("http://127.0.0.1:1")).expect("client");
+        let key = client.key(&Target::new("d").entry("k", "v")).expect("key");
+        assert_eq!(client.try_spend(&key, 1), None);
+        grant(&client, &key, 1_000);
+        assert_eq!(client.try_spend(&key, 1), Some(Decision::Allowed));
+        messages(&client, &key);
+        let idle = client.shared.now() + Duration::from_secs(5);
+        client.shared.shards[key.shard].lock().handle_timeout(idle);
+        let handle = KeyHandle::from_bits(key.handle.load(Ordering::Relaxed));
+        assert!(!client.shared.shards[key.shard].lock().contains(handle));
+        assert_eq!(returned_units(&messages(&client, &key)), 750);
+        let mut admitted = 1;
+        while client.try_spend(&key, 1) == Some(Decision::Allowed) {
+            admitted += 1;
+        }
+        assert_eq!(admitted, 250, "the chunk, and no more");
+        assert!(
+            messages(&client, &key)
+                .iter()
+                .all(|m| matches!(m, ToAgent::LeaseWanted(_)))
+        );
+    }
+
     /// Threads spending one key at once never admit more than the lease holds, and admit all
-    /// of it: the shard's mutex makes each spend whole.
+    /// of it: the fast budget's compare-and-swap and the shard's mutex make each spend whole.
     #[test]
     fn concurrent_spenders_on_one_key_admit_exactly_what_was_granted() {
         let mut config = ClientConfig::new("http://127.0.0.1:1");

@@ -42,6 +42,11 @@ pub struct ClientConfig {
     pub max_pending_returns: usize,
     /// How long [`crate::Client::shutdown`] tries to give unused units back.
     pub shutdown_timeout: Duration,
+    /// Most units a key's fast budget takes from a lease at once (docs/decisions.md, D44):
+    /// spenders take them with no lock until they run out or the lease expires. A chunk is
+    /// also at most a quarter of its lease. 0 turns the fast budget off: every decision
+    /// locks the key's shard.
+    pub max_chunk_units: u64,
 }
 
 impl ClientConfig {
@@ -59,6 +64,7 @@ impl ClientConfig {
             max_in_flight_rpcs: 64,
             max_pending_returns: 4_096,
             shutdown_timeout: Duration::from_secs(2),
+            max_chunk_units: 1_000,
         }
     }
 

@@ -249,8 +249,8 @@ impl Driver {
         .await;
         let now = self.shared.now();
         for shard in self.shared.shards.iter() {
-            let mut gateway = shard.lock();
-            gateway.release_all(now);
+            // Fast budgets first: their unspent units go back with the leases.
+            let mut gateway = shard.release_all(now);
             while let Some(m) = gateway.poll_transmit(now) {
                 if let ToAgent::Release(r) = m {
                     self.shared.push_return(r);

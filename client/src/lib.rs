@@ -10,6 +10,7 @@
 
 mod axes;
 mod backoff;
+mod chunk;
 mod client;
 mod config;
 mod driver;

@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 pub use types::{
-    GatewayConfig, GatewayStats, KeyHandle, LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle,
-    LeaseTicket, LeaseWanted, SettleDelta, Spend, SpendReceipt, ToAgent,
+    Chunk, GatewayConfig, GatewayStats, KeyHandle, LeaseDenial, LeaseGrant, LeaseRelease,
+    LeaseSettle, LeaseTicket, LeaseWanted, SettleDelta, Spend, SpendReceipt, ToAgent,
 };
 
 use crate::error::{Error, Result};
@@ -49,6 +49,11 @@ pub const EXPIRY_MARGIN_TTL_DIVISOR: u32 = 20;
 pub const GATEWAY_CLOCK_DRIFT_PPM: u64 = 2_000;
 
 const PPM: u128 = 1_000_000;
+
+/// A chunk ([`Gateway::carve`]) takes at most this fraction of its lease's units left, so the
+/// lease's units leave in steps and the refill trigger, which sees the chunks as spent, still
+/// asks for the next lease before the last step is spent.
+pub const CHUNK_LEASE_DIVISOR: u64 = 4;
 
 /// One lease as the gateway holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,39 +218,66 @@ impl Gateway {
     /// nothing but, rarely, room in the outbox for the end of a lease it spent to the last
     /// unit.
     pub fn try_spend(&mut self, now: Timestamp, handle: KeyHandle, units: u64) -> Spend {
+        match self.carve(now, handle, units, units) {
+            Ok(chunk) => Spend::Spent(chunk.receipt),
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// Like [`Gateway::try_spend`], but takes from one lease a chunk of
+    /// `max(units, min(max_units, units_left / CHUNK_LEASE_DIVISOR))` units, for a driver to
+    /// spend `units` of it now and the rest without the gateway until the chunk's
+    /// `expires_at`. The whole chunk counts as spent here (the rate sample records it, the
+    /// refill trigger sees it gone); what is left of it comes back with [`Gateway::settle`]
+    /// at the units really spent. `Err` is the outcome for the request when no lease could
+    /// pay (never [`Spend::Spent`]).
+    pub fn carve(
+        &mut self,
+        now: Timestamp,
+        handle: KeyHandle,
+        units: u64,
+        max_units: u64,
+    ) -> Result<Chunk, Spend> {
         debug_assert!(units > 0, "a request costs at least one unit");
         let max_leases = self.config.max_leases_per_key;
         let Some(state) = slot_state_mut(&mut self.slots, handle) else {
-            return Spend::UnknownKey;
+            return Err(Spend::UnknownKey);
         };
         state.last_active_at = now;
         state.rate.record(units);
         if let Some(until) = state.denied_until {
             if now < until {
                 state.denied_locally_units = state.denied_locally_units.saturating_add(units);
-                return Spend::Denied {
+                return Err(Spend::Denied {
                     retry_after: until.saturating_duration_since(now),
-                };
+                });
             }
             state.denied_until = None;
         }
         self.stats.expired_units += drop_expired(&mut state.leases, now);
         let ask_before = state.ask;
         let mut emptied = None;
-        let outcome = match take_units(&mut state.leases, units) {
-            Some((lease, now_empty)) => {
+        let outcome = match take_chunk(&mut state.leases, units, max_units) {
+            Some(taken) => {
+                // The request itself was recorded above; the rest of the chunk is demand too.
+                state.rate.record(taken.units - units);
                 state.prefetch_if_low(max_leases);
-                emptied = now_empty.then_some(lease);
-                Spend::Spent(SpendReceipt {
-                    handle,
-                    lease,
-                    units,
+                emptied = taken.emptied.then_some(taken.lease);
+                Ok(Chunk {
+                    receipt: SpendReceipt {
+                        handle,
+                        lease: taken.lease,
+                        units: taken.units,
+                    },
+                    expires_at: taken.expires_at,
                 })
             }
-            None if state.unavailable_until.is_some_and(|until| now < until) => Spend::Unavailable,
+            None if state.unavailable_until.is_some_and(|until| now < until) => {
+                Err(Spend::Unavailable)
+            }
             None => {
                 state.wait_for(units);
-                Spend::Wait
+                Err(Spend::Wait)
             }
         };
         // A key enters the queue only when its ask goes from None to Queued, so it is queued
@@ -697,9 +729,19 @@ fn drop_expired(leases: &mut Vec<HeldLease>, now: Timestamp) -> u64 {
     expired_units
 }
 
-/// Takes `units` from the live lease that expires first among those that can pay them all;
-/// a lease emptied by it is dropped (and reported as emptied).
-fn take_units(leases: &mut Vec<HeldLease>, units: u64) -> Option<(LeaseId, bool)> {
+/// What [`take_chunk`] took from one lease.
+struct Taken {
+    lease: LeaseId,
+    units: u64,
+    expires_at: Timestamp,
+    /// The lease is spent to its last unit (and dropped).
+    emptied: bool,
+}
+
+/// Takes a chunk of at least `units` (see [`Gateway::carve`]) from the live lease that expires
+/// first among those that can pay `units`; a lease emptied by it is dropped (and reported as
+/// emptied). A lease is emptied only by a chunk of exactly `units`, the request's own cost.
+fn take_chunk(leases: &mut Vec<HeldLease>, units: u64, max_units: u64) -> Option<Taken> {
     let index = leases
         .iter()
         .enumerate()
@@ -707,17 +749,22 @@ fn take_units(leases: &mut Vec<HeldLease>, units: u64) -> Option<(LeaseId, bool)
         .min_by_key(|(_, l)| l.expires_at)
         .map(|(i, _)| i)?;
     let lease = &mut leases[index];
-    debug_assert!(
-        lease.units_left >= units,
+    let chunk_units = units.max(max_units.min(lease.units_left / CHUNK_LEASE_DIVISOR));
+    assert!(
+        chunk_units <= lease.units_left,
         "a lease never pays more than it holds"
     );
-    lease.units_left -= units;
-    let id = lease.id;
-    let emptied = lease.units_left == 0;
-    if emptied {
+    lease.units_left -= chunk_units;
+    let taken = Taken {
+        lease: lease.id,
+        units: chunk_units,
+        expires_at: lease.expires_at,
+        emptied: lease.units_left == 0,
+    };
+    if taken.emptied {
         leases.swap_remove(index);
     }
-    Some((id, emptied))
+    Some(taken)
 }
 
 fn held_units(leases: &[HeldLease]) -> u64 {

@@ -456,6 +456,66 @@ fn settle_after_the_lease_is_gone_goes_to_the_agent() {
     );
 }
 
+/// A chunk is a quarter of what its lease holds, at most `max_units` and at least the
+/// request; it counts as spent, ends with its lease, and what is left of it comes back with
+/// settle.
+#[test]
+fn a_chunk_takes_a_share_of_one_lease_and_settles_its_leftover_back() {
+    let (mut g, h) = gateway();
+    stock(&mut g, h, T0, 1, 1_001);
+    let chunk = g.carve(T0, h, 1, 100).expect("a lease pays");
+    assert_eq!(chunk.receipt.units, 100, "capped at max_units");
+    assert_eq!(chunk.expires_at, T0 + Duration::from_secs(10) - ms(50));
+    assert_eq!(g.held_units(T0, h), 900);
+    let small = g.carve(T0, h, 1, 1_000).expect("a lease pays");
+    assert_eq!(small.receipt.units, 225, "a quarter of the 900 left");
+    let costly = g.carve(T0, h, 600, 1_000).expect("a lease pays");
+    assert_eq!(costly.receipt.units, 600, "never less than the request");
+    assert_eq!(g.held_units(T0, h), 75);
+    g.settle(T0, chunk.receipt, 40);
+    assert_eq!(g.held_units(T0, h), 135, "60 unspent units are back");
+    assert!(
+        all_messages(&mut g, T0)
+            .iter()
+            .all(|m| !matches!(m, ToAgent::Settle(_)))
+    );
+}
+
+/// Settled after its lease expired, a chunk's leftover is the agent's to refund (it counts the
+/// lease spent): nothing returns to the gateway's leases.
+#[test]
+fn a_chunk_settled_after_its_lease_expired_goes_to_the_agent() {
+    let (mut g, h) = gateway();
+    stock(&mut g, h, T0, 1, 101);
+    let chunk = g.carve(T0, h, 1, 1_000).expect("a lease pays");
+    assert_eq!(chunk.receipt.units, 25);
+    let later = chunk.expires_at;
+    g.settle(later, chunk.receipt, 5);
+    assert_eq!(g.held_units(later, h), 0);
+    let settles: Vec<_> = all_messages(&mut g, later)
+        .into_iter()
+        .filter(|m| matches!(m, ToAgent::Settle(_)))
+        .collect();
+    assert_eq!(
+        settles,
+        vec![ToAgent::Settle(LeaseSettle {
+            lease: LeaseId(1),
+            delta: SettleDelta::Refund { units: 20 },
+        })]
+    );
+}
+
+#[test]
+fn a_chunk_is_refused_like_a_spend() {
+    let (mut g, h) = gateway();
+    assert_eq!(g.carve(T0, h, 1, 100), Err(Spend::Wait));
+    let stale = KeyHandle {
+        slot: h.slot,
+        generation: h.generation + 1,
+    };
+    assert_eq!(g.carve(T0, stale, 1, 100), Err(Spend::UnknownKey));
+}
+
 #[test]
 fn an_unreachable_agent_is_not_asked_again_until_the_backoff() {
     let (mut g, h) = gateway();

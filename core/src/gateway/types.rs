@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId};
+use crate::time::Timestamp;
 
 /// Bounds and tuning of one gateway. Every collection the gateway holds is bounded by a field
 /// of this struct.
@@ -158,6 +159,17 @@ pub struct SpendReceipt {
     pub handle: KeyHandle,
     pub lease: LeaseId,
     pub units: u64,
+}
+
+/// Units taken at once from one held lease ([`super::Gateway::carve`]), to be spent without
+/// the gateway until `expires_at`; settle it with its receipt at the units really spent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// The lease that paid and the chunk's whole size.
+    pub receipt: SpendReceipt,
+    /// The lease's expiry on the gateway's clock, already shortened by the expiry margin: no
+    /// unit of the chunk may be spent from then on.
+    pub expires_at: Timestamp,
 }
 
 /// The agent's answer to a lease request that granted units.
