@@ -726,6 +726,29 @@ mod tests {
             .sum()
     }
 
+    /// A thread spending `cost_units` at a time until a spend is not allowed; returns what it
+    /// admitted.
+    fn spend_until_refused(
+        client: Arc<Client>,
+        key: Arc<Key>,
+        cost_units: u64,
+    ) -> std::thread::JoinHandle<u64> {
+        std::thread::spawn(move || {
+            let mut admitted = 0u64;
+            while client.try_spend(&key, cost_units) == Some(Decision::Allowed) {
+                admitted += cost_units;
+            }
+            admitted
+        })
+    }
+
+    fn joined_sum(spenders: Vec<std::thread::JoinHandle<u64>>) -> u64 {
+        spenders
+            .into_iter()
+            .map(|s| s.join().expect("spender"))
+            .sum()
+    }
+
     /// Several threads, each with its own `Key` of one counter (so one shared fast budget),
     /// spend a lease to its last unit: never more than granted, and all of it.
     #[test]
@@ -743,20 +766,10 @@ mod tests {
             .map(|i| {
                 let client = client.clone();
                 let key = client.key(&target).expect("key");
-                std::thread::spawn(move || {
-                    let cost_units = 1 + i as u64 % 3;
-                    let mut admitted = 0u64;
-                    while client.try_spend(&key, cost_units) == Some(Decision::Allowed) {
-                        admitted += cost_units;
-                    }
-                    admitted
-                })
+                spend_until_refused(client, Arc::new(key), 1 + i as u64 % 3)
             })
             .collect();
-        let admitted: u64 = spenders
-            .into_iter()
-            .map(|s| s.join().expect("spender"))
-            .sum();
+        let admitted = joined_sum(spenders);
         let left = client.held_units(&first);
         assert!(admitted <= GRANTED_UNITS, "admitted {admitted}");
         // Costs of 2 and 3 may leave a unit or two none of them can take.
@@ -857,19 +870,10 @@ mod tests {
         let spenders: Vec<_> = (0..SPENDERS)
             .map(|_| {
                 let (client, key) = (client.clone(), key.clone());
-                std::thread::spawn(move || {
-                    let mut admitted = 0u64;
-                    while client.try_spend(&key, 1) == Some(Decision::Allowed) {
-                        admitted += 1;
-                    }
-                    admitted
-                })
+                spend_until_refused(client, key, 1)
             })
             .collect();
-        let admitted: u64 = spenders
-            .into_iter()
-            .map(|s| s.join().expect("spender"))
-            .sum();
+        let admitted = joined_sum(spenders);
         assert_eq!(admitted, GRANTED_UNITS);
         assert_eq!(client.held_units(&key), 0);
     }

@@ -504,9 +504,14 @@ fn first_reclaim(clock: Option<ClockSample>, heard_ms: u64, until_ms: u64) -> Op
     msg.clock = clock;
     msg.clock_leader_term = w.coord.leader_term();
     w.coord.handle_sync_up(at_ms(heard_ms), msg).unwrap();
-    (heard_ms..=until_ms).step_by(10).find_map(|t| {
-        w.coord
-            .poll_proposals(at_ms(t))
+    first_reclaim_polled(&mut w.coord, heard_ms, until_ms)
+}
+
+/// The window of the first reclaim the leader proposes, polling every 10 ms from `from_ms` to
+/// `until_ms`.
+fn first_reclaim_polled(c: &mut Coordinator, from_ms: u64, until_ms: u64) -> Option<WindowIndex> {
+    (from_ms..=until_ms).step_by(10).find_map(|t| {
+        c.poll_proposals(at_ms(t))
             .into_iter()
             .find_map(|c| match c {
                 TableCommand::Reclaim { from_window, .. } => Some(from_window),
@@ -541,15 +546,7 @@ fn first_reclaim_by_leader_2(
         (msg.clock, msg.clock_leader_term) = (Some(sample), 1);
         w.coord.handle_sync_up(at_ms(10_500), msg).unwrap();
     }
-    (10_500..=60_000).step_by(10).find_map(|t| {
-        w.coord
-            .poll_proposals(at_ms(t))
-            .into_iter()
-            .find_map(|c| match c {
-                TableCommand::Reclaim { from_window, .. } => Some(from_window),
-                _ => None,
-            })
-    })
+    first_reclaim_polled(&mut w.coord, 10_500, 60_000)
 }
 
 /// A sample describes the clock of the leader whose answers measured it, and coordinator
