@@ -55,6 +55,10 @@ use allot_proto::sync_convert::{decode_sync_up, encode_sync_down, encode_sync_up
 use criterion::{Criterion, criterion_group};
 use openraft::{BasicNode, CommittedLeaderId, EntryPayload, LogId};
 
+/// The allot binary's allocator (`src/main.rs`, D45): the leader's CPU as the daemon spends it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SYNC_INTERVAL: Duration = Duration::from_millis(250);
 /// A day window: no window ends during a run, so every interval does the same kind of work.
 const WINDOW: Duration = Duration::from_secs(86_400);

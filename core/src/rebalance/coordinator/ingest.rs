@@ -282,6 +282,14 @@ impl Coordinator {
         let same_version = *config_version == self.table.config_version();
         let demand = demand.iter_mut().take(MAX_ITEMS_PER_MESSAGE).enumerate();
         for (i, d) in demand {
+            // The entry at the same position mostly names the same counter, by the copy of
+            // its key that `merge_entry` took from the view: sharing it makes every lookup
+            // below compare keys by address, not read the stored strings again.
+            if let Some(e) = entries.get(i)
+                && e.counter == d.counter
+            {
+                d.counter = e.counter.clone();
+            }
             let Some(v) = self.tracked_view(now, trackable, &mut d.counter) else {
                 continue;
             };
