@@ -8,6 +8,11 @@
 //!   a bound (by a leader that watched its end), admitted at most the quota plus that bound
 //!   (strict: at most the quota), and each new leader committed a rebalancing round within
 //!   3 s of its election.
+//! - The same on clocks that differ: nodes 2 and 3 run under libfaketime, their wall clocks
+//!   24 s ahead of and 12 s behind the machine's (windows are 12 s), and each handover moves
+//!   the lead between clocks windows apart. Every leader must read the first leader's clock
+//!   (cluster time, D47) and measure the other nodes' clocks as set; the checks are those
+//!   above, on cluster time.
 //! - A configuration put during a leader change: `allot config put` whose answer is lost to a
 //!   SIGKILL of the leader (after the commit, and as the request arrives) lands exactly once
 //!   (one version each, every agent on it) or fails with a clear error and a retry lands.
@@ -151,6 +156,151 @@ async fn a_killed_leader_keeps_every_window_within_its_bound_and_rebalancing_res
     );
     check(&rows, &Default::default());
     for h in [&one, &two] {
+        assert!(
+            h.resumed_after_election <= RESUME_WITHIN,
+            "rebalancing resumed {:?} after the election of node {} (promised: {RESUME_WITHIN:?})",
+            h.resumed_after_election,
+            h.new_leader
+        );
+    }
+}
+
+/// Nodes 2 and 3's wall clocks, off the machine's (the agents', node 1's) by windows either
+/// way: every handover in the test below involves clocks that differ by more than a window.
+/// Whole windows, so that the test can translate the cluster's window indices to the
+/// machine's (`Watched::cluster_ahead_ms`); the product does not care.
+const NODE_CLOCK_OFFSETS_SECS: [(u64, i64); 2] = [(2, 24), (3, -12)];
+
+/// How far a leader's probe of a node's clock, or its reading of cluster time, may be from
+/// what the test set: loopback round trips are well under this, but a 2-core machine running
+/// six daemons is slow to answer.
+const CLOCK_TOLERANCE: Duration = Duration::from_millis(500);
+
+/// The offset the test set for `node`'s wall clock, in milliseconds.
+fn set_offset_ms(node: u64) -> i64 {
+    let secs = NODE_CLOCK_OFFSETS_SECS
+        .iter()
+        .find(|(n, _)| *n == node)
+        .map_or(0, |(_, s)| *s);
+    secs * 1_000
+}
+
+fn tolerance_ms() -> i64 {
+    i64::try_from(CLOCK_TOLERANCE.as_millis()).expect("small")
+}
+
+/// Waits until `leader` has probed every other running node, then checks that it leads on
+/// cluster time (`ahead_ms` ahead of the machine's clock: its own wall clock plus its offset)
+/// and that each node's measured clock is its set offset against that.
+async fn leader_keeps_cluster_time(cluster: &Cluster, leader: u64, ahead_ms: i64) {
+    let http = cluster.running[&leader].http.clone();
+    let others: Vec<u64> = cluster
+        .running
+        .keys()
+        .copied()
+        .filter(|n| *n != leader)
+        .collect();
+    let measured = |status: &Value| -> BTreeMap<u64, i64> {
+        let clocks = status["node_clocks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        clocks
+            .iter()
+            .filter_map(|c| {
+                let nanos = c["sample"]["offset_nanos"].as_i64()?;
+                Some((c["node"].as_u64()?, nanos / 1_000_000))
+            })
+            .collect()
+    };
+    let status = eventually(
+        "the leader's samples of every other node's clock",
+        || try_json(&http, "/v1/status"),
+        |s| {
+            s.as_ref()
+                .is_some_and(|s| others.iter().all(|n| measured(s).contains_key(n)))
+        },
+    )
+    .await
+    .expect("checked");
+    let offset_ms = status["cluster_clock_offset_nanos"]
+        .as_i64()
+        .expect("the leader's cluster clock offset")
+        / 1_000_000;
+    let reads_ms = set_offset_ms(leader) + offset_ms;
+    assert!(
+        (reads_ms - ahead_ms).abs() <= tolerance_ms(),
+        "leader {leader} reads cluster time {reads_ms} ms ahead of the machine's clock; the \
+         cluster's is {ahead_ms} ms"
+    );
+    for (node, offset) in measured(&status) {
+        let set = set_offset_ms(node) - ahead_ms;
+        assert!(
+            (offset - set).abs() <= tolerance_ms(),
+            "leader {leader} measured node {node}'s clock {offset} ms off cluster time; the \
+             test set {set} ms"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_within_its_bound() {
+    if !slow_tier() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = support::scratch("leader_kill", "skewed_clocks", Some(LIMITS));
+    let mut cluster = Cluster::start_with_clocks(&dir, NODE_CLOCK_OFFSETS_SECS.into());
+    let agents: BTreeMap<&str, Process> = REGIONS
+        .iter()
+        .map(|r| (*r, Process::agent(&dir, r, Some(&cluster.grpc_list()))))
+        .collect();
+    let (first, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
+        .await
+        .expect("checked");
+    // Cluster time is the first leader's clock, for good.
+    let ahead_ms = set_offset_ms(first);
+    for agent in agents.values() {
+        agent.synced().await;
+    }
+    leader_keeps_cluster_time(&cluster, first, ahead_ms).await;
+
+    let load = Load::start(&cluster, &agents, "a");
+    load.watched.lock().expect("watched").cluster_ahead_ms = ahead_ms;
+    tokio::time::sleep(Duration::from_millis(WINDOW_MS)).await;
+
+    // Two handovers, demand moving each time, the kills in the middle of a window: consecutive
+    // leaders differ, and only node 1 runs on the machine's clock, so each handover moves
+    // the lead between clocks at least a window apart.
+    let mut handovers = Vec::new();
+    let mut leader = first;
+    for hot in ["b", "c"] {
+        load.phase.send_replace(Phase::Hot(hot));
+        at_next_window(WINDOW_MS / 2).await;
+        let into_ms = unix_ms() % WINDOW_MS;
+        let killed_at = cluster.kill(leader);
+        let h = handover(&cluster, leader, killed_at, into_ms).await;
+        eprintln!("{h:?}");
+        cluster.restart(leader);
+        leader = h.new_leader;
+        leader_keeps_cluster_time(&cluster, leader, ahead_ms).await;
+        handovers.push(h);
+    }
+
+    tokio::time::sleep(Duration::from_millis(WINDOW_MS)).await;
+    let (watched, ledger) = load.stop().await;
+    let watched = watched.lock().expect("watched");
+    let ledger = ledger.lock().expect("ledger");
+    let rows = windows(&watched, &ledger);
+    report(&rows);
+    report_handovers(&handovers.iter().collect::<Vec<_>>());
+    assert!(
+        ledger.errors.is_empty(),
+        "failed calls: {:?}",
+        ledger.errors
+    );
+    check(&rows, &Default::default());
+    for h in &handovers {
         assert!(
             h.resumed_after_election <= RESUME_WITHIN,
             "rebalancing resumed {:?} after the election of node {} (promised: {RESUME_WITHIN:?})",

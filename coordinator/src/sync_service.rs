@@ -154,12 +154,42 @@ async fn serve_stream<H: SyncHandler>(
     }
 }
 
-/// The coordinator's clock, as the core's `now`.
+/// This node's wall clock, as the core's `now`.
 pub fn system_now() -> Timestamp {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     Timestamp::from_unix_nanos(nanos)
+}
+
+/// The cluster's timebase as a leader reads it (D47 in docs/decisions.md): its wall clock plus
+/// the offset that makes it read what the earlier leader's did, so that the regions, whose
+/// windows follow the leader's clock (D22), see no step when the lead moves between nodes
+/// whose clocks differ. The first leader's offset is 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterClock {
+    /// Cluster time minus this node's wall clock.
+    offset_nanos: i64,
+}
+
+impl ClusterClock {
+    pub fn with_offset(offset_nanos: i64) -> ClusterClock {
+        ClusterClock { offset_nanos }
+    }
+
+    pub fn offset_nanos(&self) -> i64 {
+        self.offset_nanos
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.from_system(system_now())
+    }
+
+    /// A reading of this node's wall clock (`system_now`) as cluster time.
+    pub fn from_system(&self, at: Timestamp) -> Timestamp {
+        let nanos = i128::from(at.as_unix_nanos()) + i128::from(self.offset_nanos);
+        Timestamp::from_unix_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX))
+    }
 }
 
 /// Answers every SyncUp by naming another node as the leader: a follower, as the agent sees it.

@@ -337,10 +337,11 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
         Ok(pb::sync_answer::Answer::SyncDown(_))
     ));
     let follower = *nodes.keys().find(|id| **id != first).expect("three");
-    wait_for("a clock frame with both followers' clocks", || {
+    // Both followers' clocks, and the leader's own against cluster time (D47).
+    wait_for("a clock frame with every node's clock", || {
         let s = state(&nodes[&follower]);
         let from_first = s.clock_source().is_some_and(|c| {
-            c.leader == first && c.leader_term == before.leader_term && c.nodes.len() == 2
+            c.leader == first && c.leader_term == before.leader_term && c.nodes.len() == 3
         });
         from_first
             && s.clocks()

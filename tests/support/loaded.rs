@@ -107,10 +107,27 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     peers: String,
     pub running: BTreeMap<u64, Process>,
+    /// Per node, whole seconds its wall clock is set off the machine's (libfaketime); the
+    /// monotonic clock, which raft's timers read, is left alone.
+    clock_offsets_secs: BTreeMap<u64, i64>,
 }
+
+/// Debian's libfaketime (package `faketime`): preloaded, it sets a process's wall clock off
+/// the machine's, so nodes on one machine can run on clocks that really differ.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 impl Cluster {
     pub fn start(dir: &Path) -> Cluster {
+        Cluster::start_with_clocks(dir, BTreeMap::new())
+    }
+
+    /// Three nodes, those in `clock_offsets_secs` on wall clocks that far off the machine's
+    /// (positive: ahead), across restarts too.
+    pub fn start_with_clocks(dir: &Path, clock_offsets_secs: BTreeMap<u64, i64>) -> Cluster {
+        assert!(
+            clock_offsets_secs.is_empty() || Path::new(LIBFAKETIME).exists(),
+            "{LIBFAKETIME} is missing: apt-get install faketime"
+        );
         let nodes: Vec<Node> = (1..=3)
             .map(|id| Node {
                 id,
@@ -127,6 +144,7 @@ impl Cluster {
             nodes,
             peers: peers.join(","),
             running: BTreeMap::new(),
+            clock_offsets_secs,
         };
         for id in 1..=3 {
             c.restart(id);
@@ -150,6 +168,11 @@ impl Cluster {
             .arg(self.data_dir(id))
             .arg("--limits")
             .arg(self.dir.join("limits.yaml"));
+        if let Some(secs) = self.clock_offsets_secs.get(&id) {
+            cmd.env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME", format!("{secs:+}"))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         self.running.insert(id, Process::start(cmd, "coordinator"));
     }
 
@@ -290,8 +313,11 @@ impl Load {
         while let Some(done) = self.drivers.join_next().await {
             done.expect("a region's load");
         }
-        let last = unix_ms() / WINDOW_MS;
-        tokio::time::sleep(Duration::from_millis(window_end_ms(last) - unix_ms() + 500)).await;
+        let ahead = self.watched.lock().expect("watched").cluster_ahead_ms;
+        let cluster_now = unix_ms().saturating_add_signed(ahead);
+        let last = cluster_now / WINDOW_MS;
+        let left = window_end_ms(last) - cluster_now;
+        tokio::time::sleep(Duration::from_millis(left + 500)).await;
         self.stop.store(true, Ordering::Relaxed);
         self.watcher.join().expect("the watcher");
         (self.watched, self.ledger)
@@ -375,6 +401,25 @@ pub struct Watched {
     /// before (counted in both, docs/budget.md), fixed at the window's start.
     pub agent_carried_in: BTreeMap<(String, String, u64), u64>,
     pub tables: Vec<TableSeen>,
+    /// How far cluster time, on which the agents and leaders count windows (D47), reads ahead
+    /// of this machine's clock, on which the test and the load generator do: 0 unless nodes
+    /// run on clocks set apart. A whole number of windows, so that a window is the same span
+    /// on both, under another index.
+    pub cluster_ahead_ms: i64,
+}
+
+impl Watched {
+    /// A window's end (its index on cluster time) on this machine's clock.
+    fn end_on_machine_ms(&self, window: u64) -> u64 {
+        let end = i128::from(window_end_ms(window)) - i128::from(self.cluster_ahead_ms);
+        u64::try_from(end).expect("a window after the epoch")
+    }
+
+    /// The cluster's index of a window the load generator indexed on this machine's clock.
+    fn cluster_window(&self, machine_window: u64) -> u64 {
+        let ahead = self.cluster_ahead_ms / i64::try_from(WINDOW_MS).expect("small");
+        machine_window.saturating_add_signed(ahead)
+    }
 }
 
 impl Watched {
@@ -387,7 +432,7 @@ impl Watched {
         };
         let watched_end: Vec<&Stated> = by_leader
             .iter()
-            .filter(|(leader, _)| self.leading_until_ms[leader] >= window_end_ms(window))
+            .filter(|(leader, _)| self.leading_until_ms[leader] >= self.end_on_machine_ms(window))
             .map(|(_, s)| s)
             .collect();
         if watched_end.is_empty() {
@@ -495,24 +540,27 @@ impl Row {
 
 pub fn windows(watched: &Watched, ledger: &Ledger) -> Vec<Row> {
     let mut rows: BTreeMap<(String, u64), Row> = BTreeMap::new();
-    let load = ledger.admitted.iter().map(|(at, n)| (at, *n, 0));
+    let load = ledger
+        .admitted
+        .iter()
+        .map(|((region, key, window), n)| ((region, key, watched.cluster_window(*window)), *n, 0));
     // What the agent admitted in the window: its count less what its end band carried in
     // (admitted, and seen by the load, in the window before).
     let agents = watched.agent_granted.iter().map(|(at, n)| {
         let carried_in = watched.agent_carried_in.get(at).copied().unwrap_or(0);
-        (at, 0, n.saturating_sub(carried_in))
+        ((&at.0, &at.1, at.2), 0, n.saturating_sub(carried_in))
     });
     for ((region, key, window), seen, counted) in load.chain(agents) {
         if seen + counted == 0 {
             continue;
         }
         let row = rows
-            .entry((key.clone(), *window))
+            .entry((key.clone(), window))
             .or_insert_with(|| Row {
                 key: key.clone(),
-                window: *window,
+                window,
                 by_region: BTreeMap::new(),
-                bound: watched.bound(key, *window),
+                bound: watched.bound(key, window),
             })
             .by_region
             .entry(region.clone())

@@ -29,7 +29,7 @@ use crate::daemon::leader::{
 };
 use crate::daemon::regions;
 use crate::store::StateReader;
-use crate::sync_service::system_now;
+use crate::sync_service::ClusterClock;
 use crate::types::{NodeId, TypeConfig};
 
 #[derive(Clone)]
@@ -130,6 +130,8 @@ struct Status {
     limits_left_out: usize,
     /// On the leader: the other nodes' clocks against its own, from its latest probes (D43).
     node_clocks: Option<Vec<crate::state::NodeClock>>,
+    /// On the leader: cluster time minus its wall clock (D47); its times are on cluster time.
+    cluster_clock_offset_nanos: Option<i64>,
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Status> {
@@ -146,8 +148,11 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
         add_used(&mut s.counters, &l.counters);
         s.limits_left_out = l.limits_left_out;
         s.node_clocks = Some(l.node_clocks);
+        s.cluster_clock_offset_nanos = Some(l.cluster_clock_offset_nanos);
     }
-    let now_ms = system_now().as_unix_millis();
+    // The leader heard the regions on cluster time.
+    let clock = ClusterClock::with_offset(s.cluster_clock_offset_nanos.unwrap_or(0));
+    let now_ms = clock.now().as_unix_millis();
     for r in &mut s.regions {
         r.heard = heard.remove(&r.region).map(|h| HeardStatus {
             last_heard_unix_ms: h.last_heard_unix_ms,
@@ -208,6 +213,7 @@ fn raft_status(admin: &Admin) -> Status {
         limits: None,
         limits_left_out: 0,
         node_clocks: None,
+        cluster_clock_offset_nanos: None,
     }
 }
 

@@ -33,7 +33,7 @@ use crate::state::{
     ClockFrame, ClockSource, ClusterCommand, ClusterState, CommandOutcome, NodeClock, RegionClock,
 };
 use crate::store::StateReader;
-use crate::sync_service::{Answer, system_now};
+use crate::sync_service::{Answer, ClusterClock};
 use crate::types::{NodeId, TypeConfig};
 
 /// Jobs waiting for the leader's rebalancer. A SyncUp that finds the queue full is left
@@ -165,6 +165,9 @@ pub struct LeaderStatus {
     pub limits_left_out: usize,
     /// The other nodes' clocks against the leader's, from its latest probes.
     pub node_clocks: Vec<NodeClock>,
+    /// Cluster time minus the leader's wall clock (D47): every time the leader reports is
+    /// on cluster time.
+    pub cluster_clock_offset_nanos: i64,
 }
 
 /// The leader's rebalancer and the raft handle it commits through.
@@ -174,6 +177,8 @@ pub struct Leader {
     coordinator: Coordinator,
     heard: BTreeMap<RegionId, RegionHeard>,
     node_id: NodeId,
+    /// This leader's reading of cluster time (D47): every `now` it hands the rebalancer.
+    clock: ClusterClock,
     /// The other nodes' clocks, as the probe task last sampled them.
     node_clocks: Arc<Mutex<BTreeMap<NodeId, NodeClock>>>,
     /// When the samples this leader started from were heard, on its clock: a region it has
@@ -199,19 +204,27 @@ impl Leader {
         cfg: CoordinatorConfig,
         leader_term: u64,
     ) -> Leader {
-        let now = system_now();
         let node_id = raft.metrics().borrow().id;
-        let (coordinator, adopted_heard) = state.read(|a| {
+        let (coordinator, adopted_heard, clock) = state.read(|a| {
+            let clock = cluster_clock(&a.state, node_id);
+            let now = clock.now();
             let mut c = Coordinator::new(cfg, a.state.table().clone(), now, leader_term);
             let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, now);
-            (c, heard)
+            (c, heard, clock)
         });
+        if clock.offset_nanos() != 0 {
+            tracing::info!(
+                offset_nanos = clock.offset_nanos(),
+                "leading on cluster time: this node's clock differs from the last leader's"
+            );
+        }
         Leader {
             raft,
             state: state.clone(),
             coordinator,
             heard: BTreeMap::new(),
             node_id,
+            clock,
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
             adopted_heard,
         }
@@ -251,6 +264,7 @@ impl Leader {
                 up,
                 reply,
             } => {
+                let received_at = self.clock.from_system(received_at);
                 let answer = self.sync_round(received_at, up).await?;
                 let _ = reply.send(answer);
             }
@@ -293,7 +307,9 @@ impl Leader {
             // contract's guard, never an answer past an uncommitted proposal.
             return Ok(Answer::Unanswered);
         }
-        let mut down = self.coordinator.poll_sync_down(system_now(), &region, seq);
+        let mut down = self
+            .coordinator
+            .poll_sync_down(self.clock.now(), &region, seq);
         if other_version {
             // The region takes the files of the version in force from this answer (D25); the
             // applied state holds the rebalancer's version, as every change goes through it.
@@ -328,7 +344,7 @@ impl Leader {
     /// Polls the rebalancer and commits what it proposes as one round entry, then hands it
     /// every command with the outcome the entry gave it.
     async fn commit_proposals(&mut self) -> Result<(), Ended> {
-        let cmds = self.coordinator.poll_proposals(system_now());
+        let cmds = self.coordinator.poll_proposals(self.clock.now());
         if cmds.is_empty() {
             return Ok(());
         }
@@ -358,7 +374,7 @@ impl Leader {
                 cmds.len()
             )));
         }
-        let now = system_now();
+        let now = self.clock.now();
         for (cmd, replicated) in cmds.iter().zip(outcomes) {
             let mine = self.coordinator.handle_committed(now, cmd);
             if mine != replicated {
@@ -387,7 +403,9 @@ impl Leader {
     async fn write(&mut self, cmd: ClusterCommand) -> Result<CommandOutcome, Ended> {
         let written = self.commit(cmd).await?;
         if let CommandOutcome::Configured { set_config, .. } = &written.data {
-            let mine = self.coordinator.handle_committed(system_now(), set_config);
+            let mine = self
+                .coordinator
+                .handle_committed(self.clock.now(), set_config);
             if !mine.is_applied() {
                 return Err(Ended::Diverged(format!("configuration refused: {mine:?}")));
             }
@@ -402,6 +420,7 @@ impl Leader {
         let raft = self.raft.clone();
         let me = self.node_id;
         let clocks = Arc::clone(&self.node_clocks);
+        let clock = self.clock;
         let mut prober = ClockProber::new(raft.config().cluster_name.clone());
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(CLOCK_PROBE_INTERVAL);
@@ -417,7 +436,7 @@ impl Leader {
                 };
                 lock(&clocks).retain(|id, _| members.iter().any(|(m, _)| m == id));
                 for (node, addr) in members {
-                    probe_one(&mut prober, &clocks, node, &addr).await;
+                    probe_one(&mut prober, clock, &clocks, node, &addr).await;
                 }
             }
         }))
@@ -427,7 +446,7 @@ impl Leader {
     /// nodes (`ClusterCommand::RecordClockFrame`). A refusal (a later leader recorded
     /// already) is counted; a failed commit ends the task as any other.
     async fn record_clock_frame(&mut self) -> Result<(), Ended> {
-        let now = system_now();
+        let now = self.clock.now();
         let regions = self
             .coordinator
             .clock_samples()
@@ -448,7 +467,7 @@ impl Leader {
             source: ClockSource {
                 leader: self.node_id,
                 leader_term: self.coordinator.leader_term(),
-                nodes: lock(&self.node_clocks).values().cloned().collect(),
+                nodes: self.frame_nodes(now),
             },
             regions,
         };
@@ -464,8 +483,23 @@ impl Leader {
         Ok(())
     }
 
+    /// The other nodes' clocks as last probed, and this node's own wall clock against cluster
+    /// time: a later term of this node reads its offset back from it (D47).
+    fn frame_nodes(&self, now: Timestamp) -> Vec<NodeClock> {
+        let mut nodes: Vec<NodeClock> = lock(&self.node_clocks).values().cloned().collect();
+        nodes.push(NodeClock {
+            node: self.node_id,
+            sample: ClockSample {
+                offset_nanos: self.clock.offset_nanos().saturating_neg(),
+                round_trip_nanos: 0,
+            },
+            taken_at: now,
+        });
+        nodes
+    }
+
     fn status(&self) -> LeaderStatus {
-        let now = system_now();
+        let now = self.clock.now();
         let table = self.coordinator.table();
         let mut limits = Vec::new();
         let mut left_out = 0;
@@ -491,6 +525,7 @@ impl Leader {
             limits,
             limits_left_out: left_out,
             node_clocks: lock(&self.node_clocks).values().cloned().collect(),
+            cluster_clock_offset_nanos: self.clock.offset_nanos(),
         }
     }
 }
@@ -502,11 +537,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 async fn probe_one(
     prober: &mut ClockProber,
+    clock: ClusterClock,
     clocks: &Mutex<BTreeMap<NodeId, NodeClock>>,
     node: NodeId,
     addr: &str,
 ) {
-    match prober.probe(node, addr).await {
+    match prober.probe(node, addr, clock).await {
         Ok((sample, taken_at)) => {
             let label = node.to_string();
             metrics::gauge!(m::NODE_CLOCK_OFFSET, "node" => label.clone())
@@ -527,11 +563,25 @@ async fn probe_one(
     }
 }
 
-/// A new leader starts from the samples the last leader recorded, carried over to its own
-/// clock by that leader's sample of it (its own clock, if it recorded them itself), each
-/// grown by the drift allowed since it was taken. Without a sample of this node, none.
-/// Returns when each was heard, on this node's clock (moved by the hop's offset, and earlier
-/// by its error: an older sample only grows more).
+/// This node's cluster clock (D47), from the last recorded frame: the recording leader's
+/// sample of this node's wall clock against its cluster time, reversed. A frame this node
+/// recorded holds its own offset; one recorded before offsets were (no entry of its recorder)
+/// means 0. Without a frame, or a sample of this node in it, its own wall clock: the regions
+/// then see cluster time step by the difference, as they did before D47.
+pub fn cluster_clock(state: &ClusterState, me: NodeId) -> ClusterClock {
+    let offset = state
+        .clock_source()
+        .and_then(|source| source.nodes.iter().find(|n| n.node == me))
+        .map_or(0, |n| n.sample.offset_nanos.saturating_neg());
+    ClusterClock::with_offset(offset)
+}
+
+/// A new leader starts from the samples the last leader recorded. On cluster time (D47) they
+/// are on this leader's clock too, within the error of the recorder's sample of this node
+/// (none when it recorded them itself), grown by the drift allowed since it was taken; each
+/// sample grows the same way. Without a sample of this node, none are taken. Returns when
+/// each was heard, on cluster time (earlier by the hop's error: an older sample only grows
+/// more).
 pub fn adopt_recorded_clocks(
     coordinator: &mut Coordinator,
     state: &ClusterState,
@@ -544,17 +594,20 @@ pub fn adopt_recorded_clocks(
     let aged = |sample: ClockSample, at: Timestamp| {
         sample.aged(now.saturating_duration_since(at), MAX_CLOCK_DRIFT_PPM)
     };
-    let hop = if source.leader == me {
-        Some(ClockSample::SAME_CLOCK)
-    } else {
-        source
-            .nodes
-            .iter()
-            .find(|n| n.node == me)
-            .map(|n| aged(n.sample, n.taken_at))
+    let mine = source.nodes.iter().find(|n| n.node == me);
+    let hop = match mine {
+        Some(n) => Some(aged(n.sample, n.taken_at)),
+        None if source.leader == me => Some(ClockSample::SAME_CLOCK),
+        None => None,
     };
     let Some(hop) = hop else {
         return BTreeMap::new();
+    };
+    // The recorder's cluster time and this node's are one by construction (`cluster_clock`):
+    // what is left of the hop is its error.
+    let hop = ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: hop.round_trip_nanos,
     };
     let samples = state
         .clocks()
@@ -562,8 +615,7 @@ pub fn adopt_recorded_clocks(
         .map(|c| (c.region.clone(), aged(c.sample, c.heard_at)));
     coordinator.adopt_clocks(source.leader_term, hop, samples);
     let on_my_clock = |t: Timestamp| {
-        let nanos = i128::from(t.as_unix_nanos()) + i128::from(hop.offset_nanos)
-            - i128::from(hop.round_trip_nanos / 2);
+        let nanos = i128::from(t.as_unix_nanos()) - i128::from(hop.round_trip_nanos / 2);
         Timestamp::from_unix_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX))
     };
     state
@@ -649,10 +701,11 @@ mod tests {
         c.clock_samples()
     }
 
-    /// Node 2 is 0.5 s behind node 1, so eu is 1.5 s behind node 2, with both errors and 1%
-    /// of the 10 s since the samples were taken (twice, in the round trip) on top.
+    /// Node 2 is 0.5 s behind node 1: on cluster time it reads node 1's clock (D47), so eu's
+    /// sample holds as recorded, with the hop's error (4 ms of probe) and 1% of the 10 s since
+    /// each sample was taken (twice, in the round trip) on top.
     #[test]
-    fn a_new_leader_carries_the_recorded_samples_over_by_its_own_clock() {
+    fn a_new_leader_carries_the_recorded_samples_over_on_cluster_time() {
         let at = Timestamp::from_unix_millis(1_000_000);
         let state = recorded(at);
         let later = at + Duration::from_secs(10);
@@ -665,17 +718,67 @@ mod tests {
             8,
         );
         let heard = adopt_recorded_clocks(&mut c, &state, 2, later);
-        // Heard at 1,000 s on node 1's clock: 999.5 s on node 2's, less the hop's error now
-        // (2 ms of probe, 100 ms of drift over the 10 s since).
+        // Heard at 1,000 s on cluster time, less the hop's error now (2 ms of probe, 100 ms
+        // of drift over the 10 s since).
         assert_eq!(
             heard.get(&RegionId::from("eu")),
-            Some(&Timestamp::from_unix_millis(999_398))
+            Some(&Timestamp::from_unix_millis(999_898))
         );
         // 10 ms + 4 ms of round trips, and 2 x 100 ms of drift for each of the two samples.
-        assert_eq!(on_2, vec![(eu.clone(), sample(1_500, 414))]);
+        assert_eq!(on_2, vec![(eu.clone(), sample(2_000, 414))]);
         // The recording node reads its own samples, aged.
         assert_eq!(adopted_on(1, &state, later), vec![(eu, sample(2_000, 210))]);
         // A node the leader never sampled cannot tell whose clock they are on: none.
         assert!(adopted_on(3, &state, later).is_empty());
+    }
+
+    /// Node 2's clock is 0.5 s behind the recorder's cluster time: it leads 0.5 s ahead of its
+    /// own clock. The recorder of a frame without its own entry (recorded before D47) led on
+    /// its own clock; an unsampled node has only its own.
+    #[test]
+    fn a_new_leader_reads_cluster_time_from_the_recorders_sample_of_it() {
+        let state = recorded(Timestamp::from_unix_millis(1_000_000));
+        assert_eq!(cluster_clock(&state, 2).offset_nanos(), 500_000_000);
+        assert_eq!(cluster_clock(&state, 1).offset_nanos(), 0);
+        assert_eq!(cluster_clock(&state, 3).offset_nanos(), 0);
+        assert_eq!(
+            cluster_clock(&ClusterState::default(), 1),
+            ClusterClock::default()
+        );
+    }
+
+    /// A leader on an offset records it as its own entry (its wall clock against cluster
+    /// time), and reads it back when it leads again; a later leader it sampled chains from
+    /// the same cluster time.
+    #[test]
+    fn an_offset_survives_the_next_frame_of_the_node_that_led_on_it() {
+        let at = Timestamp::from_unix_millis(1_000_000);
+        let mut state = recorded(at);
+        let clock = cluster_clock(&state, 2);
+        // Node 2 leads under term 8 and records: its own entry, and node 3 1.2 s ahead of its
+        // cluster time.
+        let frame = ClockFrame {
+            source: ClockSource {
+                leader: 2,
+                leader_term: 8,
+                nodes: vec![
+                    NodeClock {
+                        node: 2,
+                        sample: sample(-clock.offset_nanos() / 1_000_000, 0),
+                        taken_at: at,
+                    },
+                    NodeClock {
+                        node: 3,
+                        sample: sample(1_200, 6),
+                        taken_at: at,
+                    },
+                ],
+            },
+            regions: vec![],
+        };
+        let outcome = state.apply(ClusterCommand::RecordClockFrame(frame));
+        assert_eq!(outcome.ok(), Some(CommandOutcome::ClocksRecorded));
+        assert_eq!(cluster_clock(&state, 2), clock);
+        assert_eq!(cluster_clock(&state, 3).offset_nanos(), -1_200_000_000);
     }
 }

@@ -12,7 +12,7 @@ use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::network::client::CONNECT_TIMEOUT;
-use crate::sync_service::system_now;
+use crate::sync_service::ClusterClock;
 use crate::types::NodeId;
 
 /// Longest a probe may take: a slower answer is no sample (its error would be as large).
@@ -32,20 +32,22 @@ impl ClockProber {
         }
     }
 
-    /// Samples the clock of the node at `addr`: its clock minus ours, with the round trip, and
-    /// when the probe came back (our clock). A node that does not answer in time gives none.
+    /// Samples the clock of the node at `addr`: its wall clock minus our `clock`, with the
+    /// round trip, and when the probe came back (on `clock`). A node that does not answer in
+    /// time gives none.
     pub async fn probe(
         &mut self,
         node: NodeId,
         addr: &str,
+        clock: ClusterClock,
     ) -> Result<(ClockSample, Timestamp), String> {
         let mut client = self.client(node, addr).await?;
         let probe = ClockProbe {
             cluster: self.cluster.clone(),
         };
-        let t0 = system_now();
+        let t0 = clock.now();
         let answered = tokio::time::timeout(PROBE_TIMEOUT, client.clock(probe)).await;
-        let t3 = system_now();
+        let t3 = clock.now();
         let reading = match answered {
             Ok(Ok(reading)) => reading.into_inner(),
             Ok(Err(status)) => {
