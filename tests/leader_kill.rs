@@ -25,6 +25,7 @@ mod loaded;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,47 @@ async fn handover(cluster: &Cluster, killed: u64, killed_at: Instant, into_ms: u
     }
 }
 
+/// The three nodes (`cluster` as started) and an agent per region, every agent synced with
+/// the first leader, which is returned.
+async fn with_agents(cluster: &Cluster, dir: &Path) -> (BTreeMap<&'static str, Process>, u64) {
+    let agents: BTreeMap<&str, Process> = REGIONS
+        .iter()
+        .map(|r| (*r, Process::agent(dir, r, Some(&cluster.grpc_list()))))
+        .collect();
+    let (first, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
+        .await
+        .expect("checked");
+    for agent in agents.values() {
+        agent.synced().await;
+    }
+    (agents, first)
+}
+
+/// Stops the load and judges every window (`check`), no failed call, and each handover's
+/// resumption.
+async fn judge(load: Load, handovers: &[Handover]) {
+    let (watched, ledger) = load.stop().await;
+    let watched = watched.lock().expect("watched");
+    let ledger = ledger.lock().expect("ledger");
+    let rows = windows(&watched, &ledger);
+    report(&rows);
+    report_handovers(handovers);
+    assert!(
+        ledger.errors.is_empty(),
+        "failed calls: {:?}",
+        ledger.errors
+    );
+    check(&rows, &Default::default());
+    for h in handovers {
+        assert!(
+            h.resumed_after_election <= RESUME_WITHIN,
+            "rebalancing resumed {:?} after the election of node {} (promised: {RESUME_WITHIN:?})",
+            h.resumed_after_election,
+            h.new_leader
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_keeps_every_window_within_its_bound_and_rebalancing_resumes() {
     if !slow_tier() {
@@ -89,16 +131,7 @@ async fn a_killed_leader_keeps_every_window_within_its_bound_and_rebalancing_res
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = support::scratch("leader_kill", "under_load", Some(LIMITS));
     let mut cluster = Cluster::start(&dir);
-    let agents: BTreeMap<&str, Process> = REGIONS
-        .iter()
-        .map(|r| (*r, Process::agent(&dir, r, Some(&cluster.grpc_list()))))
-        .collect();
-    let (first, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
-        .await
-        .expect("checked");
-    for agent in agents.values() {
-        agent.synced().await;
-    }
+    let (agents, first) = with_agents(&cluster, &dir).await;
 
     // The watcher and the load, from here to the end.
     let load = Load::start(&cluster, &agents, "a");
@@ -142,27 +175,7 @@ async fn a_killed_leader_keeps_every_window_within_its_bound_and_rebalancing_res
     // A window more of load under the third leader, then everything stops; the watcher reads
     // on to the end of the last window with load.
     tokio::time::sleep(Duration::from_millis(WINDOW_MS)).await;
-    let (watched, ledger) = load.stop().await;
-
-    let watched = watched.lock().expect("watched");
-    let ledger = ledger.lock().expect("ledger");
-    let rows = windows(&watched, &ledger);
-    report(&rows);
-    report_handovers(&[&one, &two]);
-    assert!(
-        ledger.errors.is_empty(),
-        "failed calls: {:?}",
-        ledger.errors
-    );
-    check(&rows, &Default::default());
-    for h in [&one, &two] {
-        assert!(
-            h.resumed_after_election <= RESUME_WITHIN,
-            "rebalancing resumed {:?} after the election of node {} (promised: {RESUME_WITHIN:?})",
-            h.resumed_after_election,
-            h.new_leader
-        );
-    }
+    judge(load, &[one, two]).await;
 }
 
 /// Nodes 2 and 3's wall clocks, off the machine's (the agents', node 1's) by windows either
@@ -251,18 +264,9 @@ async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = support::scratch("leader_kill", "skewed_clocks", Some(LIMITS));
     let mut cluster = Cluster::start_with_clocks(&dir, NODE_CLOCK_OFFSETS_SECS.into());
-    let agents: BTreeMap<&str, Process> = REGIONS
-        .iter()
-        .map(|r| (*r, Process::agent(&dir, r, Some(&cluster.grpc_list()))))
-        .collect();
-    let (first, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
-        .await
-        .expect("checked");
+    let (agents, first) = with_agents(&cluster, &dir).await;
     // Cluster time is the first leader's clock, for good.
     let ahead_ms = set_offset_ms(first);
-    for agent in agents.values() {
-        agent.synced().await;
-    }
     leader_keeps_cluster_time(&cluster, first, ahead_ms).await;
 
     let load = Load::start(&cluster, &agents, "a");
@@ -288,30 +292,11 @@ async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_
     }
 
     tokio::time::sleep(Duration::from_millis(WINDOW_MS)).await;
-    let (watched, ledger) = load.stop().await;
-    let watched = watched.lock().expect("watched");
-    let ledger = ledger.lock().expect("ledger");
-    let rows = windows(&watched, &ledger);
-    report(&rows);
-    report_handovers(&handovers.iter().collect::<Vec<_>>());
-    assert!(
-        ledger.errors.is_empty(),
-        "failed calls: {:?}",
-        ledger.errors
-    );
-    check(&rows, &Default::default());
-    for h in &handovers {
-        assert!(
-            h.resumed_after_election <= RESUME_WITHIN,
-            "rebalancing resumed {:?} after the election of node {} (promised: {RESUME_WITHIN:?})",
-            h.resumed_after_election,
-            h.new_leader
-        );
-    }
+    judge(load, &handovers).await;
 }
 
 /// The handovers' figures, after the per-window table.
-fn report_handovers(handovers: &[&Handover]) {
+fn report_handovers(handovers: &[Handover]) {
     for h in handovers {
         eprintln!(
             "node {} killed {} ms into its window: node {} elected after {:?}, its first round \
