@@ -33,7 +33,7 @@ use crate::daemon::admin::{Admin, leader_status};
 use crate::daemon::cluster;
 use crate::daemon::leader::{COMMIT_TIMEOUT, Job};
 use crate::daemon::metrics as m;
-use crate::sync_service::system_now;
+use crate::sync_service::{ClusterClock, system_now};
 
 /// Longest region name a call takes (names are the limits' weight keys).
 pub const MAX_REGION_NAME_BYTES: usize = 255;
@@ -65,8 +65,11 @@ struct RegionEntry {
 
 /// `GET /v1/regions`.
 pub async fn list(State(admin): State<Admin>) -> Json<Value> {
-    let heard: BTreeMap<RegionId, u64> = leader_status(&admin)
-        .await
+    let leader = leader_status(&admin).await;
+    // The leader heard the regions on cluster time (D47).
+    let clock =
+        ClusterClock::with_offset(leader.as_ref().map_or(0, |l| l.cluster_clock_offset_nanos));
+    let heard: BTreeMap<RegionId, u64> = leader
         .map(|l| {
             l.regions
                 .into_iter()
@@ -74,7 +77,7 @@ pub async fn list(State(admin): State<Admin>) -> Json<Value> {
                 .collect()
         })
         .unwrap_or_default();
-    let now_ms = system_now().as_unix_millis();
+    let now_ms = clock.now().as_unix_millis();
     let (version, regions) = admin.state.read(|a| {
         let table = a.state.table();
         let members = a.state.regions();
