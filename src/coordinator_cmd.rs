@@ -199,7 +199,7 @@ fn node_clock_line(n: &Value) -> String {
             .map_or("?".to_owned(), |x| format!("{:.1}", x / 1e6))
     };
     format!(
-        "\n  node {} clock {} ms from the leader's (round trip {} ms)",
+        "\n  node {} clock {} ms from cluster time (round trip {} ms)",
         n["node"],
         ms(&n["sample"]["offset_nanos"]),
         ms(&n["sample"]["round_trip_nanos"]),
@@ -221,6 +221,13 @@ fn summary(s: &Value) -> String {
         if m["role"] == "learner" {
             out += " (learner)";
         }
+    }
+    if let Some(offset) = s["cluster_clock_offset_nanos"].as_f64() {
+        // D47: the leader reads cluster time, the first leader's clock carried over.
+        out += &format!(
+            "\n  cluster time {:.1} ms from this node's clock",
+            offset / 1e6
+        );
     }
     for n in s["node_clocks"].as_array().into_iter().flatten() {
         out += &node_clock_line(n);
@@ -318,12 +325,14 @@ fn fail(code: u8, msg: &str) -> ExitCode {
 mod tests {
     use super::*;
 
-    /// The leader's probes of the other nodes read as milliseconds; a follower has none.
+    /// The leader's cluster time and its probes of the other nodes read as milliseconds; a
+    /// follower has neither.
     #[test]
-    fn the_summary_shows_each_probed_node_clock() {
+    fn the_summary_shows_cluster_time_and_each_probed_node_clock() {
         let leader: Value = serde_json::from_str(
             r#"{"node":1,"state":"leader","term":3,"leader":1,"leader_address":"a:1",
                 "members":[{"id":1,"address":"a:1"},{"id":2,"address":"b:2"}],
+                "cluster_clock_offset_nanos":24000000000,
                 "node_clocks":[{"node":2,"sample":{"offset_nanos":-1500000,
                 "round_trip_nanos":400000},"taken_at":0}],"regions":[],"counters":[],
                 "limits":[]}"#,
@@ -331,7 +340,11 @@ mod tests {
         .expect("json");
         let out = summary(&leader);
         assert!(
-            out.contains("node 2 clock -1.5 ms from the leader's (round trip 0.4 ms)"),
+            out.contains("cluster time 24000.0 ms from this node's clock"),
+            "{out}"
+        );
+        assert!(
+            out.contains("node 2 clock -1.5 ms from cluster time (round trip 0.4 ms)"),
             "{out}"
         );
         let follower: Value = serde_json::from_str(
