@@ -240,6 +240,12 @@ async fn leader_keeps_cluster_time(cluster: &Cluster, leader: u64, ahead_ms: i64
         .as_i64()
         .expect("the leader's cluster clock offset")
         / 1_000_000;
+    let metric_s =
+        cluster.running[&leader].metric("allot_coordinator_cluster_clock_offset_seconds");
+    assert!(
+        (metric_s * 1e3 - offset_ms as f64).abs() <= 1.0,
+        "leader {leader}'s cluster clock gauge {metric_s} s, its status {offset_ms} ms"
+    );
     let reads_ms = set_offset_ms(leader) + offset_ms;
     assert!(
         (reads_ms - ahead_ms).abs() <= tolerance_ms(),

@@ -128,7 +128,8 @@ struct Status {
     /// The live bound per limit; on the leader only (followers name the leader instead).
     limits: Option<Vec<crate::daemon::leader::LimitBound>>,
     limits_left_out: usize,
-    /// On the leader: the other nodes' clocks against its own, from its latest probes (D43).
+    /// On the leader: the other nodes' clocks against cluster time, from its latest probes
+    /// (D43, D47).
     node_clocks: Option<Vec<crate::state::NodeClock>>,
     /// On the leader: cluster time minus its wall clock (D47); its times are on cluster time.
     cluster_clock_offset_nanos: Option<i64>,

@@ -163,7 +163,7 @@ pub struct LeaderStatus {
     pub limits: Vec<LimitBound>,
     /// Limits left out past `MAX_STATUS_LIMITS`.
     pub limits_left_out: usize,
-    /// The other nodes' clocks against the leader's, from its latest probes.
+    /// The other nodes' clocks against cluster time, from the leader's latest probes.
     pub node_clocks: Vec<NodeClock>,
     /// Cluster time minus the leader's wall clock (D47): every time the leader reports is
     /// on cluster time.
@@ -212,6 +212,7 @@ impl Leader {
             let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, now);
             (c, heard, clock)
         });
+        metrics::gauge!(m::CLUSTER_CLOCK_OFFSET).set(clock.offset_nanos() as f64 / 1e9);
         if clock.offset_nanos() != 0 {
             tracing::info!(
                 offset_nanos = clock.offset_nanos(),

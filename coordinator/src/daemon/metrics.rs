@@ -27,6 +27,7 @@ pub const NODE_CLOCK_OFFSET: &str = "allot_coordinator_node_clock_offset_seconds
 pub const NODE_CLOCK_ROUND_TRIP: &str = "allot_coordinator_node_clock_round_trip_seconds";
 pub const CLOCK_PROBE_FAILURES: &str = "allot_coordinator_clock_probe_failures_total";
 pub const CLOCK_FRAMES: &str = "allot_coordinator_clock_frames_total";
+pub const CLUSTER_CLOCK_OFFSET: &str = "allot_coordinator_cluster_clock_offset_seconds";
 
 /// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
 /// same handle).
@@ -53,7 +54,11 @@ fn describe() {
     describe_gauge!(TERM, "This node's raft term.");
     describe_gauge!(
         NODE_CLOCK_OFFSET,
-        "On the leader: each other node's clock minus the leader's, by node, from its latest clock probe (a new leader carries the regions' clock samples over by it)."
+        "On the leader: each other node's clock minus cluster time, by node, from its latest clock probe (a new leader takes its cluster time from it, D47)."
+    );
+    describe_gauge!(
+        CLUSTER_CLOCK_OFFSET,
+        "On the leader: cluster time minus this node's clock (D47); far from 0, this node's clock differs from the first leader's."
     );
     describe_gauge!(
         NODE_CLOCK_ROUND_TRIP,
