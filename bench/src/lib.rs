@@ -22,6 +22,7 @@ pub mod error;
 pub mod histogram;
 pub mod loadgen;
 pub mod noop;
+pub mod noop_rlqs;
 pub mod process;
 pub mod redis;
 pub mod run;
