@@ -381,7 +381,6 @@ pub async fn run_envoy_load(config: &EnvoyLoadConfig) -> Result<String> {
         duration: config.warmup,
         ..load.clone()
     };
-    let cpu_of = |pid: u32| process_cpu_time(pid);
     let mut measurements = Vec::new();
     for round in 1..=config.rounds {
         for (&gateway, envoy) in Gateway::ALL.iter().zip(&envoys) {
@@ -394,19 +393,12 @@ pub async fn run_envoy_load(config: &EnvoyLoadConfig) -> Result<String> {
                     r.non_2xx
                 );
             }
-            let before = [
-                cpu_of(agent.pid())?,
-                cpu_of(noop.pid())?,
-                cpu_of(envoy.pid())?,
-            ];
+            let pids = [agent.pid(), noop.pid(), envoy.pid()];
+            let before = cpu_times(pids)?;
             let started = Instant::now();
             let wrk = run_wrk(&config.wrk_binary, &load, envoy.listen_addr())?;
             let wall = started.elapsed();
-            let after = [
-                cpu_of(agent.pid())?,
-                cpu_of(noop.pid())?,
-                cpu_of(envoy.pid())?,
-            ];
+            let after = cpu_times(pids)?;
             let spent = |i: usize| after[i].saturating_sub(before[i]);
             let m = Measurement {
                 round,
@@ -433,6 +425,15 @@ pub async fn run_envoy_load(config: &EnvoyLoadConfig) -> Result<String> {
         out.push_str(&text);
     }
     Ok(out)
+}
+
+/// The CPU time so far of each process of `pids`.
+fn cpu_times<const N: usize>(pids: [u32; N]) -> Result<[Duration; N]> {
+    let mut times = [Duration::ZERO; N];
+    for (time, pid) in times.iter_mut().zip(pids) {
+        *time = process_cpu_time(pid)?;
+    }
+    Ok(times)
 }
 
 fn progress_line(m: &Measurement) -> String {
