@@ -108,6 +108,7 @@ fn envoy_enforces_a_stand_in_service_and_fails_open_without_it() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let options = NoopOptions {
         deny_after_calls: Some(QUOTA),
+        ..NoopOptions::default()
     };
     let server = runtime.spawn(noop::serve(listener, options, async {
         let _ = stopped.await;

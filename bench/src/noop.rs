@@ -1,6 +1,8 @@
-//! The no-op server: the lease API and Envoy's RLS answered "allowed" without any work. Run
-//! with the same tonic settings as a real server ([`server_builder`]), its throughput and CPU
-//! per call are the transport's ceiling on this machine, the figure a limiter is held to.
+//! The no-op server: the lease API and Envoy's RLS answered "allowed" without any work, and
+//! Envoy's rate limit quota service answered with assignments that never refuse
+//! ([`crate::noop_rlqs`]). Run with the same tonic settings as a real server
+//! ([`server_builder`]), its throughput and CPU per call are the transport's ceiling on this
+//! machine, the figure a limiter is held to.
 //!
 //! With [`NoopOptions::deny_after_calls`] it denies every decision past the first N, with the
 //! headers an agent sends (`Retry-After`, `RateLimit`, `RateLimit-Policy`): enough of a limiter
@@ -12,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use allot_proto::envoy::core::HeaderValue;
+use allot_proto::envoy::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use allot_proto::envoy::rls::rate_limit_response::{
     Code as RlsCode, DescriptorStatus, RateLimit as RlsLimit, rate_limit::Unit as RlsUnit,
 };
@@ -27,6 +30,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::error::Result;
+use crate::noop_rlqs::{NoopRlqs, NoopRlqsAssignment};
 
 /// The quota the no-op server claims in its answers (it counts nothing against it).
 pub const NOOP_LIMIT_UNITS: u64 = 1_000_000_000;
@@ -50,6 +54,8 @@ pub struct NoopOptions {
     /// Deny every decision (`Acquire`, `Lease`, `ShouldRateLimit`) after this many, counted
     /// across all callers and keys. `None`: never deny.
     pub deny_after_calls: Option<u64>,
+    /// What the rate limit quota service assigns every bucket (it never counts or denies).
+    pub rlqs_assignment: NoopRlqsAssignment,
 }
 
 /// The no-op service, cheap to clone (tonic clones it per connection).
@@ -259,7 +265,7 @@ pub fn server_builder() -> Server {
     Server::builder().tcp_nodelay(true)
 }
 
-/// Serves both services on `listener` until `shutdown` completes.
+/// Serves the three services on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     options: NoopOptions,
@@ -271,6 +277,9 @@ pub async fn serve(
     server_builder()
         .add_service(LeaseServiceServer::new(service.clone()))
         .add_service(RateLimitServiceServer::new(service))
+        .add_service(RateLimitQuotaServiceServer::new(NoopRlqs::new(
+            options.rlqs_assignment,
+        )))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

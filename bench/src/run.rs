@@ -240,7 +240,7 @@ async fn start_servers(
     work: &Path,
     notes: &mut Vec<String>,
 ) -> Result<Servers> {
-    let (noop, noop_addr) = start_noop(&config.noop_binary, work).await?;
+    let (noop, noop_addr) = start_noop(&config.noop_binary, &[], work).await?;
     let mut running = vec![Running {
         kind: ServerKind::Noop,
         addr: noop_addr,
@@ -341,11 +341,19 @@ fn progress_line(round: u32, scenario: &Scenario, server: ServerKind, r: &LoadRe
     )
 }
 
-/// Starts `<binary> noop-server` on a free port; returns it with its address once it answers.
-async fn start_noop(binary: &Path, work: &Path) -> Result<(ChildProcess, SocketAddr)> {
+/// Starts `<binary> noop-server` with `extra_args` on a free port; returns it with its address
+/// once it answers.
+pub(crate) async fn start_noop(
+    binary: &Path,
+    extra_args: &[&str],
+    work: &Path,
+) -> Result<(ChildProcess, SocketAddr)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
     let mut cmd = Command::new(binary);
-    cmd.arg("noop-server").arg("--grpc").arg(addr.to_string());
+    cmd.arg("noop-server")
+        .arg("--grpc")
+        .arg(addr.to_string())
+        .args(extra_args);
     let mut process = ChildProcess::spawn("noop-server", cmd, work)?;
     let started = Instant::now();
     let mut last = String::from("no attempt");
