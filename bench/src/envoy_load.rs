@@ -394,21 +394,7 @@ pub async fn run_envoy_load(config: &EnvoyLoadConfig) -> Result<String> {
                 );
             }
             let pids = [agent.pid(), noop.pid(), envoy.pid()];
-            let before = cpu_times(pids)?;
-            let started = Instant::now();
-            let wrk = run_wrk(&config.wrk_binary, &load, envoy.listen_addr())?;
-            let wall = started.elapsed();
-            let after = cpu_times(pids)?;
-            let spent = |i: usize| after[i].saturating_sub(before[i]);
-            let m = Measurement {
-                round,
-                gateway,
-                wrk,
-                wall,
-                agent_cpu: spent(0),
-                noop_cpu: spent(1),
-                envoy_cpu: spent(2),
-            };
+            let m = measure(config, &load, (round, gateway), envoy, pids)?;
             eprintln!("{}", progress_line(&m));
             measurements.push(m);
         }
@@ -425,6 +411,32 @@ pub async fn run_envoy_load(config: &EnvoyLoadConfig) -> Result<String> {
         out.push_str(&text);
     }
     Ok(out)
+}
+
+/// One measured run of `gateway` through `envoy`, with the CPU the agent, the no-op server
+/// and that Envoy (`pids`, in that order) spent during it.
+fn measure(
+    config: &EnvoyLoadConfig,
+    load: &WrkLoad,
+    (round, gateway): (u32, Gateway),
+    envoy: &EnvoyProcess,
+    pids: [u32; 3],
+) -> Result<Measurement> {
+    let before = cpu_times(pids)?;
+    let started = Instant::now();
+    let wrk = run_wrk(&config.wrk_binary, load, envoy.listen_addr())?;
+    let wall = started.elapsed();
+    let after = cpu_times(pids)?;
+    let spent = |i: usize| after[i].saturating_sub(before[i]);
+    Ok(Measurement {
+        round,
+        gateway,
+        wrk,
+        wall,
+        agent_cpu: spent(0),
+        noop_cpu: spent(1),
+        envoy_cpu: spent(2),
+    })
 }
 
 /// The CPU time so far of each process of `pids`.
