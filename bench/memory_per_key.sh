@@ -19,8 +19,9 @@ ALLOT_BIN=${ALLOT_BIN:-$TARGET/release/allot}
 BENCH_BIN=${BENCH_BIN:-$TARGET/release/allot-bench}
 KEYS=${KEYS:-100000}
 CALLERS=${CALLERS:-16}
-# Each load run; runs repeat until the server holds every key.
-RUN_SECS=${RUN_SECS:-5}
+# Each load run, long enough to reach every key at 10,000 calls a second (each run walks the
+# keys from the first again); runs repeat until the server holds every key.
+RUN_SECS=${RUN_SECS:-$(( KEYS / 10000 > 5 ? KEYS / 10000 : 5 ))}
 CHECKPOINT_WAIT=${CHECKPOINT_WAIT:-35}
 # Longest wait for a process to answer, in tenths of a second.
 READY_TENTHS=300
