@@ -36,14 +36,7 @@ const RLS_TIMEOUT: Duration = Duration::from_secs(2);
 /// The limits file of the agent test: QUOTA requests per api_key and day. A day, so the test
 /// never straddles a window boundary in practice.
 fn limits_yaml() -> String {
-    format!(
-        "domain: {DOMAIN}\n\
-         descriptors:\n  \
-           - key: {DESCRIPTOR_KEY}\n    \
-             rate_limit:\n      \
-               unit: day\n      \
-               requests_per_unit: {QUOTA}\n"
-    )
+    allot_bench::agent::day_limits_yaml(DOMAIN, DESCRIPTOR_KEY, QUOTA)
 }
 
 fn setup(rls_addr: SocketAddr) -> EnvoySetup {

@@ -40,14 +40,7 @@ const PACE: Duration = Duration::from_millis(20);
 /// `quota` requests per api_key and day (a day: a run never straddles a window boundary in
 /// practice).
 fn limits_yaml(quota: u64) -> String {
-    format!(
-        "domain: {DOMAIN}\n\
-         descriptors:\n  \
-           - key: {DESCRIPTOR_KEY}\n    \
-             rate_limit:\n      \
-               unit: day\n      \
-               requests_per_unit: {quota}\n"
-    )
+    allot_bench::agent::day_limits_yaml(DOMAIN, DESCRIPTOR_KEY, quota)
 }
 
 /// The same domain with the api_key rule removed (another rule keeps the file valid).

@@ -28,14 +28,20 @@ pub const BENCH_QUOTA_UNITS: u64 = 4_000_000_000;
 /// The limits file the benchmark starts the agent with: one rule, one counter per value of
 /// [`BENCH_DESCRIPTOR_KEY`] in [`BENCH_DOMAIN`], with [`BENCH_QUOTA_UNITS`] per day.
 pub fn bench_limits_yaml() -> String {
+    let rule = day_limits_yaml(BENCH_DOMAIN, BENCH_DESCRIPTOR_KEY, BENCH_QUOTA_UNITS);
+    format!("# Written by allot-bench: a quota no run reaches, so nothing is denied.\n{rule}")
+}
+
+/// A limits file of one rule: `units_per_key` a day for each value of `descriptor_key` in
+/// `domain` (a day, so that a run never straddles a window's end in practice).
+pub fn day_limits_yaml(domain: &str, descriptor_key: &str, units_per_key: u64) -> String {
     format!(
-        "# Written by allot-bench: a quota no run reaches, so nothing is denied.\n\
-         domain: {BENCH_DOMAIN}\n\
+        "domain: {domain}\n\
          descriptors:\n  \
-           - key: {BENCH_DESCRIPTOR_KEY}\n    \
+           - key: {descriptor_key}\n    \
              rate_limit:\n      \
                unit: day\n      \
-               requests_per_unit: {BENCH_QUOTA_UNITS}\n"
+               requests_per_unit: {units_per_key}\n"
     )
 }
 

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::agent::{AgentCommand, AgentProcess};
+use crate::agent::{AgentCommand, AgentProcess, day_limits_yaml};
 use crate::cpu::process_cpu_time;
 use crate::envoy::{EnvoyFilter, EnvoyProcess, EnvoySetup, http_get};
 use crate::error::{Error, Result};
@@ -276,14 +276,7 @@ pub fn render_summary(summary: &[GatewaySummary]) -> String {
 /// The limits file of a run: one rule in [`BENCH_DOMAIN`], a counter per value of
 /// [`BENCH_DESCRIPTOR_KEY`], `units_per_key` a day.
 pub fn limits_yaml(units_per_key: u64) -> String {
-    format!(
-        "domain: {BENCH_DOMAIN}\n\
-         descriptors:\n  \
-           - key: {BENCH_DESCRIPTOR_KEY}\n    \
-             rate_limit:\n      \
-               unit: day\n      \
-               requests_per_unit: {units_per_key}\n"
-    )
+    day_limits_yaml(BENCH_DOMAIN, BENCH_DESCRIPTOR_KEY, units_per_key)
 }
 
 fn envoy_setup(server: SocketAddr) -> EnvoySetup {
