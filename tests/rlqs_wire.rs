@@ -95,6 +95,17 @@ fn refused(agent: &Process, reason: &str) -> f64 {
 }
 
 /// The bucket ids of an answer's token bucket assignments.
+/// A new stream's report of one new bucket, `api_key` = `key`, is answered with its
+/// assignment: the agent still serves other streams.
+async fn a_new_stream_is_served(agent: &Process, key: &str) {
+    let mut other = Stream::open(agent).await;
+    other
+        .send(reports(vec![usage(bucket(&[("api_key", key)]))]))
+        .await;
+    let answer = other.next().await.expect("an answer");
+    assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
+}
+
 fn assigned(r: &RateLimitQuotaResponse) -> Vec<HashMap<String, String>> {
     r.bucket_action
         .iter()
@@ -122,12 +133,7 @@ async fn a_message_with_too_many_reports_ends_its_stream_and_no_other() {
     );
     assert_eq!(refused(&agent, "too_many_reports"), 1.0);
     // Another stream is served as before.
-    let mut other = Stream::open(&agent).await;
-    other
-        .send(reports(vec![usage(bucket(&[("api_key", "k1")]))]))
-        .await;
-    let answer = other.next().await.expect("an answer");
-    assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
+    a_new_stream_is_served(&agent, "k1").await;
 }
 
 #[tokio::test]
@@ -189,11 +195,7 @@ async fn a_stream_past_its_bucket_cap_ends_with_resource_exhausted() {
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert_eq!(refused(&agent, "too_many_buckets_stream"), 1.0);
     // The stream's buckets were given back: a new stream takes new buckets.
-    let mut other = Stream::open(&agent).await;
-    other
-        .send(reports(vec![usage(bucket(&[("api_key", "after")]))]))
-        .await;
-    assert_eq!(assigned(&other.next().await.expect("an answer")).len(), 1);
+    a_new_stream_is_served(&agent, "after").await;
 }
 
 /// A report within `MIN_REASSIGN_GAP` of the bucket's last assignment is counted and not
@@ -296,12 +298,7 @@ async fn a_stream_that_never_reads_its_answers_holds_up_no_other() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Answered within `ANSWER_WAIT`: a stuck stream holding anything the others need (the
     // machine's lock, the lease path) would hold this answer for as long as it stays stuck.
-    let mut other = Stream::open(&agent).await;
-    other
-        .send(reports(vec![usage(bucket(&[("api_key", "other")]))]))
-        .await;
-    let answer = other.next().await.expect("answered");
-    assert_eq!(assigned(&answer).len(), 1, "{answer:?}");
+    a_new_stream_is_served(&agent, "other").await;
     let stuck = flood.await.expect("the flood ends");
     drop(stuck);
 }
