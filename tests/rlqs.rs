@@ -173,6 +173,42 @@ fn rlqs_admits_the_quota_then_refuses_with_429() {
     assert_eq!(status(&envoy, "k2"), 200);
 }
 
+/// A bucket Envoy has just opened under a large quota is served at its rate through its
+/// first reporting interval: before a stream has seen Envoy's interval the agent assumes
+/// Envoy 1.40's 5 s (a first assignment that outlives the next report), and paces the first
+/// assignment on what the region holds for the key (the first report carries one request).
+#[test]
+fn rlqs_a_new_busy_bucket_is_served_through_its_first_reporting_interval() {
+    let test = "rlqs_a_new_busy_bucket_is_served_through_its_first_reporting_interval";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    // About 1,000 a second over what is left of any day: far above the demand here.
+    const QUOTA: u64 = 100_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = start_agent(&rt, QUOTA, dir.path());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+
+    let opened = open_bucket(&envoy, "busy");
+    let run = Duration::from_secs(8);
+    let started = Instant::now();
+    let (mut sent, mut admitted) = (0u64, 0u64);
+    while started.elapsed() < run {
+        sent += 1;
+        admitted += u64::from(status(&envoy, "busy") == 200);
+        std::thread::sleep(PACE);
+    }
+    eprintln!("{test}: opened {opened}, then {admitted} of {sent} admitted");
+    assert_eq!(opened, 1);
+    // Envoy's own token bucket may refuse a request or two at a refill's edge.
+    assert!(
+        admitted * 100 >= sent * 98,
+        "a new bucket far under its quota is served: {admitted} of {sent} admitted\n{}",
+        agent.log_tail()
+    );
+}
+
 #[test]
 fn rlqs_two_envoys_share_one_quota() {
     let test = "rlqs_two_envoys_share_one_quota";

@@ -11,6 +11,7 @@ use allot_proto::envoy::rlqs::rate_limit_quota_response::bucket_action::BucketAc
 use allot_proto::envoy::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use allot_proto::envoy::types::rate_limit_strategy::Strategy;
 use support::{Process, scratch, slow_tier};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -225,6 +226,76 @@ async fn reports_inside_the_reassign_gap_are_counted_not_answered() {
     stream.send(k()).await;
     let after = stream.next().await.expect("answered after the gap");
     assert_eq!(assigned(&after).len(), 1, "{after:?}");
+}
+
+/// The TTL and token bucket of the answer's one token bucket assignment.
+fn token_bucket(r: &RateLimitQuotaResponse) -> (i64, u32, u32) {
+    let [action] = r.bucket_action.as_slice() else {
+        panic!("one bucket action: {r:?}");
+    };
+    let Some(Action::QuotaAssignmentAction(a)) = &action.bucket_action else {
+        panic!("an assignment: {r:?}");
+    };
+    let ttl_secs = a.assignment_time_to_live.expect("a TTL").seconds;
+    let strategy = a
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref());
+    let Some(Strategy::TokenBucket(tb)) = strategy else {
+        panic!("a token bucket: {r:?}");
+    };
+    let fill = tb.tokens_per_fill.expect("a fill").value;
+    (ttl_secs, tb.max_tokens, fill)
+}
+
+/// Before a stream has seen Envoy's reporting interval, a bucket's first assignment assumes
+/// 5 s (TTL 10 s) and is paced on what the region holds for the key to the window's end;
+/// the next assignment is sized from the reported rate. The interval is learnt from the gap
+/// between a bucket's second and third reports (the first report comes at once), and a new
+/// stream assumes it.
+#[tokio::test]
+async fn first_assignments_assume_the_interval_last_learnt_and_are_paced_on_the_window() {
+    let dir = scratch("rlqs_wire", "first_assignment", Some(LIMITS));
+    let agent = Process::agent(&dir, "local", None);
+    let mut stream = Stream::open(&agent).await;
+    let k = |elapsed_secs: i64| {
+        let mut u = usage(bucket(&[("api_key", "k")]));
+        u.time_elapsed = Some(allot_proto::envoy::wkt::Duration {
+            seconds: elapsed_secs,
+            nanos: 0,
+        });
+        reports(vec![u])
+    };
+    stream.send(k(0)).await;
+    let (ttl_secs, _, fill) = token_bucket(&stream.next().await.expect("an answer"));
+    assert_eq!(ttl_secs, 10, "the assumed 5 s interval, twice");
+    // 1,000,000 a day: at least 12 a second to the day's end, 18 with the headroom; the
+    // report itself says 1 a second.
+    assert!(
+        fill >= 18,
+        "paced on the window, not on the one request: {fill}"
+    );
+    // The gap after the first report is not an interval; the next one is (about 1.2 s).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stream.send(k(1)).await;
+    let (_, _, fill) = token_bucket(&stream.next().await.expect("an answer"));
+    assert_eq!(fill, 2, "sized from the reported rate of 1 a second");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    stream.send(k(1)).await;
+    let (learnt_ttl_secs, _, _) = token_bucket(&stream.next().await.expect("an answer"));
+    assert!(
+        (4..10).contains(&learnt_ttl_secs),
+        "twice the learnt interval (about 1.2 s, whole seconds up): {learnt_ttl_secs}"
+    );
+    let mut other = Stream::open(&agent).await;
+    other
+        .send(reports(vec![usage(bucket(&[("api_key", "new")]))]))
+        .await;
+    let (ttl_secs, _, _) = token_bucket(&other.next().await.expect("an answer"));
+    assert_eq!(
+        ttl_secs, learnt_ttl_secs,
+        "a new stream assumes the interval learnt"
+    );
 }
 
 /// Slow tier: the agent-wide cap. Ten streams hold 10,000 buckets each; the next new bucket,

@@ -189,6 +189,8 @@ pub struct Bucket {
     /// When the agent last sized an assignment for it (a flood of reports is only counted).
     pub assigned_at: Option<tokio::time::Instant>,
     pub reported_at: tokio::time::Instant,
+    /// Reports of it so far (saturating).
+    pub reports: u32,
     /// Reports in a row with no request, allowed or denied: an idle bucket.
     pub idle_reports: u32,
 }
@@ -203,6 +205,7 @@ impl Bucket {
             rate_per_sec: 0,
             assigned_at: None,
             reported_at: now,
+            reports: 0,
             idle_reports: 0,
         }
     }

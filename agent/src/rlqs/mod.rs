@@ -15,7 +15,7 @@ pub mod policy;
 pub mod stream;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use allot_proto::envoy::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
 use allot_proto::envoy::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
@@ -41,6 +41,8 @@ pub const RESPONSE_QUEUE: usize = 16;
 pub struct Rlqs {
     agent: Arc<Agent>,
     buckets: Arc<AtomicUsize>,
+    /// Envoy's reporting interval as last learnt by a stream, in milliseconds (0: none).
+    learned_interval_ms: Arc<AtomicU64>,
 }
 
 impl Rlqs {
@@ -48,6 +50,7 @@ impl Rlqs {
         Rlqs {
             agent,
             buckets: Arc::new(AtomicUsize::new(0)),
+            learned_interval_ms: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -65,6 +68,7 @@ impl RateLimitQuotaService for Rlqs {
         tokio::spawn(stream::serve(
             self.agent.clone(),
             self.buckets.clone(),
+            self.learned_interval_ms.clone(),
             request.into_inner(),
             tx,
         ));

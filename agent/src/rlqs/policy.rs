@@ -30,6 +30,12 @@ pub const NEVER_REFILL_SECS: u64 = 3_600;
 /// more second stays under the agent's default `lease_ttl_max` of 30 s.
 pub const MAX_REPORT_INTERVAL_SECS: u64 = 9;
 
+/// The reporting interval assumed until a stream has seen Envoy's: Envoy 1.40 reports about
+/// every 5 s whatever its `reporting_interval` says. Assuming less would let a bucket's first
+/// assignment lapse before the next report; an Envoy that reports more often is learnt from
+/// its reports within a few seconds.
+pub const ASSUMED_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
 /// What the last report of a bucket said, and when reports come.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Demand {
@@ -180,6 +186,16 @@ pub fn ttl_secs(
         .unwrap_or(0)
 }
 
+/// The rate at which `remaining_units` last until the window ends in `window_left`: what a
+/// bucket's first assignment is sized for at least. A bucket's first report carries only the
+/// request that opened it, and the next comes a whole reporting interval later; sized from
+/// that one request, a busy bucket would be refused for most of its first interval. Paced on
+/// the region's holding instead, it is served at any rate the key can sustain to the window's
+/// end, and the lease's unused units go back once the next report tells the real rate.
+pub fn paced_rate_per_sec(remaining_units: u64, window_left: Duration) -> u64 {
+    remaining_units.div_ceil(secs_ceil(window_left).max(1))
+}
+
 /// Requests per second in a report of `requests` over `elapsed` (Envoy counts whole seconds;
 /// a bucket's first report says 0 and is taken as one second).
 pub fn rate_per_sec(requests: u64, elapsed: Duration) -> u64 {
@@ -285,6 +301,26 @@ mod tests {
         assert!(!serves(s, demand(16)), "too slow for the rate: replaced");
         assert!(serves(s, demand(5)));
         assert!(!serves(s, demand(4)), "far above the rate: replaced");
+    }
+
+    #[test]
+    fn a_first_assignment_is_paced_on_what_is_left_until_the_window_ends() {
+        assert_eq!(
+            paced_rate_per_sec(3_600_000, Duration::from_secs(3_600)),
+            1_000
+        );
+        // Rounded up, and a window ending within a second counts as one second.
+        assert_eq!(paced_rate_per_sec(10, Duration::from_secs(3)), 4);
+        assert_eq!(paced_rate_per_sec(10, Duration::from_millis(200)), 10);
+        assert_eq!(paced_rate_per_sec(10, Duration::ZERO), 10);
+        assert_eq!(paced_rate_per_sec(0, Duration::from_secs(60)), 0);
+        // 1,000,000 a day, a whole day left: 12 a second, 18 with headroom, over the 16 s
+        // span of a first lease at the assumed interval.
+        let timing = Timing::for_interval(ASSUMED_REPORT_INTERVAL);
+        assert_eq!((timing.ttl_secs, timing.slack_secs), (10, 6));
+        let rate = paced_rate_per_sec(1_000_000, Duration::from_secs(86_400));
+        assert_eq!(rate, 12);
+        assert_eq!(units_wanted(demand(rate), timing), 22 + 18 * 16);
     }
 
     #[test]

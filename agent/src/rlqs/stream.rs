@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use allot_core::budget::LeaseReturn;
@@ -36,8 +36,6 @@ use crate::state::Agent;
 pub const MIN_REASSIGN_GAP: Duration = Duration::from_millis(500);
 /// How often the stream looks for removed rules and for shutdown.
 pub const TICK: Duration = Duration::from_secs(1);
-/// The reporting interval assumed before two reports of one bucket were seen.
-pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// Reports in a row with no request after which a bucket is abandoned: Envoy forgets it
 /// and the unused units of its leases go back to the region instead of expiring with them.
 pub const IDLE_REPORTS: u32 = 3;
@@ -84,7 +82,13 @@ pub struct Session {
     agent: Arc<Agent>,
     agent_buckets: Arc<AtomicUsize>,
     buckets: HashMap<BucketKey, Bucket>,
-    report_interval: Duration,
+    /// Envoy's reporting interval as this stream has seen it: the longest gap between two
+    /// periodic reports of one bucket.
+    report_interval: Option<Duration>,
+    /// The interval last learnt by any stream of the agent, in milliseconds (0: none yet):
+    /// what a new stream assumes, since an Envoy fleet shares its configuration and a
+    /// reconnecting Envoy keeps its own.
+    learned_interval_ms: Arc<AtomicU64>,
     config_version: u64,
 }
 
@@ -102,6 +106,7 @@ impl Drop for Session {
 pub async fn serve(
     agent: Arc<Agent>,
     agent_buckets: Arc<AtomicUsize>,
+    learned_interval_ms: Arc<AtomicU64>,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     out: Out,
 ) {
@@ -110,7 +115,8 @@ pub async fn serve(
         agent,
         agent_buckets,
         buckets: HashMap::new(),
-        report_interval: DEFAULT_REPORT_INTERVAL,
+        report_interval: None,
+        learned_interval_ms,
         config_version,
     };
     let mut tick = tokio::time::interval(TICK);
@@ -181,7 +187,7 @@ impl Session {
         // Envoy reports every 5 s: silence counts only against the longest interval the
         // timing serves, so a bucket Envoy still holds is never dropped for it.
         let longest = Duration::from_secs(policy::MAX_REPORT_INTERVAL_SECS);
-        let stale = self.report_interval.max(longest) * UNREPORTED_INTERVALS;
+        let stale = self.report_interval().max(longest) * UNREPORTED_INTERVALS;
         let now = Instant::now();
         let gone: Vec<BucketKey> = self
             .buckets
@@ -213,18 +219,11 @@ impl Session {
             }
         };
         let now = Instant::now();
-        if !self.buckets.contains_key(&key) {
-            self.admit_bucket()?;
-            self.buckets.insert(key.clone(), Bucket::new(target, now));
-        }
+        let paced_rate = self.open_bucket(&key, target, now)?;
+        self.heard(&key, now);
         let Some(b) = self.buckets.get_mut(&key) else {
             return Ok(None);
         };
-        let gap = now.duration_since(b.reported_at);
-        if b.assigned_at.is_some() && gap > self.report_interval {
-            self.report_interval = gap;
-        }
-        b.reported_at = now;
         let elapsed = usage.time_elapsed.map_or(Duration::ZERO, |d| {
             Duration::from_secs(d.seconds.max(0) as u64)
         });
@@ -243,10 +242,86 @@ impl Session {
         }
         b.assigned_at = Some(now);
         let demand = Demand {
-            rate_per_sec: b.rate_per_sec,
-            report_interval: self.report_interval,
+            rate_per_sec: b.rate_per_sec.max(paced_rate),
+            report_interval: self.report_interval(),
         };
         Ok(self.assign(&key, demand).await)
+    }
+
+    /// Opens the bucket if it is new (counted against the caps); the rate its first
+    /// assignment is paced on while it has had none yet, else 0.
+    fn open_bucket(
+        &mut self,
+        key: &BucketKey,
+        target: Target,
+        now: Instant,
+    ) -> Result<u64, Status> {
+        if let Some(b) = self.buckets.get(key) {
+            return Ok(match b.assigned_at {
+                None => self.paced_rate(&b.target),
+                Some(_) => 0,
+            });
+        }
+        self.admit_bucket()?;
+        let paced = self.paced_rate(&target);
+        self.buckets.insert(key.clone(), Bucket::new(target, now));
+        Ok(paced)
+    }
+
+    /// A report of the bucket arrived at `now`.
+    fn heard(&mut self, key: &BucketKey, now: Instant) {
+        let Some(b) = self.buckets.get_mut(key) else {
+            return;
+        };
+        let gap = now.duration_since(b.reported_at);
+        // Envoy reports a new bucket at once, then with the others at every interval: the
+        // gap after a bucket's first report is a part of one, so gaps count from its second.
+        let periodic = b.reports >= 2;
+        b.reports = b.reports.saturating_add(1);
+        b.reported_at = now;
+        if periodic {
+            self.learn_interval(gap);
+        }
+    }
+
+    /// The reporting interval assignments are timed for: the stream's own once it has seen
+    /// one, else the one last learnt on the agent, else [`policy::ASSUMED_REPORT_INTERVAL`].
+    fn report_interval(&self) -> Duration {
+        self.report_interval.unwrap_or_else(|| {
+            match self.learned_interval_ms.load(Ordering::Relaxed) {
+                0 => policy::ASSUMED_REPORT_INTERVAL,
+                ms => Duration::from_millis(ms),
+            }
+        })
+    }
+
+    /// A gap between two periodic reports of one bucket: the stream's interval is the
+    /// longest seen, and new streams assume it.
+    fn learn_interval(&mut self, gap: Duration) {
+        if self.report_interval.is_some_and(|i| i >= gap) {
+            return;
+        }
+        self.report_interval = Some(gap);
+        let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.learned_interval_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The rate a bucket's first assignment is sized for at least: what the region holds
+    /// for its key, spread over the rest of the window (0 when no rule counts it).
+    fn paced_rate(&self, target: &Target) -> u64 {
+        match self.agent.key_state(target) {
+            Ok(Some(k)) => policy::paced_rate_per_sec(
+                k.view.remaining_units,
+                k.view
+                    .window_end
+                    .saturating_duration_since(self.agent.now()),
+            ),
+            Ok(None) => 0,
+            Err(e) => {
+                tracing::debug!(error = %e, "no key state to pace a first RLQS assignment on");
+                0
+            }
+        }
     }
 
     /// Counts a new bucket against both caps, or refuses the stream.
