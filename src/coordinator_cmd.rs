@@ -228,6 +228,10 @@ fn summary(s: &Value) -> String {
             "\n  cluster time {:.1} ms from this node's clock",
             offset / 1e6
         );
+        if let Some(via) = s["cluster_clock_via"].as_u64() {
+            // D50: not in the last clock frame, it read cluster time through node `via`.
+            out += &format!(" (read through node {via}'s clock)");
+        }
     }
     for n in s["node_clocks"].as_array().into_iter().flatten() {
         out += &node_clock_line(n);
@@ -345,6 +349,15 @@ mod tests {
         );
         assert!(
             out.contains("node 2 clock -1.5 ms from cluster time (round trip 0.4 ms)"),
+            "{out}"
+        );
+        assert!(!out.contains("read through"), "{out}");
+        // A leader that was not in the last clock frame names the node it read it through.
+        let mut bridged = leader.clone();
+        bridged["cluster_clock_via"] = Value::from(2);
+        let out = summary(&bridged);
+        assert!(
+            out.contains("from this node's clock (read through node 2's clock)"),
             "{out}"
         );
         let follower: Value = serde_json::from_str(

@@ -301,6 +301,115 @@ async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_
     judge(load, &handovers).await;
 }
 
+/// How often a leader records its clock frame (coordinator/src/daemon/leader.rs).
+const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Attempts at making a node absent from the last clock frame win the next election.
+const ABSENT_LEADER_ATTEMPTS: u32 = 4;
+
+/// Sends `signal` to a node's process (SIGSTOP / SIGCONT: a node paused, then resumed).
+fn signal_node(cluster: &Cluster, id: u64, signal: libc::c_int) {
+    let pid = i32::try_from(cluster.running[&id].child.id()).expect("a pid");
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// The index a node's status says it has in its log.
+fn last_log_index(cluster: &Cluster, id: u64) -> Option<u64> {
+    try_json(&cluster.running[&id].http, "/v1/status")?["last_log_index"].as_u64()
+}
+
+/// One attempt: `absent` (a follower) goes down, and the leader too, so that the next leader
+/// is elected, and records its first clock frame, without ever having probed `absent` (a
+/// leader's frames carry the last probe of every node it has sampled, however old). `absent`
+/// then comes back and catches up, and that leader is killed while the third node is paused:
+/// `absent`, standing for election again and again, is most likely the one elected. Returns
+/// the new leader and its status; every node runs again at the end.
+async fn elect_a_node_absent_from_the_frame(cluster: &mut Cluster, absent: u64) -> (u64, Value) {
+    let (first, _) = cluster.leader(None).expect("a leader");
+    cluster.kill(absent);
+    cluster.kill(first);
+    cluster.restart(first);
+    let (recorder, _) = eventually(
+        "a leader without it",
+        || cluster.leader(None),
+        Option::is_some,
+    )
+    .await
+    .expect("checked");
+    tokio::time::sleep(CLOCK_FRAME_INTERVAL + Duration::from_secs(1)).await;
+    cluster.restart(absent);
+    eventually(
+        "the restarted node catches up with the log",
+        || {
+            (
+                last_log_index(cluster, absent),
+                last_log_index(cluster, recorder),
+            )
+        },
+        |(a, l)| a.is_some() && a >= l,
+    )
+    .await;
+    let paused = (1..=3)
+        .find(|n| *n != recorder && *n != absent)
+        .expect("a third node");
+    signal_node(cluster, paused, libc::SIGSTOP);
+    cluster.kill(recorder);
+    // Past the lease and a few election timeouts: the restarted node stands again and again,
+    // its term climbing past the paused node's.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    signal_node(cluster, paused, libc::SIGCONT);
+    let elected = eventually("a new leader", || cluster.leader(None), Option::is_some)
+        .await
+        .expect("checked");
+    cluster.restart(recorder);
+    elected
+}
+
+/// Written to break D47: a node that was not in the last clock frame (down through the whole
+/// term of the leader that recorded it) wins the next election. Before D50 it led on its own wall clock, windows off
+/// cluster time; now it reads cluster time through its probe of a node in the frame
+/// (`/v1/status` `cluster_clock_via`), and keeps it. Nodes 2 and 3 run on clocks windows away
+/// from node 1's. The election is steered, not forced: the attempt is repeated until the
+/// absent node leads and says it read cluster time through another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_absent_from_the_last_clock_frame_keeps_cluster_time() {
+    if !slow_tier() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = support::scratch("leader_kill", "absent_from_frame", Some(LIMITS));
+    let mut cluster = Cluster::start_with_clocks(&dir, NODE_CLOCK_OFFSETS_SECS.into());
+    let (first, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
+        .await
+        .expect("checked");
+    let ahead_ms = set_offset_ms(first);
+    leader_keeps_cluster_time(&cluster, first, ahead_ms).await;
+    let mut bridged = Vec::new();
+    for attempt in 1..=ABSENT_LEADER_ATTEMPTS {
+        let (leader, _) = cluster.leader(None).expect("a leader");
+        // A follower whose clock is not cluster time (one of the two is not the first
+        // leader's node): leading on its own clock would show.
+        let absent = (1..=3)
+            .find(|n| *n != leader && set_offset_ms(*n) != ahead_ms)
+            .expect("a follower off cluster time");
+        let (elected, status) = elect_a_node_absent_from_the_frame(&mut cluster, absent).await;
+        let via = status["cluster_clock_via"].as_u64();
+        eprintln!(
+            "attempt {attempt}: node {absent} absent from the frame, node {elected} elected, via {via:?}"
+        );
+        leader_keeps_cluster_time(&cluster, elected, ahead_ms).await;
+        if elected == absent && via.is_some() {
+            bridged.push((absent, via));
+            break;
+        }
+    }
+    assert!(
+        !bridged.is_empty(),
+        "in {ABSENT_LEADER_ATTEMPTS} attempts no node absent from the last clock frame led"
+    );
+}
+
 /// The handovers' figures, after the per-window table.
 fn report_handovers(handovers: &[Handover]) {
     for h in handovers {

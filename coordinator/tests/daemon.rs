@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use allot_coordinator::daemon::leader::probe_bridge;
 use allot_coordinator::daemon::limits::StartLimits;
 use allot_coordinator::daemon::{Daemon, DaemonSettings};
 use allot_coordinator::{ClusterState, NodeId};
@@ -201,6 +202,32 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     resp.split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default()
+}
+
+/// A leader absent from the last clock frame probes the nodes in it (D50): a real probe over
+/// the raft service. One machine, one clock: the sample is within its round trip of 0. A node
+/// that does not answer is passed over, and a node of another cluster gives no bridge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_probe_samples_a_node_that_answers_and_skips_the_others() {
+    let dir = TempDir::new().expect("temporary directory");
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = grpc.local_addr().expect("address").to_string();
+    let _d = start(1, dir.path(), grpc, BTreeMap::new()).await;
+    let cluster = raft_config().cluster_name.clone();
+    let silent = "127.0.0.1:1".to_owned();
+    let candidates = vec![(9, silent.clone()), (1, addr.clone())];
+    let bridge = probe_bridge(&cluster, candidates)
+        .await
+        .expect("node 1 answers");
+    assert_eq!(bridge.via, 1);
+    let error_nanos = i64::try_from(bridge.sample.round_trip_nanos / 2).expect("small") + 1_000_000;
+    assert!(
+        bridge.sample.offset_nanos.abs() <= error_nanos,
+        "one clock: {:?}",
+        bridge.sample
+    );
+    assert_eq!(probe_bridge(&cluster, vec![(9, silent)]).await, None);
+    assert_eq!(probe_bridge("another", vec![(1, addr)]).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -133,6 +133,9 @@ struct Status {
     node_clocks: Option<Vec<crate::state::NodeClock>>,
     /// On the leader: cluster time minus its wall clock (D47); its times are on cluster time.
     cluster_clock_offset_nanos: Option<i64>,
+    /// On the leader: the node through whose entry in the last clock frame it read cluster
+    /// time, when it was not in that frame itself (D50).
+    cluster_clock_via: Option<NodeId>,
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Status> {
@@ -150,6 +153,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
         s.limits_left_out = l.limits_left_out;
         s.node_clocks = Some(l.node_clocks);
         s.cluster_clock_offset_nanos = Some(l.cluster_clock_offset_nanos);
+        s.cluster_clock_via = l.cluster_clock_via;
     }
     // The leader heard the regions on cluster time.
     let clock = ClusterClock::with_offset(s.cluster_clock_offset_nanos.unwrap_or(0));
@@ -215,6 +219,7 @@ fn raft_status(admin: &Admin) -> Status {
         limits_left_out: 0,
         node_clocks: None,
         cluster_clock_offset_nanos: None,
+        cluster_clock_via: None,
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::daemon::cluster;
-use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader};
+use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader, bridge_clock};
 use crate::daemon::metrics as m;
 use crate::state::ClusterCommand;
 use crate::store::StateReader;
@@ -183,7 +183,8 @@ async fn lead(
     };
     let leader_term = rebalancer_term(term, start_index);
     tracing::info!(term, start_index, "leading: the rebalancer runs");
-    let leader = Leader::new(raft, &state, cfg, leader_term);
+    let bridge = bridge_clock(&raft, &state).await;
+    let leader = Leader::new(raft, &state, cfg, leader_term, bridge);
     let (tx, rx) = mpsc::channel(JOB_QUEUE);
     slot.set(term, tx);
     let ended = leader.run(rx).await;

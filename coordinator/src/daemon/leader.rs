@@ -168,6 +168,9 @@ pub struct LeaderStatus {
     /// Cluster time minus the leader's wall clock (D47): every time the leader reports is
     /// on cluster time.
     pub cluster_clock_offset_nanos: i64,
+    /// The node through whose entry in the last clock frame this leader read cluster time,
+    /// when it was not in the frame itself (D50).
+    pub cluster_clock_via: Option<NodeId>,
 }
 
 /// The leader's rebalancer and the raft handle it commits through.
@@ -179,6 +182,8 @@ pub struct Leader {
     node_id: NodeId,
     /// This leader's reading of cluster time (D47): every `now` it hands the rebalancer.
     clock: ClusterClock,
+    /// The node it read cluster time through, absent from the last frame itself (D50).
+    clock_via: Option<NodeId>,
     /// The other nodes' clocks, as the probe task last sampled them.
     node_clocks: Arc<Mutex<BTreeMap<NodeId, NodeClock>>>,
     /// When the samples this leader started from were heard, on its clock: a region it has
@@ -198,24 +203,28 @@ impl Drop for AbortOnDrop {
 impl Leader {
     /// A rebalancer over the applied table, answering under `leader_term`. The caller has
     /// committed a start entry of its own, so the state holds every entry committed before.
+    /// `bridge`: this node's probe of a node in the last clock frame, when it is not in it
+    /// itself (`bridge_clock`).
     pub fn new(
         raft: Raft<TypeConfig>,
         state: &StateReader,
         cfg: CoordinatorConfig,
         leader_term: u64,
+        bridge: Option<Bridge>,
     ) -> Leader {
         let node_id = raft.metrics().borrow().id;
         let (coordinator, adopted_heard, clock) = state.read(|a| {
-            let clock = cluster_clock(&a.state, node_id);
+            let clock = cluster_clock(&a.state, node_id, bridge);
             let now = clock.now();
             let mut c = Coordinator::new(cfg, a.state.table().clone(), now, leader_term);
-            let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, now);
+            let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, bridge, now);
             (c, heard, clock)
         });
         metrics::gauge!(m::CLUSTER_CLOCK_OFFSET).set(clock.offset_nanos() as f64 / 1e9);
         if clock.offset_nanos() != 0 {
             tracing::info!(
                 offset_nanos = clock.offset_nanos(),
+                bridged_via = bridge.map(|b| b.via),
                 "leading on cluster time: this node's clock differs from the last leader's"
             );
         }
@@ -226,6 +235,7 @@ impl Leader {
             heard: BTreeMap::new(),
             node_id,
             clock,
+            clock_via: bridge.map(|b| b.via),
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
             adopted_heard,
         }
@@ -527,6 +537,7 @@ impl Leader {
             limits_left_out: left_out,
             node_clocks: lock(&self.node_clocks).values().cloned().collect(),
             cluster_clock_offset_nanos: self.clock.offset_nanos(),
+            cluster_clock_via: self.clock_via,
         }
     }
 }
@@ -564,29 +575,143 @@ async fn probe_one(
     }
 }
 
-/// This node's cluster clock (D47), from the last recorded frame: the recording leader's
-/// sample of this node's wall clock against its cluster time, reversed. A frame this node
+/// This node's probe, on its own wall clock, of a node in the last clock frame, taken
+/// because this node is not in it (D50).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bridge {
+    pub via: NodeId,
+    /// `via`'s wall clock minus this node's.
+    pub sample: ClockSample,
+}
+
+/// This node's entry in the last clock frame: the recorder's sample of its wall clock against
+/// cluster time. A node absent from it (one the recorder never probed in its term: down or
+/// cut off since before that leader was elected; frames carry every other node's last probe,
+/// however old) chains its own probe of a node in it with the recorder's sample of
+/// that one: `me - cluster = (via - cluster) - (via - me)`, the errors added and aged from the
+/// recorder's sample.
+pub fn own_entry(source: &ClockSource, me: NodeId, bridge: Option<Bridge>) -> Option<NodeClock> {
+    if let Some(n) = source.nodes.iter().find(|n| n.node == me) {
+        return Some(n.clone());
+    }
+    let b = bridge?;
+    let via = source.nodes.iter().find(|n| n.node == b.via)?;
+    Some(NodeClock {
+        node: me,
+        sample: ClockSample {
+            offset_nanos: via
+                .sample
+                .offset_nanos
+                .saturating_sub(b.sample.offset_nanos),
+            round_trip_nanos: via
+                .sample
+                .round_trip_nanos
+                .saturating_add(b.sample.round_trip_nanos),
+        },
+        taken_at: via.taken_at,
+    })
+}
+
+/// This node's cluster clock (D47), from the last recorded frame: its entry there
+/// (`own_entry`, bridged through another node's if it has none), reversed. A frame this node
 /// recorded holds its own offset; one recorded before offsets were (no entry of its recorder)
-/// means 0. Without a frame, or a sample of this node in it, its own wall clock: the regions
-/// then see cluster time step by the difference, as they did before D47.
-pub fn cluster_clock(state: &ClusterState, me: NodeId) -> ClusterClock {
+/// means 0. Without a frame, or an entry of this node in it or bridged to it, its own wall
+/// clock: the regions then see cluster time step by the difference, as they did before D47.
+pub fn cluster_clock(state: &ClusterState, me: NodeId, bridge: Option<Bridge>) -> ClusterClock {
     let offset = state
         .clock_source()
-        .and_then(|source| source.nodes.iter().find(|n| n.node == me))
+        .and_then(|source| own_entry(source, me, bridge))
         .map_or(0, |n| n.sample.offset_nanos.saturating_neg());
     ClusterClock::with_offset(offset)
 }
 
+/// The nodes a new leader absent from the last clock frame can bridge through (D50): the
+/// frame's, itself excepted. Empty when it is in the frame, recorded it, or there is none.
+pub fn bridge_candidates(state: &ClusterState, me: NodeId) -> Vec<NodeId> {
+    let Some(source) = state.clock_source() else {
+        return Vec::new();
+    };
+    if source.leader == me || source.nodes.iter().any(|n| n.node == me) {
+        return Vec::new();
+    }
+    source
+        .nodes
+        .iter()
+        .map(|n| n.node)
+        .filter(|&n| n != me)
+        .collect()
+}
+
+/// What a new leader absent from the last clock frame reads cluster time through (D50):
+/// its probe of a node in the frame. `None` when it needs none, or no such node answers (it
+/// then leads on its own clock, and says so).
+pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Option<Bridge> {
+    let (me, members) = {
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        let members: BTreeMap<NodeId, String> = m
+            .membership_config
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect();
+        (m.id, members)
+    };
+    let candidates: Vec<(NodeId, String)> = state
+        .read(|a| bridge_candidates(&a.state, me))
+        .into_iter()
+        .filter_map(|n| Some((n, members.get(&n)?.clone())))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let bridge = probe_bridge(&raft.config().cluster_name, candidates).await;
+    match bridge {
+        Some(b) => tracing::info!(
+            via = b.via,
+            round_trip_nanos = b.sample.round_trip_nanos,
+            "not in the last clock frame: cluster time read through another node's entry"
+        ),
+        None => tracing::warn!(
+            "not in the last clock frame and no node in it answered a clock probe: leading \
+             on this node's own clock, the regions' windows step by the difference"
+        ),
+    }
+    bridge
+}
+
+/// Probes each candidate at once on this node's wall clock (each within `PROBE_TIMEOUT`):
+/// the first answer is the bridge. The probes start together, so the first back has the
+/// shortest round trip (within the answering nodes' handling), and a dead node in the frame
+/// (often the last leader) costs no wait. None answering, none.
+pub async fn probe_bridge(cluster: &str, candidates: Vec<(NodeId, String)>) -> Option<Bridge> {
+    let mut probes = tokio::task::JoinSet::new();
+    for (node, addr) in candidates {
+        let mut prober = ClockProber::new(cluster.to_owned());
+        probes.spawn(async move {
+            let probed = prober.probe(node, &addr, ClusterClock::default()).await;
+            (node, probed)
+        });
+    }
+    while let Some(done) = probes.join_next().await {
+        if let Ok((via, Ok((sample, _)))) = done {
+            return Some(Bridge { via, sample });
+        }
+    }
+    None
+}
+
 /// A new leader starts from the samples the last leader recorded. On cluster time (D47) they
-/// are on this leader's clock too, within the error of the recorder's sample of this node
-/// (none when it recorded them itself), grown by the drift allowed since it was taken; each
-/// sample grows the same way. Without a sample of this node, none are taken. Returns when
+/// are on this leader's clock too, within the error of this node's entry (`own_entry`: the
+/// recorder's sample of it, or a bridge; none when it recorded them itself), grown by the
+/// drift allowed since it was taken; each sample grows the same way. Without an entry of this
+/// node, none are taken. Returns when
 /// each was heard, on cluster time (earlier by the hop's error: an older sample only grows
 /// more).
 pub fn adopt_recorded_clocks(
     coordinator: &mut Coordinator,
     state: &ClusterState,
     me: NodeId,
+    bridge: Option<Bridge>,
     now: Timestamp,
 ) -> BTreeMap<RegionId, Timestamp> {
     let Some(source) = state.clock_source() else {
@@ -595,8 +720,7 @@ pub fn adopt_recorded_clocks(
     let aged = |sample: ClockSample, at: Timestamp| {
         sample.aged(now.saturating_duration_since(at), MAX_CLOCK_DRIFT_PPM)
     };
-    let mine = source.nodes.iter().find(|n| n.node == me);
-    let hop = match mine {
+    let hop = match own_entry(source, me, bridge) {
         Some(n) => Some(aged(n.sample, n.taken_at)),
         None if source.leader == me => Some(ClockSample::SAME_CLOCK),
         None => None,
@@ -698,7 +822,7 @@ mod tests {
         now: Timestamp,
     ) -> Vec<(RegionId, ClockSample)> {
         let mut c = Coordinator::new(CoordinatorConfig::default(), state.table().clone(), now, 8);
-        adopt_recorded_clocks(&mut c, state, node, now);
+        adopt_recorded_clocks(&mut c, state, node, None, now);
         c.clock_samples()
     }
 
@@ -718,7 +842,7 @@ mod tests {
             later,
             8,
         );
-        let heard = adopt_recorded_clocks(&mut c, &state, 2, later);
+        let heard = adopt_recorded_clocks(&mut c, &state, 2, None, later);
         // Heard at 1,000 s on cluster time, less the hop's error now (2 ms of probe, 100 ms
         // of drift over the 10 s since).
         assert_eq!(
@@ -739,13 +863,58 @@ mod tests {
     #[test]
     fn a_new_leader_reads_cluster_time_from_the_recorders_sample_of_it() {
         let state = recorded(Timestamp::from_unix_millis(1_000_000));
-        assert_eq!(cluster_clock(&state, 2).offset_nanos(), 500_000_000);
-        assert_eq!(cluster_clock(&state, 1).offset_nanos(), 0);
-        assert_eq!(cluster_clock(&state, 3).offset_nanos(), 0);
+        assert_eq!(cluster_clock(&state, 2, None).offset_nanos(), 500_000_000);
+        assert_eq!(cluster_clock(&state, 1, None).offset_nanos(), 0);
+        assert_eq!(cluster_clock(&state, 3, None).offset_nanos(), 0);
         assert_eq!(
-            cluster_clock(&ClusterState::default(), 1),
+            cluster_clock(&ClusterState::default(), 1, None),
             ClusterClock::default()
         );
+    }
+
+    /// Node 3 is absent from the frame (node 1 recorded it with node 2 0.5 s behind cluster
+    /// time). Its own clock is 24 s ahead of cluster time: it finds node 2 24.5 s behind it,
+    /// and through node 2's entry reads cluster time 24 s behind its clock, with both probes'
+    /// errors. A bridge through a node the frame does not hold gives nothing.
+    #[test]
+    fn a_leader_absent_from_the_frame_reads_cluster_time_through_a_node_in_it() {
+        let at = Timestamp::from_unix_millis(1_000_000);
+        let state = recorded(at);
+        assert_eq!(bridge_candidates(&state, 3), vec![2]);
+        assert!(bridge_candidates(&state, 2).is_empty(), "in the frame");
+        assert!(bridge_candidates(&state, 1).is_empty(), "its recorder");
+        assert!(bridge_candidates(&ClusterState::default(), 3).is_empty());
+        let bridge = Bridge {
+            via: 2,
+            sample: sample(-24_500, 6),
+        };
+        let source = state.clock_source().expect("a frame");
+        let entry = own_entry(source, 3, Some(bridge)).expect("bridged");
+        assert_eq!(entry.sample, sample(24_000, 10));
+        assert_eq!(entry.taken_at, at, "aged from the recorder's sample");
+        assert_eq!(
+            cluster_clock(&state, 3, Some(bridge)).offset_nanos(),
+            -24_000_000_000
+        );
+        // Node 2 is in the frame: a bridge changes nothing.
+        assert_eq!(
+            cluster_clock(&state, 2, Some(bridge)).offset_nanos(),
+            500_000_000
+        );
+        let stray = Bridge { via: 4, ..bridge };
+        assert_eq!(cluster_clock(&state, 3, Some(stray)).offset_nanos(), 0);
+        // The regions' samples come over with the bridge's error, aged like the entry it
+        // chains (10 ms of probes, 2 x 100 ms of drift over the 10 s), and eu's own.
+        let later = at + Duration::from_secs(10);
+        let mut c = Coordinator::new(
+            CoordinatorConfig::default(),
+            state.table().clone(),
+            later,
+            8,
+        );
+        adopt_recorded_clocks(&mut c, &state, 3, Some(bridge), later);
+        let eu = RegionId::from("eu");
+        assert_eq!(c.clock_samples(), vec![(eu, sample(2_000, 420))]);
     }
 
     /// A leader on an offset records it as its own entry (its wall clock against cluster
@@ -755,7 +924,7 @@ mod tests {
     fn an_offset_survives_the_next_frame_of_the_node_that_led_on_it() {
         let at = Timestamp::from_unix_millis(1_000_000);
         let mut state = recorded(at);
-        let clock = cluster_clock(&state, 2);
+        let clock = cluster_clock(&state, 2, None);
         // Node 2 leads under term 8 and records: its own entry, and node 3 1.2 s ahead of its
         // cluster time.
         let frame = ClockFrame {
@@ -779,7 +948,10 @@ mod tests {
         };
         let outcome = state.apply(ClusterCommand::RecordClockFrame(frame));
         assert_eq!(outcome.ok(), Some(CommandOutcome::ClocksRecorded));
-        assert_eq!(cluster_clock(&state, 2), clock);
-        assert_eq!(cluster_clock(&state, 3).offset_nanos(), -1_200_000_000);
+        assert_eq!(cluster_clock(&state, 2, None), clock);
+        assert_eq!(
+            cluster_clock(&state, 3, None).offset_nanos(),
+            -1_200_000_000
+        );
     }
 }
