@@ -6,6 +6,8 @@
 # used, divided by the keys. The agent's figures are read again after its next checkpoint
 # (CHECKPOINT_WAIT). A benchmark: it asserts nothing. See docs/benchmarks.md, "Memory per key".
 #
+# AGENT_ARGS: more flags for the agent (e.g. "--durability sync").
+#
 # Build first (release), from the workspace root:
 #   CARGO_INCREMENTAL=0 cargo build --release -p allot -p allot-bench
 # Then:
@@ -46,6 +48,13 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# One field of /proc/PID/smaps_rollup, in KiB (Anonymous: heap and anonymous maps).
+rollup_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/smaps_rollup"; }
+# Resident KiB of the mappings whose path contains $2 (the agent's mapped log segments).
+mapped_kib() {
+  awk -v p="$2" '/^[0-9a-f]+-[0-9a-f]+ / {m = index($0, p) > 0} m && /^Rss:/ {n += $2}
+    END {print n + 0}' "/proc/$1/smaps"
+}
 per_key() { python3 -c "print(f'{($2 - $1) * $3 / $KEYS:.0f}')"; }
 
 # Runs the load generator against ADDR with WORKLOAD (and any further arguments) until `held`
@@ -72,7 +81,7 @@ EOF
 grpc=127.0.0.1:$(free_port)
 http=127.0.0.1:$(free_port)
 "$ALLOT_BIN" agent --config "$work/limits.yaml" --grpc "$grpc" --http "$http" \
-  --data "$work/agent" >"$work/agent.log" 2>&1 &
+  --data "$work/agent" ${AGENT_ARGS:-} >"$work/agent.log" 2>&1 &
 agent=$!
 pids+=("$agent")
 for _ in $(seq "$READY_TENTHS"); do
@@ -83,12 +92,15 @@ agent_keys() {
   curl -s "http://$http/metrics" | awk '/^allot_keys\{/ {n += $2} END {print n + 0}'
 }
 agent_idle_kib=$(rss_kib "$agent")
+agent_idle_anon=$(rollup_kib "$agent" Anonymous)
 agent_idle_disk=$(du -sk "$work/agent" | cut -f1)
 load_until_held "$grpc" rls agent_keys
 agent_kib=$(rss_kib "$agent")
 agent_disk=$(du -sk "$work/agent" | cut -f1)
 sleep "$CHECKPOINT_WAIT"
 agent_later_kib=$(rss_kib "$agent")
+agent_later_anon=$(rollup_kib "$agent" Anonymous)
+agent_later_log=$(mapped_kib "$agent" "$work/agent/wal/")
 agent_later_disk=$(du -sk "$work/agent" | cut -f1)
 held=$(agent_keys)
 kill "$agent"
@@ -123,4 +135,5 @@ echo "| agent, ${CHECKPOINT_WAIT} s later | $(mib "$agent_idle_kib") -> $(mib "$
 echo "| redis-server | $(mib "$redis_idle_kib") -> $(mib "$redis_kib") | $(per_key "$redis_idle_kib" "$redis_kib" 1024) | - (no persistence) |"
 echo "| redis used_memory | | $(per_key "$redis_idle_used" "$redis_used_bytes" 1) | |"
 ratio=$(python3 -c "print(f'{($agent_later_kib - $agent_idle_kib) / max(1, $redis_kib - $redis_idle_kib):.2f}')")
+echo "agent after the wait, per key: anonymous (heap: the budget machine, sled's cache and tree, the log's index) $(per_key "$agent_idle_anon" "$agent_later_anon" 1024), the mapped log $(per_key 0 "$agent_later_log" 1024), other file-backed $(per_key "$((agent_idle_kib - agent_idle_anon))" "$((agent_later_kib - agent_later_anon - agent_later_log))" 1024)"
 echo "agent resident per key / Redis resident per key (after the checkpoint wait): ${ratio}x"
