@@ -298,6 +298,54 @@ async fn first_assignments_assume_the_interval_last_learnt_and_are_paced_on_the_
     );
 }
 
+/// A rule of one-second windows cannot be served by RLQS (no lease outlives its window, and
+/// an assignment needs seconds): the bucket is answered deny-all, counted, every time, and the
+/// agent says why in its log.
+#[tokio::test]
+async fn a_rule_of_one_second_windows_is_answered_deny_all_and_counted() {
+    const PER_SECOND: &str = "\
+domain: wire
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 1000}
+";
+    let dir = scratch("rlqs_wire", "one_second_windows", Some(PER_SECOND));
+    let agent = Process::agent(&dir, "local", None);
+    let mut stream = Stream::open(&agent).await;
+    let k = || reports(vec![usage(bucket(&[("api_key", "k")]))]);
+    for round in 0..2 {
+        if round > 0 {
+            tokio::time::sleep(MIN_REASSIGN_GAP).await;
+        }
+        stream.send(k()).await;
+        let answer = stream.next().await.expect("an answer");
+        let [action] = answer.bucket_action.as_slice() else {
+            panic!("one bucket action: {answer:?}");
+        };
+        let Some(Action::QuotaAssignmentAction(a)) = &action.bucket_action else {
+            panic!("an assignment: {answer:?}");
+        };
+        let strategy = a
+            .rate_limit_strategy
+            .as_ref()
+            .and_then(|s| s.strategy.as_ref());
+        assert_eq!(
+            strategy,
+            Some(&Strategy::BlanketRule(
+                allot_proto::envoy::types::rate_limit_strategy::BlanketRule::DenyAll as i32
+            )),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(agent.metric("allot_rlqs_short_window_denials_total"), 2.0);
+    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    assert_eq!(
+        log.matches("RLQS cannot serve this rule").count(),
+        1,
+        "said once per rule and stream"
+    );
+}
+
 /// Slow tier: the agent-wide cap. Ten streams hold 10,000 buckets each; the next new bucket,
 /// on an eleventh stream, ends that stream with RESOURCE_EXHAUSTED and
 /// `too_many_buckets_agent`, and the ten go on being answered.

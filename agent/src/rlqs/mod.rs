@@ -89,6 +89,7 @@ pub mod metrics {
     pub const OVERAGE_UNITS: &str = "allot_rlqs_overage_units_total";
     pub const UNCHARGED_UNITS: &str = "allot_rlqs_uncharged_units_total";
     pub const BUCKETS_DROPPED: &str = "allot_rlqs_buckets_dropped_total";
+    pub const SHORT_WINDOW: &str = "allot_rlqs_short_window_denials_total";
 
     pub fn stream_opened() {
         counter!(STREAMS).increment(1);
@@ -117,6 +118,11 @@ pub mod metrics {
     /// `unreported` (Envoy no longer reports it).
     pub fn dropped(reason: &'static str) {
         counter!(BUCKETS_DROPPED, "reason" => reason).increment(1);
+    }
+
+    /// A deny-all sent because the rule's windows are shorter than a lease span.
+    pub fn short_window() {
+        counter!(SHORT_WINDOW).increment(1);
     }
 
     pub fn buckets(n: usize) {

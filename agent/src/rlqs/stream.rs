@@ -5,12 +5,13 @@
 //! flood of reports costs counting only). A tick every second notices a configuration reload
 //! that took a bucket's rule away (`abandon_action`) and the agent shutting down.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use allot_core::budget::LeaseReturn;
+use allot_core::ids::LimitId;
 use allot_core::time::Timestamp;
 use allot_proto::envoy::rlqs::rate_limit_quota_response::BucketAction;
 use allot_proto::envoy::rlqs::rate_limit_quota_response::bucket_action::{
@@ -29,6 +30,7 @@ use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
 use super::policy::{self, Demand, Shape, Timing};
 use super::{MAX_BUCKETS_PER_AGENT, MAX_BUCKETS_PER_STREAM, MAX_REPORTS_PER_MESSAGE, metrics};
 use crate::error::Error;
+use crate::limits::RuleInfo;
 use crate::request::{LeaseAsk, Leased, Target};
 use crate::state::Agent;
 
@@ -43,6 +45,8 @@ pub const IDLE_REPORTS: u32 = 3;
 /// after which it is dropped: Envoy reports every bucket it holds at every interval, so it no
 /// longer holds this one.
 pub const UNREPORTED_INTERVALS: u32 = 3;
+/// Rules a stream says are too short-windowed for RLQS, at most (the metric counts them all).
+const MAX_SHORT_WINDOW_RULES_TOLD: usize = 64;
 
 /// Why a bucket is dropped (the `reason` of `allot_rlqs_buckets_dropped_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +94,8 @@ pub struct Session {
     /// reconnecting Envoy keeps its own.
     learned_interval_ms: Arc<AtomicU64>,
     config_version: u64,
+    /// Rules already said to be too short-windowed for RLQS (`note_short_window`).
+    short_windows_told: HashSet<LimitId>,
 }
 
 impl Drop for Session {
@@ -118,6 +124,7 @@ pub async fn serve(
         report_interval: None,
         learned_interval_ms,
         config_version,
+        short_windows_told: HashSet::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -536,6 +543,9 @@ impl Session {
                         ttl_secs => Some(token_bucket(shape, ttl_secs)),
                     }
                 };
+                if action.is_none() {
+                    self.note_short_window(&rule, timing);
+                }
                 let b = self.buckets.get_mut(key)?;
                 if action.is_none() && b.current_mut().is_none_or(|h| h.lease != grant.lease) {
                     // Everything granted went to usage already reported: keep it charged
@@ -558,6 +568,32 @@ impl Session {
             b.assigned = assigned;
         }
         Some(action)
+    }
+
+    /// A lease was granted and backs no second of assignment. Near a window's end that is
+    /// the rule working; for a rule whose windows are shorter than an assignment's lease
+    /// span, it is every report: Envoy's quota streaming cannot serve such a rule (no lease
+    /// outlives its window), and Envoy is denied. Counted, and said once per rule and stream.
+    fn note_short_window(&mut self, rule: &RuleInfo, timing: Timing) {
+        let Some(window) = rule.window else {
+            return;
+        };
+        if window >= timing.lease_ttl() {
+            return;
+        }
+        metrics::short_window();
+        if self.short_windows_told.len() < MAX_SHORT_WINDOW_RULES_TOLD
+            && self.short_windows_told.insert(rule.id.clone())
+        {
+            tracing::warn!(
+                rule = %rule.id,
+                window_secs = window.as_secs_f64(),
+                lease_span_secs = timing.lease_ttl().as_secs(),
+                "RLQS cannot serve this rule: its windows are shorter than an assignment's lease \
+                 span, and no lease outlives its window, so Envoy is answered deny-all; serve it \
+                 through the rate limit service (RLS) instead"
+            );
+        }
     }
 
     /// Ends leases with nothing to charge beyond their use.
