@@ -346,6 +346,70 @@ descriptors:
     );
 }
 
+/// Envoy's fallback admissions beyond every lease, reported and then charged nowhere (the
+/// stream ends before a lease could be settled with them), make the coordinator state the
+/// window unbounded, naming the region's gateways: the bound never stays finite over
+/// admissions the agent heard of and could not charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_charged_nowhere_leave_the_window_unbounded_at_the_coordinator() {
+    const COORDINATED: &str = "\
+domain: wire
+descriptors:
+  - key: api_key
+    rate_limit: {unit: day, requests_per_unit: 100}
+    allot: {weights: {a: 0.5, b: 0.5}}
+";
+    support::clear_of_the_day_boundary().await;
+    let dir = scratch("rlqs_wire", "charged_nowhere", Some(COORDINATED));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_allot"));
+    let (grpc, http) = (support::free_port(), support::free_port());
+    cmd.current_dir(&dir)
+        .arg("coordinator")
+        .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--data", "coordinator", "--limits", "limits.yaml"]);
+    let coordinator = Process::start(cmd, "coordinator");
+    let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
+    agent.synced().await;
+    let mut stream = Stream::open(&agent).await;
+    let k = |allowed: u64| {
+        let mut u = usage(bucket(&[("api_key", "k")]));
+        u.num_requests_allowed = allowed;
+        reports(vec![u])
+    };
+    stream.send(k(1)).await;
+    let first = stream.next().await.expect("an answer");
+    assert_eq!(assigned(&first).len(), 1, "{first:?}");
+    // Inside the reassign gap: counted, charged to the lease beyond its units, not answered.
+    stream.send(k(500)).await;
+    support::eventually(
+        "the report counted",
+        || agent.metric("allot_rlqs_bucket_reports_total"),
+        |n| *n >= 2.0,
+    )
+    .await;
+    drop(stream);
+    support::eventually(
+        "the usage beyond the lease charged nowhere",
+        || agent.metric("allot_rlqs_uncharged_units_total"),
+        |n| *n > 0.0,
+    )
+    .await;
+    let status = support::eventually(
+        "the coordinator states the window unbounded",
+        || coordinator.json("/v1/status"),
+        |s| {
+            s["limits"].as_array().into_iter().flatten().any(|l| {
+                l["bound"]["unbounded"]
+                    .as_str()
+                    .is_some_and(|why| why.contains("a's gateways reported"))
+            })
+        },
+    )
+    .await;
+    eprintln!("{}", status["limits"]);
+}
+
 /// Slow tier: the agent-wide cap. Ten streams hold 10,000 buckets each; the next new bucket,
 /// on an eleventh stream, ends that stream with RESOURCE_EXHAUSTED and
 /// `too_many_buckets_agent`, and the ten go on being answered.

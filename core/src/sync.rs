@@ -196,6 +196,11 @@ pub struct BoundFigures {
     /// charged nowhere. Any at all makes the window unbounded.
     #[serde(default)]
     pub settle_clamped_units: u64,
+    /// Units a gateway reported admitted that no lease could be charged with (Envoy's
+    /// fallback admissions reported when the key had nothing left to lease, or after the
+    /// lease had expired): used, charged nowhere. Any makes the window unbounded.
+    #[serde(default)]
+    pub uncharged_units: u64,
 }
 
 impl BoundFigures {
@@ -209,6 +214,7 @@ impl BoundFigures {
                 .peak_grant_units_per_sec
                 .max(other.peak_grant_units_per_sec),
             settle_clamped_units: self.settle_clamped_units.max(other.settle_clamped_units),
+            uncharged_units: self.uncharged_units.max(other.uncharged_units),
         }
     }
 

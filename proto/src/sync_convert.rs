@@ -141,6 +141,7 @@ fn stats_to_wire(s: LimitWindowStats) -> pb::LimitWindowStats {
             settle_overage_units: f.settle_overage_units,
             peak_grant_units_per_sec: f.peak_grant_units_per_sec,
             settle_clamped_units: f.settle_clamped_units,
+            uncharged_units: f.uncharged_units,
         }),
     }
 }
@@ -410,6 +411,7 @@ fn stats_from_wire(s: pb::LimitWindowStats) -> Result<LimitWindowStats> {
             settle_overage_units: f.settle_overage_units,
             peak_grant_units_per_sec: f.peak_grant_units_per_sec,
             settle_clamped_units: f.settle_clamped_units,
+            uncharged_units: f.uncharged_units,
         },
     })
 }

@@ -243,8 +243,34 @@ impl Bucket {
 
     /// Forgets leases past their expiry: the region counted them as spent whole, so usage
     /// reported from now on goes to newer leases (counted twice at worst, never missed).
-    pub fn drop_expired(&mut self, now: Timestamp) {
-        self.leases.retain(|h| h.expires_at > now);
+    /// Returns the usage charged to them beyond their units, which no lease holds any more.
+    pub fn drop_expired(&mut self, now: Timestamp) -> u64 {
+        let mut beyond = 0u64;
+        self.leases.retain(|h| {
+            let live = h.expires_at > now;
+            if !live {
+                beyond = beyond.saturating_add(h.used_units.saturating_sub(h.units));
+            }
+            live
+        });
+        beyond
+    }
+
+    /// The rule counting it, if it is counted.
+    pub fn counted_by(&self) -> Option<&LimitId> {
+        match &self.assigned {
+            Assigned::Rule(id) => Some(id),
+            Assigned::Nothing | Assigned::Uncounted => None,
+        }
+    }
+
+    /// Usage reported that no lease will ever be charged with once the stream forgets the
+    /// bucket as it is: what waits for a lease, and what its leases hold beyond their units.
+    pub fn uncharged_if_forgotten(&self) -> u64 {
+        self.leases
+            .iter()
+            .map(|h| h.used_units.saturating_sub(h.units))
+            .fold(self.unbacked_units, u64::saturating_add)
     }
 
     /// Takes out the leases a newer assignment replaced at an earlier report: their usage has

@@ -100,6 +100,13 @@ pub struct Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // Leases stay with their expiry (charged whole); what was reported beyond them, or
+        // waits for a lease, is charged nowhere.
+        for b in self.buckets.values() {
+            if let Some(limit) = b.counted_by() {
+                self.uncharged(limit, b.uncharged_if_forgotten());
+            }
+        }
         self.agent_buckets
             .fetch_sub(self.buckets.len(), Ordering::Relaxed);
         metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
@@ -238,7 +245,13 @@ impl Session {
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
-        b.drop_expired(self.agent.now());
+        let beyond_expired = b.drop_expired(self.agent.now());
+        if let Some(limit) = b.counted_by().cloned() {
+            self.uncharged(&limit, beyond_expired);
+        }
+        let Some(b) = self.buckets.get_mut(&key) else {
+            return Ok(None);
+        };
         b.charge(usage.num_requests_allowed);
         b.note_requests(requests);
         if b.idle_reports >= IDLE_REPORTS && b.assigned != Assigned::Nothing {
@@ -359,7 +372,8 @@ impl Session {
             let b = self.buckets.get_mut(key)?;
             (b.target.clone(), b.take_superseded())
         };
-        let mut returns = self.end_leases(done, false).await;
+        let limit = self.buckets.get(key).and_then(|b| b.counted_by().cloned());
+        let mut returns = self.end_leases(done, false, limit.as_ref()).await;
         let action = match self
             .extend(key, &target, demand, timing, &mut returns)
             .await
@@ -596,6 +610,22 @@ impl Session {
         }
     }
 
+    /// Reported admissions of `limit` no lease will be charged with: counted, and recorded
+    /// for the bound (their window is stated unbounded).
+    fn uncharged(&self, limit: &LimitId, units: u64) {
+        if units > 0 {
+            metrics::uncharged(units);
+            self.agent.record_uncharged(limit, units);
+        }
+    }
+
+    fn uncharged_if_counted(&self, limit: Option<&LimitId>, units: u64) {
+        match limit {
+            Some(limit) => self.uncharged(limit, units),
+            None => metrics::uncharged(units),
+        }
+    }
+
     /// Ends leases with nothing to charge beyond their use.
     async fn release_all(&self, returns: Vec<LeaseReturn>) {
         for r in returns {
@@ -610,7 +640,12 @@ impl Session {
     /// Settles the leases that used more than they held; returns the others for the next
     /// lease call to release (one call per bucket and report). `in_flight`: Envoy may still
     /// admit under them, unreported ([`Held::ending_in_flight`]).
-    async fn end_leases(&self, done: Vec<Held>, in_flight: bool) -> Vec<LeaseReturn> {
+    async fn end_leases(
+        &self,
+        done: Vec<Held>,
+        in_flight: bool,
+        limit: Option<&LimitId>,
+    ) -> Vec<LeaseReturn> {
         let mut returns = Vec::new();
         for h in done {
             let ending = if in_flight {
@@ -638,10 +673,10 @@ impl Session {
                         Ok(_) => {}
                         // Expired: counted as spent whole; the excess above it is not.
                         Err(Error::Core(allot_core::Error::UnknownLease(_))) => {
-                            metrics::uncharged(actual_units - h.units);
+                            self.uncharged_if_counted(limit, actual_units - h.units);
                         }
                         Err(e) => {
-                            metrics::uncharged(actual_units - h.units);
+                            self.uncharged_if_counted(limit, actual_units - h.units);
                             tracing::warn!(error = %e, "RLQS settle failed");
                         }
                     }
@@ -686,7 +721,14 @@ impl Session {
         let mut b = self.buckets.remove(key)?;
         self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
         let in_flight = why != WhyDropped::Reload;
-        let returns = self.end_leases(b.take_all(), in_flight).await;
+        let limit = b.counted_by().cloned();
+        if let Some(limit) = &limit {
+            // Usage still waiting for a lease is charged nowhere now.
+            self.uncharged(limit, b.unbacked_units);
+        }
+        let returns = self
+            .end_leases(b.take_all(), in_flight, limit.as_ref())
+            .await;
         self.release_all(returns).await;
         metrics::assignment("abandon");
         metrics::dropped(why.name());

@@ -305,6 +305,13 @@ impl Agent {
         Ok(self.with_budget(|b| b.release_slot(now, slot)).await??)
     }
 
+    /// Admissions a gateway reported that no lease of `limit` could be charged with
+    /// (`RegionBudget::record_uncharged`): the coordinator states their window unbounded.
+    pub fn record_uncharged(&self, limit: &LimitId, units: u64) {
+        let now = self.now();
+        self.lock().record_uncharged(now, limit, units);
+    }
+
     /// The operator's view of one key; `None` when no rule matches.
     pub fn key_state(&self, target: &Target) -> Result<Option<AdminKey>> {
         let Some((rule, matched_key)) = self.matched(target) else {

@@ -542,6 +542,23 @@ impl RegionBudget {
         Ok(out)
     }
 
+    /// A gateway reported `units` admitted that no lease of `limit` can be charged with (its
+    /// leases ended or expired first, or the key had nothing left to lease): counted in the
+    /// statistics of the window of `now`, which the coordinator then states unbounded. An
+    /// unknown limit (removed by a reload) counts nowhere.
+    pub fn record_uncharged(&mut self, now: Timestamp, limit: &LimitId, units: u64) {
+        if units == 0 {
+            return;
+        }
+        let Some(lim) = self.limits.get_mut(limit) else {
+            return;
+        };
+        let window = lim.params.window_index(now);
+        if let Some(w) = lim.stats.window_mut(window) {
+            w.uncharged_units = w.uncharged_units.saturating_add(units);
+        }
+    }
+
     /// Most a settle may charge above a reservation of `reserved_units` of `limit`.
     fn max_overage_units(&self, limit: &LimitId, reserved_units: u64) -> u64 {
         self.limits.get(limit).map_or(0, |l| {

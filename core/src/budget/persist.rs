@@ -537,6 +537,7 @@ impl RegionBudget {
                         peak_grant_units_per_sec: 0,
                         // Not in the record: see `WindowStats::settle_clamped_units`.
                         settle_clamped_units: 0,
+                        uncharged_units: 0,
                     };
                     lim.stats.restore(r.window, figures);
                 }

@@ -24,6 +24,10 @@ pub struct WindowStats {
     /// region-wide total is in [`RegionStats`].
     #[serde(default)]
     pub settle_clamped_units: u64,
+    /// Units gateways reported admitted that no lease could be charged with
+    /// ([`crate::sync::BoundFigures::uncharged_units`]). Not persisted, as above.
+    #[serde(default)]
+    pub uncharged_units: u64,
     /// Units admitted beyond the allowance by the open partition policy.
     pub fail_open_units: u64,
     /// Time the open partition policy was in force (contact with the coordinator expired).
@@ -66,6 +70,7 @@ impl WindowStats {
             settle_overage_units: self.settle_overage_units,
             peak_grant_units_per_sec: self.peak_grant_units_per_sec,
             settle_clamped_units: self.settle_clamped_units,
+            uncharged_units: self.uncharged_units,
         }
     }
 

@@ -1756,6 +1756,32 @@ fn a_window_with_settles_clamped_above_the_cap_is_unbounded() {
 }
 
 #[test]
+fn a_window_with_admissions_no_lease_could_be_charged_with_is_unbounded() {
+    let mut w = world(&spec());
+    let l = LimitId::from("l");
+    for t in [0, 250] {
+        w.up("a", at_ms(t));
+        w.up("b", at_ms(t));
+    }
+    // b's gateways (Envoy's fallback) reported 3 admitted units after their leases ended.
+    let uncharged = BoundFigures {
+        uncharged_units: 3,
+        ..overage(0)
+    };
+    report_figures(&mut w, "b", at_ms(500), 100, uncharged);
+    let b = w.coord.bound(at_ms(500), &l, WindowIndex(100)).unwrap();
+    let why = b
+        .unbounded
+        .expect("uncharged admissions leave the window unbounded");
+    assert!(
+        why.contains("b's gateways reported 3 admitted units"),
+        "{why}"
+    );
+    let other = w.coord.bound(at_ms(500), &l, WindowIndex(101)).unwrap();
+    assert_eq!(other.unbounded, None);
+}
+
+#[test]
 fn a_leader_keeps_the_reports_of_windows_an_unsampled_region_may_still_be_in() {
     let mut w = world(&spec());
     let l = LimitId::from("l");

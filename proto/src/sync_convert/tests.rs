@@ -55,13 +55,15 @@ fn stats() -> impl Strategy<Value = LimitWindowStats> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
+        any::<u64>(),
     )
-        .prop_map(|(s, n, f, o, p, c)| BoundFigures {
+        .prop_map(|(s, n, f, o, p, c, u)| BoundFigures {
             time_open: Duration::new(s, n),
             fail_open_units: f,
             settle_overage_units: o,
             peak_grant_units_per_sec: p,
             settle_clamped_units: c,
+            uncharged_units: u,
         });
     (name(), any::<u64>(), figures).prop_map(|(l, w, figures)| LimitWindowStats {
         limit: LimitId::new(l),

@@ -42,6 +42,27 @@ fn the_peak_grant_rate_is_the_busiest_second_of_the_window() {
     assert_eq!(w.peak_grant_units_per_sec, 33, "25 + 8 in second 2");
 }
 
+/// Admissions a gateway reported that no lease could be charged with reach the coordinator
+/// in the window of their report, which it then states unbounded; an unknown limit counts
+/// nowhere, and nothing is charged to the key.
+#[test]
+fn uncharged_admissions_are_reported_in_the_window_of_their_report() {
+    let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
+    b.record_uncharged(at(61_000), &lim("api"), 3);
+    b.record_uncharged(at(62_000), &lim("api"), 4);
+    b.record_uncharged(at(62_000), &lim("gone"), 5);
+    b.record_uncharged(at(62_000), &lim("api"), 0);
+    let up = b.poll_transmit(at(62_250)).expect("sync");
+    let figures =
+        figures_in(&up, minute_window(61_000)).expect("the figures of the window of 61 s");
+    assert_eq!(figures.uncharged_units, 7);
+    assert_eq!(figures_in(&up, minute_window(0)), None);
+    let view = b
+        .key_view(at(62_250), &lim("api"), &KeyId::from("k"))
+        .expect("view");
+    assert_eq!(view.granted_units, 0, "charged to no key");
+}
+
 #[test]
 fn figures_are_reported_until_an_answer_confirms_them() {
     let mut b = budget(vec![per_minute_settling("api", 400, 100)]);

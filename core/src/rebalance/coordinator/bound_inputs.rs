@@ -182,15 +182,26 @@ impl Coordinator {
         (w.start(window) < previous.switched_at + reach).then_some(previous.version)
     }
 
-    /// Why the window is unbounded when a region clamped settles in it: units a spender used
-    /// beyond the settle cap that the `settle_overage` term rests on, charged nowhere.
+    /// Why the window is unbounded when a region clamped settles in it (units a spender used
+    /// beyond the settle cap that the `settle_overage` term rests on), or its gateways
+    /// reported admissions no lease could be charged with: used, charged nowhere.
     fn clamped_settles(&self, limit: &LimitId, window: WindowIndex) -> Option<String> {
         let by_region = self.region_stats.get(&(limit.clone(), window))?;
-        let (region, figures) = by_region.iter().find(|(_, f)| f.settle_clamped_units > 0)?;
-        Some(format!(
-            "{region} clamped {} settled units above the settle cap (used, not charged)",
-            figures.settle_clamped_units
-        ))
+        by_region.iter().find_map(|(region, f)| {
+            if f.settle_clamped_units > 0 {
+                return Some(format!(
+                    "{region} clamped {} settled units above the settle cap (used, not charged)",
+                    f.settle_clamped_units
+                ));
+            }
+            (f.uncharged_units > 0).then(|| {
+                format!(
+                    "{region}'s gateways reported {} admitted units no lease could be charged \
+                     with (used, not charged)",
+                    f.uncharged_units
+                )
+            })
+        })
     }
 
     /// The window started before this leader first heard the region: what it did from the
