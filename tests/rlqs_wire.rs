@@ -11,7 +11,7 @@ use allot_proto::envoy::rlqs::rate_limit_quota_response::bucket_action::BucketAc
 use allot_proto::envoy::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use allot_proto::envoy::types::rate_limit_strategy::Strategy;
+use allot_proto::envoy::types::rate_limit_strategy::{BlanketRule, Strategy};
 use support::{Process, scratch, slow_tier};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -228,8 +228,8 @@ async fn reports_inside_the_reassign_gap_are_counted_not_answered() {
     assert_eq!(assigned(&after).len(), 1, "{after:?}");
 }
 
-/// The TTL and token bucket of the answer's one token bucket assignment.
-fn token_bucket(r: &RateLimitQuotaResponse) -> (i64, u32, u32) {
+/// The TTL and strategy of the answer's one assignment.
+fn only_assignment(r: &RateLimitQuotaResponse) -> (i64, &Strategy) {
     let [action] = r.bucket_action.as_slice() else {
         panic!("one bucket action: {r:?}");
     };
@@ -241,7 +241,13 @@ fn token_bucket(r: &RateLimitQuotaResponse) -> (i64, u32, u32) {
         .rate_limit_strategy
         .as_ref()
         .and_then(|s| s.strategy.as_ref());
-    let Some(Strategy::TokenBucket(tb)) = strategy else {
+    (ttl_secs, strategy.expect("a strategy"))
+}
+
+/// The TTL and token bucket of the answer's one token bucket assignment.
+fn token_bucket(r: &RateLimitQuotaResponse) -> (i64, u32, u32) {
+    let (ttl_secs, strategy) = only_assignment(r);
+    let Strategy::TokenBucket(tb) = strategy else {
         panic!("a token bucket: {r:?}");
     };
     let fill = tb.tokens_per_fill.expect("a fill").value;
@@ -319,21 +325,10 @@ descriptors:
         }
         stream.send(k()).await;
         let answer = stream.next().await.expect("an answer");
-        let [action] = answer.bucket_action.as_slice() else {
-            panic!("one bucket action: {answer:?}");
-        };
-        let Some(Action::QuotaAssignmentAction(a)) = &action.bucket_action else {
-            panic!("an assignment: {answer:?}");
-        };
-        let strategy = a
-            .rate_limit_strategy
-            .as_ref()
-            .and_then(|s| s.strategy.as_ref());
+        let (_, strategy) = only_assignment(&answer);
         assert_eq!(
             strategy,
-            Some(&Strategy::BlanketRule(
-                allot_proto::envoy::types::rate_limit_strategy::BlanketRule::DenyAll as i32
-            )),
+            &Strategy::BlanketRule(BlanketRule::DenyAll as i32),
             "{answer:?}"
         );
     }
