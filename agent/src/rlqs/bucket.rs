@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use allot_core::ids::{LeaseId, LimitId};
-use allot_core::time::Timestamp;
+use allot_core::time::{Timestamp, WindowIndex};
 use allot_proto::envoy::rlqs::BucketId;
 
 use super::policy::Shape;
@@ -149,6 +149,12 @@ impl Held {
         }
     }
 
+    /// An instant inside the lease's window: its last nanosecond alive (no lease outlives
+    /// its window).
+    pub fn in_window(&self) -> Timestamp {
+        self.expires_at.saturating_sub(Duration::from_nanos(1))
+    }
+
     pub fn ending(&self) -> Ending {
         if self.used_units <= self.units {
             Ending::Release {
@@ -185,6 +191,9 @@ pub struct Bucket {
     /// Usage reported while no lease was held (Envoy's `no_assignment_behavior`, or usage
     /// above every held lease once all had ended): charged to the next lease granted.
     pub unbacked_units: u64,
+    /// When the usage in `unbacked_units` began to wait (the report's time): the window it
+    /// was admitted in, as near as the reports tell.
+    pub unbacked_since: Option<Timestamp>,
     pub rate_per_sec: u64,
     /// When the agent last sized an assignment for it (a flood of reports is only counted).
     pub assigned_at: Option<tokio::time::Instant>,
@@ -202,6 +211,7 @@ impl Bucket {
             assigned: Assigned::Nothing,
             leases: VecDeque::new(),
             unbacked_units: 0,
+            unbacked_since: None,
             rate_per_sec: 0,
             assigned_at: None,
             reported_at: now,
@@ -219,9 +229,10 @@ impl Bucket {
         };
     }
 
-    /// Charges `allowed` reported requests to the held leases, oldest first; what none has
-    /// room for goes to the oldest (settled as overage), or waits for the next lease.
-    pub fn charge(&mut self, allowed: u64) {
+    /// Charges `allowed` reported requests (reported at `now`) to the held leases, oldest
+    /// first; what none has room for goes to the oldest (settled as overage), or waits for
+    /// the next lease.
+    pub fn charge(&mut self, allowed: u64, now: Timestamp) {
         if self.assigned == Assigned::Uncounted {
             return;
         }
@@ -237,19 +248,25 @@ impl Bucket {
         }
         match self.leases.front_mut() {
             Some(oldest) => oldest.used_units = oldest.used_units.saturating_add(left),
-            None => self.unbacked_units = self.unbacked_units.saturating_add(left),
+            None => {
+                if self.unbacked_units == 0 {
+                    self.unbacked_since = Some(now);
+                }
+                self.unbacked_units = self.unbacked_units.saturating_add(left);
+            }
         }
     }
 
     /// Forgets leases past their expiry: the region counted them as spent whole, so usage
     /// reported from now on goes to newer leases (counted twice at worst, never missed).
-    /// Returns the usage charged to them beyond their units, which no lease holds any more.
-    pub fn drop_expired(&mut self, now: Timestamp) -> u64 {
-        let mut beyond = 0u64;
+    /// Returns the usage charged to them beyond their units, which no lease holds any more,
+    /// by the window it belongs to (`Held::in_window`).
+    pub fn drop_expired(&mut self, now: Timestamp) -> Vec<(Timestamp, u64)> {
+        let mut beyond = Vec::new();
         self.leases.retain(|h| {
             let live = h.expires_at > now;
-            if !live {
-                beyond = beyond.saturating_add(h.used_units.saturating_sub(h.units));
+            if !live && h.used_units > h.units {
+                beyond.push((h.in_window(), h.used_units - h.units));
             }
             live
         });
@@ -265,12 +282,36 @@ impl Bucket {
     }
 
     /// Usage reported that no lease will ever be charged with once the stream forgets the
-    /// bucket as it is: what waits for a lease, and what its leases hold beyond their units.
-    pub fn uncharged_if_forgotten(&self) -> u64 {
-        self.leases
+    /// bucket as it is, by the window it belongs to: what waits for a lease, and what its
+    /// leases hold beyond their units.
+    pub fn uncharged_if_forgotten(&self, now: Timestamp) -> Vec<(Timestamp, u64)> {
+        let mut out: Vec<(Timestamp, u64)> = self
+            .leases
             .iter()
-            .map(|h| h.used_units.saturating_sub(h.units))
-            .fold(self.unbacked_units, u64::saturating_add)
+            .filter(|h| h.used_units > h.units)
+            .map(|h| (h.in_window(), h.used_units - h.units))
+            .collect();
+        if self.unbacked_units > 0 {
+            out.push((self.unbacked_since.unwrap_or(now), self.unbacked_units));
+        }
+        out
+    }
+
+    /// Takes out the usage waiting for a lease when it was reported in another window than
+    /// `window` (the one of the lease about to take it, per `window_of`): charged to that
+    /// lease it would count in a window it was not admitted in. Returns when it was reported
+    /// and how much.
+    pub fn take_unbacked_unless_in(
+        &mut self,
+        window: WindowIndex,
+        window_of: impl Fn(Timestamp) -> Option<WindowIndex>,
+    ) -> Option<(Timestamp, u64)> {
+        let since = self.unbacked_since?;
+        if self.unbacked_units == 0 || window_of(since) == Some(window) {
+            return None;
+        }
+        self.unbacked_since = None;
+        Some((since, std::mem::take(&mut self.unbacked_units)))
     }
 
     /// Takes out the leases a newer assignment replaced at an earlier report: their usage has
@@ -304,6 +345,7 @@ impl Bucket {
     pub fn push(&mut self, lease: NewLease) {
         self.supersede_current();
         let used_units = std::mem::take(&mut self.unbacked_units);
+        self.unbacked_since = None;
         self.leases.push_back(Held {
             lease: lease.lease,
             units: lease.units,
@@ -397,7 +439,7 @@ mod tests {
     #[test]
     fn usage_is_charged_oldest_first_and_excess_is_never_dropped() {
         let mut b = bucket();
-        b.charge(2);
+        b.charge(2, Timestamp::from_unix_millis(0));
         assert_eq!(b.unbacked_units, 2, "no lease yet: waits for one");
         b.push(lease(1, 10));
         assert_eq!(b.leases[0].used_units, 2);
@@ -405,10 +447,10 @@ mod tests {
         assert!(b.take_superseded().is_empty());
         b.push(lease(2, 10));
         assert!(b.leases[0].superseded, "replaced by the newer lease");
-        b.charge(12);
+        b.charge(12, Timestamp::from_unix_millis(0));
         assert_eq!(b.leases[0].used_units, 10);
         assert_eq!(b.leases[1].used_units, 4);
-        b.charge(20);
+        b.charge(20, Timestamp::from_unix_millis(0));
         assert_eq!(b.leases[1].used_units, 10);
         assert_eq!(
             b.leases[0].used_units, 24,
@@ -433,11 +475,43 @@ mod tests {
         );
     }
 
+    /// Usage waiting for a lease keeps the time it was reported: a lease of the same window
+    /// takes it, one of a later window does not (it is that window's to count), and an
+    /// expired lease's excess is told with an instant of its own window.
+    #[test]
+    fn waiting_usage_belongs_to_the_window_it_was_reported_in() {
+        let minute = |ms: u64| WindowIndex(ms / 60_000);
+        let window_of = |t: Timestamp| Some(minute(t.as_unix_millis()));
+        let mut b = bucket();
+        b.charge(3, Timestamp::from_unix_millis(59_000));
+        b.charge(2, Timestamp::from_unix_millis(59_500));
+        assert_eq!(b.unbacked_since, Some(Timestamp::from_unix_millis(59_000)));
+        assert_eq!(b.take_unbacked_unless_in(minute(59_000), window_of), None);
+        assert_eq!(
+            b.take_unbacked_unless_in(minute(60_000), window_of),
+            Some((Timestamp::from_unix_millis(59_000), 5))
+        );
+        assert_eq!((b.unbacked_units, b.unbacked_since), (0, None));
+        assert_eq!(
+            b.uncharged_if_forgotten(Timestamp::from_unix_millis(61_000)),
+            vec![]
+        );
+        // A lease used past its units and expiring at the end of minute 1.
+        b.push(lease(1, 10));
+        b.leases[0].expires_at = Timestamp::from_unix_millis(120_000);
+        b.charge(14, Timestamp::from_unix_millis(100_000));
+        let end = Timestamp::from_unix_millis(120_000);
+        let in_minute_1 = end.saturating_sub(Duration::from_nanos(1));
+        assert_eq!(b.uncharged_if_forgotten(end), vec![(in_minute_1, 4)]);
+        assert_eq!(b.drop_expired(end), vec![(in_minute_1, 4)]);
+        assert!(b.leases.is_empty());
+    }
+
     #[test]
     fn uncounted_buckets_charge_nothing() {
         let mut b = bucket();
         b.assigned = Assigned::Uncounted;
-        b.charge(5);
+        b.charge(5, Timestamp::from_unix_millis(0));
         assert_eq!(b.unbacked_units, 0);
     }
 
@@ -460,7 +534,7 @@ mod tests {
     fn a_lease_dropped_while_envoy_may_still_admit_keeps_a_full_bucket_charged() {
         let mut b = bucket();
         b.push(lease(1, 100));
-        b.charge(30);
+        b.charge(30, Timestamp::from_unix_millis(0));
         // Shape of `lease`: burst 100, one token per second; 70 unused, all of which a full
         // bucket could still admit before the abandon arrives.
         assert_eq!(
@@ -479,7 +553,7 @@ mod tests {
             },
             "burst 10 and one fill of 1 stay charged"
         );
-        b.charge(100);
+        b.charge(100, Timestamp::from_unix_millis(0));
         assert_eq!(
             b.leases[0].ending_in_flight(),
             Ending::Settle {

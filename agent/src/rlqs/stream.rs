@@ -102,9 +102,12 @@ impl Drop for Session {
     fn drop(&mut self) {
         // Leases stay with their expiry (charged whole); what was reported beyond them, or
         // waits for a lease, is charged nowhere.
+        let now = self.agent.now();
         for b in self.buckets.values() {
             if let Some(limit) = b.counted_by() {
-                self.uncharged(limit, b.uncharged_if_forgotten());
+                for (at, units) in b.uncharged_if_forgotten(now) {
+                    self.uncharged(limit, at, units);
+                }
             }
         }
         self.agent_buckets
@@ -247,12 +250,14 @@ impl Session {
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
         let beyond_expired = b.drop_expired(self.agent.now());
         if let Some(limit) = b.counted_by().cloned() {
-            self.uncharged(&limit, beyond_expired);
+            for (at, units) in beyond_expired {
+                self.uncharged(&limit, at, units);
+            }
         }
         let Some(b) = self.buckets.get_mut(&key) else {
             return Ok(None);
         };
-        b.charge(usage.num_requests_allowed);
+        b.charge(usage.num_requests_allowed, self.agent.now());
         b.note_requests(requests);
         if b.idle_reports >= IDLE_REPORTS && b.assigned != Assigned::Nothing {
             return Ok(self.drop_bucket(&key, WhyDropped::Idle).await);
@@ -525,6 +530,7 @@ impl Session {
         };
         let now = self.agent.now();
         let b = self.buckets.get_mut(key)?;
+        let mut earlier_window = None;
         let deny = || blanket(BlanketRule::DenyAll, timing);
         let (assigned, action) = match leased {
             Leased::NoRule | Leased::Unmetered { .. } | Leased::Degraded { allowed: true, .. } => {
@@ -539,6 +545,13 @@ impl Session {
                 (Assigned::Rule(rule.id.clone()), deny())
             }
             Leased::Granted { rule, grant } => {
+                // Usage reported in an earlier window is not this lease's to count.
+                let agent = &self.agent;
+                if let Some((at, units)) =
+                    b.take_unbacked_unless_in(grant.window, |at| agent.window_index(&rule.id, at))
+                {
+                    earlier_window = Some((rule.id.clone(), at, units));
+                }
                 let available = grant.units.saturating_sub(b.unbacked_units);
                 let action = if available == 0 {
                     None
@@ -581,6 +594,9 @@ impl Session {
         if let Some(b) = self.buckets.get_mut(key) {
             b.assigned = assigned;
         }
+        if let Some((limit, at, units)) = earlier_window {
+            self.uncharged(&limit, at, units);
+        }
         Some(action)
     }
 
@@ -610,18 +626,18 @@ impl Session {
         }
     }
 
-    /// Reported admissions of `limit` no lease will be charged with: counted, and recorded
-    /// for the bound (their window is stated unbounded).
-    fn uncharged(&self, limit: &LimitId, units: u64) {
+    /// Reported admissions of `limit` no lease will be charged with, admitted in the window
+    /// of `at`: counted, and recorded for the bound (that window is stated unbounded).
+    fn uncharged(&self, limit: &LimitId, at: Timestamp, units: u64) {
         if units > 0 {
             metrics::uncharged(units);
-            self.agent.record_uncharged(limit, units);
+            self.agent.record_uncharged(limit, at, units);
         }
     }
 
-    fn uncharged_if_counted(&self, limit: Option<&LimitId>, units: u64) {
+    fn uncharged_if_counted(&self, limit: Option<&LimitId>, at: Timestamp, units: u64) {
         match limit {
-            Some(limit) => self.uncharged(limit, units),
+            Some(limit) => self.uncharged(limit, at, units),
             None => metrics::uncharged(units),
         }
     }
@@ -673,10 +689,10 @@ impl Session {
                         Ok(_) => {}
                         // Expired: counted as spent whole; the excess above it is not.
                         Err(Error::Core(allot_core::Error::UnknownLease(_))) => {
-                            self.uncharged_if_counted(limit, actual_units - h.units);
+                            self.uncharged_if_counted(limit, h.in_window(), actual_units - h.units);
                         }
                         Err(e) => {
-                            self.uncharged_if_counted(limit, actual_units - h.units);
+                            self.uncharged_if_counted(limit, h.in_window(), actual_units - h.units);
                             tracing::warn!(error = %e, "RLQS settle failed");
                         }
                     }
@@ -724,7 +740,8 @@ impl Session {
         let limit = b.counted_by().cloned();
         if let Some(limit) = &limit {
             // Usage still waiting for a lease is charged nowhere now.
-            self.uncharged(limit, b.unbacked_units);
+            let since = b.unbacked_since.unwrap_or_else(|| self.agent.now());
+            self.uncharged(limit, since, b.unbacked_units);
         }
         let returns = self
             .end_leases(b.take_all(), in_flight, limit.as_ref())

@@ -11,7 +11,7 @@ use allot_core::budget::{
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
-use allot_core::time::Timestamp;
+use allot_core::time::{Timestamp, WindowIndex};
 
 use super::Agent;
 use crate::error::Result;
@@ -307,9 +307,14 @@ impl Agent {
 
     /// Admissions a gateway reported that no lease of `limit` could be charged with
     /// (`RegionBudget::record_uncharged`): the coordinator states their window unbounded.
-    pub fn record_uncharged(&self, limit: &LimitId, units: u64) {
-        let now = self.now();
-        self.lock().record_uncharged(now, limit, units);
+    /// `at` names the window they were admitted in.
+    pub fn record_uncharged(&self, limit: &LimitId, at: Timestamp, units: u64) {
+        self.lock().record_uncharged(at, limit, units);
+    }
+
+    /// The window of `limit` that `at` (agent time) falls in; `None` for an unknown limit.
+    pub fn window_index(&self, limit: &LimitId, at: Timestamp) -> Option<WindowIndex> {
+        self.lock().window_index_of(limit, at)
     }
 
     /// The operator's view of one key; `None` when no rule matches.

@@ -50,6 +50,11 @@ pub struct LeaseView {
 }
 
 impl RegionBudget {
+    /// The window of `limit` that `at` falls in; `None` for an unknown limit.
+    pub fn window_index_of(&self, limit: &LimitId, at: Timestamp) -> Option<WindowIndex> {
+        self.limits.get(limit).map(|l| l.params.window_index(at))
+    }
+
     /// The key's state at `now`, as the next call would find it (a key of an earlier window
     /// shows as rolled over).
     pub fn key_view(&self, now: Timestamp, limit: &LimitId, key: &KeyId) -> Result<KeyView> {
