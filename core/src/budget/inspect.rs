@@ -40,6 +40,18 @@ pub struct KeyView {
     pub reported: bool,
     /// The region holds state for the key; `false` means it would start fresh.
     pub tracked: bool,
+    /// The window just before `window`, as its counter ended, while the key remembers it
+    /// (it rolled straight from it, and the soft state was not compacted): what the region
+    /// admitted there, readable after the window ended (`allot demo` judges windows by it).
+    pub previous_window: Option<PreviousWindow>,
+}
+
+/// A window that ended, as one key's counter closed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PreviousWindow {
+    pub window: WindowIndex,
+    /// `granted - refunded` when the window ended (its leases ended with it, so this is final).
+    pub net_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -103,6 +115,13 @@ impl RegionBudget {
             slots_in_use: hot.map_or(0, |h| h.slots.in_use()),
             reported: ks.is_reported(),
             tracked: tracked.is_some(),
+            previous_window: hot.and_then(|h| h.prev).and_then(|p| {
+                let window = WindowIndex(ks.window.0.checked_sub(1)?);
+                Some(PreviousWindow {
+                    window,
+                    net_units: p.net_units,
+                })
+            }),
         })
     }
 }
@@ -168,6 +187,15 @@ mod tests {
             .key_view(now + Duration::from_secs(60), &limit, &key)
             .expect("view");
         assert_eq!((later.granted_units, later.remaining_units), (0, 100));
+        // The window that ended still reads: 35 granted, nothing refunded.
+        assert_eq!(
+            later.previous_window,
+            Some(PreviousWindow {
+                window: view.window,
+                net_units: 35,
+            })
+        );
+        assert_eq!(view.previous_window, None, "no window before the first use");
         assert!(
             !b.key_view(now, &limit, &KeyId::new("k=2"))
                 .expect("view")
