@@ -5,6 +5,7 @@ mod check_config;
 mod cluster_cmd;
 mod config_cmd;
 mod coordinator_cmd;
+mod demo;
 
 use clap::{Parser, Subcommand};
 
@@ -71,6 +72,11 @@ enum Command {
     /// command). With --swarm, each seed draws its own world instead (and --shrink reduces a
     /// failing one to the smallest world that still fails). See docs/sim.md.
     Sim(allot_sim::SimArgs),
+    /// Run the whole system on this machine: 3 coordinator nodes and 3 regional agents as
+    /// child processes, gateways whose demand follows the sun with a flash crowd, and a live
+    /// table every second. Optionally kill the leader, cut a region off, print a JSON
+    /// summary. See docs/demo.md.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -88,5 +94,6 @@ fn main() -> std::process::ExitCode {
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),
+        Command::Demo(args) => demo::run(args),
     }
 }
