@@ -40,6 +40,10 @@ const WEIGHT: &str = "0.2";
 
 /// How often the demo reads the nodes' and agents' admin APIs.
 const OBSERVE_EVERY: Duration = Duration::from_millis(250);
+/// A read is also made this long after each window's end, before the regions' next calls
+/// roll their counters: a window's final count is read from the key as it was left
+/// (`previous_window` in `/v1/keys`).
+const AFTER_EDGE: Duration = Duration::from_millis(2);
 /// Longest wait for a leader and every agent's sync stream before traffic starts.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// A killed leader is started again this long after the kill.
@@ -276,11 +280,24 @@ impl Reader {
     async fn run(self, mut stop: watch::Receiver<bool>) {
         loop {
             self.read(false).await;
+            let pause = self.pause();
             tokio::select! {
-                _ = tokio::time::sleep(OBSERVE_EVERY) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
+    }
+
+    /// Until the next read: [`OBSERVE_EVERY`], or just past the next window's end on cluster
+    /// time if that comes first.
+    fn pause(&self) -> Duration {
+        let Some(window_ms) = self.limits.first().map(|w| w.window_ms.max(1)) else {
+            return OBSERVE_EVERY;
+        };
+        let ahead = lock(&self.obs).cluster_ahead_ms;
+        let now = unix_ms().saturating_add_signed(ahead);
+        let to_edge = Duration::from_millis(window_ms - now % window_ms);
+        OBSERVE_EVERY.min(to_edge + AFTER_EDGE)
     }
 
     /// One read of everything; `last`: after traffic stopped.

@@ -90,6 +90,8 @@ pub struct Observed {
     pub totals: BTreeMap<String, AgentTotals>,
     /// The last cluster time a leader was seen at.
     pub last_seen_ms: u64,
+    /// How far cluster time reads ahead of this machine's clock, as the leader last said.
+    pub cluster_ahead_ms: i64,
 }
 
 pub fn unix_ms() -> u64 {
@@ -119,6 +121,7 @@ impl Observed {
         // Windows are counted on cluster time (D47), which the leader reads ahead of its clock.
         let offset_ms = status["cluster_clock_offset_nanos"].as_i64().unwrap_or(0) / 1_000_000;
         let at_ms = now_ms.saturating_add_signed(offset_ms);
+        self.cluster_ahead_ms = offset_ms;
         if !self.leaders.contains(&leader) {
             self.leaders.push(leader);
         }

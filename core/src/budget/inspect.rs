@@ -75,6 +75,12 @@ impl RegionBudget {
         let mut ks = tracked
             .cloned()
             .unwrap_or_else(|| KeyState::new(now_window));
+        // The counter as last written: the window before's final count, if time has moved
+        // on since and nothing rolled the key yet.
+        let unrolled = PreviousWindow {
+            window: ks.window,
+            net_units: ks.net_units(),
+        };
         ks.roll(now_window);
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let allowance = admit::allowance(p, &ks, ks.window, &ctx);
@@ -115,15 +121,20 @@ impl RegionBudget {
             slots_in_use: hot.map_or(0, |h| h.slots.in_use()),
             reported: ks.is_reported(),
             tracked: tracked.is_some(),
-            previous_window: hot.and_then(|h| h.prev).and_then(|p| {
-                let window = WindowIndex(ks.window.0.checked_sub(1)?);
-                Some(PreviousWindow {
-                    window,
-                    net_units: p.net_units,
-                })
-            }),
+            previous_window: previous_window(&ks, unrolled),
         })
     }
+}
+
+/// The window just before the key's, as its counter ended: kept by the key's boxed part
+/// since its roll, or still unrolled in the key (a key not used since the window ended).
+fn previous_window(ks: &KeyState, unrolled: PreviousWindow) -> Option<PreviousWindow> {
+    let window = WindowIndex(ks.window.0.checked_sub(1)?);
+    if let Some(p) = ks.hot.as_ref().and_then(|h| h.prev) {
+        let net_units = p.net_units;
+        return Some(PreviousWindow { window, net_units });
+    }
+    (unrolled.window == window).then_some(unrolled)
 }
 
 #[cfg(test)]
@@ -196,6 +207,32 @@ mod tests {
             })
         );
         assert_eq!(view.previous_window, None, "no window before the first use");
+        // A key used by single acquires only, read a window later: its count as it ended.
+        let other = KeyId::new("k=3");
+        let one = AcquireRequest {
+            limit: limit.clone(),
+            key: other.clone(),
+            cost_units: 7,
+            request_id: None,
+        };
+        b.acquire(now, one).expect("acquire");
+        let later = b
+            .key_view(now + Duration::from_secs(60), &limit, &other)
+            .expect("view");
+        assert_eq!(
+            later.previous_window,
+            Some(PreviousWindow {
+                window: view.window,
+                net_units: 7,
+            })
+        );
+        assert_eq!(
+            b.key_view(now + Duration::from_secs(120), &limit, &other)
+                .expect("view")
+                .previous_window,
+            None,
+            "the window before that one had no use"
+        );
         assert!(
             !b.key_view(now, &limit, &KeyId::new("k=2"))
                 .expect("view")
