@@ -197,6 +197,7 @@ async fn run_traffic(
     wait_for_cluster(&obs, &limits).await?;
     let grpcs: Vec<String> = cluster.agent_addrs.iter().map(|(g, _)| g.clone()).collect();
     let target = Target::new(DOMAIN).entry("tenant", TENANT);
+    lock(&obs).mark_run_start();
     let traffic = Traffic::start(&grpcs, &target, plan.duration)?;
     let started = Instant::now();
     let (healthy, schedule) = run_loop(out, plan, cluster, &obs, &limits, &traffic).await;

@@ -88,6 +88,9 @@ pub struct Observed {
     /// Per (limit, region): its agent now.
     pub agents: BTreeMap<(String, String), AgentNow>,
     pub totals: BTreeMap<String, AgentTotals>,
+    /// How many of `leaders` were seen before traffic started: the last of them led when it
+    /// did, and leader changes are counted from there.
+    pub leaders_before_run: usize,
     /// The last cluster time a leader was seen at.
     pub last_seen_ms: u64,
     /// How far cluster time reads ahead of this machine's clock, as the leader last said.
@@ -102,6 +105,17 @@ pub fn unix_ms() -> u64 {
 }
 
 impl Observed {
+    /// Traffic starts now: leaders seen from here on are the run's leader changes.
+    pub fn mark_run_start(&mut self) {
+        self.leaders_before_run = self.leaders.len();
+    }
+
+    /// Leaders that took over after traffic started.
+    pub fn leader_changes(&self) -> usize {
+        let before = self.leaders_before_run.max(1);
+        self.leaders.len().saturating_sub(before)
+    }
+
     /// The current leader, if one was seen.
     pub fn leader(&self) -> Option<(u64, u64)> {
         self.leaders.last().copied()

@@ -142,11 +142,15 @@ pub fn summary(
     let leaders: Vec<Value> = obs
         .leaders
         .iter()
-        .map(|(node, term)| json!({ "node": node, "term": term }))
+        .enumerate()
+        .map(|(i, (node, term))| {
+            let before_run = i + 1 < obs.leaders_before_run;
+            json!({ "node": node, "term": term, "before_run": before_run })
+        })
         .collect();
     json!({
         "duration_s": (duration_s * 10.0).round() / 10.0,
-        "leader_changes": obs.leaders.len().saturating_sub(1),
+        "leader_changes": obs.leader_changes(),
         "leaders": leaders,
         "limits": limits.iter().map(|w| limit_json(obs, w)).collect::<Vec<_>>(),
         "regions": regions
@@ -198,6 +202,10 @@ mod tests {
     fn windows_are_judged_from_the_agents_counts_and_the_leader_that_saw_the_end() {
         let w = watched();
         let mut obs = Observed::default();
+        // An election before traffic started is no change of the run's.
+        obs.take_status(&status(3, 0, 5, 10), 50_000);
+        obs.take_status(&status(1, 1, 5, 10), 51_000);
+        obs.mark_run_start();
         obs.take_status(&status(1, 1, 5, 10), 52_000);
         obs.take_status(&status(2, 2, 5, 12), 57_000);
         obs.take_key("a", &key(5, 70, 5, None), false);
@@ -220,6 +228,11 @@ mod tests {
         assert_eq!(judged[1].bound, Ok(3));
         let s = summary(&obs, 12.0, &[w], &[("a", ClientFigures::default())]);
         assert_eq!(s["leader_changes"], 1);
+        assert_eq!(s["leaders"][0]["before_run"], true);
+        assert_eq!(
+            s["leaders"][1]["before_run"], false,
+            "led as traffic started"
+        );
         assert_eq!(s["limits"][0]["admitted_max_window"], 100);
         assert_eq!(s["limits"][0]["overshoot_max"], 0);
         assert_eq!(s["limits"][0]["bound"], 12);

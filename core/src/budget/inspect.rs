@@ -207,6 +207,16 @@ mod tests {
             })
         );
         assert_eq!(view.previous_window, None, "no window before the first use");
+        assert!(
+            !b.key_view(now, &limit, &KeyId::new("k=2"))
+                .expect("view")
+                .tracked
+        );
+        assert_eq!(
+            b.drain_dirty().len(),
+            4,
+            "the limit's allocation (from the start), meta, key and lease: from the calls only"
+        );
         // A key used by single acquires only, read a window later: its count as it ended.
         let other = KeyId::new("k=3");
         let one = AcquireRequest {
@@ -232,16 +242,6 @@ mod tests {
                 .previous_window,
             None,
             "the window before that one had no use"
-        );
-        assert!(
-            !b.key_view(now, &limit, &KeyId::new("k=2"))
-                .expect("view")
-                .tracked
-        );
-        assert_eq!(
-            b.drain_dirty().len(),
-            4,
-            "the limit's allocation (from the start), meta, key and lease: from the calls only"
         );
     }
 }
