@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use allot_client::Target;
 use serde_json::json;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 use cluster::Cluster;
@@ -113,8 +114,34 @@ impl Out {
     }
 }
 
+/// Ctrl-C and SIGTERM, listened for from the start: a signal during startup is taken once the
+/// cluster is up (the run then stops at once and cleanly), never left to kill the demo and
+/// orphan its children, which sit in process groups of their own.
+struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    fn listen() -> Result<StopSignals, String> {
+        let listen = |kind| signal(kind).map_err(|e| format!("cannot listen for signals: {e}"));
+        Ok(StopSignals {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
 /// The whole run; `Ok(false)` when a child died on its own.
 async fn demo(plan: Plan) -> Result<bool, String> {
+    let mut signals = StopSignals::listen()?;
     let out = Out { json: plan.json };
     let dir = tempfile::Builder::new()
         .prefix("allot-demo-")
@@ -126,7 +153,7 @@ async fn demo(plan: Plan) -> Result<bool, String> {
     let result = match Cluster::start(dir.path(), &limits, relayed).await {
         Ok(mut cluster) => {
             announce(out, &plan, dir.path(), &cluster);
-            let result = run_traffic(out, &plan, &mut cluster).await;
+            let result = run_traffic(out, &plan, &mut cluster, &mut signals).await;
             for k in cluster.stop() {
                 eprintln!("allot demo: {k}");
             }
@@ -178,6 +205,7 @@ async fn run_traffic(
     out: Out,
     plan: &Plan,
     cluster: &mut Cluster,
+    signals: &mut StopSignals,
 ) -> Result<(serde_json::Value, bool), String> {
     let limits = watched();
     let obs = Arc::new(Mutex::new(Observed::default()));
@@ -200,7 +228,12 @@ async fn run_traffic(
     lock(&obs).mark_run_start();
     let traffic = Traffic::start(&grpcs, &target, plan.duration)?;
     let started = Instant::now();
-    let (healthy, schedule) = run_loop(out, plan, cluster, &obs, &limits, &traffic).await;
+    let looked = Looked {
+        obs: &obs,
+        limits: &limits,
+        traffic: &traffic,
+    };
+    let (healthy, schedule) = run_loop(out, plan, cluster, looked, signals).await;
     let clients: Vec<ClientFigures> = traffic.counts.iter().map(|c| figures(c)).collect();
     traffic.stop().await;
     stop_reading.send_replace(true);
@@ -383,26 +416,35 @@ impl Schedule {
     }
 }
 
+/// What the run loop reads each second: the admin APIs' reads, the limits, the gateways.
+struct Looked<'a> {
+    obs: &'a Mutex<Observed>,
+    limits: &'a [Watched],
+    traffic: &'a Traffic,
+}
+
 /// Every second until the end: the schedule, a look for dead children, the table. Returns
 /// false when a child died on its own, and what the schedule did.
 async fn run_loop(
     out: Out,
     plan: &Plan,
     cluster: &mut Cluster,
-    obs: &Mutex<Observed>,
-    limits: &[Watched],
-    traffic: &Traffic,
+    looked: Looked<'_>,
+    signals: &mut StopSignals,
 ) -> (bool, Schedule) {
+    let Looked {
+        obs,
+        limits,
+        traffic,
+    } = looked;
     let started = Instant::now();
     let mut schedule = Schedule::new(plan);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut before: Vec<ClientFigures> = vec![ClientFigures::default(); REGIONS.len()];
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = &mut ctrl_c => {
+            _ = signals.recv() => {
                 out.say("allot demo: interrupted; stopping");
                 return (true, schedule);
             }

@@ -14,6 +14,9 @@ use tokio::sync::{Semaphore, watch};
 /// reconnects after each break).
 const MAX_CONNECTIONS: usize = 16;
 
+/// Pause after a failed accept.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A running relay; dropping it stops accepting.
 pub struct Relay {
     pub addr: String,
@@ -52,6 +55,8 @@ async fn accept(listener: TcpListener, target: String, cut: watch::Receiver<bool
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((inbound, _)) = listener.accept().await else {
+            // Out of descriptors, most likely: wait rather than spin.
+            tokio::time::sleep(ACCEPT_RETRY).await;
             continue;
         };
         // Refused while cut: dropped at once, as a link that does not answer.
