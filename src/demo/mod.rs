@@ -234,29 +234,29 @@ async fn run_traffic(
         traffic: &traffic,
     };
     let (healthy, schedule) = run_loop(out, plan, cluster, looked, signals).await;
+    let elapsed = started.elapsed().as_secs_f64();
     let clients: Vec<ClientFigures> = traffic.counts.iter().map(|c| figures(c)).collect();
+    // The gateways give their unused units back before the last reads.
     traffic.stop().await;
     stop_reading.send_replace(true);
     let _ = reading.await;
-    reader.read(true).await;
-    for (region, (_, http)) in REGIONS.iter().zip(&cluster.agent_addrs) {
-        if let Some(text) = get(http, "/metrics").await {
-            lock(&obs).take_metrics(region, &text);
-        }
-    }
+    reader.read_last(&cluster.agent_addrs).await;
     let regions: Vec<(&str, ClientFigures)> = REGIONS.iter().copied().zip(clients).collect();
-    let obs = lock(&obs);
-    let elapsed = started.elapsed().as_secs_f64();
-    let mut summary = summary::summary(&obs, elapsed, &limits, &regions);
+    let mut summary = summary::summary(&lock(&obs), elapsed, &limits, &regions);
+    add_events(&mut summary, plan, &schedule);
+    Ok((summary, healthy))
+}
+
+/// The kill and the cut, as the run made them.
+fn add_events(summary: &mut serde_json::Value, plan: &Plan, schedule: &Schedule) {
     summary["killed"] = json!(
         schedule
             .killed
-            .map(|(node, term, at)| { json!({ "node": node, "term": term, "at_s": at }) })
+            .map(|(node, term, at)| json!({ "node": node, "term": term, "at_s": at }))
     );
     summary["partition"] = json!(plan.partition.as_ref().map(|p| {
         json!({ "region": REGIONS[p.region], "from_s": p.from_secs, "to_s": p.to_secs })
     }));
-    Ok((summary, healthy))
 }
 
 fn lock(obs: &Mutex<Observed>) -> std::sync::MutexGuard<'_, Observed> {
@@ -332,6 +332,16 @@ impl Reader {
         let now = unix_ms().saturating_add_signed(ahead);
         let to_edge = Duration::from_millis(window_ms - now % window_ms);
         OBSERVE_EVERY.min(to_edge + AFTER_EDGE)
+    }
+
+    /// After traffic stopped: every count is final, and the agents' totals are read.
+    async fn read_last(&self, agents: &[(String, String)]) {
+        self.read(true).await;
+        for (region, (_, http)) in REGIONS.iter().zip(agents) {
+            if let Some(text) = get(http, "/metrics").await {
+                lock(&self.obs).take_metrics(region, &text);
+            }
+        }
     }
 
     /// One read of everything; `last`: after traffic stopped.
