@@ -3,12 +3,17 @@
 //! what the system promises (strict: no window above its quota; every window within its quota
 //! plus the bound a leader stated for it), and its figures against each other: the agents'
 //! totals (`/metrics`) against their per-window counters (`/v1/keys`), and against what the
-//! demo's gateways were admitted. Also: bad flags are refused before anything starts.
+//! demo's gateways were admitted. Also: bad flags are refused before anything starts; and
+//! (slow tier) a region cut off through the demo's relay loses its sync stream for the cut
+//! and no longer, and no window goes over its quota meanwhile.
+
+mod support;
 
 use std::process::Command;
 use std::time::Instant;
 
 use serde_json::Value;
+use support::slow_tier;
 
 fn demo(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_allot"))
@@ -86,6 +91,46 @@ fn the_demo_kills_the_leader_and_every_window_holds_its_bound() {
     assert_eq!(regions_admitted, windows_admitted, "{all}");
     // Demand is above the quota: windows fill and gateways are refused.
     assert!(client_denied > 0, "{all}");
+}
+
+/// 10 s cut of `eu-west`, from second 4 to 14 of a 20 s run.
+#[test]
+fn a_region_cut_off_by_the_relay_loses_its_link_for_the_cut_only() {
+    if !slow_tier() {
+        return;
+    }
+    let out = demo(&[
+        "--duration",
+        "20s",
+        "--partition",
+        "eu-west@4..14",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let s: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("JSON on stdout: {e}\n{stderr}"));
+    let all = format!("{s:#}\n{stderr}");
+    assert_eq!(s["partition"]["region"], "eu-west", "{all}");
+    for r in s["regions"].as_array().expect("regions") {
+        let down = r["sync_down_s"].as_f64().expect("sync_down_s");
+        if r["name"] == "eu-west" {
+            // The cut, plus at most a read to notice and the agent's reconnection backoff.
+            assert!((9.0..=16.0).contains(&down), "eu-west down {down} s: {all}");
+        } else {
+            assert!(down <= 1.0, "{} down {down} s: {all}", r["name"]);
+        }
+        assert!(u(&r["admitted"]) > 0, "{all}");
+    }
+    for l in s["limits"].as_array().expect("limits") {
+        for w in l["windows"].as_array().expect("windows") {
+            assert!(
+                u(&w["admitted"]) <= u(&l["quota"]),
+                "window {}: {all}",
+                w["index"]
+            );
+        }
+    }
 }
 
 #[test]

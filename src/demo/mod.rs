@@ -352,9 +352,14 @@ impl Reader {
             }
         }
         for (region, http) in &self.agents {
-            for w in &self.limits {
+            for (i, w) in self.limits.iter().enumerate() {
                 if let Some(k) = get_json(http, &key_path(w)).await {
-                    lock(&self.obs).take_key(region, &k, last);
+                    let mut obs = lock(&self.obs);
+                    obs.take_key(region, &k, last);
+                    if i == 0 {
+                        let connected = k["sync"]["connected"] == true;
+                        obs.take_link(region, connected, unix_ms());
+                    }
                 }
             }
         }

@@ -88,6 +88,11 @@ pub struct Observed {
     /// Per (limit, region): its agent now.
     pub agents: BTreeMap<(String, String), AgentNow>,
     pub totals: BTreeMap<String, AgentTotals>,
+    /// Per region, how long its agent said its sync stream was down: the time since the read
+    /// before, summed over the reads that found it down.
+    pub sync_down_ms: BTreeMap<String, u64>,
+    /// Per region, when its agent's link was last read (this machine's clock).
+    link_read_ms: BTreeMap<String, u64>,
     /// How many of `leaders` were seen before traffic started: the last of them led when it
     /// did, and leader changes are counted from there.
     pub leaders_before_run: usize,
@@ -108,6 +113,8 @@ impl Observed {
     /// Traffic starts now: leaders seen from here on are the run's leader changes.
     pub fn mark_run_start(&mut self) {
         self.leaders_before_run = self.leaders.len();
+        // Agents still connecting before the run are no outage of the run's.
+        self.sync_down_ms.clear();
     }
 
     /// Leaders that took over after traffic started.
@@ -197,6 +204,15 @@ impl Observed {
         };
         self.agents
             .insert((limit.to_owned(), region.to_owned()), now);
+    }
+
+    /// Takes whether `region`'s agent said its sync stream was up, read at `now_ms`.
+    pub fn take_link(&mut self, region: &str, connected: bool, now_ms: u64) {
+        let before = self.link_read_ms.insert(region.to_owned(), now_ms);
+        if let (false, Some(before)) = (connected, before) {
+            *self.sync_down_ms.entry(region.to_owned()).or_default() +=
+                now_ms.saturating_sub(before);
+        }
     }
 
     /// Takes `region`'s `/metrics` text: its lease and refusal counters over every rule.

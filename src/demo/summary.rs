@@ -123,6 +123,7 @@ fn region_json(obs: &Observed, region: &str, limits: &[Watched], client: ClientF
         "allowance_last": allowance,
         "lease_granted_units": t.lease_granted_units,
         "lease_returned_units": t.lease_returned_units,
+        "sync_down_s": obs.sync_down_ms.get(region).map_or(0.0, |ms| (*ms / 100) as f64 / 10.0),
         "client": {
             "requests": client.requests,
             "admitted": client.admitted,
@@ -284,5 +285,19 @@ mod tests {
         assert_eq!(r["denied"], 7);
         assert_eq!(r["client"]["admitted"], 470);
         assert_eq!(r["allowance_last"], Value::Null, "no key read");
+        assert_eq!(r["sync_down_s"], 0.0);
+    }
+
+    /// Down time is the time between reads that found the link down, from the read before.
+    #[test]
+    fn sync_down_time_adds_the_spans_ending_in_a_read_that_found_it_down() {
+        let mut obs = Observed::default();
+        obs.take_link("a", false, 1_000);
+        obs.take_link("a", true, 1_250);
+        obs.take_link("a", false, 1_500);
+        obs.take_link("a", false, 2_750);
+        obs.take_link("a", true, 3_000);
+        let s = summary(&obs, 1.0, &[watched()], &[("a", ClientFigures::default())]);
+        assert_eq!(s["regions"][0]["sync_down_s"], 1.5);
     }
 }

@@ -44,11 +44,11 @@ pub fn render(
             ),
             None => ("-".to_owned(), "-".to_owned(), "not read"),
         };
-        let link = if r.cut { "cut by the demo" } else { link };
+        let cut = if r.cut { " (cut by the demo)" } else { "" };
         let c = r.last_second;
         let _ = writeln!(
             out,
-            "  {:<10} {:>8} {:>10} {:>8} {:>10} {:>6}  {link}",
+            "  {:<10} {:>8} {:>10} {:>8} {:>10} {:>6}  {link}{cut}",
             r.name,
             c.requests,
             c.admitted,
