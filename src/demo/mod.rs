@@ -8,14 +8,16 @@ mod children;
 mod cluster;
 mod observe;
 mod plan;
+mod reader;
 mod relay;
+mod schedule;
 mod summary;
 mod table;
 mod traffic;
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_client::Target;
@@ -24,9 +26,11 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 use cluster::Cluster;
-use observe::{Observed, Watched, get, get_json, key_path, unix_ms};
+use observe::{Observed, Watched};
 pub use plan::DemoArgs;
 use plan::{Plan, REGIONS};
+use reader::{Reader, lock, wait_for_cluster};
+use schedule::Schedule;
 use summary::ClientFigures;
 use traffic::Traffic;
 
@@ -38,17 +42,6 @@ const WINDOW_SECS: u64 = 10;
 /// Each region's default share, in parts of the quota: three fifths are shared out by
 /// default, two fifths move to where demand is.
 const WEIGHT: &str = "0.2";
-
-/// How often the demo reads the nodes' and agents' admin APIs.
-const OBSERVE_EVERY: Duration = Duration::from_millis(250);
-/// A read is also made this long after each window's end, before the regions' next calls
-/// roll their counters: a window's final count is read from the key as it was left
-/// (`previous_window` in `/v1/keys`).
-const AFTER_EDGE: Duration = Duration::from_millis(2);
-/// Longest wait for a leader and every agent's sync stream before traffic starts.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
-/// A killed leader is started again this long after the kill.
-const RESTART_AFTER_SECS: u64 = 3;
 
 pub fn run(args: DemoArgs) -> ExitCode {
     let plan = match Plan::from_args(&args) {
@@ -259,11 +252,6 @@ fn add_events(summary: &mut serde_json::Value, plan: &Plan, schedule: &Schedule)
     }));
 }
 
-fn lock(obs: &Mutex<Observed>) -> std::sync::MutexGuard<'_, Observed> {
-    // A reader that panicked mid-update leaves figures no worse than a missed read.
-    obs.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn figures(c: &traffic::Counts) -> ClientFigures {
     use std::sync::atomic::Ordering::Relaxed;
     ClientFigures {
@@ -271,163 +259,6 @@ fn figures(c: &traffic::Counts) -> ClientFigures {
         admitted: c.admitted.load(Relaxed),
         denied: c.denied.load(Relaxed),
         unavailable: c.unavailable.load(Relaxed),
-    }
-}
-
-/// Until a leader leads and every agent's sync stream is up.
-async fn wait_for_cluster(obs: &Mutex<Observed>, limits: &[Watched]) -> Result<(), String> {
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    let first = limits.first().map(|w| w.limit.clone()).unwrap_or_default();
-    loop {
-        let ready = {
-            let o = lock(obs);
-            let synced = REGIONS.iter().all(|r| {
-                o.agents
-                    .get(&(first.clone(), (*r).to_owned()))
-                    .is_some_and(|a| a.connected)
-            });
-            o.leader().is_some() && synced
-        };
-        if ready {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "no leader with every agent synced within {}s (the logs say why)",
-                STARTUP_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(OBSERVE_EVERY).await;
-    }
-}
-
-/// Reads the nodes' status and the agents' keys into [`Observed`].
-#[derive(Clone)]
-struct Reader {
-    nodes: Vec<(u64, String)>,
-    agents: Vec<(String, String)>,
-    limits: Vec<Watched>,
-    obs: Arc<Mutex<Observed>>,
-}
-
-impl Reader {
-    async fn run(self, mut stop: watch::Receiver<bool>) {
-        loop {
-            self.read(false).await;
-            let pause = self.pause();
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-        }
-    }
-
-    /// Until the next read: [`OBSERVE_EVERY`], or just past the next window's end on cluster
-    /// time if that comes first.
-    fn pause(&self) -> Duration {
-        let Some(window_ms) = self.limits.first().map(|w| w.window_ms.max(1)) else {
-            return OBSERVE_EVERY;
-        };
-        let ahead = lock(&self.obs).cluster_ahead_ms;
-        let now = unix_ms().saturating_add_signed(ahead);
-        let to_edge = Duration::from_millis(window_ms - now % window_ms);
-        OBSERVE_EVERY.min(to_edge + AFTER_EDGE)
-    }
-
-    /// After traffic stopped: every count is final, and the agents' totals are read.
-    async fn read_last(&self, agents: &[(String, String)]) {
-        self.read(true).await;
-        for (region, (_, http)) in REGIONS.iter().zip(agents) {
-            if let Some(text) = get(http, "/metrics").await {
-                lock(&self.obs).take_metrics(region, &text);
-            }
-        }
-    }
-
-    /// One read of everything; `last`: after traffic stopped.
-    async fn read(&self, last: bool) {
-        for (_, http) in &self.nodes {
-            if let Some(s) = get_json(http, "/v1/status").await {
-                lock(&self.obs).take_status(&s, unix_ms());
-            }
-        }
-        for (region, http) in &self.agents {
-            for (i, w) in self.limits.iter().enumerate() {
-                if let Some(k) = get_json(http, &key_path(w)).await {
-                    let mut obs = lock(&self.obs);
-                    obs.take_key(region, &k, last);
-                    if i == 0 {
-                        let connected = k["sync"]["connected"] == true;
-                        obs.take_link(region, connected, unix_ms());
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// What the run does at given seconds: the kill, the restart, the cut and the heal.
-struct Schedule {
-    kill_at: Option<u64>,
-    /// The leader killed: (node, term, second).
-    killed: Option<(u64, u64, u64)>,
-    restart: Option<(u64, u64)>,
-    cut: Option<(u64, u64)>,
-    cut_now: bool,
-}
-
-impl Schedule {
-    fn new(plan: &Plan) -> Schedule {
-        Schedule {
-            kill_at: plan.kill_leader_at_secs,
-            killed: None,
-            restart: None,
-            cut: plan.partition.as_ref().map(|p| (p.from_secs, p.to_secs)),
-            cut_now: false,
-        }
-    }
-
-    /// Does what is due at `secs`; returns what it did, for the table's stream.
-    fn apply(&mut self, secs: u64, cluster: &mut Cluster, obs: &Mutex<Observed>) -> Vec<String> {
-        let mut did = Vec::new();
-        if self.kill_at.is_some_and(|at| secs >= at) {
-            let leader = lock(obs).leader();
-            if let Some((node, term)) = leader
-                && cluster.kill(node)
-            {
-                did.push(format!(
-                    "{secs}s: SIGKILL coordinator {node}, the leader (term {term})"
-                ));
-                self.kill_at = None;
-                self.killed = Some((node, term, secs));
-                self.restart = Some((secs + RESTART_AFTER_SECS, node));
-            }
-        }
-        if let Some((at, node)) = self.restart
-            && secs >= at
-        {
-            self.restart = None;
-            did.push(match cluster.restart(node) {
-                Ok(()) => format!("{secs}s: coordinator {node} started again"),
-                Err(e) => format!("{secs}s: coordinator {node} could not start again: {e}"),
-            });
-        }
-        if let Some((from, to)) = self.cut {
-            let cut = (from..to).contains(&secs);
-            if cut != self.cut_now {
-                self.cut_now = cut;
-                cluster.set_cut(cut);
-                let what = if cut {
-                    "cut off from"
-                } else {
-                    "reconnected to"
-                };
-                did.push(format!(
-                    "{secs}s: the partitioned region {what} the coordinators"
-                ));
-            }
-        }
-        did
     }
 }
 
