@@ -72,10 +72,13 @@ enum Command {
     /// command). With --swarm, each seed draws its own world instead (and --shrink reduces a
     /// failing one to the smallest world that still fails). See docs/sim.md.
     Sim(allot_sim::SimArgs),
-    /// Run the whole system on this machine: 3 coordinator nodes and 3 regional agents as
-    /// child processes, gateways whose demand follows the sun with a flash crowd, and a live
-    /// table every second. Optionally kill the leader, cut a region off, print a JSON
-    /// summary. See docs/demo.md.
+    /// Run the whole system on this machine, live: 3 coordinator nodes, 3 regions, moving
+    /// demand.
+    ///
+    /// The coordinator nodes and regional agents run as child processes, gateways in this
+    /// process spend a shared quota with demand following the sun and a flash crowd, and a
+    /// table is printed every second. Optionally kills the leader, cuts a region off, prints
+    /// a JSON summary. See docs/demo.md.
     Demo(demo::DemoArgs),
 }
 
