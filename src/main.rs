@@ -5,6 +5,7 @@ mod check_config;
 mod cluster_cmd;
 mod config_cmd;
 mod coordinator_cmd;
+mod demo;
 
 use clap::{Parser, Subcommand};
 
@@ -71,6 +72,14 @@ enum Command {
     /// command). With --swarm, each seed draws its own world instead (and --shrink reduces a
     /// failing one to the smallest world that still fails). See docs/sim.md.
     Sim(allot_sim::SimArgs),
+    /// Run the whole system on this machine, live: 3 coordinator nodes, 3 regions, moving
+    /// demand.
+    ///
+    /// The coordinator nodes and regional agents run as child processes, gateways in this
+    /// process spend a shared quota with demand following the sun and a flash crowd, and a
+    /// table is printed every second. Optionally kills the leader, cuts a region off, prints
+    /// a JSON summary. See docs/demo.md.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -88,5 +97,6 @@ fn main() -> std::process::ExitCode {
         Command::Acquire(args) => agent_cmd::acquire(args),
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),
+        Command::Demo(args) => demo::run(args),
     }
 }

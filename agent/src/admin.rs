@@ -181,6 +181,10 @@ async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -
         "slots_in_use": v.slots_in_use,
         "reported": v.reported,
         "tracked": v.tracked,
+        "previous_window": v.previous_window.map(|p| json!({
+            "window": p.window.0,
+            "net_units": p.net_units,
+        })),
         "negative_cache_until_unix_ms": state.negative_cache_until.map(|t| t.as_unix_millis()),
         "partition_policy": a
             .agent

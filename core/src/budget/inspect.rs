@@ -40,6 +40,18 @@ pub struct KeyView {
     pub reported: bool,
     /// The region holds state for the key; `false` means it would start fresh.
     pub tracked: bool,
+    /// The window just before `window`, as its counter ended, while the key remembers it
+    /// (it rolled straight from it, and the soft state was not compacted): what the region
+    /// admitted there, readable after the window ended (`allot demo` judges windows by it).
+    pub previous_window: Option<PreviousWindow>,
+}
+
+/// A window that ended, as one key's counter closed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PreviousWindow {
+    pub window: WindowIndex,
+    /// `granted - refunded` when the window ended (its leases ended with it, so this is final).
+    pub net_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -68,6 +80,12 @@ impl RegionBudget {
         let mut ks = tracked
             .cloned()
             .unwrap_or_else(|| KeyState::new(now_window));
+        // The counter as last written: the window before's final count, if time has moved
+        // on since and nothing rolled the key yet.
+        let unrolled = PreviousWindow {
+            window: ks.window,
+            net_units: ks.net_units(),
+        };
         ks.roll(now_window);
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let allowance = admit::allowance(p, &ks, ks.window, &ctx);
@@ -108,8 +126,20 @@ impl RegionBudget {
             slots_in_use: hot.map_or(0, |h| h.slots.in_use()),
             reported: ks.is_reported(),
             tracked: tracked.is_some(),
+            previous_window: previous_window(&ks, unrolled),
         })
     }
+}
+
+/// The window just before the key's, as its counter ended: kept by the key's boxed part
+/// since its roll, or still unrolled in the key (a key not used since the window ended).
+fn previous_window(ks: &KeyState, unrolled: PreviousWindow) -> Option<PreviousWindow> {
+    let window = WindowIndex(ks.window.0.checked_sub(1)?);
+    if let Some(p) = ks.hot.as_ref().and_then(|h| h.prev) {
+        let net_units = p.net_units;
+        return Some(PreviousWindow { window, net_units });
+    }
+    (unrolled.window == window).then_some(unrolled)
 }
 
 #[cfg(test)]
@@ -173,6 +203,15 @@ mod tests {
             .key_view(now + Duration::from_secs(60), &limit, &key)
             .expect("view");
         assert_eq!((later.granted_units, later.remaining_units), (0, 100));
+        // The window that ended still reads: 35 granted, nothing refunded.
+        assert_eq!(
+            later.previous_window,
+            Some(PreviousWindow {
+                window: view.window,
+                net_units: 35,
+            })
+        );
+        assert_eq!(view.previous_window, None, "no window before the first use");
         assert!(
             !b.key_view(now, &limit, &KeyId::new("k=2"))
                 .expect("view")
@@ -182,6 +221,32 @@ mod tests {
             b.drain_dirty().len(),
             4,
             "the limit's allocation (from the start), meta, key and lease: from the calls only"
+        );
+        // A key used by single acquires only, read a window later: its count as it ended.
+        let other = KeyId::new("k=3");
+        let one = AcquireRequest {
+            limit: limit.clone(),
+            key: other.clone(),
+            cost_units: 7,
+            request_id: None,
+        };
+        b.acquire(now, one).expect("acquire");
+        let later = b
+            .key_view(now + Duration::from_secs(60), &limit, &other)
+            .expect("view");
+        assert_eq!(
+            later.previous_window,
+            Some(PreviousWindow {
+                window: view.window,
+                net_units: 7,
+            })
+        );
+        assert_eq!(
+            b.key_view(now + Duration::from_secs(120), &limit, &other)
+                .expect("view")
+                .previous_window,
+            None,
+            "the window before that one had no use"
         );
     }
 }
