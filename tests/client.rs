@@ -108,6 +108,39 @@ async fn two_tasks_admit_exactly_what_the_agent_granted() {
     assert_eq!((stats.failed_open, stats.failed_closed), (0, 0));
 }
 
+/// Sixteen keys of quota 100, each spent by its own task until the agent refuses: keys that
+/// run low together are refilled by one `LeaseBatch` call, and each key still admits exactly
+/// its quota (grants, denials and the one-unit leases near the limit carried item by item).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_refilled_in_one_call_each_admit_exactly_their_quota() {
+    const KEYS: usize = 16;
+    let dir = scratch("batch", QUOTA_100);
+    let agent = start_agent(&dir, &free_address());
+    let client = Arc::new(Client::start(config(&agent, 10)).expect("client"));
+    let tasks: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let target = Target::new("api").entry("user", format!("u{i}"));
+            let key = Arc::new(client.key(&target).expect("key"));
+            tokio::spawn(spend_until_denied(client.clone(), key))
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for t in tasks {
+        admitted.push(t.await.expect("task"));
+    }
+    let stats = client.stats();
+    let grants = agent.metric(&metric_of("allot_lease_grants_total", "api/user"));
+    println!("admitted {admitted:?}, agent grants {grants}, {stats:?}");
+    assert_eq!(admitted, vec![100; KEYS]);
+    assert_eq!((stats.failed_open, stats.failed_closed), (0, 0));
+    assert!(
+        stats.lease_requests > stats.lease_rpcs,
+        "{} requests in {} calls: no refill shared a call",
+        stats.lease_requests,
+        stats.lease_rpcs
+    );
+}
+
 const QUOTA_LARGE: &str = "\
 domain: api
 descriptors:

@@ -136,6 +136,20 @@ impl LeaseService for NoopService {
         Ok(Response::new(pb::LeaseResponse { lease, decision }))
     }
 
+    async fn lease_batch(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let mut results = Vec::new();
+        for req in request.into_inner().leases {
+            let lease = self.lease(Request::new(req)).await?.into_inner();
+            results.push(pb::LeaseBatchResult {
+                result: Some(pb::lease_batch_result::Result::Lease(lease)),
+            });
+        }
+        Ok(Response::new(pb::LeaseBatchResponse { results }))
+    }
+
     async fn renew(
         &self,
         request: Request<pb::RenewRequest>,

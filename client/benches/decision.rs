@@ -70,6 +70,20 @@ impl LeaseService for Granting {
         }))
     }
 
+    async fn lease_batch(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let mut results = Vec::new();
+        for req in request.into_inner().leases {
+            let lease = self.lease(Request::new(req)).await?.into_inner();
+            results.push(pb::LeaseBatchResult {
+                result: Some(pb::lease_batch_result::Result::Lease(lease)),
+            });
+        }
+        Ok(Response::new(pb::LeaseBatchResponse { results }))
+    }
+
     async fn renew(
         &self,
         _: Request<pb::RenewRequest>,

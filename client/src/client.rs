@@ -128,8 +128,11 @@ impl Reservation {
 /// Counters a service may export; they never influence decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClientStats {
-    /// Lease RPCs sent (refills and new leases).
+    /// Lease RPCs sent (`Lease` and `LeaseBatch` calls).
     pub lease_rpcs: u64,
+    /// Lease requests (refills and new leases) those calls carried: more than `lease_rpcs`
+    /// when keys running low together were refilled in one `LeaseBatch`.
+    pub lease_requests: u64,
     /// Release RPCs sent (hand-backs that found no lease request to ride with).
     pub release_rpcs: u64,
     /// RPCs that failed (transport or status).
@@ -154,6 +157,7 @@ pub struct ClientStats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub lease_rpcs: AtomicU64,
+    pub lease_requests: AtomicU64,
     pub release_rpcs: AtomicU64,
     pub rpc_errors: AtomicU64,
     pub reconnects: AtomicU64,
@@ -507,6 +511,7 @@ impl Client {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ClientStats {
             lease_rpcs: get(&c.lease_rpcs),
+            lease_requests: get(&c.lease_requests),
             release_rpcs: get(&c.release_rpcs),
             rpc_errors: get(&c.rpc_errors),
             reconnects: get(&c.reconnects),

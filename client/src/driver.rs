@@ -32,6 +32,9 @@ const MAX_MESSAGES_PER_ROUND: usize = 1_024;
 /// Most hand-backs carried by one lease request (the agent's limit on `returns`).
 const MAX_RETURNS_PER_LEASE: usize = 64;
 
+/// Most lease requests carried by one `LeaseBatch` call (the agent's limit).
+const MAX_LEASES_PER_BATCH: usize = 64;
+
 pub(crate) type Conn = LeaseServiceClient<Channel>;
 
 pub(crate) fn check_address(address: &str) -> Result<()> {
@@ -119,9 +122,7 @@ impl Driver {
                 }
             }
         }
-        for (shard, w) in wanted {
-            self.send_lease(shard, w).await;
-        }
+        self.send_leases(wanted).await;
         self.send_releases().await;
         self.send_slot_releases().await;
     }
@@ -182,19 +183,41 @@ impl Driver {
         self.next_connect_at = Instant::now() + self.backoff.next_delay();
     }
 
-    async fn send_lease(&mut self, shard: usize, w: LeaseWanted) {
+    /// The round's lease requests, up to [`MAX_LEASES_PER_BATCH`] per call: a gateway refilling
+    /// many keys at once costs the agent one exchange, not one per key.
+    async fn send_leases(&mut self, wanted: Vec<(usize, LeaseWanted)>) {
         let Some(conn) = self.conn.clone() else {
-            self.feed(shard, |g, now| g.handle_agent_unavailable(now, w.ticket));
+            for (shard, w) in wanted {
+                self.feed(shard, |g, now| g.handle_agent_unavailable(now, w.ticket));
+            }
             return;
         };
-        let returns: Vec<LeaseRelease> = {
-            let mut pending = self.shared.pending_returns();
-            let n = pending.len().min(MAX_RETURNS_PER_LEASE);
-            pending.drain(..n).collect()
-        };
-        let shared = self.shared.clone();
-        self.spawn_call(async move { lease_call(&shared, conn, shard, w, returns).await })
-            .await;
+        let mut wanted = wanted.into_iter().peekable();
+        while wanted.peek().is_some() {
+            let batch: Vec<Asked> = wanted
+                .by_ref()
+                .take(MAX_LEASES_PER_BATCH)
+                .map(|(shard, w)| Asked {
+                    shard,
+                    w,
+                    returns: self.take_returns(),
+                })
+                .collect();
+            let (shared, conn) = (self.shared.clone(), conn.clone());
+            if !self
+                .spawn_call(async move { lease_call(&shared, conn, batch).await })
+                .await
+            {
+                return;
+            }
+        }
+    }
+
+    /// Hand-backs to ride with one lease request.
+    fn take_returns(&self) -> Vec<LeaseRelease> {
+        let mut pending = self.shared.pending_returns();
+        let n = pending.len().min(MAX_RETURNS_PER_LEASE);
+        pending.drain(..n).collect()
     }
 
     /// Runs `call` on its own task once one of the bounded in-flight permits is free, holding
@@ -294,44 +317,112 @@ fn connection_lost(code: Code) -> bool {
     )
 }
 
-async fn lease_call(
-    shared: &Shared,
-    mut conn: Conn,
+/// One lease request of a round: the gateway's ask and the hand-backs riding with it.
+struct Asked {
     shard: usize,
     w: LeaseWanted,
     returns: Vec<LeaseRelease>,
-) {
+}
+
+/// One call for a round's lease requests: `Lease` for one, `LeaseBatch` for more.
+async fn lease_call(shared: &Shared, mut conn: Conn, batch: Vec<Asked>) {
     let config = &shared.config;
-    let Some(target) = Target::from_ids(&w.limit, &w.key) else {
-        feed(shared, shard, |g, now| {
-            g.handle_agent_unavailable(now, w.ticket)
-        });
+    let mut asked = Vec::with_capacity(batch.len());
+    let mut requests = Vec::with_capacity(batch.len());
+    for a in batch {
+        match lease_request(config, &a) {
+            Some(request) => {
+                requests.push(request);
+                asked.push(a);
+            }
+            None => feed(shared, a.shard, |g, now| {
+                g.handle_agent_unavailable(now, a.w.ticket)
+            }),
+        }
+    }
+    if requests.is_empty() {
         return;
+    }
+    let c = &shared.counters;
+    c.lease_rpcs.fetch_add(1, Ordering::Relaxed);
+    c.lease_requests
+        .fetch_add(requests.len() as u64, Ordering::Relaxed);
+    let answers = if requests.len() == 1 {
+        let request = requests.pop().expect("one request");
+        vec![call(config.rpc_timeout, conn.lease(request)).await]
+    } else {
+        let n = requests.len();
+        let batch = pb::LeaseBatchRequest { leases: requests };
+        match call(config.rpc_timeout, conn.lease_batch(batch)).await {
+            Ok(response) => batch_answers(response, n),
+            Err(code) => vec![Err(code); n],
+        }
     };
-    let request = pb::LeaseRequest {
+    for (a, answer) in asked.into_iter().zip(answers) {
+        lease_answered(shared, a, answer);
+    }
+}
+
+fn lease_request(config: &crate::config::ClientConfig, a: &Asked) -> Option<pb::LeaseRequest> {
+    let target = Target::from_ids(&a.w.limit, &a.w.key)?;
+    Some(pb::LeaseRequest {
         target: Some(target.to_proto()),
-        units_wanted: w.units,
-        min_units: w.min_units,
+        units_wanted: a.w.units,
+        min_units: a.w.min_units,
         ttl_ms: u64::try_from(config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         idempotency_key: String::new(),
-        returns: returns
+        returns: a
+            .returns
             .iter()
             .map(|r| pb::LeaseReturn {
                 lease_id: r.lease.0,
                 unused_units: r.units,
             })
             .collect(),
-        top_up_lease_id: w.refill.map_or(0, |l| l.0),
-    };
-    shared.counters.lease_rpcs.fetch_add(1, Ordering::Relaxed);
-    let answer = match tokio::time::timeout(config.rpc_timeout, conn.lease(request)).await {
+        top_up_lease_id: a.w.refill.map_or(0, |l| l.0),
+    })
+}
+
+/// An RPC's answer, or the code it failed with (a timeout is `DeadlineExceeded`).
+async fn call<T>(
+    timeout: Duration,
+    rpc: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+) -> std::result::Result<T, Code> {
+    match tokio::time::timeout(timeout, rpc).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(status.code()),
         Err(_) => Err(Code::DeadlineExceeded),
-    };
+    }
+}
+
+/// A batch's answers, one per item; an item the agent left unanswered failed as `Internal`.
+fn batch_answers(
+    response: pb::LeaseBatchResponse,
+    n: usize,
+) -> Vec<std::result::Result<pb::LeaseResponse, Code>> {
+    let mut answers: Vec<_> = response
+        .results
+        .into_iter()
+        .take(n)
+        .map(|r| match r.result {
+            Some(pb::lease_batch_result::Result::Lease(lease)) => Ok(lease),
+            Some(pb::lease_batch_result::Result::Error(e)) => Err(Code::from_i32(e.code)),
+            None => Err(Code::Internal),
+        })
+        .collect();
+    answers.resize(n, Err(Code::Internal));
+    answers
+}
+
+fn lease_answered(
+    shared: &Shared,
+    a: Asked,
+    answer: std::result::Result<pb::LeaseResponse, Code>,
+) {
+    let Asked { shard, w, returns } = a;
     match answer {
         Ok(response) => {
-            let max_lease_units = config.gateway.max_lease_units;
+            let max_lease_units = shared.config.gateway.max_lease_units;
             feed(shared, shard, |g, now| {
                 match lease_answer(response, max_lease_units) {
                     Ok(grant) => g.handle_lease_granted(now, w.ticket, grant),

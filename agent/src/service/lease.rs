@@ -8,6 +8,7 @@ use allot_core::budget::SlotOutcome;
 use allot_core::ids::LeaseId;
 use allot_core::time::{Timestamp, Window};
 use allot_proto::lease::v1 as pb;
+use futures_util::future::join_all;
 use allot_proto::lease::v1::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
@@ -17,6 +18,9 @@ use crate::request::{LeaseAsk, Leased, Slotted};
 use crate::state::Agent;
 
 const SERVICE: &str = "lease";
+
+/// Most items one `LeaseBatch` call takes: bounds the work and the answer of one exchange.
+pub const MAX_LEASES_PER_BATCH: usize = 64;
 
 #[derive(Clone)]
 pub struct LeaseApi {
@@ -62,27 +66,36 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let req = request.into_inner();
-        let target = convert::target(req.target).map_err(err)?;
-        let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
-        let ttl = convert::lease_ttl(req.ttl_ms);
-        let returns = convert::lease_returns(&req.returns).map_err(err)?;
-        let leased = self
-            .agent
-            .lease(
-                &target,
-                LeaseAsk {
-                    units_wanted: req.units_wanted,
-                    min_units: convert::cost(req.min_units),
-                    ttl,
-                    returns,
-                    top_up: (req.top_up_lease_id != 0).then_some(LeaseId(req.top_up_lease_id)),
-                },
-                id,
-            )
-            .await
-            .map_err(err)?;
-        Ok(Response::new(lease_response(self.agent.now(), leased, ttl)))
+        self.lease_one(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn lease_batch(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let leases = request.into_inner().leases;
+        if leases.len() > MAX_LEASES_PER_BATCH {
+            return Err(err(crate::Error::InvalidRequest(format!(
+                "a LeaseBatch takes at most {MAX_LEASES_PER_BATCH} leases, not {}",
+                leases.len()
+            ))));
+        }
+        // The items run together: each applies to the machine when first polled (in the
+        // request's order), and their waits for durability share the same commits.
+        let answers = join_all(leases.into_iter().map(|req| self.lease_one(req))).await;
+        let results = answers
+            .into_iter()
+            .map(|answer| pb::LeaseBatchResult {
+                result: Some(match answer {
+                    Ok(lease) => pb::lease_batch_result::Result::Lease(lease),
+                    Err(status) => pb::lease_batch_result::Result::Error(pb::LeaseError {
+                        code: status.code() as i32,
+                        message: status.message().to_owned(),
+                    }),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::LeaseBatchResponse { results }))
     }
 
     async fn renew(
@@ -160,6 +173,31 @@ impl LeaseService for LeaseApi {
             .await
             .map_err(err)?;
         Ok(Response::new(pb::ReleaseSlotResponse { released }))
+    }
+}
+
+impl LeaseApi {
+    async fn lease_one(&self, req: pb::LeaseRequest) -> Result<pb::LeaseResponse, Status> {
+        let target = convert::target(req.target).map_err(err)?;
+        let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
+        let ttl = convert::lease_ttl(req.ttl_ms);
+        let returns = convert::lease_returns(&req.returns).map_err(err)?;
+        let leased = self
+            .agent
+            .lease(
+                &target,
+                LeaseAsk {
+                    units_wanted: req.units_wanted,
+                    min_units: convert::cost(req.min_units),
+                    ttl,
+                    returns,
+                    top_up: (req.top_up_lease_id != 0).then_some(LeaseId(req.top_up_lease_id)),
+                },
+                id,
+            )
+            .await
+            .map_err(err)?;
+        Ok(lease_response(self.agent.now(), leased, ttl))
     }
 }
 
@@ -392,5 +430,75 @@ mod tests {
             .expect("retry")
             .into_inner();
         assert_eq!(again, once);
+    }
+
+    fn batch(leases: Vec<pb::LeaseRequest>) -> Result<Vec<pb::lease_batch_result::Result>, Status> {
+        let api = api();
+        let first = lease_of(&api, "tenant-a", "k1");
+        let mut with_first = vec![lease_request("tenant-a", "k1", 5)];
+        with_first.extend(leases);
+        let answer = block_on(api.lease_batch(Request::new(pb::LeaseBatchRequest {
+            leases: with_first,
+        })))?;
+        let mut results: Vec<_> = answer
+            .into_inner()
+            .results
+            .into_iter()
+            .map(|r| r.result.expect("a result"))
+            .collect();
+        match results.remove(0) {
+            pb::lease_batch_result::Result::Lease(l) => {
+                assert_eq!(l.lease.expect("replayed").lease_id, first, "a retry in a batch")
+            }
+            other => panic!("{other:?}"),
+        }
+        Ok(results)
+    }
+
+    /// Each item of a batch is answered as `Lease` would answer it alone: a replay, a refusal
+    /// (its idempotency key reused with other parameters) and a grant side by side, one
+    /// item's error leaving the others alone.
+    #[test]
+    fn a_batch_answers_each_item_as_lease_would_alone() {
+        use pb::lease_batch_result::Result as Item;
+        let results = batch(vec![
+            lease_request("tenant-a", "k1", 9),
+            lease_request("tenant-b", "", 5),
+            pb::LeaseRequest::default(),
+        ])
+        .expect("answered");
+        assert_eq!(results.len(), 3);
+        match &results[0] {
+            Item::Error(e) => {
+                assert_eq!(e.code, tonic::Code::FailedPrecondition as i32, "{e:?}");
+                assert!(e.message.contains("idempotency key already used"), "{e:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match &results[1] {
+            Item::Lease(l) => assert_eq!(l.lease.as_ref().expect("granted").units, 5),
+            other => panic!("{other:?}"),
+        }
+        match &results[2] {
+            Item::Error(e) => assert_eq!(e.code, tonic::Code::InvalidArgument as i32, "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A batch over the limit is refused whole, before any item runs: none of its
+    /// idempotency keys is taken.
+    #[test]
+    fn a_batch_over_the_limit_is_refused_with_nothing_done() {
+        let api = api();
+        let leases = (0..=MAX_LEASES_PER_BATCH)
+            .map(|i| lease_request("tenant-c", &format!("big-{i}"), 5))
+            .collect();
+        let status = block_on(api.lease_batch(Request::new(pb::LeaseBatchRequest { leases })))
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("at most 64"), "{status:?}");
+        // Had the first item run, this would be a reuse of its key with other parameters.
+        let again = block_on(api.lease(Request::new(lease_request("tenant-c", "big-0", 9))));
+        assert!(again.is_ok(), "{again:?}");
     }
 }
