@@ -1,7 +1,7 @@
 //! The node's admin HTTP: the dashboard at `/` ([`dashboard`]), `/healthz`, `/v1/status`
-//! (JSON), `/metrics` (Prometheus),
-//! `/v1/config` (the limits configuration: [`config`]), `/v1/cluster/nodes` (the
-//! membership: [`cluster`]) and `/v1/regions` (regions removed and added back: [`regions`]).
+//! (JSON), `/metrics` (Prometheus), `/v1/config` (the limits configuration: [`config`]),
+//! `/v1/cluster/nodes` (the membership: [`cluster`]) and `/v1/regions` (regions removed and
+//! added back: [`regions`]).
 //!
 //! Every node answers `/v1/status` with what raft and the committed state say (members,
 //! leader, term, configuration, member regions); the leader adds what only its rebalancer
@@ -253,9 +253,9 @@ fn raft_status(admin: &Admin) -> Status {
     }
 }
 
-/// Adds the use and demand the leader's rebalancer last heard to the applied rows. The rows stay the
-/// applied state's (read with `last_applied_index`), not the rebalancer's copy, which may be a
-/// round behind or ahead of the index read beside it.
+/// Adds the use and demand the leader's rebalancer last heard to the applied rows. The rows
+/// stay the applied state's (read with `last_applied_index`), not the rebalancer's copy, which
+/// may be a round behind or ahead of the index read beside it.
 fn add_heard(applied: &mut [CounterStatus], leader: &[CounterStatus]) {
     let heard: BTreeMap<_, _> = leader.iter().map(|c| (&c.counter, &c.regions)).collect();
     for c in applied {

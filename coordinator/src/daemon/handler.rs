@@ -151,7 +151,8 @@ pub async fn supervise(
                 raft.clone(),
                 state.clone(),
                 slot.clone(),
-                (cfg.clone(), admin_http.clone()),
+                cfg.clone(),
+                admin_http.clone(),
                 term,
             );
             running = Some((term, tokio::spawn(task)));
@@ -177,7 +178,8 @@ async fn lead(
     raft: Raft<TypeConfig>,
     state: StateReader,
     slot: Arc<LeaderSlot>,
-    (cfg, admin_http): (CoordinatorConfig, String),
+    cfg: CoordinatorConfig,
+    admin_http: String,
     term: u64,
 ) {
     let start = tokio::time::timeout(
