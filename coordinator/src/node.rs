@@ -17,7 +17,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
 use crate::error::{Error, Result};
-use crate::network::{GrpcNetwork, RaftGrpcService};
+use crate::network::{GrpcNetwork, LeaderAdmin, RaftGrpcService};
 use crate::raft_config::MAX_RAFT_MESSAGE_BYTES;
 use crate::store::{self, StateReader};
 use crate::types::{NodeId, TypeConfig};
@@ -39,6 +39,8 @@ pub struct NodeSettings {
 pub struct RaftNode {
     pub raft: Raft<TypeConfig>,
     pub state: StateReader,
+    /// Where the leader's admin HTTP is, as its clock probes named it.
+    pub leader_admin: Arc<LeaderAdmin>,
     stop: watch::Sender<bool>,
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
@@ -101,7 +103,9 @@ impl RaftNode {
         )
         .await
         .map_err(|e| Error::Raft(e.to_string()))?;
-        let service = RaftServiceServer::new(RaftGrpcService::new(raft.clone(), cluster))
+        let leader_admin = Arc::new(LeaderAdmin::default());
+        let service = RaftGrpcService::new(raft.clone(), cluster, leader_admin.clone());
+        let service = RaftServiceServer::new(service)
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let (stop, mut stopped) = watch::channel(false);
@@ -119,6 +123,7 @@ impl RaftNode {
         Ok(RaftNode {
             raft,
             state,
+            leader_admin,
             stop,
             server: tokio::spawn(server),
         })

@@ -516,3 +516,84 @@ fn config_put_at(quota: u64, version: u64) -> String {
     v["version"] = version.into();
     v.to_string()
 }
+
+/// The head (status line and headers) and body of a GET that answers 200.
+fn http_get_with_head(addr: SocketAddr, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("admin HTTP");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("a head");
+    (head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// The admin paths a page's script names: every `"/v1/...` string literal.
+fn paths_named(page: &str) -> BTreeSet<String> {
+    page.split('"')
+        .filter(|s| s.starts_with("/v1/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The dashboard on any node: `/` is the page, as HTML; the page reads only routes that are
+/// served, and the leader's status on a follower, at the address the follower names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_serves_the_dashboard_and_a_follower_names_the_leaders_admin_address() {
+    use allot_coordinator::daemon::dashboard::{PAGE, READS};
+    let dir = TempDir::new().expect("temporary directory");
+    let mut listeners = BTreeMap::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=3 {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        peers.insert(id, l.local_addr().expect("address").to_string());
+        listeners.insert(id, l);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, l) in listeners {
+        nodes.insert(id, start(id, dir.path(), l, peers.clone()).await);
+    }
+    for d in nodes.values() {
+        let (head, body) = http_get_with_head(d.http_addr(), "/");
+        assert!(head.contains("content-type: text/html"), "{head}");
+        assert_eq!(body, PAGE);
+    }
+    let named = paths_named(PAGE);
+    assert_eq!(named, READS.iter().map(|p| (*p).to_owned()).collect());
+    for path in READS {
+        let (head, _) = http_get_with_head(nodes[&1].http_addr(), path);
+        // A follower's page reads the leader's status from another origin.
+        assert!(head.contains("access-control-allow-origin: *"), "{head}");
+    }
+    // The leader names itself; a follower names it once the leader's clock probe reached it
+    // (every second). Leadership may move meanwhile: the check is retried.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let leader = agreed_leader(&nodes).await;
+        let leader_http = nodes[&leader].http_addr().to_string();
+        let named: Vec<Option<String>> = nodes
+            .values()
+            .map(|d| {
+                let status: serde_json::Value =
+                    serde_json::from_str(&http_get(d.http_addr(), "/v1/status")).expect("JSON");
+                status["leader_admin_http"].as_str().map(str::to_owned)
+            })
+            .collect();
+        if named
+            .iter()
+            .all(|n| n.as_deref() == Some(leader_http.as_str()))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never named {leader_http}: {named:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -98,7 +98,8 @@ type Chart<'a, 'b> = ChartContext<
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
 >;
 
-/// The bound where one was reported: one line per stretch of buckets that have it.
+/// The bound where one was reported: per stretch of buckets that have it, a line and the band
+/// from the quota up to it, as the dashboard draws a window (docs/dashboard.md).
 fn draw_bound(chart: &mut Chart<'_, '_>, plot: &PlotData, x: &dyn Fn(usize) -> f64) -> Result<()> {
     let red = RED.stroke_width(2);
     let mut labelled = false;
@@ -112,7 +113,17 @@ fn draw_bound(chart: &mut Chart<'_, '_>, plot: &PlotData, x: &dyn Fn(usize) -> f
         while b < plot.bound_per_sec.len() && plot.bound_per_sec[b].is_some() {
             b += 1;
         }
-        let points = (start..b).filter_map(|i| plot.bound_per_sec[i].map(|v| (x(i), v)));
+        let points: Vec<(f64, f64)> = (start..b)
+            .filter_map(|i| plot.bound_per_sec[i].map(|v| (x(i), v)))
+            .collect();
+        let floor = points.iter().rev().map(|(px, _)| (*px, plot.quota_per_sec));
+        let band = Polygon::new(
+            points.iter().copied().chain(floor).collect::<Vec<_>>(),
+            RED.mix(0.12).filled(),
+        );
+        chart
+            .draw_series(std::iter::once(band))
+            .map_err(plot_error)?;
         let series = chart
             .draw_series(LineSeries::new(points, red))
             .map_err(plot_error)?;
@@ -144,6 +155,7 @@ mod tests {
         };
         let svg = render_svg(&plot).unwrap();
         assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("<polygon"), "the bound's band");
         for label in [
             "admitted, us-east",
             "admitted, eu-west",

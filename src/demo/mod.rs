@@ -181,6 +181,7 @@ fn announce(out: Out, plan: &Plan, dir: &Path, cluster: &Cluster) {
     out.say(&format!(
         "allot demo: {} coordinator nodes, regions {}, {} s of traffic\n  \
          folder {} (logs: coordinator-N.log, agent-REGION.log)\n  \
+         dashboard: http://{first}/ (live, in a browser; any node's admin HTTP serves it)\n  \
          coordinators' admin HTTP: {} (/v1/status; `allot status --coordinator {first}`)\n  \
          limit {DOMAIN}/tenant={TENANT}: {QUOTA_UNITS} per {WINDOW_SECS} s worldwide, \
          default share {WEIGHT} of it per region",

@@ -1,11 +1,13 @@
-//! The node's admin HTTP: `/healthz`, `/v1/status` (JSON), `/metrics` (Prometheus),
-//! `/v1/config` (the limits configuration: [`config`]), `/v1/cluster/nodes` (the
-//! membership: [`cluster`]) and `/v1/regions` (regions removed and added back: [`regions`]).
+//! The node's admin HTTP: the dashboard at `/` ([`dashboard`]), `/healthz`, `/v1/status`
+//! (JSON), `/metrics` (Prometheus), `/v1/config` (the limits configuration: [`config`]),
+//! `/v1/cluster/nodes` (the membership: [`cluster`]) and `/v1/regions` (regions removed and
+//! added back: [`regions`]).
 //!
 //! Every node answers `/v1/status` with what raft and the committed state say (members,
 //! leader, term, configuration, member regions); the leader adds what only its rebalancer
 //! knows: regions as last heard (clock offset, sync lag) and per limit the live bound with its
-//! terms (`Coordinator::bound`).
+//! terms (`Coordinator::bound`). `/v1/status` may be read by a page of any origin: the
+//! dashboard served by a follower reads the leader's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +17,8 @@ use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::{delete, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::Raft;
@@ -23,11 +27,13 @@ use tokio::sync::oneshot;
 
 use crate::daemon::cluster::{self, Role};
 use crate::daemon::config;
+use crate::daemon::dashboard;
 use crate::daemon::handler::LeaderSlot;
 use crate::daemon::leader::{
-    CounterStatus, Job, LeaderStatus, RegionHeard, STATUS_TIMEOUT, counters_status,
+    CounterStatus, Job, LeaderStatus, RegionHeard, RowHeard, STATUS_TIMEOUT, counters_status,
 };
 use crate::daemon::regions;
+use crate::network::LeaderAdmin;
 use crate::store::StateReader;
 use crate::sync_service::ClusterClock;
 use crate::types::{NodeId, TypeConfig};
@@ -40,10 +46,15 @@ pub struct Admin {
     pub prometheus: PrometheusHandle,
     /// Held by a membership change being made on this node.
     pub membership: cluster::ChangeLock,
+    /// Where the leader's admin HTTP is, as its clock probes named it.
+    pub leader_admin: Arc<LeaderAdmin>,
+    /// This node's own admin address.
+    pub admin_http: String,
 }
 
 pub fn router(admin: Admin) -> Router {
     Router::new()
+        .route("/", get(dashboard::page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(render_metrics))
         .route("/v1/status", get(status))
@@ -115,6 +126,10 @@ struct Status {
     term: u64,
     leader: Option<NodeId>,
     leader_address: Option<String>,
+    /// The leader's admin HTTP address: this node's own on the leader; on a follower, the one
+    /// the leader's clock probes named (none until its first probe arrives). The dashboard on
+    /// a follower reads the leader's status there.
+    leader_admin_http: Option<String>,
     members: Vec<Member>,
     last_log_index: Option<u64>,
     /// The index the state below (`config_version`, `regions`, `counters`' rows) was read at,
@@ -138,9 +153,18 @@ struct Status {
     cluster_clock_via: Option<NodeId>,
 }
 
-async fn status(State(admin): State<Admin>) -> Json<Status> {
-    let leader = leader_status(&admin).await;
-    let mut s = raft_status(&admin);
+/// Read-only and unauthenticated like the rest of the admin API, so open to any origin: the
+/// dashboard a follower serves reads the leader's status from the page (no proxy).
+async fn status(State(admin): State<Admin>) -> impl IntoResponse {
+    (
+        [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+        Json(status_now(&admin).await),
+    )
+}
+
+async fn status_now(admin: &Admin) -> Status {
+    let leader = leader_status(admin).await;
+    let mut s = raft_status(admin);
     let mut heard: BTreeMap<RegionId, RegionHeard> = BTreeMap::new();
     if let Some(l) = leader {
         heard = l
@@ -149,7 +173,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
             .map(|r| (r.region.clone(), r))
             .collect();
         s.limits = Some(l.limits);
-        add_used(&mut s.counters, &l.counters);
+        add_heard(&mut s.counters, &l.counters);
         s.limits_left_out = l.limits_left_out;
         s.node_clocks = Some(l.node_clocks);
         s.cluster_clock_offset_nanos = Some(l.cluster_clock_offset_nanos);
@@ -168,7 +192,7 @@ async fn status(State(admin): State<Admin>) -> Json<Status> {
             config_version: h.config_version,
         });
     }
-    Json(s)
+    s
 }
 
 /// What raft and the committed state say, on any node.
@@ -186,6 +210,11 @@ fn raft_status(admin: &Admin) -> Status {
         .collect();
     let leader = cluster::known_leader(&m);
     let leader_address = leader.and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
+    let leader_admin_http = match leader {
+        Some(id) if id == m.id => Some(admin.admin_http.clone()),
+        Some(id) => admin.leader_admin.of(id),
+        None => None,
+    };
     let (applied, config_version, regions, counters) = admin.state.read(|a| {
         let regions = a
             .state
@@ -198,7 +227,7 @@ fn raft_status(admin: &Admin) -> Status {
                 heard: None,
             })
             .collect();
-        let counters = counters_status(a.state.table(), |_, _| None);
+        let counters = counters_status(a.state.table(), |_, _| RowHeard::default());
         let applied = a.last_applied.map(|l| l.index);
         (applied, a.state.table().config_version(), regions, counters)
     });
@@ -209,6 +238,7 @@ fn raft_status(admin: &Admin) -> Status {
         term: m.current_term,
         leader,
         leader_address,
+        leader_admin_http,
         members,
         last_log_index: m.last_log_index,
         last_applied_index: applied,
@@ -223,17 +253,17 @@ fn raft_status(admin: &Admin) -> Status {
     }
 }
 
-/// Adds the use the leader's rebalancer last heard to the applied rows. The rows stay the
-/// applied state's (read with `last_applied_index`), not the rebalancer's copy, which may be a
-/// round behind or ahead of the index read beside it.
-fn add_used(applied: &mut [CounterStatus], leader: &[CounterStatus]) {
-    let used: BTreeMap<_, _> = leader.iter().map(|c| (&c.counter, &c.regions)).collect();
+/// Adds the use and demand the leader's rebalancer last heard to the applied rows. The rows
+/// stay the applied state's (read with `last_applied_index`), not the rebalancer's copy, which
+/// may be a round behind or ahead of the index read beside it.
+fn add_heard(applied: &mut [CounterStatus], leader: &[CounterStatus]) {
+    let heard: BTreeMap<_, _> = leader.iter().map(|c| (&c.counter, &c.regions)).collect();
     for c in applied {
-        let Some(rows) = used.get(&c.counter) else {
+        let Some(rows) = heard.get(&c.counter) else {
             continue;
         };
         for (region, row) in &mut c.regions {
-            row.used_units = rows.get(region).and_then(|r| r.used_units);
+            row.heard = rows.get(region).map(|r| r.heard).unwrap_or_default();
         }
     }
 }

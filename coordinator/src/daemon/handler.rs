@@ -119,11 +119,13 @@ impl SyncHandler for RaftSyncHandler {
 
 /// Runs the rebalancer while this node leads: started for each term it is elected in,
 /// dropped (and its queue with it) as soon as raft says it no longer leads, until `stop`.
+/// `admin_http`: this node's admin address, which its probes name while it leads.
 pub async fn supervise(
     raft: Raft<TypeConfig>,
     state: StateReader,
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
+    admin_http: String,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut metrics = raft.metrics();
@@ -145,7 +147,14 @@ pub async fn supervise(
             slot.clear(Some(t));
         }
         if leading && !current {
-            let task = lead(raft.clone(), state.clone(), slot.clone(), cfg.clone(), term);
+            let task = lead(
+                raft.clone(),
+                state.clone(),
+                slot.clone(),
+                cfg.clone(),
+                admin_http.clone(),
+                term,
+            );
             running = Some((term, tokio::spawn(task)));
         }
         metrics::gauge!(m::IS_LEADER).set(if leading { 1.0 } else { 0.0 });
@@ -170,6 +179,7 @@ async fn lead(
     state: StateReader,
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
+    admin_http: String,
     term: u64,
 ) {
     let start = tokio::time::timeout(
@@ -184,7 +194,7 @@ async fn lead(
     let leader_term = rebalancer_term(term, start_index);
     tracing::info!(term, start_index, "leading: the rebalancer runs");
     let bridge = bridge_clock(&raft, &state).await;
-    let leader = Leader::new(raft, &state, cfg, leader_term, bridge);
+    let leader = Leader::new(raft, &state, cfg, leader_term, bridge).naming(admin_http);
     let (tx, rx) = mpsc::channel(JOB_QUEUE);
     slot.set(term, tx);
     let ended = leader.run(rx).await;

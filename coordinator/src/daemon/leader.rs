@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::daemon::metrics as m;
+use crate::network::ProbeFrom;
 use crate::network::clock::ClockProber;
 use crate::state::{
     ClockFrame, ClockSource, ClusterCommand, ClusterState, CommandOutcome, NodeClock, RegionClock,
@@ -119,13 +120,24 @@ pub struct RowStatus {
     pub allowance_units: u64,
     /// A release asked of the region and not yet acknowledged.
     pub pending_release_units: Option<u64>,
-    pub used_units: Option<u64>,
+    #[serde(flatten)]
+    pub heard: RowHeard,
 }
 
-/// The first [`MAX_STATUS_COUNTERS`] escalated counters of `table`, with the use `used` knows.
+/// What the leader last heard from a region about one counter (nothing on a follower).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct RowHeard {
+    /// Net use as last reported.
+    pub used_units: Option<u64>,
+    /// Demand as last reported, in millionths of a unit per second: what the rebalancer
+    /// moves allowance after (the dashboard draws it beside the allowance).
+    pub demand_micro_units_per_sec: Option<u64>,
+}
+
+/// The first [`MAX_STATUS_COUNTERS`] escalated counters of `table`, with what `heard` knows.
 pub fn counters_status(
     table: &AllowanceTable,
-    used: impl Fn(&CounterRef, &RegionId) -> Option<u64>,
+    heard: impl Fn(&CounterRef, &RegionId) -> RowHeard,
 ) -> Vec<CounterStatus> {
     table
         .counters()
@@ -138,7 +150,7 @@ pub fn counters_status(
                     let status = RowStatus {
                         allowance_units: row.allowance_units,
                         pending_release_units: row.pending.as_ref().map(|p| p.units),
-                        used_units: used(counter, region),
+                        heard: heard(counter, region),
                     };
                     (region.clone(), status)
                 })
@@ -151,6 +163,10 @@ pub fn counters_status(
 #[derive(Clone, Debug, Serialize)]
 pub struct LimitBound {
     pub limit: LimitId,
+    /// The quota `L` and its window, beside the bound so that a reader needs nothing else
+    /// to draw the window (the dashboard).
+    pub quota_units: u64,
+    pub window_ms: u64,
     pub bound: Bound,
 }
 
@@ -189,6 +205,8 @@ pub struct Leader {
     /// When the samples this leader started from were heard, on its clock: a region it has
     /// not heard is recorded again with its sample's own age, not as heard now.
     adopted_heard: BTreeMap<RegionId, Timestamp>,
+    /// This node's admin HTTP address, named in its clock probes (none: not named).
+    admin_http: Option<String>,
 }
 
 /// A task that ends with the value holding it (the leader's, when its rebalancer is dropped).
@@ -238,7 +256,15 @@ impl Leader {
             clock_via: bridge.map(|b| b.via),
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
             adopted_heard,
+            admin_http: None,
         }
+    }
+
+    /// Names this node's admin HTTP address in its clock probes, so that followers can say
+    /// where the leader's status is read (`LeaderAdmin`).
+    pub fn naming(mut self, admin_http: String) -> Leader {
+        self.admin_http = Some(admin_http);
+        self
     }
 
     /// Serves jobs and ticks until a commit fails or every sender is gone. The tick runs
@@ -432,7 +458,11 @@ impl Leader {
         let me = self.node_id;
         let clocks = Arc::clone(&self.node_clocks);
         let clock = self.clock;
-        let mut prober = ClockProber::new(raft.config().cluster_name.clone());
+        let from = self.admin_http.clone().map(|admin_http| ProbeFrom {
+            node: me,
+            admin_http,
+        });
+        let mut prober = ClockProber::new(raft.config().cluster_name.clone(), from);
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(CLOCK_PROBE_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -515,7 +545,7 @@ impl Leader {
         let mut limits = Vec::new();
         let mut left_out = 0;
         for spec in table.limits() {
-            let Quota::Units { window, .. } = spec.quota else {
+            let Quota::Units { units, window } = spec.quota else {
                 continue;
             };
             if limits.len() >= MAX_STATUS_LIMITS {
@@ -525,6 +555,8 @@ impl Leader {
             if let Some(bound) = self.coordinator.bound(now, &spec.id, window.index(now)) {
                 limits.push(LimitBound {
                     limit: spec.id.clone(),
+                    quota_units: units,
+                    window_ms: u64::try_from(window.len().as_millis()).unwrap_or(u64::MAX),
                     bound,
                 });
             }
@@ -532,7 +564,10 @@ impl Leader {
         let c = &self.coordinator;
         LeaderStatus {
             regions: self.heard.values().cloned().collect(),
-            counters: counters_status(table, |counter, region| c.used_units(counter, region)),
+            counters: counters_status(table, |counter, region| RowHeard {
+                used_units: c.used_units(counter, region),
+                demand_micro_units_per_sec: c.demand_micro_units_per_sec(counter, region),
+            }),
             limits,
             limits_left_out: left_out,
             node_clocks: lock(&self.node_clocks).values().cloned().collect(),
@@ -686,7 +721,7 @@ pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Optio
 pub async fn probe_bridge(cluster: &str, candidates: Vec<(NodeId, String)>) -> Option<Bridge> {
     let mut probes = tokio::task::JoinSet::new();
     for (node, addr) in candidates {
-        let mut prober = ClockProber::new(cluster.to_owned());
+        let mut prober = ClockProber::new(cluster.to_owned(), None);
         probes.spawn(async move {
             let probed = prober.probe(node, &addr, ClusterClock::default()).await;
             (node, probed)

@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod cluster;
 pub mod config;
+pub mod dashboard;
 pub mod handler;
 pub mod leader;
 pub mod limits;
@@ -106,6 +107,7 @@ impl Daemon {
             node.state.clone(),
             slot.clone(),
             settings.rebalance.clone(),
+            http_addr.to_string(),
             stopping.clone(),
         ))];
         if let Some(start_limits) = settings.limits {
@@ -123,6 +125,8 @@ impl Daemon {
             slot,
             prometheus,
             membership: cluster::ChangeLock::default(),
+            leader_admin: node.leader_admin.clone(),
+            admin_http: http_addr.to_string(),
         };
         tasks.push(tokio::spawn(serve_admin(http, admin, stopping)));
         Ok(Daemon {

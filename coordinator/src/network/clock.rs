@@ -12,6 +12,7 @@ use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::network::client::CONNECT_TIMEOUT;
+use crate::network::leader_admin::ProbeFrom;
 use crate::sync_service::ClusterClock;
 use crate::types::NodeId;
 
@@ -21,13 +22,16 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Channels to the nodes probed, kept between probes.
 pub struct ClockProber {
     cluster: String,
+    /// The leader probing, named in each probe; none for a probe that is not a leader's.
+    from: Option<ProbeFrom>,
     channels: BTreeMap<NodeId, (String, RaftServiceClient<Channel>)>,
 }
 
 impl ClockProber {
-    pub fn new(cluster: impl Into<String>) -> ClockProber {
+    pub fn new(cluster: impl Into<String>, from: Option<ProbeFrom>) -> ClockProber {
         ClockProber {
             cluster: cluster.into(),
+            from,
             channels: BTreeMap::new(),
         }
     }
@@ -44,6 +48,12 @@ impl ClockProber {
         let mut client = self.client(node, addr).await?;
         let probe = ClockProbe {
             cluster: self.cluster.clone(),
+            leader_node: self.from.as_ref().map_or(0, |f| f.node),
+            leader_admin_http: self
+                .from
+                .as_ref()
+                .map(|f| f.admin_http.clone())
+                .unwrap_or_default(),
         };
         let t0 = clock.now();
         let answered = tokio::time::timeout(PROBE_TIMEOUT, client.clock(probe)).await;

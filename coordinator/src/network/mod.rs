@@ -6,7 +6,9 @@
 
 pub mod client;
 pub mod clock;
+pub mod leader_admin;
 pub mod service;
 
 pub use client::{GrpcNetwork, PeerClient};
+pub use leader_admin::{LeaderAdmin, ProbeFrom};
 pub use service::RaftGrpcService;

@@ -8,7 +8,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
+use std::sync::Arc;
+
 use crate::codec::{decode, encode};
+use crate::network::leader_admin::{LeaderAdmin, ProbeFrom};
 use crate::sync_service::system_now;
 use crate::types::TypeConfig;
 
@@ -17,13 +20,20 @@ use crate::types::TypeConfig;
 pub struct RaftGrpcService {
     raft: Raft<TypeConfig>,
     cluster: String,
+    /// Where the leader's admin HTTP is, as its probes named it.
+    leader_admin: Arc<LeaderAdmin>,
 }
 
 impl RaftGrpcService {
-    pub fn new(raft: Raft<TypeConfig>, cluster: impl Into<String>) -> RaftGrpcService {
+    pub fn new(
+        raft: Raft<TypeConfig>,
+        cluster: impl Into<String>,
+        leader_admin: Arc<LeaderAdmin>,
+    ) -> RaftGrpcService {
         RaftGrpcService {
             raft,
             cluster: cluster.into(),
+            leader_admin,
         }
     }
 
@@ -77,7 +87,14 @@ impl RaftService for RaftGrpcService {
 
     async fn clock(&self, request: Request<ClockProbe>) -> Result<Response<ClockReading>, Status> {
         let received_at = system_now();
-        self.same_cluster(&request.into_inner().cluster)?;
+        let probe = request.into_inner();
+        self.same_cluster(&probe.cluster)?;
+        if !probe.leader_admin_http.is_empty() {
+            self.leader_admin.record(ProbeFrom {
+                node: probe.leader_node,
+                admin_http: probe.leader_admin_http,
+            });
+        }
         Ok(Response::new(ClockReading {
             received_at_unix_nanos: received_at.as_unix_nanos(),
             sent_at_unix_nanos: system_now().as_unix_nanos(),

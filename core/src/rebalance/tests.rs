@@ -182,6 +182,26 @@ fn a_grant_is_sent_only_after_its_grow_is_committed() {
 }
 
 #[test]
+fn the_leader_shows_each_regions_use_and_reported_demand() {
+    let mut w = world(&weighted(spec(), 300_000, 300_000));
+    w.a.admit(&counter(100), 25, at_ms(0));
+    w.a.set_demand(&counter(100), 10);
+    w.up("a", at_ms(1_000));
+    let a = RegionId::from("a");
+    let c = &w.coord;
+    assert_eq!(c.used_units(&counter(100), &a), Some(25));
+    assert_eq!(
+        c.demand_micro_units_per_sec(&counter(100), &a),
+        Some(10_000_000)
+    );
+    assert_eq!(
+        c.demand_micro_units_per_sec(&counter(100), &RegionId::from("b")),
+        None,
+        "b never reported"
+    );
+}
+
+#[test]
 fn one_round_grows_every_region_it_plans_for_at_once() {
     // Weights 25% / 25%: defaults 25 and 25, free 50. Both want 10/s with 5 s left: need 50
     // each, R = 100, targets 50 and 50, deficits 25 and 25, shared out of the free 50. Both

@@ -238,6 +238,17 @@ impl Coordinator {
         self.counters.get(counter).map(|v| v.used_units(region))
     }
 
+    /// The demand `region` last reported for `counter`, in millionths of a unit per second
+    /// (a forecast carried over from the window before counts too), if it reported any.
+    pub fn demand_micro_units_per_sec(
+        &self,
+        counter: &CounterRef,
+        region: &RegionId,
+    ) -> Option<u64> {
+        let view = self.counters.get(counter)?;
+        view.demand.get(region).map(|d| d.micro_units_per_sec)
+    }
+
     fn finite_window(&self, limit: &LimitId) -> Option<Window> {
         match self.table.limit(limit)?.quota {
             Quota::Units { window, .. } => Some(window),
