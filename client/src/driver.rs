@@ -414,11 +414,7 @@ fn batch_answers(
     answers
 }
 
-fn lease_answered(
-    shared: &Shared,
-    a: Asked,
-    answer: std::result::Result<pb::LeaseResponse, Code>,
-) {
+fn lease_answered(shared: &Shared, a: Asked, answer: std::result::Result<pb::LeaseResponse, Code>) {
     let Asked { shard, w, returns } = a;
     match answer {
         Ok(response) => {

@@ -8,8 +8,8 @@ use allot_core::budget::SlotOutcome;
 use allot_core::ids::LeaseId;
 use allot_core::time::{Timestamp, Window};
 use allot_proto::lease::v1 as pb;
-use futures_util::future::join_all;
 use allot_proto::lease::v1::lease_service_server::LeaseService;
+use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
 use super::status;
@@ -66,7 +66,9 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        self.lease_one(request.into_inner()).await.map(Response::new)
+        self.lease_one(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn lease_batch(
@@ -437,9 +439,8 @@ mod tests {
         let first = lease_of(&api, "tenant-a", "k1");
         let mut with_first = vec![lease_request("tenant-a", "k1", 5)];
         with_first.extend(leases);
-        let answer = block_on(api.lease_batch(Request::new(pb::LeaseBatchRequest {
-            leases: with_first,
-        })))?;
+        let answer =
+            block_on(api.lease_batch(Request::new(pb::LeaseBatchRequest { leases: with_first })))?;
         let mut results: Vec<_> = answer
             .into_inner()
             .results
@@ -448,7 +449,11 @@ mod tests {
             .collect();
         match results.remove(0) {
             pb::lease_batch_result::Result::Lease(l) => {
-                assert_eq!(l.lease.expect("replayed").lease_id, first, "a retry in a batch")
+                assert_eq!(
+                    l.lease.expect("replayed").lease_id,
+                    first,
+                    "a retry in a batch"
+                )
             }
             other => panic!("{other:?}"),
         }
