@@ -15,8 +15,8 @@ use allot_core::gateway::{
     LeaseDenial, LeaseGrant, LeaseRelease, LeaseWanted, SettleDelta, ToAgent,
 };
 use allot_core::ids::LeaseId;
-use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
+use allot_proto::lease::v1::{self as pb, MAX_LEASES_PER_BATCH};
 use tokio::sync::{Semaphore, watch};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
@@ -31,9 +31,6 @@ const MAX_MESSAGES_PER_ROUND: usize = 1_024;
 
 /// Most hand-backs carried by one lease request (the agent's limit on `returns`).
 const MAX_RETURNS_PER_LEASE: usize = 64;
-
-/// Most lease requests carried by one `LeaseBatch` call (the agent's limit).
-const MAX_LEASES_PER_BATCH: usize = 64;
 
 pub(crate) type Conn = LeaseServiceClient<Channel>;
 
@@ -484,11 +481,8 @@ async fn release_call(shared: &Shared, mut conn: Conn, release: LeaseRelease) {
         idempotency_key: String::new(),
     };
     shared.counters.release_rpcs.fetch_add(1, Ordering::Relaxed);
-    let outcome = tokio::time::timeout(shared.config.rpc_timeout, conn.release(request)).await;
-    let code = match outcome {
-        Ok(Ok(_)) => return,
-        Ok(Err(status)) => status.code(),
-        Err(_) => Code::DeadlineExceeded,
+    let Err(code) = call(shared.config.rpc_timeout, conn.release(request)).await else {
+        return;
     };
     // NOT_FOUND: the lease ended already (expired); nothing to give back.
     if code == Code::NotFound {
@@ -503,12 +497,9 @@ async fn release_call(shared: &Shared, mut conn: Conn, release: LeaseRelease) {
 
 async fn release_slot_call(shared: &Shared, mut conn: Conn, slot_id: u64) {
     let request = pb::ReleaseSlotRequest { slot_id };
-    let outcome = tokio::time::timeout(shared.config.rpc_timeout, conn.release_slot(request)).await;
-    let code = match outcome {
-        // `released: false`: the slot's TTL ended it already.
-        Ok(Ok(_)) => return,
-        Ok(Err(status)) => status.code(),
-        Err(_) => Code::DeadlineExceeded,
+    // `released: false`: the slot's TTL ended it already.
+    let Err(code) = call(shared.config.rpc_timeout, conn.release_slot(request)).await else {
+        return;
     };
     shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
     if connection_lost(code) {

@@ -188,20 +188,25 @@ fn state(d: &Daemon) -> ClusterState {
     d.state().read(|a| a.state.clone())
 }
 
+/// Three nodes on loopback, each knowing the others, by id; with their raft and sync
+/// addresses.
+async fn start_three(dir: &Path) -> (BTreeMap<NodeId, Daemon>, BTreeMap<NodeId, String>) {
+    let mut listeners = BTreeMap::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=3 {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        peers.insert(id, l.local_addr().expect("address").to_string());
+        listeners.insert(id, l);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, l) in listeners {
+        nodes.insert(id, start(id, dir, l, peers.clone()).await);
+    }
+    (nodes, peers)
+}
+
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("admin HTTP");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    resp.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
+    http_get_with_head(addr, path).1
 }
 
 /// A leader absent from the last clock frame probes the nodes in it (D50): a real probe over
@@ -300,17 +305,7 @@ async fn a_single_node_grants_only_what_it_committed_and_reports_the_region() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_term() {
     let dir = TempDir::new().expect("temporary directory");
-    let mut listeners = BTreeMap::new();
-    let mut peers = BTreeMap::new();
-    for id in 1..=3 {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        peers.insert(id, l.local_addr().expect("address").to_string());
-        listeners.insert(id, l);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, l) in listeners {
-        nodes.insert(id, start(id, dir.path(), l, peers.clone()).await);
-    }
+    let (mut nodes, peers) = start_three(dir.path()).await;
     // Leadership may move before the checks run (an election in a loaded machine's pause):
     // a follower must then name whichever node leads now, so the check is retried until a
     // leader stays put through it.
@@ -547,17 +542,7 @@ fn paths_named(page: &str) -> BTreeSet<String> {
 async fn every_node_serves_the_dashboard_and_a_follower_names_the_leaders_admin_address() {
     use allot_coordinator::daemon::dashboard::{PAGE, READS};
     let dir = TempDir::new().expect("temporary directory");
-    let mut listeners = BTreeMap::new();
-    let mut peers = BTreeMap::new();
-    for id in 1..=3 {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        peers.insert(id, l.local_addr().expect("address").to_string());
-        listeners.insert(id, l);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, l) in listeners {
-        nodes.insert(id, start(id, dir.path(), l, peers.clone()).await);
-    }
+    let (nodes, _) = start_three(dir.path()).await;
     for d in nodes.values() {
         let (head, body) = http_get_with_head(d.http_addr(), "/");
         assert!(head.contains("content-type: text/html"), "{head}");

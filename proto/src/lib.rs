@@ -20,6 +20,10 @@ pub use error::WireError;
 pub mod lease {
     pub mod v1 {
         tonic::include_proto!("allot.lease.v1");
+
+        /// Most items one `LeaseBatch` call may carry (lease.proto): the agent refuses more,
+        /// the client sends no more.
+        pub const MAX_LEASES_PER_BATCH: usize = 64;
     }
 }
 

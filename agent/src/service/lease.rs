@@ -7,8 +7,8 @@ use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::SlotOutcome;
 use allot_core::ids::LeaseId;
 use allot_core::time::{Timestamp, Window};
-use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_server::LeaseService;
+use allot_proto::lease::v1::{self as pb, MAX_LEASES_PER_BATCH};
 use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
@@ -18,9 +18,6 @@ use crate::request::{LeaseAsk, Leased, Slotted};
 use crate::state::Agent;
 
 const SERVICE: &str = "lease";
-
-/// Most items one `LeaseBatch` call takes: bounds the work and the answer of one exchange.
-pub const MAX_LEASES_PER_BATCH: usize = 64;
 
 #[derive(Clone)]
 pub struct LeaseApi {
