@@ -226,6 +226,62 @@ async fn a_settle_retried_with_its_key_counts_once() {
 }
 
 #[tokio::test]
+async fn a_json_batch_answers_each_item_as_its_lease_would() {
+    let agent = agent("batch");
+    let http = agent.http.as_str();
+    let batch = |leases: Vec<Value>| post(http, "/v1/lease/batch", &json!({ "leases": leases }));
+    let (status, first) = batch(vec![
+        json!({ "target": target("api_key", "x"), "units_wanted": 30 }),
+        json!({ "target": target("api_key", "y"), "units_wanted": 500, "min_units": 500 }),
+        json!({ "target": { "domain": "" } }),
+        json!({ "target": target("api_key", "z"), "units_wanted": 5, "idempotency_key": "z1" }),
+    ]);
+    assert_eq!(status, 200, "{first}");
+    let items = first["results"].as_array().expect("results");
+    assert_eq!(items.len(), 4, "{first}");
+    assert_eq!(items[0]["lease"]["units"], 30);
+    assert_eq!(items[1]["lease"], Value::Null, "refused, as an answer");
+    assert_eq!(items[1]["decision"]["allowed"], false);
+    assert_eq!(items[2]["code"], "invalid_argument", "{}", items[2]);
+    assert!(
+        items[2]["error"]
+            .as_str()
+            .expect("error")
+            .contains("domain")
+    );
+    assert_eq!(items[3]["lease"]["units"], 5);
+
+    // Refill item 0's lease and replay item 3 by its key: the same id, and no second charge.
+    let id = items[0]["lease"]["lease_id"].as_u64().expect("lease id");
+    let (_, second) = batch(vec![
+        json!({ "target": target("api_key", "x"), "units_wanted": 10, "top_up_lease_id": id }),
+        json!({ "target": target("api_key", "z"), "units_wanted": 5, "idempotency_key": "z1" }),
+    ]);
+    assert_eq!(second["results"][0]["lease"]["lease_id"], id, "{second}");
+    // A replay answers as the first: the same lease (its relative times are read anew).
+    assert_eq!(
+        second["results"][1]["lease"]["lease_id"],
+        items[3]["lease"]["lease_id"]
+    );
+    assert_eq!(second["results"][1]["lease"]["units"], 5);
+    assert_eq!(net_units(&agent, "x"), 40);
+    assert_eq!(net_units(&agent, "y"), 0);
+    assert_eq!(net_units(&agent, "z"), 5);
+
+    // Over the batch limit: the call fails as a whole, nothing granted.
+    let many = vec![json!({ "target": target("api_key", "m"), "units_wanted": 1 }); 65];
+    let (status, refused) = batch(many);
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .expect("error")
+            .contains("at most 64")
+    );
+    assert_eq!(net_units(&agent, "m"), 0);
+}
+
+#[tokio::test]
 async fn bad_input_is_a_4xx_with_a_json_error() {
     let agent = agent("bad_input");
     let http = agent.http.as_str();
@@ -291,6 +347,14 @@ async fn bad_input_is_a_4xx_with_a_json_error() {
             "unknown lease",
         ),
         ("GET", "/v1/lease", "", String::new(), 405, "POST"),
+        (
+            "POST",
+            "/v1/lease/batch",
+            json_type,
+            r#"{"leases":{}}"#.into(),
+            422,
+            "leases",
+        ),
         (
             "POST",
             "/v1/acquire",

@@ -33,6 +33,7 @@ pub fn router(api: LeaseApi) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire).fallback(not_post))
         .route("/v1/lease", post(lease).fallback(not_post))
+        .route("/v1/lease/batch", post(lease_batch).fallback(not_post))
         .route("/v1/renew", post(renew).fallback(not_post))
         .route("/v1/release", post(release).fallback(not_post))
         .route("/v1/settle", post(settle).fallback(not_post))
@@ -108,6 +109,33 @@ struct LeaseJson {
     returns: Vec<ReturnJson>,
     #[serde(default)]
     top_up_lease_id: u64,
+}
+
+impl From<LeaseJson> for pb::LeaseRequest {
+    fn from(b: LeaseJson) -> Self {
+        pb::LeaseRequest {
+            target: b.target.map(Into::into),
+            units_wanted: b.units_wanted,
+            min_units: b.min_units,
+            ttl_ms: b.ttl_ms,
+            idempotency_key: b.idempotency_key,
+            returns: b
+                .returns
+                .into_iter()
+                .map(|r| pb::LeaseReturn {
+                    lease_id: r.lease_id,
+                    unused_units: r.unused_units,
+                })
+                .collect(),
+            top_up_lease_id: b.top_up_lease_id,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseBatchJson {
+    leases: Vec<LeaseJson>,
 }
 
 #[derive(Deserialize)]
@@ -205,11 +233,16 @@ fn answer<T>(
 ) -> Response {
     match result {
         Ok(r) => Json(to_json(r.into_inner())).into_response(),
-        Err(s) => {
-            let body = json!({ "error": s.message(), "code": code_name(s.code()) });
-            (http_status(s.code()), Json(body)).into_response()
-        }
+        Err(s) => (
+            http_status(s.code()),
+            Json(error_json(s.code(), s.message())),
+        )
+            .into_response(),
     }
+}
+
+fn error_json(code: Code, message: &str) -> Value {
+    json!({ "error": message, "code": code_name(code) })
 }
 
 fn decision_json(d: Option<pb::Decision>) -> Value {
@@ -249,35 +282,54 @@ async fn lease(
     body: Result<Json<LeaseJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
-        Ok(Json(b)) => pb::LeaseRequest {
-            target: b.target.map(Into::into),
-            units_wanted: b.units_wanted,
-            min_units: b.min_units,
-            ttl_ms: b.ttl_ms,
-            idempotency_key: b.idempotency_key,
-            returns: b
-                .returns
-                .into_iter()
-                .map(|r| pb::LeaseReturn {
-                    lease_id: r.lease_id,
-                    unused_units: r.unused_units,
-                })
-                .collect(),
-            top_up_lease_id: b.top_up_lease_id,
+        Ok(Json(b)) => b.into(),
+        Err(r) => return rejected(r),
+    };
+    answer(api.lease(Request::new(req)).await, lease_json)
+}
+
+/// `LeaseBatch`: `{"leases": [LEASE, ...]}` answered by `{"results": [...]}`, one per item in
+/// order, each a Lease answer or that item's `{"error", "code"}` (the body an error of
+/// `/v1/lease` would have had); the call's own errors (too many items) are the route's.
+async fn lease_batch(
+    State(api): State<LeaseApi>,
+    body: Result<Json<LeaseBatchJson>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(b)) => pb::LeaseBatchRequest {
+            leases: b.leases.into_iter().map(Into::into).collect(),
         },
         Err(r) => return rejected(r),
     };
-    answer(api.lease(Request::new(req)).await, |r| {
-        let lease = r.lease.map(|l| {
-            json!({
-                "lease_id": l.lease_id,
-                "units": l.units,
-                "expires_at_unix_ms": l.expires_at_unix_ms,
-                "ttl_ms": l.ttl_ms,
-            })
-        });
-        json!({ "lease": lease, "decision": decision_json(r.decision) })
+    answer(api.lease_batch(Request::new(req)).await, |r| {
+        let results: Vec<Value> = r.results.into_iter().map(batch_result_json).collect();
+        json!({ "results": results })
     })
+}
+
+fn batch_result_json(r: pb::LeaseBatchResult) -> Value {
+    use pb::lease_batch_result::Result as Item;
+    match r.result {
+        Some(Item::Lease(lease)) => lease_json(lease),
+        Some(Item::Error(e)) => error_json(Code::from_i32(e.code), &e.message),
+        // The agent always fills an item; an empty one would be its bug, said as one.
+        None => error_json(
+            Code::Internal,
+            "the agent answered a batch item with nothing",
+        ),
+    }
+}
+
+fn lease_json(r: pb::LeaseResponse) -> Value {
+    let lease = r.lease.map(|l| {
+        json!({
+            "lease_id": l.lease_id,
+            "units": l.units,
+            "expires_at_unix_ms": l.expires_at_unix_ms,
+            "ttl_ms": l.ttl_ms,
+        })
+    });
+    json!({ "lease": lease, "decision": decision_json(r.decision) })
 }
 
 async fn renew(
