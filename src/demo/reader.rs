@@ -15,6 +15,9 @@ const OBSERVE_EVERY: Duration = Duration::from_millis(250);
 /// roll their counters: a window's final count is read from the key as it was left
 /// (`previous_window` in `/v1/keys`).
 const AFTER_EDGE: Duration = Duration::from_millis(2);
+/// Tries of each agent's last read: a window's final count is read once, after traffic
+/// stopped, so one read lost to a loaded machine must not leave the window unjudged.
+const LAST_READ_TRIES: u32 = 5;
 /// Longest wait for a leader and every agent's sync stream before traffic starts.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -93,6 +96,20 @@ impl Reader {
         }
     }
 
+    /// An agent's key of `w`; the last read is tried again (after a pause) when it fails.
+    async fn read_key(&self, http: &str, w: &Watched, last: bool) -> Option<serde_json::Value> {
+        let tries = if last { LAST_READ_TRIES } else { 1 };
+        for attempt in 1..=tries {
+            if let Some(k) = get_json(http, &key_path(w)).await {
+                return Some(k);
+            }
+            if attempt < tries {
+                tokio::time::sleep(OBSERVE_EVERY).await;
+            }
+        }
+        None
+    }
+
     /// One read of everything; `last`: after traffic stopped.
     async fn read(&self, last: bool) {
         for (_, http) in &self.nodes {
@@ -102,7 +119,7 @@ impl Reader {
         }
         for (region, http) in &self.agents {
             for (i, w) in self.limits.iter().enumerate() {
-                if let Some(k) = get_json(http, &key_path(w)).await {
+                if let Some(k) = self.read_key(http, w, last).await {
                     let mut obs = lock(&self.obs);
                     obs.take_key(region, &k, last);
                     if i == 0 {
