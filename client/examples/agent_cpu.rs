@@ -33,6 +33,7 @@ struct Args {
     secs: u64,
     lease_units: u64,
     keys: usize,
+    early_refill_percent: Option<u8>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -43,6 +44,7 @@ fn parse() -> Result<Args, String> {
         secs: 4,
         lease_units: 100,
         keys: 1,
+        early_refill_percent: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +57,11 @@ fn parse() -> Result<Args, String> {
             "--secs" => args.secs = num(&value)?,
             "--lease-units" => args.lease_units = num(&value)?,
             "--keys" => args.keys = num(&value)?.clamp(1, CALLERS as u64) as usize,
+            "--early-refill-percent" => {
+                let p =
+                    u8::try_from(num(&value)?).map_err(|_| format!("{flag} {value}: over 255"))?;
+                args.early_refill_percent = Some(p);
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -85,6 +92,8 @@ fn agent_cpu(pid: u32) -> Duration {
 struct Measured {
     admitted: u64,
     rpcs: u64,
+    /// Lease requests per lease RPC (1 on the per-request side).
+    per_lease_rpc: f64,
     cpu: Duration,
 }
 
@@ -109,7 +118,7 @@ async fn run_client(args: &Args, client: &Arc<Client>) -> Measured {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let admitted = Arc::new(AtomicU64::new(0));
-    let (cpu0, rpcs0) = (agent_cpu(args.pid), rpcs_of(client));
+    let (cpu0, rpcs0, s0) = (agent_cpu(args.pid), rpcs_of(client), client.stats());
     let tasks: Vec<_> = (0..CALLERS)
         .map(|i| {
             let (client, key, stop, admitted) = (
@@ -135,13 +144,15 @@ async fn run_client(args: &Args, client: &Arc<Client>) -> Measured {
         .collect();
     tokio::time::sleep(Duration::from_secs(args.secs)).await;
     stop.store(true, Ordering::Relaxed);
-    let (cpu1, rpcs1) = (agent_cpu(args.pid), rpcs_of(client));
+    let (cpu1, rpcs1, s1) = (agent_cpu(args.pid), rpcs_of(client), client.stats());
     for t in tasks {
         let _ = t.await;
     }
     Measured {
         admitted: admitted.load(Ordering::Relaxed),
         rpcs: rpcs1 - rpcs0,
+        per_lease_rpc: (s1.lease_requests - s0.lease_requests) as f64
+            / (s1.lease_rpcs - s0.lease_rpcs).max(1) as f64,
         cpu: cpu1 - cpu0,
     }
 }
@@ -195,6 +206,7 @@ async fn run_acquire(args: &Args) -> Measured {
     Measured {
         admitted: admitted.load(Ordering::Relaxed),
         rpcs: admitted.load(Ordering::Relaxed),
+        per_lease_rpc: 1.0,
         cpu: cpu1 - cpu0,
     }
 }
@@ -215,6 +227,9 @@ async fn main() {
     let mut config = ClientConfig::new(format!("http://{}", args.agent));
     config.gateway.initial_lease_units = args.lease_units;
     config.gateway.max_lease_units = args.lease_units;
+    if let Some(p) = args.early_refill_percent {
+        config.gateway.early_refill_percent = p;
+    }
     let client = Arc::new(Client::start(config).expect("client"));
     let started = Instant::now();
     let mut ratios = Vec::new();
@@ -224,7 +239,7 @@ async fn main() {
         let ratio = per_cpu_sec(&leased) / per_cpu_sec(&direct);
         ratios.push(ratio);
         println!(
-            "round {round}: {} keys, leases of {}: {} admitted, {} RPCs (1/{:.0}), agent CPU {:.2} s, \
+            "round {round}: {} keys, leases of {}: {} admitted, {} RPCs (1/{:.0}, {:.2} leases per lease RPC), agent CPU {:.2} s, \
              {:.0} admitted per agent CPU-s | per request: {} admitted, agent CPU {:.2} s, \
              {:.0} per agent CPU-s | ratio {ratio:.1}x",
             args.keys,
@@ -232,6 +247,7 @@ async fn main() {
             leased.admitted,
             leased.rpcs,
             leased.admitted as f64 / leased.rpcs.max(1) as f64,
+            leased.per_lease_rpc,
             leased.cpu.as_secs_f64(),
             per_cpu_sec(&leased),
             direct.admitted,

@@ -507,6 +507,7 @@ impl Client {
             gateway.overage_dropped_units += s.overage_dropped_units;
             gateway.late_grants += s.late_grants;
             gateway.expired_units += s.expired_units;
+            gateway.early_refills += s.early_refills;
         }
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ClientStats {

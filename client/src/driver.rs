@@ -15,6 +15,7 @@ use allot_core::gateway::{
     LeaseDenial, LeaseGrant, LeaseRelease, LeaseWanted, SettleDelta, ToAgent,
 };
 use allot_core::ids::LeaseId;
+use allot_core::time::Timestamp;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use allot_proto::lease::v1::{self as pb, MAX_LEASES_PER_BATCH};
 use tokio::sync::{Semaphore, watch};
@@ -45,6 +46,13 @@ fn endpoint(address: &str, timeout: Duration) -> Result<Endpoint> {
             address: address.to_owned(),
             reason: e.to_string(),
         })
+}
+
+/// What a pass over the shards does before taking their messages.
+#[derive(Clone, Copy)]
+enum Poll {
+    Sweep,
+    EarlyRefills,
 }
 
 struct Driver {
@@ -91,15 +99,14 @@ impl Driver {
         self.ensure_connected().await;
         let now = self.shared.now();
         let mut messages = Vec::new();
-        for (index, shard) in self.shared.shards.iter().enumerate() {
-            let mut gateway = shard.lock();
-            gateway.handle_timeout(now);
-            while messages.len() < MAX_MESSAGES_PER_ROUND {
-                match gateway.poll_transmit(now) {
-                    Some(m) => messages.push((index, m)),
-                    None => break,
-                }
-            }
+        self.poll_shards(now, Poll::Sweep, &mut messages);
+        if messages
+            .iter()
+            .any(|(_, m)| matches!(m, ToAgent::LeaseWanted(_)))
+        {
+            // A request goes anyway: keys of every shard past their early mark ride with it,
+            // so many keys' refills share one exchange (`early_refill_percent`).
+            self.poll_shards(now, Poll::EarlyRefills, &mut messages);
         }
         if messages.len() >= MAX_MESSAGES_PER_ROUND {
             self.shared.wake_driver.notify_one();
@@ -122,6 +129,23 @@ impl Driver {
         self.send_leases(wanted).await;
         self.send_releases().await;
         self.send_slot_releases().await;
+    }
+
+    /// Takes every shard's messages, after its sweep or its early refills.
+    fn poll_shards(&self, now: Timestamp, poll: Poll, messages: &mut Vec<(usize, ToAgent)>) {
+        for (index, shard) in self.shared.shards.iter().enumerate() {
+            let mut gateway = shard.lock();
+            match poll {
+                Poll::Sweep => gateway.handle_timeout(now),
+                Poll::EarlyRefills => gateway.refill_early(now),
+            }
+            while messages.len() < MAX_MESSAGES_PER_ROUND {
+                match gateway.poll_transmit(now) {
+                    Some(m) => messages.push((index, m)),
+                    None => break,
+                }
+            }
+        }
     }
 
     /// Slots whose guards were dropped.

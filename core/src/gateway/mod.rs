@@ -93,6 +93,10 @@ struct HeldKey {
     denied_locally_units: u64,
     /// Ask for the next lease once held units fall below this.
     refill_below_units: u64,
+    /// Below this, the key is refilled with any other key's request (`early_refill_percent`).
+    early_below_units: u64,
+    /// The key is in the gateway's `early` queue (at most once).
+    early_listed: bool,
     /// The lease the request in flight asked to refill in place, if any. Emptied meanwhile,
     /// it is not reported ended until the answer: the agent may be adding to it.
     refill_of: Option<LeaseId>,
@@ -107,6 +111,22 @@ struct HeldKey {
 }
 
 impl HeldKey {
+    /// Could ride with another key's request: nothing asked, room for a lease, below the
+    /// early mark, not held back by a denial or an unreachable agent.
+    fn wants_early(&self, now: Timestamp, max_leases: usize) -> bool {
+        self.ask == Ask::None
+            && self.leases.len() < max_leases
+            && held_units(&self.leases) < self.early_below_units
+            && self.denied_until.is_none_or(|t| now >= t)
+            && self.unavailable_until.is_none_or(|t| now >= t)
+    }
+
+    /// Sets both refill marks from a grant of `units`.
+    fn mark_refills(&mut self, config: &GatewayConfig, units: u64) {
+        self.refill_below_units = units * u64::from(config.refill_threshold_percent) / 100;
+        self.early_below_units = units * u64::from(config.early_refill_percent) / 100;
+    }
+
     /// Queues a request for the next lease once the held units run low.
     fn prefetch_if_low(&mut self, max_leases: usize) {
         let low = self.ask == Ask::None
@@ -146,6 +166,10 @@ pub struct Gateway {
     /// Slots whose ask is `Queued`; each slot appears at most once (a queued key is never
     /// dropped), so the queue never holds more than `max_keys` entries.
     wants: VecDeque<u32>,
+    /// Slots past their early mark, refilled with the next request that goes anyway. At most
+    /// `max_keys` entries: a key is listed once, and entries left by forgotten keys are
+    /// checked again (and dropped) when the queue is drained.
+    early: VecDeque<u32>,
     outbox: VecDeque<ToAgent>,
     next_sweep_at: Option<Timestamp>,
     stats: GatewayStats,
@@ -156,6 +180,7 @@ impl Gateway {
         config.validate()?;
         Ok(Gateway {
             wants: VecDeque::with_capacity(config.max_keys),
+            early: VecDeque::new(),
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -195,6 +220,8 @@ impl Gateway {
             waiting_cost_units: 0,
             denied_locally_units: 0,
             refill_below_units: 0,
+            early_below_units: 0,
+            early_listed: false,
             refill_of: None,
             refill_of_emptied: false,
             denied_until: None,
@@ -262,6 +289,13 @@ impl Gateway {
                 // The request itself was recorded above; the rest of the chunk is demand too.
                 state.rate.record(taken.units - units);
                 state.prefetch_if_low(max_leases);
+                let list_early = !state.early_listed
+                    && state.wants_early(now, max_leases)
+                    && self.early.len() < self.config.max_keys;
+                if list_early {
+                    state.early_listed = true;
+                    self.early.push_back(handle.slot);
+                }
                 emptied = taken.emptied.then_some(taken.lease);
                 Ok(Chunk {
                     receipt: SpendReceipt {
@@ -358,6 +392,9 @@ impl Gateway {
         if let Some(msg) = self.outbox.pop_front() {
             return Some(msg);
         }
+        if !self.wants.is_empty() {
+            self.refill_early(now);
+        }
         while let Some(slot) = self.wants.pop_front() {
             let entry = &mut self.slots[slot as usize];
             let generation = entry.generation;
@@ -403,6 +440,26 @@ impl Gateway {
         None
     }
 
+    /// A request goes to the agent anyway: every key listed past its early mark that still
+    /// wants a lease is asked for with it ([`Gateway::poll_transmit`] calls this itself when
+    /// it has a request to send). A driver serving several gateways calls it on the others
+    /// when one of them has a request, then polls them, so the round's requests share one
+    /// exchange.
+    pub fn refill_early(&mut self, now: Timestamp) {
+        let max_leases = self.config.max_leases_per_key;
+        while let Some(slot) = self.early.pop_front() {
+            let Some(state) = self.slots[slot as usize].state.as_mut() else {
+                continue;
+            };
+            state.early_listed = false;
+            if state.wants_early(now, max_leases) {
+                state.ask = Ask::Queued { cost_units: 1 };
+                self.wants.push_back(slot);
+                self.stats.early_refills += 1;
+            }
+        }
+    }
+
     /// The agent granted a lease. A grant nobody waits for any more is released at once, so
     /// its units are never stranded.
     pub fn handle_lease_granted(&mut self, now: Timestamp, ticket: LeaseTicket, grant: LeaseGrant) {
@@ -435,8 +492,7 @@ impl Gateway {
             // to the later of the two, measured here from when the refill was asked.
             l.units_left = l.units_left.saturating_add(grant.units);
             l.expires_at = l.expires_at.max(expires_at);
-            state.refill_below_units =
-                grant.units * u64::from(config.refill_threshold_percent) / 100;
+            state.mark_refills(config, grant.units);
             state.waiting_cost_units = 0;
             return;
         }
@@ -460,8 +516,7 @@ impl Gateway {
                 units_left: grant.units,
                 expires_at,
             });
-            state.refill_below_units =
-                grant.units * u64::from(config.refill_threshold_percent) / 100;
+            state.mark_refills(config, grant.units);
             state.waiting_cost_units = 0;
         }
         for (lease, units) in released {

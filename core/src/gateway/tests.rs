@@ -23,6 +23,7 @@ fn config() -> GatewayConfig {
         max_lease_units: 1_000,
         lease_target: ms(500),
         refill_threshold_percent: 25,
+        early_refill_percent: 0,
         near_limit_divisor: 8,
         idle_release_after: Duration::from_secs(2),
         expiry_margin: ms(50),
@@ -111,6 +112,73 @@ fn the_next_lease_is_asked_for_before_the_held_one_runs_dry() {
     }
     assert!(matches!(g.try_spend(now, h, 1), Spend::Spent(_)));
     assert!(next_wanted(&mut g, now).is_some());
+}
+
+/// Keys a, b and c each hold a lease of 100 (one unit spent); b is spent to 40 held (past an
+/// early mark of 50, above the refill mark of 25), c to 60. Returns the gateway and the
+/// three handles.
+fn three_keys_b_past_its_early_mark(early_refill_percent: u8) -> (Gateway, [KeyHandle; 3]) {
+    let mut g = Gateway::new(GatewayConfig {
+        max_keys: 8,
+        early_refill_percent,
+        ..config()
+    })
+    .unwrap();
+    let limit = LimitId::from("api/key");
+    let h = ["a", "b", "c"].map(|k| g.key(T0, &limit, &KeyId::from(k)).unwrap());
+    for (i, &key) in h.iter().enumerate() {
+        stock(&mut g, key, T0, i as u64 + 1, 100);
+    }
+    for _ in 0..59 {
+        assert!(matches!(g.try_spend(T0, h[1], 1), Spend::Spent(_)));
+    }
+    for _ in 0..39 {
+        assert!(matches!(g.try_spend(T0, h[2], 1), Spend::Spent(_)));
+    }
+    assert_eq!(g.poll_transmit(T0), None, "no key is below its refill mark");
+    (g, h)
+}
+
+#[test]
+fn a_key_past_its_early_mark_is_refilled_with_another_keys_request() {
+    let (mut g, h) = three_keys_b_past_its_early_mark(50);
+    // a drops below 25 held: its request goes, and b rides with it; c (60 held) does not.
+    for _ in 0..76 {
+        assert!(matches!(g.try_spend(T0, h[0], 1), Spend::Spent(_)));
+    }
+    let asked: Vec<String> = std::iter::from_fn(|| next_wanted(&mut g, T0))
+        .map(|w| w.key.to_string())
+        .collect();
+    assert_eq!(asked, ["a", "b"]);
+    assert_eq!(g.stats().early_refills, 1);
+    // b's early request is in flight: spending past its refill mark asks nothing more.
+    for _ in 0..30 {
+        assert!(matches!(g.try_spend(T0, h[1], 1), Spend::Spent(_)));
+    }
+    assert_eq!(g.poll_transmit(T0), None);
+}
+
+#[test]
+fn with_early_refills_off_only_the_key_below_its_refill_mark_asks() {
+    let (mut g, h) = three_keys_b_past_its_early_mark(0);
+    for _ in 0..76 {
+        assert!(matches!(g.try_spend(T0, h[0], 1), Spend::Spent(_)));
+    }
+    let asked: Vec<String> = std::iter::from_fn(|| next_wanted(&mut g, T0))
+        .map(|w| w.key.to_string())
+        .collect();
+    assert_eq!(asked, ["a"]);
+    assert_eq!(g.stats().early_refills, 0);
+}
+
+#[test]
+fn an_early_mark_under_the_refill_mark_is_refused() {
+    let bad = GatewayConfig {
+        early_refill_percent: 10,
+        ..config()
+    };
+    let err = Gateway::new(bad).unwrap_err().to_string();
+    assert!(err.contains("early_refill_percent"), "{err}");
 }
 
 #[test]

@@ -31,6 +31,11 @@ pub struct GatewayConfig {
     /// Ask for the next lease once the units held fall below this percentage of the next
     /// lease's size, so the new lease arrives before the old one runs dry.
     pub refill_threshold_percent: u8,
+    /// When a lease request goes to the agent anyway, every other key whose held units are
+    /// below this percentage of its last grant is refilled in the same round, so a driver
+    /// that batches a round's requests (`LeaseBatch`) refills many keys per exchange instead
+    /// of one per key. 0 turns it off; otherwise at least `refill_threshold_percent`.
+    pub early_refill_percent: u8,
     /// Near the limit a lease takes at most `1 / near_limit_divisor` of the units the agent
     /// said remain, so several gateways share the tail and the last units go one at a time.
     pub near_limit_divisor: u64,
@@ -68,6 +73,7 @@ impl Default for GatewayConfig {
             max_lease_units: 1_000,
             lease_target: Duration::from_millis(500),
             refill_threshold_percent: 25,
+            early_refill_percent: 50,
             near_limit_divisor: 8,
             idle_release_after: Duration::from_secs(2),
             expiry_margin: Duration::from_millis(50),
@@ -92,6 +98,12 @@ impl GatewayConfig {
             "near_limit_divisor must be at least 1"
         } else if self.refill_threshold_percent > 100 {
             "refill_threshold_percent must be at most 100"
+        } else if self.early_refill_percent > 100 {
+            "early_refill_percent must be at most 100"
+        } else if self.early_refill_percent != 0
+            && self.early_refill_percent < self.refill_threshold_percent
+        {
+            "early_refill_percent must be 0 (off) or at least refill_threshold_percent"
         } else if self.sweep_interval.is_zero() {
             "sweep_interval must be positive"
         } else if u32::try_from(self.max_keys).is_err() {
@@ -257,4 +269,6 @@ pub struct GatewayStats {
     pub late_grants: u64,
     /// Units that expired unspent in a held lease (the agent counts them as spent).
     pub expired_units: u64,
+    /// Lease requests sent early, riding with another key's (`early_refill_percent`).
+    pub early_refills: u64,
 }
