@@ -202,6 +202,35 @@ fn a_release_leaves_the_region_enough_allowance_for_its_use_under_the_weight() {
     assert!(!acquire(&mut b, now, "api", "k", 1).allowed);
 }
 
+#[test]
+fn a_full_sliding_limit_keeps_a_key_whose_use_the_next_window_weighs() {
+    let one_key = |spec: LimitSpec| {
+        let cfg = BudgetConfig {
+            max_keys_per_limit: 1,
+            ..cfg()
+        };
+        let mut b = RegionBudget::new(cfg, vec![spec]).expect("valid config");
+        acquire(&mut b, at(0), "api", "a", 0);
+        assert!(acquire(&mut b, before(59_000), "api", "a", 1).allowed);
+        b.acquire(
+            judged(0),
+            AcquireRequest {
+                limit: lim("api"),
+                key: key("b"),
+                cost_units: 1,
+                request_id: None,
+            },
+        )
+    };
+    // A fixed window evicts `a`, idle in its new window, for `b`.
+    assert!(one_key(per_minute("api", 400)).is_ok());
+    // Evicted, `a` would count as unused in the window before if it came back: kept.
+    assert!(matches!(
+        one_key(sliding("api", 400)),
+        Err(crate::error::Error::TooManyKeys { .. })
+    ));
+}
+
 /// `p * (W - e) + (c + k) * W <= limit * W` from a tally of admitted units per window, with
 /// `p` taken as `previous` when given (the whole quota for a window before the start).
 fn fits(
