@@ -89,9 +89,15 @@ struct LimitSpecWire {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 enum QuotaWire {
     Unlimited,
-    Units { units: u64, window: Window },
+    Units {
+        units: u64,
+        window: Window,
+    },
     /// Added after the others: a sliding-window limit's quota.
-    SlidingUnits { units: u64, window: Window },
+    SlidingUnits {
+        units: u64,
+        window: Window,
+    },
 }
 
 impl From<LimitSpec> for LimitSpecWire {

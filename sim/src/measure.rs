@@ -179,7 +179,11 @@ impl Measure {
         let sliding_estimate = keys
             .iter()
             .zip(&true_windows)
-            .map(|(k, t)| scenario.limits.limits[k.limit_index].sliding.then(|| vec![0; t.windows]))
+            .map(|(k, t)| {
+                scenario.limits.limits[k.limit_index]
+                    .sliding
+                    .then(|| vec![0; t.windows])
+            })
             .collect();
         let local_raised_at = local_windows.iter().map(|t| vec![0; t.windows]).collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
@@ -248,15 +252,33 @@ impl Measure {
         local: Timestamp,
         units: u64,
     ) {
+        self.count_admitted(key, region, t, local, units);
+        if let Some(estimates) = self.sliding_estimate[key].as_mut() {
+            let table = &self.true_windows[key];
+            let t = t.as_unix_nanos();
+            let row = table.row(t);
+            let estimate = sliding_estimate_units(table, row, t);
+            estimates[row] = estimates[row].max(estimate);
+        }
+    }
+
+    /// [`Measure::admitted`] without the sliding estimate: a settle's units are counted in
+    /// the window of their reservation, but weighed only by the estimates taken after it
+    /// (taken at the reservation's instant with the window's later units, it would count
+    /// those at a weight they never had).
+    fn count_admitted(
+        &mut self,
+        key: usize,
+        region: usize,
+        t: Timestamp,
+        local: Timestamp,
+        units: u64,
+    ) {
         let t = t.as_unix_nanos();
         self.cell(key, region, t).admitted_units += units;
         let table = &mut self.true_windows[key];
         let row = table.row(t);
         table.admitted_total[row] += units;
-        if let Some(estimates) = self.sliding_estimate[key].as_mut() {
-            let estimate = sliding_estimate_units(table, row, t);
-            estimates[row] = estimates[row].max(estimate);
-        }
         let local_table = &mut self.local_windows[key];
         let local_row = local_table.row(local.as_unix_nanos());
         local_table.cells[local_row * self.regions + region].admitted_units += units;
@@ -279,7 +301,7 @@ impl Measure {
     ) {
         let (t, local) = admitted_at;
         if actual_units >= reserved_units {
-            self.admitted(key, region, t, local, actual_units - reserved_units);
+            self.count_admitted(key, region, t, local, actual_units - reserved_units);
             if actual_units > reserved_units {
                 let row = self.true_windows[key].row(t.as_unix_nanos());
                 let at = &mut self.overage_settled_at[key][row];

@@ -63,9 +63,16 @@ fn sliding_windows_are_judged_by_their_estimate_and_hold_it_through_a_partition(
             .iter()
             .filter(|w| !w.unbounded && !w.cut_off)
             .collect();
-        assert!(judged.len() >= 18, "seed {}: {} judged", seed.seed, judged.len());
+        assert!(
+            judged.len() >= 18,
+            "seed {}: {} judged",
+            seed.seed,
+            judged.len()
+        );
         for w in &judged {
-            let estimate = w.estimate_units.expect("a sliding window is judged by its estimate");
+            let estimate = w
+                .estimate_units
+                .expect("a sliding window is judged by its estimate");
             assert!(estimate >= w.admitted_units);
             if w.limit.ends_with("tenant") && w.start_ms >= 15_000 {
                 assert!(estimate <= w.quota_units, "{w:?}");

@@ -88,8 +88,12 @@ impl LimitParams {
     /// Whether the region holds every key's use of the window before `window`: a key with
     /// no count of it kept (`HotState::prev`) used none of it.
     pub fn holds_previous_window(&self, window: WindowIndex) -> bool {
-        self.prev_known_from
-            .is_some_and(|from| window.0.checked_sub(1).is_some_and(|before| before >= from.0))
+        self.prev_known_from.is_some_and(|from| {
+            window
+                .0
+                .checked_sub(1)
+                .is_some_and(|before| before >= from.0)
+        })
     }
 
     /// Counts nothing: disabled, or no quota.

@@ -117,7 +117,10 @@ fn previous_units(p: &LimitParams, ks: &KeyState, ctx: &Ctx) -> u64 {
     let quota = p.quota_units();
     let prev = ks.hot.as_deref().and_then(|h| h.prev);
     let (used, explicit) = match prev {
-        Some(prev) => (prev.net_units.saturating_add(prev.band_units), prev.explicit_units),
+        Some(prev) => (
+            prev.net_units.saturating_add(prev.band_units),
+            prev.explicit_units,
+        ),
         None if p.holds_previous_window(ks.window) => (0, None),
         None => return quota,
     };

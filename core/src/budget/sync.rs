@@ -678,7 +678,9 @@ fn release_in_key(
         Some(h) if target == window.next() => h.carry_units,
         _ => 0,
     };
-    let released = r.units.min(base.saturating_sub(kept_for(p, ks, fresh, now, current, n)));
+    let released = r
+        .units
+        .min(base.saturating_sub(kept_for(p, ks, fresh, now, current, n)));
     let after = base - released;
     let hot = ks.hot_mut();
     if current {

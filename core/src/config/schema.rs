@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use crate::ids::{LimitId, RegionId};
 use crate::limit::{
-    Algorithm, ConcurrencyCap, Consistency, FailureMode, LimitSpec, PartitionPolicy, Quota, RateCap,
-    RegionWeights, WEIGHT_SCALE_PPM,
+    Algorithm, ConcurrencyCap, Consistency, FailureMode, LimitSpec, PartitionPolicy, Quota,
+    RateCap, RegionWeights, WEIGHT_SCALE_PPM,
 };
 
 use super::errors::ConfigError;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::*;
 use crate::ids::{LimitId, RegionId};
 use crate::limit::{
-    Algorithm,
-    ConcurrencyCap, Consistency, FailureMode, PartitionPolicy, Quota, RateCap, RegionWeights,
+    Algorithm, ConcurrencyCap, Consistency, FailureMode, PartitionPolicy, Quota, RateCap,
+    RegionWeights,
 };
 use crate::time::Window;
 
@@ -1583,7 +1583,10 @@ descriptors:
     rate_limit: {requests_per_unit: 100, unit: minute}
 ";
     let config = load_ok(text);
-    assert_eq!(spec(&config, "api/tenant").algorithm, Algorithm::SlidingWindow);
+    assert_eq!(
+        spec(&config, "api/tenant").algorithm,
+        Algorithm::SlidingWindow
+    );
     assert!(spec(&config, "api/tenant").is_sliding());
     assert_eq!(spec(&config, "api/team").algorithm, Algorithm::FixedWindow);
     assert_eq!(spec(&config, "api/user").algorithm, Algorithm::FixedWindow);

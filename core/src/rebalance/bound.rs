@@ -269,7 +269,11 @@ impl Ctx<'_> {
                 None => held,
             };
             total = total.saturating_add(units);
-            let _ = write!(detail, "{r}: a={held}, u={:?} -> {units}; ", self.uncertainty(r));
+            let _ = write!(
+                detail,
+                "{r}: a={held}, u={:?} -> {units}; ",
+                self.uncertainty(r)
+            );
         }
         term(SLIDING_CLOCK_TERM, total, detail)
     }
@@ -277,7 +281,12 @@ impl Ctx<'_> {
     /// `|offset_j| + rtt_j / 2`, `None` without a clock sample.
     fn uncertainty(&self, region: &RegionId) -> Option<Duration> {
         self.inputs.clock_offset_nanos.get(region).map(|o| {
-            let rtt = self.inputs.round_trip_nanos.get(region).copied().unwrap_or(0);
+            let rtt = self
+                .inputs
+                .round_trip_nanos
+                .get(region)
+                .copied()
+                .unwrap_or(0);
             Duration::from_nanos(o.unsigned_abs().saturating_add(rtt / 2))
         })
     }
