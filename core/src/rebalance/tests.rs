@@ -1809,6 +1809,42 @@ fn a_window_with_settles_clamped_above_the_cap_is_unbounded() {
     assert_eq!(other.unbounded, None);
 }
 
+/// A sliding window's estimate weighs the window before (D54): a leader states a sliding
+/// rule's first window unbounded, since it did not watch the one before, and a window whose
+/// window before is unbounded is unbounded too.
+#[test]
+fn a_sliding_window_is_unbounded_where_the_window_before_is() {
+    let sliding = LimitSpec {
+        algorithm: crate::limit::Algorithm::SlidingWindow,
+        ..spec()
+    };
+    let mut w = world(&sliding);
+    let l = LimitId::from("l");
+    for t in [0, 250] {
+        w.up("a", at_ms(t));
+        w.up("b", at_ms(t));
+    }
+    let first = w.coord.bound(at_ms(500), &l, WindowIndex(100)).unwrap();
+    let why = first
+        .unbounded
+        .clone()
+        .expect("the window before was not watched");
+    assert!(why.starts_with("the window before is unbounded"), "{why}");
+    let next = w.coord.bound(at_ms(500), &l, WindowIndex(101)).unwrap();
+    assert_eq!(next.unbounded, None);
+    // Window 100's own terms (its skew, the clocks not sampled yet), counted again.
+    assert!(first.excess_units() > 0);
+    assert_eq!(term(&next, "previous_window").units, first.excess_units());
+    let clamped = BoundFigures {
+        settle_clamped_units: 7,
+        ..overage(5)
+    };
+    report_figures(&mut w, "a", at_ms(750), 100, clamped);
+    let next = w.coord.bound(at_ms(750), &l, WindowIndex(101)).unwrap();
+    let why = next.unbounded.expect("window 100 clamped settles");
+    assert!(why.contains("a clamped 7"), "{why}");
+}
+
 #[test]
 fn a_window_with_admissions_no_lease_could_be_charged_with_is_unbounded() {
     let mut w = world(&spec());
