@@ -806,7 +806,12 @@ traffic:
 "#;
 
     fn measure() -> (Scenario, Measure) {
-        let s = scenario(YAML);
+        measure_of(YAML)
+    }
+
+    /// The measurement of `yaml`'s one key over the whole run.
+    fn measure_of(yaml: &str) -> (Scenario, Measure) {
+        let s = scenario(yaml);
         let keys = vec![KeyMeta {
             limit_index: 0,
             limit: LimitId::from("api/t"),
@@ -835,18 +840,8 @@ traffic:
             "rate_limit: {unit: second, requests_per_unit: 100}",
             "rate_limit: {unit: second, requests_per_unit: 100}\n      allot: {algorithm: sliding_window}",
         );
-        let s = scenario(&yaml);
+        let (s, mut m) = measure_of(&yaml);
         assert!(s.limits.limits[0].sliding);
-        let keys = vec![KeyMeta {
-            limit_index: 0,
-            limit: LimitId::from("api/t"),
-            key: KeyId::from("t=1"),
-        }];
-        let local = [LocalRange {
-            first: s.start,
-            last: s.end() - Duration::from_nanos(1),
-        }; 2];
-        let mut m = Measure::new(&s, keys, &local).unwrap();
         // 100 at the end of window 0 (its window before, before the run, counts 0), then 40
         // at 250 ms into window 1 (estimate 100 * 0.75 + 40 = 115) and 30 more at 900 ms
         // (100 * 0.1 + 70 = 80): judged at 115, the largest, though 70 were admitted.
