@@ -8,7 +8,6 @@ mod persist;
 mod proptests;
 mod reload;
 mod restore;
-mod sliding;
 mod slots;
 mod stats;
 mod sync;
