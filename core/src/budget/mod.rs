@@ -33,6 +33,7 @@ mod limits;
 pub mod persist;
 mod restore;
 mod shared;
+mod sliding;
 mod slots;
 pub mod stats;
 mod sync;
@@ -178,11 +179,16 @@ impl RegionBudget {
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
         for spec in limits {
-            let params = LimitParams::new(spec, &self.cfg);
+            let mut params = LimitParams::new(spec, &self.cfg);
             let id = params.spec.id.clone();
             let state = match old.remove(&id) {
                 Some(mut s) if s.params.quota.map(|q| q.1) == params.quota.map(|q| q.1) => {
                     let changed = allocation_changed(&s.params.spec, &params.spec);
+                    // Under a fixed window a cold key forgets its window before when it
+                    // rolls: a switch to the sliding one starts counting again (D54).
+                    if s.params.spec.algorithm == params.spec.algorithm {
+                        params.prev_known_from = s.params.prev_known_from;
+                    }
                     s.params = params;
                     if changed {
                         self.drop_grants(&id, &mut s);
