@@ -131,6 +131,9 @@ pub struct KeyAccount {
     /// allowances, and states `allowance_units` at its own count of use, the old copy's,
     /// which may include units the lost copy refunded after the copy was taken.
     pub restore_awaiting: bool,
+    /// Units the end band admitted in that window that also count in the next one
+    /// (docs/budget.md, edge band): the next window's counter starts at them.
+    pub carry_units: u64,
 }
 
 impl RegionBudget {
@@ -418,6 +421,7 @@ impl RegionBudget {
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
                     restore_closed: ctx.restore.closes(start),
                     restore_awaiting: ctx.restore.awaiting,
+                    carry_units: ks.hot.as_ref().map_or(0, |h| h.carry_units),
                 });
             }
         }
