@@ -87,8 +87,8 @@ fn print_errors<'a>(errors: impl Iterator<Item = &'a ConfigError>, omitted: usiz
     ExitCode::FAILURE
 }
 
-/// `domain=D descriptor=P quota=N window=W mode=M`, plus `shadow`, `disabled`, `quota_mode`
-/// and `metadata` when set.
+/// `domain=D descriptor=P quota=N window=W mode=M`, plus `sliding_window`, `shadow`,
+/// `disabled`, `quota_mode` and `metadata` when set.
 /// Values with spaces or quotes are quoted, so each line splits on spaces.
 pub fn rule_line(rule: &Rule) -> String {
     let (quota, window, mode) = match rule.spec.quota {
@@ -106,6 +106,9 @@ pub fn rule_line(rule: &Rule) -> String {
         quoted(&rule.domain),
         quoted(&rule.descriptor_path()),
     );
+    if rule.spec.is_sliding() {
+        line.push_str(" sliding_window");
+    }
     if rule.spec.shadow_mode {
         line.push_str(" shadow");
     }

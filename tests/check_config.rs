@@ -238,6 +238,33 @@ fn values_with_spaces_are_quoted_so_lines_split_on_spaces() {
 }
 
 #[test]
+fn a_sliding_window_rule_says_so_and_an_eventual_one_is_refused() {
+    let path = scratch_file(
+        "sliding",
+        "limits.yaml",
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n    allot: {algorithm: sliding_window}\n",
+    );
+    let out = allot(&["check-config", arg(&path)]);
+    assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    assert_eq!(
+        stdout_lines(&out),
+        ["domain=api descriptor=k quota=100 window=1m mode=strict sliding_window"]
+    );
+    let path = scratch_file(
+        "sliding-eventual",
+        "limits.yaml",
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n    allot: {consistency: eventual, algorithm: sliding_window}\n",
+    );
+    let out = allot(&["check-config", arg(&path)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr_lines(&out)[0].contains("algorithm sliding_window needs consistency: strict"),
+        "{:?}",
+        stderr_lines(&out)
+    );
+}
+
+#[test]
 fn check_config_needs_at_least_one_file() {
     let out = allot(&["check-config"]);
     assert_eq!(

@@ -61,6 +61,8 @@ pub struct RuleInfo {
     /// `W`; `None` for an unlimited rule.
     pub window: Option<Duration>,
     pub shadow_mode: bool,
+    /// `allot.algorithm: sliding_window`: a refusal can lift before the window's end (D54).
+    pub sliding: bool,
     /// envoyproxy/ratelimit's `quota_mode`: over its limit, it refuses the request only when
     /// every quota-mode descriptor of the request is over.
     pub quota_mode: bool,
@@ -173,6 +175,7 @@ pub(crate) fn rule_info(spec: &LimitSpec, near_limit_ratio: f64) -> RuleInfo {
         quota_units,
         window,
         shadow_mode: spec.shadow_mode,
+        sliding: spec.is_sliding(),
         quota_mode: false,
         failure_mode: spec.failure_mode,
         near_limit_remaining_units: quota_units.saturating_sub(near_used),

@@ -29,6 +29,9 @@ pub struct NegativeCache {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     until: Timestamp,
+    /// When the window resets: `until` too, except under a sliding window, where the window
+    /// before's weight fades and a refusal lifts at its retry-after (D54).
+    reset_at: Timestamp,
     generation: u64,
     reason: Reason,
     limit_units: u64,
@@ -49,25 +52,36 @@ impl NegativeCache {
             allowed: false,
             remaining_units: 0,
             retry_after: Some(wait),
-            reset_after: wait,
+            reset_after: e.reset_at.saturating_duration_since(now),
             limit_units: e.limit_units,
             shadow_denied: false,
             reason: e.reason,
         })
     }
 
-    /// Remembers a refusal that only the window's end can lift.
-    pub fn remember(&self, now: Timestamp, key: (LimitId, KeyId), d: &Decision) {
+    /// Remembers a refusal that only time can lift: the window's end, or under a sliding
+    /// window (`fading`) the moment the window before's weight has faded enough, its
+    /// retry-after.
+    pub fn remember(&self, now: Timestamp, key: (LimitId, KeyId), d: &Decision, fading: bool) {
         let lifted_by_time_only = matches!(
             d.reason,
             Reason::Allowance | Reason::GlobalView | Reason::PartitionClosed
         );
-        if d.allowed || d.remaining_units > 0 || !lifted_by_time_only || d.retry_after.is_none() {
+        let Some(retry_after) = d.retry_after else {
+            return;
+        };
+        if d.allowed || d.remaining_units > 0 || !lifted_by_time_only {
             return;
         }
         let generation = self.generation.load(Ordering::Acquire);
+        let lifts_after = if fading {
+            retry_after.min(d.reset_after)
+        } else {
+            d.reset_after
+        };
         let entry = Entry {
-            until: now + d.reset_after,
+            until: now + lifts_after,
+            reset_at: now + d.reset_after,
             generation,
             reason: d.reason,
             limit_units: d.limit_units,
@@ -129,7 +143,7 @@ mod tests {
     #[test]
     fn a_used_up_key_is_refused_until_its_window_ends() {
         let c = NegativeCache::default();
-        c.remember(T, key(), &refusal(0, Reason::Allowance));
+        c.remember(T, key(), &refusal(0, Reason::Allowance), false);
         // 5 s later, 15 s of the 20 s are left.
         let d = c.check(T + Duration::from_secs(5), &key()).expect("cached");
         assert!(!d.allowed);
@@ -138,23 +152,37 @@ mod tests {
     }
 
     #[test]
+    fn a_sliding_window_refusal_is_cached_only_until_the_weight_lets_it_pass() {
+        let c = NegativeCache::default();
+        let d = Decision {
+            retry_after: Some(Duration::from_secs(3)),
+            ..refusal(0, Reason::Allowance)
+        };
+        c.remember(T, key(), &d, true);
+        let cached = c.check(T + Duration::from_secs(1), &key()).expect("cached");
+        assert_eq!(cached.retry_after, Some(Duration::from_secs(2)));
+        assert_eq!(cached.reset_after, Duration::from_secs(19));
+        assert!(c.check(T + Duration::from_secs(3), &key()).is_none());
+    }
+
+    #[test]
     fn refusals_that_something_else_can_lift_are_not_cached() {
         let c = NegativeCache::default();
         // Units are left (the request was just too big), or the rate cap refused.
-        c.remember(T, key(), &refusal(3, Reason::Allowance));
-        c.remember(T, key(), &refusal(0, Reason::RateCap));
-        c.remember(T, key(), &refusal(0, Reason::TooManyLeases));
+        c.remember(T, key(), &refusal(3, Reason::Allowance), false);
+        c.remember(T, key(), &refusal(0, Reason::RateCap), false);
+        c.remember(T, key(), &refusal(0, Reason::TooManyLeases), false);
         assert!(c.check(T, &key()).is_none());
     }
 
     #[test]
     fn a_refund_forgets_everything() {
         let c = NegativeCache::default();
-        c.remember(T, key(), &refusal(0, Reason::Allowance));
+        c.remember(T, key(), &refusal(0, Reason::Allowance), false);
         c.invalidate();
         assert!(c.check(T, &key()).is_none());
         // Entries remembered after the refund count again.
-        c.remember(T, key(), &refusal(0, Reason::Allowance));
+        c.remember(T, key(), &refusal(0, Reason::Allowance), false);
         assert!(c.check(T, &key()).is_some());
     }
 }

@@ -70,3 +70,76 @@ pub fn decode_body<T: DeserializeOwned>(what: &'static str, body: &[u8]) -> Resu
 pub fn unknown_format(what: &'static str, format: u8) -> Error {
     Error::corrupt(what, format!("unknown format byte {format:#04x}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use allot_core::ids::LimitId;
+    use allot_core::limit::{
+        Algorithm, ConcurrencyCap, Consistency, FailureMode, LimitSpec, PartitionPolicy, Quota,
+        RateCap, RegionWeights,
+    };
+    use allot_core::time::Window;
+    use serde::Serialize;
+
+    use super::*;
+
+    /// A limit as records held it before `algorithm` existed: the fields in their order.
+    #[derive(Serialize)]
+    struct LimitSpecBeforeAlgorithm {
+        id: LimitId,
+        quota: Quota,
+        consistency: Consistency,
+        weights: RegionWeights,
+        partition_policy: PartitionPolicy,
+        rate_cap: Option<RateCap>,
+        concurrency: Option<ConcurrencyCap>,
+        failure_mode: FailureMode,
+        enabled: bool,
+        shadow_mode: bool,
+        detailed_metric: bool,
+        name: Option<String>,
+        replaces: Vec<String>,
+        max_settle_overage_ppm: u64,
+    }
+
+    #[test]
+    fn limits_stored_before_the_algorithm_existed_read_as_fixed_windows() {
+        let window = Window::new(Duration::from_secs(60));
+        let old = LimitSpecBeforeAlgorithm {
+            id: LimitId::new("api/tenant"),
+            quota: Quota::Units { units: 100, window },
+            consistency: Consistency::Strict,
+            weights: RegionWeights::default(),
+            partition_policy: PartitionPolicy::Closed,
+            rate_cap: None,
+            concurrency: None,
+            failure_mode: FailureMode::Closed,
+            enabled: true,
+            shadow_mode: false,
+            detailed_metric: true,
+            name: Some("n".into()),
+            replaces: vec!["m".into()],
+            max_settle_overage_ppm: 7,
+        };
+        let bytes = encode("limits", &vec![old]).expect("encodes");
+        let read: Vec<LimitSpec> = decode("limits", &bytes).expect("the old layout reads");
+        let mut want = LimitSpec::simple("api/tenant", 100, Duration::from_secs(60));
+        want.partition_policy = PartitionPolicy::Closed;
+        want.failure_mode = FailureMode::Closed;
+        want.detailed_metric = true;
+        want.name = Some("n".into());
+        want.replaces = vec!["m".into()];
+        want.max_settle_overage_ppm = 7;
+        assert_eq!(read, vec![want.clone()]);
+        // A sliding limit goes through the same layout and comes back sliding.
+        let sliding = LimitSpec {
+            algorithm: Algorithm::SlidingWindow,
+            ..want
+        };
+        let bytes = encode("limits", &vec![sliding.clone(), sliding.clone()]).expect("encodes");
+        let read: Vec<LimitSpec> = decode("limits", &bytes).expect("reads");
+        assert_eq!(read, vec![sliding.clone(), sliding]);
+    }
+}

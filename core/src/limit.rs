@@ -16,6 +16,7 @@ use crate::time::Window;
 pub const WEIGHT_SCALE_PPM: u64 = 1_000_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "LimitSpecWire", into = "LimitSpecWire")]
 pub struct LimitSpec {
     pub id: LimitId,
     pub quota: Quota,
@@ -40,9 +41,124 @@ pub struct LimitSpec {
     /// Most a settle may charge above its reservation, in parts per million of the
     /// reservation ([`WEIGHT_SCALE_PPM`] is a ratio of 1); more is clamped and counted. It
     /// makes the bound's settle-overage term a guarantee (docs/bound.md). A limit written
-    /// before the field existed reads as 0.
-    #[serde(default)]
+    /// before the field existed reads as 0 (JSON).
     pub max_settle_overage_ppm: u64,
+    /// How a region counts against its allowance within a window (docs/decisions.md, D54).
+    /// Stored inside the quota's encoding ([`LimitSpecWire`]), so that limits written before
+    /// the field existed read as fixed windows.
+    pub algorithm: Algorithm,
+}
+
+/// The counting algorithm of a rule (`allot.algorithm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Algorithm {
+    /// Units per aligned window; every unit of a window counts until it ends.
+    #[default]
+    FixedWindow,
+    /// The estimate `P * (1 - f) + C <= L` over the trailing window, `P` the previous
+    /// window's units, `C` the current one's, `f` the elapsed fraction of the current window
+    /// (docs/algorithms.md). Strict limits only.
+    SlidingWindow,
+}
+
+/// How a [`LimitSpec`] is serialised: its fields as they were before `algorithm` existed,
+/// with the algorithm folded into the quota as a variant added last. Postcard keeps no field
+/// names, so a new field would change the layout of every stored record that holds a limit
+/// (the coordinator's snapshots and log entries); a new last variant leaves every record
+/// written before it readable (as D18's records). JSON keeps `max_settle_overage_ppm`
+/// optional, as it was.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct LimitSpecWire {
+    id: LimitId,
+    quota: QuotaWire,
+    consistency: Consistency,
+    weights: RegionWeights,
+    partition_policy: PartitionPolicy,
+    rate_cap: Option<RateCap>,
+    concurrency: Option<ConcurrencyCap>,
+    failure_mode: FailureMode,
+    enabled: bool,
+    shadow_mode: bool,
+    detailed_metric: bool,
+    name: Option<String>,
+    replaces: Vec<String>,
+    #[serde(default)]
+    max_settle_overage_ppm: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+enum QuotaWire {
+    Unlimited,
+    Units {
+        units: u64,
+        window: Window,
+    },
+    /// Added after the others: a sliding-window limit's quota.
+    SlidingUnits {
+        units: u64,
+        window: Window,
+    },
+}
+
+impl From<LimitSpec> for LimitSpecWire {
+    fn from(s: LimitSpec) -> Self {
+        let quota = match (s.quota, s.algorithm) {
+            (Quota::Unlimited, _) => QuotaWire::Unlimited,
+            (Quota::Units { units, window }, Algorithm::FixedWindow) => {
+                QuotaWire::Units { units, window }
+            }
+            (Quota::Units { units, window }, Algorithm::SlidingWindow) => {
+                QuotaWire::SlidingUnits { units, window }
+            }
+        };
+        LimitSpecWire {
+            id: s.id,
+            quota,
+            consistency: s.consistency,
+            weights: s.weights,
+            partition_policy: s.partition_policy,
+            rate_cap: s.rate_cap,
+            concurrency: s.concurrency,
+            failure_mode: s.failure_mode,
+            enabled: s.enabled,
+            shadow_mode: s.shadow_mode,
+            detailed_metric: s.detailed_metric,
+            name: s.name,
+            replaces: s.replaces,
+            max_settle_overage_ppm: s.max_settle_overage_ppm,
+        }
+    }
+}
+
+impl From<LimitSpecWire> for LimitSpec {
+    fn from(w: LimitSpecWire) -> Self {
+        let (quota, algorithm) = match w.quota {
+            QuotaWire::Unlimited => (Quota::Unlimited, Algorithm::FixedWindow),
+            QuotaWire::Units { units, window } => {
+                (Quota::Units { units, window }, Algorithm::FixedWindow)
+            }
+            QuotaWire::SlidingUnits { units, window } => {
+                (Quota::Units { units, window }, Algorithm::SlidingWindow)
+            }
+        };
+        LimitSpec {
+            id: w.id,
+            quota,
+            consistency: w.consistency,
+            weights: w.weights,
+            partition_policy: w.partition_policy,
+            rate_cap: w.rate_cap,
+            concurrency: w.concurrency,
+            failure_mode: w.failure_mode,
+            enabled: w.enabled,
+            shadow_mode: w.shadow_mode,
+            detailed_metric: w.detailed_metric,
+            name: w.name,
+            replaces: w.replaces,
+            max_settle_overage_ppm: w.max_settle_overage_ppm,
+            algorithm,
+        }
+    }
 }
 
 impl LimitSpec {
@@ -66,7 +182,17 @@ impl LimitSpec {
             name: None,
             replaces: Vec::new(),
             max_settle_overage_ppm: 0,
+            algorithm: Algorithm::FixedWindow,
         }
+    }
+
+    /// Counts by the sliding window estimate: a strict, metered limit with that algorithm
+    /// (the configuration refuses it with eventual consistency, D54; a limit built in code
+    /// that asks for it there counts in fixed windows).
+    pub fn is_sliding(&self) -> bool {
+        self.algorithm == Algorithm::SlidingWindow
+            && self.consistency == Consistency::Strict
+            && matches!(self.quota, Quota::Units { .. })
     }
 
     /// Most a settle may charge above a reservation of `reserved_units`:

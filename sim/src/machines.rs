@@ -733,12 +733,20 @@ impl RegionNode for CoreRegion {
             return;
         };
         let now = self.saw(now);
-        self.used_at_reload = self
-            .budget
-            .key_accounts(now)
-            .into_iter()
-            .map(|k| (k.counter, k.granted_units.saturating_sub(k.refunded_units)))
-            .collect();
+        // What the old configuration admitted: each key's counter, and what its end band
+        // already carried into the next window's (a reload lowers that allowance too).
+        let mut used = BTreeMap::new();
+        for k in self.budget.key_accounts(now) {
+            if k.carry_units > 0 {
+                let next = CounterRef {
+                    window: k.counter.window.next(),
+                    ..k.counter.clone()
+                };
+                used.insert(next, k.carry_units);
+            }
+            used.insert(k.counter, k.granted_units.saturating_sub(k.refunded_units));
+        }
+        self.used_at_reload = used;
         self.budget.set_limits(now, limits);
         self.budget.set_config_version(reload_version(reload));
         self.config = Some(reload);

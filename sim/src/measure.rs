@@ -106,6 +106,11 @@ pub struct Measure {
     leaderless: Vec<Vec<bool>>,
     /// Per key and true window: the latest true time a settle raised the window's use.
     overage_settled_at: Vec<Vec<u64>>,
+    /// Per key of a sliding-window limit, per true window: the largest estimate
+    /// `P * (W - e) / W + C` at any admission (rounded up), `P` the window before's units and
+    /// `C` this window's so far (D54). The estimate only grows at admissions (between them
+    /// the window before's weight falls), so this is its largest over the window.
+    sliding_estimate: Vec<Option<Vec<u64>>>,
     /// Per key and window index on the regions' clocks (rows of `local_windows`): the latest
     /// true time an admission or a settle raised its use. A region behind admits in an index
     /// after its true window ended, so the true window's end does not say when the
@@ -171,6 +176,15 @@ impl Measure {
         let bounds_first_index = bound_tables.iter().map(|t| t.first_index).collect();
         let leaderless = bounds.iter().map(|b| vec![false; b.len()]).collect();
         let overage_settled_at = true_windows.iter().map(|t| vec![0; t.windows]).collect();
+        let sliding_estimate = keys
+            .iter()
+            .zip(&true_windows)
+            .map(|(k, t)| {
+                scenario.limits.limits[k.limit_index]
+                    .sliding
+                    .then(|| vec![0; t.windows])
+            })
+            .collect();
         let local_raised_at = local_windows.iter().map(|t| vec![0; t.windows]).collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
         let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
@@ -178,6 +192,7 @@ impl Measure {
         Some(Measure {
             leaderless,
             overage_settled_at,
+            sliding_estimate,
             local_raised_at,
             judge_until_nanos,
             start_nanos: start,
@@ -237,6 +252,28 @@ impl Measure {
         local: Timestamp,
         units: u64,
     ) {
+        self.count_admitted(key, region, t, local, units);
+        if let Some(estimates) = self.sliding_estimate[key].as_mut() {
+            let table = &self.true_windows[key];
+            let t = t.as_unix_nanos();
+            let row = table.row(t);
+            let estimate = sliding_estimate_units(table, row, t);
+            estimates[row] = estimates[row].max(estimate);
+        }
+    }
+
+    /// [`Measure::admitted`] without the sliding estimate: a settle's units are counted in
+    /// the window of their reservation, but weighed only by the estimates taken after it
+    /// (taken at the reservation's instant with the window's later units, it would count
+    /// those at a weight they never had).
+    fn count_admitted(
+        &mut self,
+        key: usize,
+        region: usize,
+        t: Timestamp,
+        local: Timestamp,
+        units: u64,
+    ) {
         let t = t.as_unix_nanos();
         self.cell(key, region, t).admitted_units += units;
         let table = &mut self.true_windows[key];
@@ -264,7 +301,7 @@ impl Measure {
     ) {
         let (t, local) = admitted_at;
         if actual_units >= reserved_units {
-            self.admitted(key, region, t, local, actual_units - reserved_units);
+            self.count_admitted(key, region, t, local, actual_units - reserved_units);
             if actual_units > reserved_units {
                 let row = self.true_windows[key].row(t.as_unix_nanos());
                 let at = &mut self.overage_settled_at[key][row];
@@ -456,6 +493,7 @@ impl Measure {
         let complete =
             window_start >= self.start_nanos && window_start + table.window_nanos <= self.end_nanos;
         let wanted = demand.min(quota);
+        let estimate = self.sliding_estimate[k].as_ref().map(|e| e[row]);
         WindowReport {
             limit: meta.limit.to_string(),
             key: meta.key.to_string(),
@@ -467,7 +505,8 @@ impl Measure {
             admitted_units_per_region: cells.iter().map(|c| c.admitted_units).collect(),
             admitted_units_on_region_clocks: on_region_clocks,
             demand_units: demand,
-            overshoot_units: admitted.saturating_sub(quota),
+            overshoot_units: estimate.unwrap_or(admitted).saturating_sub(quota),
+            estimate_units: estimate,
             bound_units: bound.as_ref().map(|b| b.total_units),
             unbounded: bound.is_none(),
             cut_off: self.cut_off(k, row),
@@ -555,6 +594,21 @@ impl Measure {
     }
 }
 
+/// `ceil(P * (W - e) / W) + C` after an admission at true time `t` in row `row`: the sliding
+/// window's estimate over the trailing window, every region's units together. Nothing was
+/// admitted before the run, so the first row's window before counts 0.
+fn sliding_estimate_units(table: &WindowTable, row: usize, t: u64) -> u64 {
+    let w = u128::from(table.window_nanos);
+    let elapsed = u128::from(t % table.window_nanos);
+    let previous = row
+        .checked_sub(1)
+        .map_or(0, |r| u128::from(table.admitted_total[r]));
+    let faded = (previous * (w - elapsed)).div_ceil(w);
+    u64::try_from(faded)
+        .unwrap_or(u64::MAX)
+        .saturating_add(table.admitted_total[row])
+}
+
 /// How long after an event its statement may take to reach the judged bound: the region's
 /// next SyncUp (a sync interval), its delivery (the largest latency plus every link fault's
 /// delay and reorder window), the coordinator's next statement of an ended window (a sync
@@ -619,8 +673,12 @@ pub struct WindowReport {
     /// the strict invariant holds exactly, whatever the skew.
     pub admitted_units_on_region_clocks: u64,
     pub demand_units: u64,
-    /// `max(0, admitted - quota)`.
+    /// `max(0, admitted - quota)`; for a sliding-window limit `max(0, estimate - quota)`.
     pub overshoot_units: u64,
+    /// A sliding-window limit's largest estimate over the window (`P * (1 - f) + C`, every
+    /// region's units, rounded up), which its bound is judged against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_units: Option<u64>,
     /// The bound stated for the window (each term at the largest the coordinator reported);
     /// `None` when the window is unbounded.
     pub bound_units: Option<u64>,
@@ -774,6 +832,30 @@ traffic:
     /// The index of the one-second window holding `millis` into the run.
     fn window_of(s: &Scenario, millis: u64) -> WindowIndex {
         WindowIndex(at(s, millis).as_unix_nanos() / 1_000_000_000)
+    }
+
+    #[test]
+    fn a_sliding_window_is_judged_by_its_largest_estimate() {
+        let yaml = YAML.replace(
+            "rate_limit: {unit: second, requests_per_unit: 100}",
+            "rate_limit: {unit: second, requests_per_unit: 100}\n      allot: {algorithm: sliding_window}",
+        );
+        let (s, mut m) = measure_of(&yaml);
+        assert!(s.limits.limits[0].sliding);
+        // 100 at the end of window 0 (its window before, before the run, counts 0), then 40
+        // at 250 ms into window 1 (estimate 100 * 0.75 + 40 = 115) and 30 more at 900 ms
+        // (100 * 0.1 + 70 = 80): judged at 115, the largest, though 70 were admitted.
+        m.admitted(0, 0, at(&s, 999), at(&s, 999), 100);
+        m.admitted(0, 1, at(&s, 1_250), at(&s, 1_250), 40);
+        m.admitted(0, 0, at(&s, 1_900), at(&s, 1_900), 30);
+        let w = m.windows();
+        assert_eq!((w[0].estimate_units, w[0].overshoot_units), (Some(100), 0));
+        assert_eq!(w[1].admitted_units, 70);
+        assert_eq!((w[1].estimate_units, w[1].overshoot_units), (Some(115), 15));
+        // Rounded up: 33 in window 2 at a third of the way, 70 * 2/3 = 46.67 -> 47 + 33 = 80.
+        m.admitted(0, 0, at(&s, 2_333), at(&s, 2_333), 33);
+        let w = m.windows();
+        assert_eq!(w[2].estimate_units, Some(47 + 33));
     }
 
     #[test]

@@ -238,11 +238,13 @@ impl SeedReport {
                     "overshoot_above_bound",
                     w.start_ms,
                     format!(
-                        "{} {} window {}: admitted {} of quota {}, overshoot {} above bound {}",
+                        "{} {} window {}: admitted {}{} of quota {}, overshoot {} above bound {}",
                         w.limit,
                         w.key,
                         w.index,
                         w.admitted_units,
+                        w.estimate_units
+                            .map_or(String::new(), |e| format!(" (sliding estimate {e})")),
                         w.quota_units,
                         w.overshoot_units,
                         bound

@@ -2695,3 +2695,18 @@ fn a_region_that_switches_versions_after_an_add_back_takes_the_zeroes_first() {
 const SWARM_954: &str = include_str!(
     "../swarm-findings/seed-954-region-allowance-above-table-switch-after-add-back.yaml"
 );
+
+/// Swarm seed 66, shrunk (`sim/swarm-findings/seed-66-overshoot-above-bound-sliding-estimate-after-settles.yaml`):
+/// a sliding-window rule (D54) with LLM reservations settled up to 15 s later. The
+/// measurement took the sliding estimate again at every settle, at the reservation's instant
+/// with the window's later units, and found 12,784 against a quota of 7,206 and a bound of
+/// 0 (`overshoot_above_bound`); at every admission it was at most 7,184. A settle's units are
+/// now weighed by the estimates taken after it. After: 0 violations.
+#[test]
+fn a_settle_is_weighed_from_the_settle_on() {
+    assert_no_violation(&run_tiers("swarm-66", SWARM_66, 66..68, SLOW_SEEDS));
+}
+
+const SWARM_66: &str = include_str!(
+    "../swarm-findings/seed-66-overshoot-above-bound-sliding-estimate-after-settles.yaml"
+);

@@ -48,6 +48,48 @@ fn every_shipped_scenario_holds_every_invariant_on_a_few_seeds() {
 }
 
 #[test]
+fn sliding_windows_are_judged_by_their_estimate_and_hold_it_through_a_partition() {
+    // Demand is above the quota in every window, so the window before always weighs. Every
+    // window of both limits is judged by the sliding window's estimate over all regions
+    // (D54); `tenant` (floor) holds the quota with a bound of 0 once a window and the one
+    // before it were watched whole, and `batch` (open while partitioned) states its fail-open
+    // units again in the next window. With the weight ignored (each region admitting its
+    // whole allowance) the estimate went up to 554 units above a bound of 0.
+    let r = run("sliding-partition", FAST_SEEDS);
+    assert_eq!(r.figures.violations, 0);
+    for seed in &r.per_seed {
+        let judged: Vec<_> = seed
+            .windows
+            .iter()
+            .filter(|w| !w.unbounded && !w.cut_off)
+            .collect();
+        assert!(
+            judged.len() >= 18,
+            "seed {}: {} judged",
+            seed.seed,
+            judged.len()
+        );
+        for w in &judged {
+            let estimate = w
+                .estimate_units
+                .expect("a sliding window is judged by its estimate");
+            assert!(estimate >= w.admitted_units);
+            if w.limit.ends_with("tenant") && w.start_ms >= 15_000 {
+                assert!(estimate <= w.quota_units, "{w:?}");
+            }
+        }
+        let previous = judged.iter().filter(|w| {
+            w.bound.as_ref().is_some_and(|b| {
+                b.terms
+                    .iter()
+                    .any(|t| t.name == "previous_window" && t.units > 0)
+            })
+        });
+        assert!(previous.count() >= 3, "seed {}", seed.seed);
+    }
+}
+
+#[test]
 fn rebalancing_follows_the_sun_where_a_static_split_cannot() {
     // Each region peaks well above its third of the quota while the others are quiet.
     let r = run("follow-the-sun", FAST_SEEDS);

@@ -77,6 +77,7 @@ fn drawn_worlds_vary() {
     for f in [
         "strict",
         "eventual",
+        "sliding_window",
         "floor",
         "closed",
         "open",
@@ -201,6 +202,7 @@ fn fails_open_through_an_agent_crash() -> World {
         policy: PartitionPolicy::Floor,
         rate_cap: None,
         failure_closed: false,
+        sliding: false,
     };
     let source = |region, limit, key, per_sec| SourceDraw {
         region,

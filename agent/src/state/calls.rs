@@ -194,7 +194,7 @@ impl Agent {
                 Leased::Granted { rule, grant }
             }
             LeaseOutcome::Denied(decision) => {
-                self.negative.remember(now, pair, &decision);
+                self.negative.remember(now, pair, &decision, rule.sliding);
                 count(&rule, &decision);
                 Leased::Denied { rule, decision }
             }
@@ -348,7 +348,7 @@ impl Agent {
     ) -> Result<Checked> {
         match res {
             Ok(decision) => {
-                self.negative.remember(now, pair, &decision);
+                self.negative.remember(now, pair, &decision, rule.sliding);
                 Ok(record(rule, decision))
             }
             // Not an answer: a refused request id (reused for another request) must reach the

@@ -12,6 +12,7 @@ use super::config::DEMAND_WARMUP_DIVISOR;
 use super::key::KeyState;
 use super::limits::LimitParams;
 use super::restore::RestoreGate;
+use super::sliding;
 use super::stats::{GRANT_RATE_BUCKET, LimitStats, WindowStats};
 use crate::algo::gcra::{Gcra, GcraDecision, GcraState};
 use crate::limit::{PartitionPolicy, RateCap};
@@ -236,7 +237,14 @@ pub(crate) fn admit(
     now: Timestamp,
     want: Want,
 ) -> Admission {
-    let a = allowance(p, ks, ks.window, ctx);
+    let held = allowance(p, ks, ks.window, ctx);
+    // A sliding window admits only the share of its allowance the window before leaves
+    // (D54); the allowance itself, what the table and the invariants hold, is unchanged.
+    let weight = sliding::weight(p, ks, ctx, now);
+    let a = Allowance {
+        units: weight.map_or(held.units, |w| w.scale(held.units)),
+        ..held
+    };
     let band = edge_band(p, ctx, ks.window, now);
     let want = match band {
         None => Some(want),
@@ -265,13 +273,27 @@ pub(crate) fn admit(
     };
     let head = a.units.saturating_sub(ks.net_units());
     let open = open_cap(p, ks, stats, ctx, now).filter(|_| a.open);
-    let (plan, wanted) = match want {
+    let (mut plan, wanted) = match want {
         Want::Exact(cost) => (plan_exact(p, ks, &a, open, now, cost), cost),
         Want::UpTo { units, min_units } => {
             let range = LeaseRange { units, min_units };
             (plan_up_to(p, ks, &a, open, now, range), units)
         }
     };
+    if let (Some(w), Some((reason, retry))) = (weight, plan.refusal.as_mut())
+        && *reason == a.reason
+    {
+        // Refused by the weight, the units may fit before the window's end as it fades.
+        let least = match want {
+            Want::Exact(cost) => cost,
+            Want::UpTo { min_units, .. } => min_units.max(1),
+        };
+        let needed = ks.net_units().saturating_add(least);
+        if let Some(at) = w.retry_at(held.units, needed) {
+            let fade = at.saturating_duration_since(now);
+            *retry = retry.map(|r| r.min(fade));
+        }
+    }
     let mut window_stats = stats.window_mut(ks.window);
     let mut out = Admission {
         allowed: true,
@@ -391,11 +413,26 @@ fn band_room(p: &LimitParams, ks: &KeyState, ctx: &Ctx, side: BandSide) -> u64 {
             Some(prev) if ks.window.0 > 0 => {
                 let before = WindowIndex(ks.window.0 - 1);
                 let held = prev_allowance(p, ctx, before, prev.explicit_units);
+                let held = start_band_share(p, ctx, held);
                 held.saturating_sub(prev.net_units.saturating_add(prev.band_units))
             }
             _ => 0,
         },
     }
+}
+
+/// What the window before may count of a start-band admission. Under a sliding window a unit
+/// in the band may lie, on the coordinator's clock, in the last `e` of the window before,
+/// where the window before that one still weighs up to `e / W` of the quota: the band counts
+/// against the allowance scaled by `1 - e / W`, which that weight can never exceed (D54).
+fn start_band_share(p: &LimitParams, ctx: &Ctx, held_units: u64) -> u64 {
+    let Some(e) = ctx.edge_band.filter(|_| p.is_sliding()) else {
+        return held_units;
+    };
+    let w = u128::from(duration_nanos(p.window_len()).max(1));
+    let kept = w.saturating_sub(u128::from(duration_nanos(e)));
+    // At most `held_units`, so it fits.
+    u64::try_from(u128::from(held_units) * kept / w).unwrap_or(held_units)
 }
 
 /// The allowance the window before held, as [`held_allowance`] would have given it (its

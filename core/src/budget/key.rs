@@ -180,7 +180,11 @@ impl KeyState {
     /// Move to `window` if it is later: counters restart at zero, a pre-issued allowance for
     /// it takes effect, and unacknowledged final values of a reported counter are kept aside
     /// for the next SyncUp. Time never moves a key back. Returns true if it moved.
-    pub fn roll(&mut self, window: WindowIndex) -> bool {
+    ///
+    /// `keep_previous`: the limit counts by the sliding window, which weighs the window just
+    /// ended by its use (docs/decisions.md, D54): a cold key that used it gets a boxed part to
+    /// remember that use in ([`HotState::prev`]), as a hot key always does.
+    pub fn roll(&mut self, window: WindowIndex, keep_previous: bool) -> bool {
         if window <= self.window {
             return false;
         }
@@ -193,6 +197,9 @@ impl KeyState {
         self.window = window;
         self.granted_units = 0;
         self.refunded_units = 0;
+        if keep_previous && next && closing.granted_units > closing.refunded_units {
+            self.hot_mut();
+        }
         if let Some(hot) = self.hot.as_mut() {
             self.granted_units = hot.roll(window, closing, next);
         }
@@ -208,9 +215,11 @@ impl KeyState {
     }
 
     /// The key remembers a window before it that was used or granted, which its start band
-    /// may count against (docs/budget.md, edge band). A sweep keeps such a key, and its boxed
-    /// part, until the next roll: a key busy every window stays boxed, one quiet for a window
-    /// goes at the next. A full limit may still evict it: losing it only refuses the start band.
+    /// may count against (docs/budget.md, edge band), and a sliding window weighs. A sweep
+    /// keeps such a key, and its boxed part, until the next roll: a key busy every window
+    /// stays boxed, one quiet for a window goes at the next. A full limit may still evict it
+    /// under a fixed window (losing it only refuses the start band), never under a sliding
+    /// one (a key the limit does not hold counts as unused in the window before).
     pub fn keeps_start_band(&self) -> bool {
         self.hot.as_ref().is_some_and(|h| h.keeps_start_band())
     }
@@ -405,7 +414,7 @@ mod tests {
                 epoch: Epoch(3),
             }
         ));
-        k.roll(WindowIndex(6));
+        k.roll(WindowIndex(6), false);
         assert_eq!((k.window, k.net_units()), (WindowIndex(6), 0));
         assert_eq!(k.explicit_allowance(WindowIndex(6)), Some(70));
         let hot = k.hot.as_ref().expect("hot state survives the roll");
@@ -430,7 +439,7 @@ mod tests {
     fn a_key_never_rolls_back() {
         let mut k = KeyState::new(WindowIndex(5));
         k.granted_units = 3;
-        k.roll(WindowIndex(4));
+        k.roll(WindowIndex(4), false);
         assert_eq!((k.window, k.granted_units), (WindowIndex(5), 3));
     }
 

@@ -31,6 +31,12 @@ pub(crate) struct LimitParams {
     pub rate: Option<Gcra>,
     pub open_rate: Option<Gcra>,
     pub concurrency: Option<Concurrency>,
+    /// Sliding window (D54): the first window whose use this region holds for every key, so
+    /// that a key it holds no count of the window before for used none of it there; for a
+    /// window before this one, such a key's use is unknown. Set to the window of the first
+    /// call after the parameters were made (a start, a restart, a reload that changed the
+    /// algorithm): keys restored or rolled before it remember no window before theirs.
+    pub prev_known_from: Option<WindowIndex>,
 }
 
 impl LimitParams {
@@ -65,7 +71,29 @@ impl LimitParams {
             default_units,
             others,
             spec,
+            prev_known_from: None,
         }
+    }
+
+    /// Counts by the sliding window estimate (D54).
+    pub fn is_sliding(&self) -> bool {
+        self.spec.is_sliding() && !self.is_unmetered()
+    }
+
+    /// Note that the region counts from `window` on (see [`LimitParams::prev_known_from`]).
+    pub(crate) fn counting_from(&mut self, window: WindowIndex) {
+        self.prev_known_from.get_or_insert(window);
+    }
+
+    /// Whether the region holds every key's use of the window before `window`: a key with
+    /// no count of it kept (`HotState::prev`) used none of it.
+    pub fn holds_previous_window(&self, window: WindowIndex) -> bool {
+        self.prev_known_from.is_some_and(|from| {
+            window
+                .0
+                .checked_sub(1)
+                .is_some_and(|before| before >= from.0)
+        })
     }
 
     /// Counts nothing: disabled, or no quota.
@@ -152,8 +180,10 @@ impl LimitState {
         f: impl FnOnce(&LimitParams, &mut KeyState, &mut LimitStats) -> R,
     ) -> Result<R> {
         let window = self.params.window_index(now);
+        self.params.counting_from(window);
+        let sliding = self.params.is_sliding();
         if let Some(ks) = self.keys.get_mut(key.as_str()) {
-            ks.roll(window);
+            ks.roll(window, sliding);
             return Ok(f(&self.params, ks, &mut self.stats));
         }
         if self.keys.len() >= max_keys {
@@ -188,11 +218,15 @@ impl LimitState {
         touched: &mut Vec<Box<str>>,
     ) -> Option<Box<str>> {
         let window = self.params.window_index(now);
+        self.params.counting_from(window);
+        let sliding = self.params.is_sliding();
         let mut found = None;
         let cursor = self.sweep_cursor.take();
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let moved = ks.roll(window) | ks.compact(now);
-            if ks.is_idle(now) {
+            let moved = ks.roll(window, sliding) | ks.compact(now);
+            // A sliding limit keeps a key's use of the window before: without the key, the
+            // region would take it as unused there.
+            if ks.is_idle(now) && !(sliding && ks.keeps_start_band()) {
                 found = Some(name.clone());
             } else if moved {
                 touched.push(name.clone());
@@ -207,11 +241,13 @@ impl LimitState {
     /// changed (evicted, or rolled or compacted and kept).
     pub fn sweep(&mut self, now: Timestamp, scan: usize) -> Vec<Box<str>> {
         let window = self.params.window_index(now);
+        self.params.counting_from(window);
+        let sliding = self.params.is_sliding();
         let mut idle = Vec::new();
         let mut changed = Vec::new();
         let cursor = self.sweep_cursor.take();
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let moved = ks.roll(window) | ks.compact(now);
+            let moved = ks.roll(window, sliding) | ks.compact(now);
             if ks.is_idle(now) && !ks.keeps_start_band() {
                 idle.push(name.clone());
             } else if moved {

@@ -33,6 +33,7 @@ mod limits;
 pub mod persist;
 mod restore;
 mod shared;
+mod sliding;
 mod slots;
 pub mod stats;
 mod sync;
@@ -130,6 +131,9 @@ pub struct KeyAccount {
     /// allowances, and states `allowance_units` at its own count of use, the old copy's,
     /// which may include units the lost copy refunded after the copy was taken.
     pub restore_awaiting: bool,
+    /// Units the end band admitted in that window that also count in the next one
+    /// (docs/budget.md, edge band): the next window's counter starts at them.
+    pub carry_units: u64,
 }
 
 impl RegionBudget {
@@ -178,11 +182,16 @@ impl RegionBudget {
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
         for spec in limits {
-            let params = LimitParams::new(spec, &self.cfg);
+            let mut params = LimitParams::new(spec, &self.cfg);
             let id = params.spec.id.clone();
             let state = match old.remove(&id) {
                 Some(mut s) if s.params.quota.map(|q| q.1) == params.quota.map(|q| q.1) => {
                     let changed = allocation_changed(&s.params.spec, &params.spec);
+                    // Under a fixed window a cold key forgets its window before when it
+                    // rolls: a switch to the sliding one starts counting again (D54).
+                    if s.params.spec.algorithm == params.spec.algorithm {
+                        params.prev_known_from = s.params.prev_known_from;
+                    }
                     s.params = params;
                     if changed {
                         self.drop_grants(&id, &mut s);
@@ -412,6 +421,7 @@ impl RegionBudget {
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
                     restore_closed: ctx.restore.closes(start),
                     restore_awaiting: ctx.restore.awaiting,
+                    carry_units: ks.hot.as_ref().map_or(0, |h| h.carry_units),
                 });
             }
         }

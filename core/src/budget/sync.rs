@@ -616,7 +616,7 @@ impl RegionBudget {
                     let (released, after) = if keep {
                         (0, admit::allowance(p, ks, r.counter.window, &fresh).units)
                     } else {
-                        release_in_key(p, ks, &r, &fresh)
+                        release_in_key(p, ks, &r, &fresh, now)
                     };
                     ack(released, after)
                 });
@@ -658,6 +658,7 @@ fn release_in_key(
     ks: &mut KeyState,
     r: &ReleaseRequest,
     fresh: &Ctx,
+    now: Timestamp,
 ) -> (u64, u64) {
     let window = ks.window;
     let target = r.counter.window;
@@ -677,7 +678,9 @@ fn release_in_key(
         Some(h) if target == window.next() => h.carry_units,
         _ => 0,
     };
-    let released = r.units.min(base.saturating_sub(n));
+    let released = r
+        .units
+        .min(base.saturating_sub(kept_for(p, ks, fresh, now, current, n)));
     let after = base - released;
     let hot = ks.hot_mut();
     if current {
@@ -702,6 +705,29 @@ fn release_in_key(
     (released, after)
 }
 
+/// The least allowance a release leaves a key whose window use is `n`: `n` itself, except
+/// under a sliding window, where the region may hold only the weighted share of its allowance
+/// (D54): it keeps what leaves `n` within that share, and in a later window that its end band
+/// already carried units into, whose weight is not known yet, all it holds.
+fn kept_for(
+    p: &super::limits::LimitParams,
+    ks: &KeyState,
+    fresh: &Ctx,
+    now: Timestamp,
+    current: bool,
+    n: u64,
+) -> u64 {
+    if !p.is_sliding() || n == 0 {
+        return n;
+    }
+    if !current {
+        return u64::MAX;
+    }
+    super::sliding::weight(p, ks, fresh, now)
+        .and_then(|w| w.allowance_for(n))
+        .unwrap_or(u64::MAX)
+}
+
 /// The key, rolled to the window of `now`, if it still exists; marked dirty if it rolled.
 fn rolled_key<'a>(
     limits: &'a mut BTreeMap<LimitId, LimitState>,
@@ -711,8 +737,10 @@ fn rolled_key<'a>(
 ) -> Option<&'a mut KeyState> {
     let lim = limits.get_mut(&kr.limit)?;
     let window = lim.params.window_index(now);
+    lim.params.counting_from(window);
+    let sliding = lim.params.is_sliding();
     let ks = lim.keys.get_mut(kr.key.as_str())?;
-    if ks.roll(window) {
+    if ks.roll(window, sliding) {
         dirty.mark(Dirty::Key(kr.limit.clone(), kr.key.clone()));
     }
     Some(ks)

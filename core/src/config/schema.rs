@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use crate::ids::{LimitId, RegionId};
 use crate::limit::{
-    ConcurrencyCap, Consistency, FailureMode, LimitSpec, PartitionPolicy, Quota, RateCap,
-    RegionWeights, WEIGHT_SCALE_PPM,
+    Algorithm, ConcurrencyCap, Consistency, FailureMode, LimitSpec, PartitionPolicy, Quota,
+    RateCap, RegionWeights, WEIGHT_SCALE_PPM,
 };
 
 use super::errors::ConfigError;
@@ -70,6 +70,7 @@ const ALLOT_KEYS: &[&str] = &[
     "failure_mode",
     "enabled",
     "max_settle_overage",
+    "algorithm",
 ];
 /// `allot` settings that still mean something on an unlimited rule.
 const ALLOT_KEYS_FOR_UNLIMITED: &[&str] = &["failure_mode", "enabled"];
@@ -451,6 +452,7 @@ impl Walk<'_> {
             name,
             replaces: replaces_at.iter().map(|(n, _, _)| n.clone()).collect(),
             max_settle_overage_ppm: s.max_settle_overage_ppm,
+            algorithm: s.algorithm,
         };
         Some(RuleDef {
             spec,
@@ -616,6 +618,7 @@ struct Settings {
     failure_mode: FailureMode,
     enabled: bool,
     max_settle_overage_ppm: u64,
+    algorithm: Algorithm,
 }
 
 impl Walk<'_> {
@@ -646,6 +649,9 @@ impl Walk<'_> {
         let max_settle_overage_ppm = allot
             .get("max_settle_overage")
             .and_then(|f| self.settle_overage(f));
+        let algorithm = allot
+            .get("algorithm")
+            .and_then(|f| self.algorithm(f, consistency.unwrap_or_default()));
         Settings {
             window,
             consistency: consistency.unwrap_or_default(),
@@ -657,7 +663,27 @@ impl Walk<'_> {
             enabled: enabled.unwrap_or(true),
             max_settle_overage_ppm: max_settle_overage_ppm
                 .unwrap_or(DEFAULT_MAX_SETTLE_OVERAGE_PPM),
+            algorithm: algorithm.unwrap_or_default(),
         }
+    }
+
+    /// `algorithm: fixed_window | sliding_window`. The sliding window needs strict mode: a
+    /// region weighs the previous window by what the others could have used of it, which it
+    /// knows only from the share strict mode reserves for it (docs/decisions.md, D54).
+    fn algorithm(&mut self, f: &Field<'_>, consistency: Consistency) -> Option<Algorithm> {
+        let options = [
+            ("fixed_window", Algorithm::FixedWindow),
+            ("sliding_window", Algorithm::SlidingWindow),
+        ];
+        let algorithm = self.choice(f, &options)?;
+        if algorithm == Algorithm::SlidingWindow && consistency == Consistency::Eventual {
+            let message = "algorithm sliding_window needs consistency: strict (an eventual \
+                region reserves no share to weigh the previous window against; D54)"
+                .to_string();
+            self.err(f.value.pos, &f.path, message);
+            return None;
+        }
+        Some(algorithm)
     }
 
     /// `max_settle_overage: 0.5`: a ratio of the reservation with at most six decimals, kept

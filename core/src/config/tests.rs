@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::*;
 use crate::ids::{LimitId, RegionId};
 use crate::limit::{
-    ConcurrencyCap, Consistency, FailureMode, PartitionPolicy, Quota, RateCap, RegionWeights,
+    Algorithm, ConcurrencyCap, Consistency, FailureMode, PartitionPolicy, Quota, RateCap,
+    RegionWeights,
 };
 use crate::time::Window;
 
@@ -1292,6 +1293,9 @@ mod properties {
         "failure_mode",
         "enabled",
         "max_settle_overage",
+        "algorithm",
+        "fixed_window",
+        "sliding_window",
         "open",
         "rate",
         "burst",
@@ -1376,6 +1380,7 @@ mod properties {
             ("failure_mode", Y::Plain("closed")),
             ("enabled", Y::Plain("false")),
             ("max_settle_overage", Y::Plain("0.5")),
+            ("algorithm", Y::Plain("fixed_window")),
         ];
         let len = options.len();
         proptest::sample::subsequence(options, 0..=len).prop_map(Y::Map)
@@ -1559,6 +1564,57 @@ descriptors:
         Quota::Units { units, .. } => assert_eq!(units, 0),
         Quota::Unlimited => panic!("a zero quota is not unlimited"),
     }
+}
+
+#[test]
+fn algorithm_is_fixed_window_unless_a_strict_rule_asks_for_the_sliding_window() {
+    let text = "\
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {requests_per_unit: 100, unit: minute}
+    allot:
+      algorithm: sliding_window
+  - key: team
+    rate_limit: {requests_per_unit: 100, unit: minute}
+    allot:
+      algorithm: Fixed_Window
+  - key: user
+    rate_limit: {requests_per_unit: 100, unit: minute}
+";
+    let config = load_ok(text);
+    assert_eq!(
+        spec(&config, "api/tenant").algorithm,
+        Algorithm::SlidingWindow
+    );
+    assert!(spec(&config, "api/tenant").is_sliding());
+    assert_eq!(spec(&config, "api/team").algorithm, Algorithm::FixedWindow);
+    assert_eq!(spec(&config, "api/user").algorithm, Algorithm::FixedWindow);
+    let bad = |allot: &str| {
+        only_error(&format!(
+            "domain: api\ndescriptors:\n  - key: t\n    rate_limit: {{requests_per_unit: 1, \
+             unit: second}}\n    allot:\n{allot}"
+        ))
+    };
+    assert_eq!(
+        bad("      algorithm: token_bucket\n"),
+        "limits.yaml:6:18: descriptors[0].allot.algorithm: invalid algorithm 'token_bucket' \
+         (expected fixed_window or sliding_window)"
+    );
+    assert_eq!(
+        bad("      consistency: eventual\n      algorithm: sliding_window\n"),
+        "limits.yaml:7:18: descriptors[0].allot.algorithm: algorithm sliding_window needs \
+         consistency: strict (an eventual region reserves no share to weigh the previous \
+         window against; D54)"
+    );
+    assert_eq!(
+        only_error(
+            "domain: api\ndescriptors:\n  - key: t\n    rate_limit: {unlimited: true}\n    \
+             allot:\n      algorithm: sliding_window\n"
+        ),
+        "limits.yaml:6:7: descriptors[0].allot.algorithm: allot.algorithm has no effect on an \
+         unlimited rule"
+    );
 }
 
 #[test]

@@ -64,6 +64,12 @@ pub struct BoundInputs {
     /// `None`: the table's quota.
     #[serde(default)]
     pub reload_quota_units: Option<u64>,
+    /// Sliding window (D54): the total of the window before's terms other than its own
+    /// sliding ones (what it may have admitted beyond its allowances, which this window's
+    /// estimate still weighs). `None` for a fixed-window limit; the caller states the window
+    /// unbounded where the window before is.
+    #[serde(default)]
+    pub previous_window_units: Option<u64>,
 }
 
 impl BoundInputs {
@@ -82,6 +88,7 @@ impl BoundInputs {
             deferred_flush_interval: None,
             reload_held_units: BTreeMap::new(),
             reload_quota_units: None,
+            previous_window_units: None,
         }
     }
 }
@@ -166,6 +173,24 @@ fn capped_units(cap: &RateCap, time: Duration) -> u64 {
     units_over(cap.units, cap.per, time).saturating_add(cap.burst)
 }
 
+/// Sliding window: the window before's terms, counted again (docs/bound.md, sliding_window).
+pub const PREVIOUS_WINDOW_TERM: &str = "previous_window";
+
+/// Sliding window: a region's clock ahead reads the weight of the window before too light.
+pub const SLIDING_CLOCK_TERM: &str = "sliding_clock";
+
+impl Bound {
+    /// The total without the sliding window's own terms: what this window admitted beyond
+    /// its allowances, which the next window's `previous_window` term counts.
+    pub fn excess_units(&self) -> u64 {
+        self.terms
+            .iter()
+            .filter(|t| t.name != PREVIOUS_WINDOW_TERM && t.name != SLIDING_CLOCK_TERM)
+            .map(|t| t.units)
+            .fold(0, u64::saturating_add)
+    }
+}
+
 fn term(name: &str, units: u64, detail: String) -> BoundTerm {
     BoundTerm {
         name: name.to_string(),
@@ -199,7 +224,71 @@ impl Ctx<'_> {
         terms.push(self.settle_overage(others));
         terms.push(floor);
         terms.push(self.reload());
+        if self.spec.is_sliding() {
+            terms.push(self.previous_window());
+            terms.push(self.sliding_clock());
+        }
         terms
+    }
+
+    /// Sliding window: the estimate weighs the window before's units by up to 1 at this
+    /// window's start, and the regions' weights count only what the window before admitted
+    /// within its allowances (docs/bound.md, sliding_window). What it admitted beyond them, the
+    /// window before's other terms, counts here once more.
+    fn previous_window(&self) -> BoundTerm {
+        let units = self.inputs.previous_window_units.unwrap_or(0);
+        let detail = format!(
+            "the window before's terms, weighed by (1 - f) <= 1 in this window's estimate: {units}"
+        );
+        term(PREVIOUS_WINDOW_TERM, units, detail)
+    }
+
+    /// Sliding window: a region reads the weight's fraction `f` on its own clock. One whose
+    /// clock may be ahead by `u_j` reads a weight up to `u_j / W` lighter and may admit that
+    /// much more of its allowance: `sum_j min(a_j, ceil(a_j * u_j / W))`. A region on a
+    /// corrected clock reads `f` less its uncertainty (the edge band's `e`): 0 (D54).
+    fn sliding_clock(&self) -> BoundTerm {
+        let window_len = match self.spec.quota {
+            Quota::Units { window, .. } => window.len(),
+            Quota::Unlimited => Duration::ZERO,
+        };
+        let w = u128::from(duration_nanos(window_len).max(1));
+        let mut total = 0u64;
+        let mut detail = String::from("sum_j min(a_j, ceil(a_j * u_j / W)): ");
+        for r in &self.inputs.regions {
+            if self.inputs.clock_guarded.contains(r) {
+                let _ = write!(detail, "{r}: weight read at f - e/W -> 0; ");
+                continue;
+            }
+            let held = self.held_units(r);
+            let units = match self.uncertainty(r) {
+                Some(u) => {
+                    let n = (u128::from(held) * u128::from(duration_nanos(u))).div_ceil(w);
+                    u64::try_from(n).unwrap_or(u64::MAX).min(held)
+                }
+                None => held,
+            };
+            total = total.saturating_add(units);
+            let _ = write!(
+                detail,
+                "{r}: a={held}, u={:?} -> {units}; ",
+                self.uncertainty(r)
+            );
+        }
+        term(SLIDING_CLOCK_TERM, total, detail)
+    }
+
+    /// `|offset_j| + rtt_j / 2`, `None` without a clock sample.
+    fn uncertainty(&self, region: &RegionId) -> Option<Duration> {
+        self.inputs.clock_offset_nanos.get(region).map(|o| {
+            let rtt = self
+                .inputs
+                .round_trip_nanos
+                .get(region)
+                .copied()
+                .unwrap_or(0);
+            Duration::from_nanos(o.unsigned_abs().saturating_add(rtt / 2))
+        })
     }
 
     /// While a reload rolls out, each region enforces its allowance under the version it

@@ -1425,6 +1425,40 @@ fn strict_bound_is_skew_plus_the_settle_cap() {
     );
 }
 
+/// A sliding window adds the window before's excess and the weight's clock error; a fixed
+/// window's bound is what it was (D54). L = 100 per 10 s, a = 60 and b = 40; a's clock is
+/// off by 1 s plus half of a 200 ms round trip: ceil(60 * 1.1 / 10) = 7; b has no sample: 40
+/// (its whole allowance); both after a guard: 0.
+#[test]
+fn a_sliding_window_counts_the_window_before_and_the_weights_clock() {
+    let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
+    inputs.allowance_units.insert(RegionId::from("a"), 60);
+    inputs.allowance_units.insert(RegionId::from("b"), 40);
+    inputs
+        .clock_offset_nanos
+        .insert(RegionId::from("a"), 1_000_000_000);
+    inputs
+        .round_trip_nanos
+        .insert(RegionId::from("a"), 200_000_000);
+    inputs.previous_window_units = Some(30);
+    let fixed = bound(&spec(), WindowIndex(100), &inputs);
+    assert!(fixed.terms.iter().all(|t| t.name != "previous_window"));
+    assert!(fixed.terms.iter().all(|t| t.name != "sliding_clock"));
+    let sliding = LimitSpec {
+        algorithm: crate::limit::Algorithm::SlidingWindow,
+        ..spec()
+    };
+    let b = bound(&sliding, WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "previous_window").units, 30);
+    assert_eq!(term(&b, "sliding_clock").units, 7 + 40);
+    assert_eq!(b.total_units, fixed.total_units + 30 + 47);
+    assert_eq!(b.excess_units(), fixed.total_units);
+    inputs.clock_guarded.insert(RegionId::from("a"));
+    inputs.clock_guarded.insert(RegionId::from("b"));
+    let b = bound(&sliding, WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "sliding_clock").units, 0);
+}
+
 /// A region whose clock is shifted spends, inside the judged window, its neighbouring
 /// window's allowance: the skew term takes the larger neighbour (within one window of
 /// uncertainty), not the judged window's allowance. L = 100 per 10 s; a holds 50 in the judged
@@ -1773,6 +1807,42 @@ fn a_window_with_settles_clamped_above_the_cap_is_unbounded() {
     // Other windows are not affected.
     let other = w.coord.bound(at_ms(750), &l, WindowIndex(101)).unwrap();
     assert_eq!(other.unbounded, None);
+}
+
+/// A sliding window's estimate weighs the window before (D54): a leader states a sliding
+/// rule's first window unbounded, since it did not watch the one before, and a window whose
+/// window before is unbounded is unbounded too.
+#[test]
+fn a_sliding_window_is_unbounded_where_the_window_before_is() {
+    let sliding = LimitSpec {
+        algorithm: crate::limit::Algorithm::SlidingWindow,
+        ..spec()
+    };
+    let mut w = world(&sliding);
+    let l = LimitId::from("l");
+    for t in [0, 250] {
+        w.up("a", at_ms(t));
+        w.up("b", at_ms(t));
+    }
+    let first = w.coord.bound(at_ms(500), &l, WindowIndex(100)).unwrap();
+    let why = first
+        .unbounded
+        .clone()
+        .expect("the window before was not watched");
+    assert!(why.starts_with("the window before is unbounded"), "{why}");
+    let next = w.coord.bound(at_ms(500), &l, WindowIndex(101)).unwrap();
+    assert_eq!(next.unbounded, None);
+    // Window 100's own terms (its skew, the clocks not sampled yet), counted again.
+    assert!(first.excess_units() > 0);
+    assert_eq!(term(&next, "previous_window").units, first.excess_units());
+    let clamped = BoundFigures {
+        settle_clamped_units: 7,
+        ..overage(5)
+    };
+    report_figures(&mut w, "a", at_ms(750), 100, clamped);
+    let next = w.coord.bound(at_ms(750), &l, WindowIndex(101)).unwrap();
+    let why = next.unbounded.expect("window 100 clamped settles");
+    assert!(why.contains("a clamped 7"), "{why}");
 }
 
 #[test]

@@ -24,6 +24,9 @@ pub struct LimitInfo {
     /// The quota of the scenario's own section (before any `config_reload`).
     pub quota_units: u64,
     pub window: Window,
+    /// `allot.algorithm: sliding_window`: admissions are judged by the sliding window's
+    /// estimate (docs/sim.md, "What a run measures"). A reload keeps it.
+    pub sliding: bool,
     /// The quota's changes by `config_reload` faults, in time order.
     pub reloads: Vec<QuotaReload>,
 }
@@ -118,12 +121,13 @@ fn read_descriptor(
             f.as_bool()?;
         }
     }
-    let window = match map.opt("allot") {
-        Some(allot) => allot_window(&allot)?,
-        None => None,
+    let (window, sliding) = match map.opt("allot") {
+        Some(allot) => (allot_window(&allot)?, allot_sliding(&allot)?),
+        None => (None, false),
     };
     if let Some(rl) = map.opt("rate_limit") {
-        out.extend(read_rate_limit(&rl.as_map()?, &id, window)?);
+        let limit = read_rate_limit(&rl.as_map()?, &id, window)?;
+        out.extend(limit.map(|l| LimitInfo { sliding, ..l }));
     }
     if let Some(children) = map.opt("descriptors") {
         for child in children.as_seq()? {
@@ -131,6 +135,14 @@ fn read_descriptor(
         }
     }
     map.finish()
+}
+
+/// Whether the rule sets `allot.algorithm: sliding_window` (the loader checks the value).
+fn allot_sliding(allot: &Node<'_, '_>) -> Result<bool, ScenarioError> {
+    match allot.as_map()?.opt("algorithm") {
+        Some(a) => Ok(a.as_str()?.eq_ignore_ascii_case("sliding_window")),
+        None => Ok(false),
+    }
 }
 
 /// The rule's `allot.window`, if it sets one (the rest of the block is the loader's).
@@ -191,6 +203,7 @@ fn read_rate_limit(
         id: LimitId::new(id),
         quota_units,
         window: Window::new(window),
+        sliding: false,
         reloads: Vec::new(),
     }))
 }

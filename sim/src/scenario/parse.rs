@@ -826,12 +826,12 @@ fn read_config_reload(m: &Map<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioE
             ctx.limits
                 .limits
                 .iter()
-                .any(|o| o.id == l.id && o.window == l.window)
+                .any(|o| o.id == l.id && o.window == l.window && o.sliding == l.sliding)
         });
     if !same {
         return Err(limits_node.err(
-            "a reload must keep the same limits with the same windows (the simulator measures \
-             each limit's windows from the start of the run)",
+            "a reload must keep the same limits with the same windows and algorithms (the \
+             simulator measures each limit's windows from the start of the run)",
         ));
     }
     let mut stagger = vec![Duration::ZERO; ctx.regions.len()];

@@ -92,7 +92,20 @@ pub fn world(seed: u64) -> World {
     if d.chance(0.5) {
         world.lease.refill_in_place = Some(false);
     }
+    draw_algorithms(d, &mut world);
     world
+}
+
+/// Drawn after everything else (so every earlier draw of a seed stays as it was): a quarter of
+/// the limits that are strict, and stay strict through every reload, count by the sliding
+/// window (D54).
+fn draw_algorithms(d: &mut Dice, w: &mut World) {
+    for i in 0..w.limits.len() {
+        let sliding = d.chance(0.25);
+        let strict = w.limits[i].consistency == Consistency::Strict
+            && !w.faults.iter().any(|f| f.makes_eventual(i));
+        w.limits[i].sliding = sliding && strict;
+    }
 }
 
 /// Half the worlds keep every gateway on its agent's clock; otherwise each region's gateways
@@ -143,6 +156,7 @@ fn limit_shape(d: &mut Dice, i: u64) -> LimitDraw {
         policy: PartitionPolicy::Floor,
         rate_cap: None,
         failure_closed: d.chance(0.5),
+        sliding: false,
     }
 }
 

@@ -68,8 +68,8 @@ pub fn replay_command(seed: u64) -> String {
     )
 }
 
-/// What a world is made of, as words a summary counts: `strict`, `eventual`, `floor`,
-/// `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
+/// What a world is made of, as words a summary counts: `strict`, `eventual`,
+/// `sliding_window`, `floor`, `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
 /// `gateway_clock_offset`, `gateway_clock_drift`, `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
 /// `fault:<kind>` for each fault kind present.
 pub fn features(w: &World) -> BTreeSet<String> {
@@ -94,6 +94,9 @@ pub fn features(w: &World) -> BTreeSet<String> {
         });
         if !l.failure_closed {
             add("failure_open");
+        }
+        if l.sliding {
+            add("sliding_window");
         }
     }
     for s in &w.sources {

@@ -88,6 +88,9 @@ pub struct LimitDraw {
     pub policy: PartitionPolicy,
     pub rate_cap: Option<RateDraw>,
     pub failure_closed: bool,
+    /// `algorithm: sliding_window`: only for a limit strict here and in every reload (the
+    /// loader refuses it with eventual consistency, D54).
+    pub sliding: bool,
 }
 
 impl LimitDraw {
@@ -280,6 +283,16 @@ impl FaultSpec {
         f
     }
 
+    /// Whether it is a reload that makes limit `limit` eventual.
+    pub fn makes_eventual(&self, limit: usize) -> bool {
+        self.params.iter().any(|(_, p)| match p {
+            Param::Limits(limits) => limits
+                .iter()
+                .any(|l| l.limit == limit && l.consistency == Consistency::Eventual),
+            _ => false,
+        })
+    }
+
     /// Its `at`, if it is a reload (reloads are printed in time order).
     fn reload_at_ms(&self) -> Option<u64> {
         let is_reload = self
@@ -445,6 +458,9 @@ impl World {
                 Consistency::Eventual => "eventual",
             };
             writeln!(y, "{indent}      consistency: {consistency}")?;
+            if l.sliding && l.consistency == Consistency::Strict {
+                writeln!(y, "{indent}      algorithm: sliding_window")?;
+            }
             match l.policy {
                 PartitionPolicy::Floor => writeln!(y, "{indent}      partition_policy: floor")?,
                 PartitionPolicy::Closed => writeln!(y, "{indent}      partition_policy: closed")?,

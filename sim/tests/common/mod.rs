@@ -9,7 +9,7 @@ use allot_sim::{Scenario, scenario};
 /// Every scenario the simulator ships: the ten the simulator's issue names, and the real
 /// network partition's schedule (tests/partition_netns.rs), run on both sides for
 /// docs/benchmarks.md.
-pub const SHIPPED: [&str; 11] = [
+pub const SHIPPED: [&str; 12] = [
     "follow-the-sun",
     "flash-crowd",
     "hot-key",
@@ -21,6 +21,7 @@ pub const SHIPPED: [&str; 11] = [
     "llm-tokens",
     "lossy-network",
     "lab-partition",
+    "sliding-partition",
 ];
 
 pub fn scenarios_dir() -> PathBuf {

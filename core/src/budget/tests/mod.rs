@@ -8,6 +8,7 @@ mod persist;
 mod proptests;
 mod reload;
 mod restore;
+mod sliding;
 mod slots;
 mod stats;
 mod sync;

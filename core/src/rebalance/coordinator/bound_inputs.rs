@@ -20,9 +20,40 @@ impl Coordinator {
     /// that ended before this leader started is stated unbounded: this leader did not watch
     /// it (an earlier one may have, and bounded it; docs/bound.md), and only the terms the
     /// regions still report are known to it.
+    ///
+    /// A sliding-window limit's window also counts the window before's terms
+    /// (`previous_window`), and is unbounded where that one is (docs/bound.md, sliding_window).
     pub fn bound(&self, now: Timestamp, limit: &LimitId, window: WindowIndex) -> Option<Bound> {
+        if !self.table.limit(limit)?.is_sliding() {
+            return self.window_bound(now, limit, window, None);
+        }
+        let before = window.0.checked_sub(1).map(WindowIndex);
+        let previous = before.and_then(|w| self.window_bound(now, limit, w, None));
+        let excess = previous.as_ref().map(Bound::excess_units);
+        let mut b = self.window_bound(now, limit, window, excess)?;
+        if b.unbounded.is_none() {
+            b.unbounded = match previous {
+                Some(p) => p
+                    .unbounded
+                    .map(|why| format!("the window before is unbounded: {why}")),
+                None => Some("the window before is not known".to_string()),
+            };
+        }
+        Some(b)
+    }
+
+    /// The bound of one window, with the window before's excess for a sliding window's
+    /// `previous_window` term.
+    fn window_bound(
+        &self,
+        now: Timestamp,
+        limit: &LimitId,
+        window: WindowIndex,
+        previous_excess_units: Option<u64>,
+    ) -> Option<Bound> {
         let spec = self.table.limit(limit)?;
         let mut inputs = self.bound_inputs(now, limit, window, None);
+        inputs.previous_window_units = previous_excess_units;
         let unknown = self.reload_inputs(limit, window, &mut inputs);
         let mut b = bound(spec, window, &inputs);
         if let Some(why) = unknown.or_else(|| self.clamped_settles(limit, window)) {
