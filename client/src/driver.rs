@@ -356,9 +356,15 @@ async fn lease_call(shared: &Shared, mut conn: Conn, batch: Vec<Asked>) {
                 requests.push(request);
                 asked.push(a);
             }
-            None => feed(shared, a.shard, |g, now| {
-                g.handle_agent_unavailable(now, a.w.ticket)
-            }),
+            None => {
+                // No request to ride with: the hand-backs wait for the next one.
+                for r in a.returns {
+                    shared.push_return(r);
+                }
+                feed(shared, a.shard, |g, now| {
+                    g.handle_agent_unavailable(now, a.w.ticket)
+                });
+            }
         }
     }
     if requests.is_empty() {
