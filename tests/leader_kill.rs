@@ -236,6 +236,25 @@ async fn leader_keeps_cluster_time(cluster: &Cluster, leader: u64, ahead_ms: i64
     )
     .await
     .expect("checked");
+    // Cluster time outlives this leader only once a frame of its own holds every node.
+    let running: Vec<u64> = cluster.running.keys().copied().collect();
+    eventually(
+        "a clock frame of the leader's holding every running node",
+        || try_json(&http, "/v1/status"),
+        |s| {
+            s.as_ref().is_some_and(|s| {
+                let frame = &s["clock_frame"];
+                let nodes: Vec<u64> = frame["nodes"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default();
+                frame["recorded_by"].as_u64() == Some(leader)
+                    && running.iter().all(|n| nodes.contains(n))
+            })
+        },
+    )
+    .await
+    .expect("checked");
     let offset_ms = status["cluster_clock_offset_nanos"]
         .as_i64()
         .expect("the leader's cluster clock offset")

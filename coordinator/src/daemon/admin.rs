@@ -151,6 +151,17 @@ struct Status {
     /// On the leader: the node through whose entry in the last clock frame it read cluster
     /// time, when it was not in that frame itself (D50).
     cluster_clock_via: Option<NodeId>,
+    /// The last clock frame committed (D47), on any node: the next leader reads cluster time
+    /// from it. `None` before the first.
+    clock_frame: Option<ClockFrameStatus>,
+}
+
+/// Who recorded the clock frame in force and which nodes' clocks it holds.
+#[derive(Serialize)]
+struct ClockFrameStatus {
+    recorded_by: NodeId,
+    leader_term: u64,
+    nodes: Vec<NodeId>,
 }
 
 /// Read-only and unauthenticated like the rest of the admin API, so open to any origin: the
@@ -215,7 +226,7 @@ fn raft_status(admin: &Admin) -> Status {
         Some(id) => admin.leader_admin.of(id),
         None => None,
     };
-    let (applied, config_version, regions, counters) = admin.state.read(|a| {
+    let (applied, config_version, regions, counters, clock_frame) = admin.state.read(|a| {
         let regions = a
             .state
             .regions()
@@ -229,7 +240,13 @@ fn raft_status(admin: &Admin) -> Status {
             .collect();
         let counters = counters_status(a.state.table(), |_, _| RowHeard::default());
         let applied = a.last_applied.map(|l| l.index);
-        (applied, a.state.table().config_version(), regions, counters)
+        let clock_frame = a.state.clock_source().map(|c| ClockFrameStatus {
+            recorded_by: c.leader,
+            leader_term: c.leader_term,
+            nodes: c.nodes.iter().map(|n| n.node).collect(),
+        });
+        let version = a.state.table().config_version();
+        (applied, version, regions, counters, clock_frame)
     });
     Status {
         node: m.id,
@@ -250,6 +267,7 @@ fn raft_status(admin: &Admin) -> Status {
         node_clocks: None,
         cluster_clock_offset_nanos: None,
         cluster_clock_via: None,
+        clock_frame,
     }
 }
 

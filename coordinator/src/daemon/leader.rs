@@ -24,7 +24,7 @@ use allot_core::time::Timestamp;
 use openraft::Raft;
 use openraft::raft::ClientWriteResponse;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::daemon::metrics as m;
@@ -272,13 +272,26 @@ impl Leader {
     pub async fn run(mut self, mut jobs: mpsc::Receiver<Job>) -> Ended {
         let mut tick = tokio::time::interval(self.coordinator.config().sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first frame waits a whole interval, for the probes: recorded at once, it would
-        // replace the last leader's frame (which the next leader may need) with one that
-        // holds no node's clock.
-        let first_frame = tokio::time::Instant::now() + CLOCK_FRAME_INTERVAL;
-        let mut frame_tick = tokio::time::interval_at(first_frame, CLOCK_FRAME_INTERVAL);
+        // The first frame waits for the probes: recorded before them, it would replace the
+        // last leader's frame (which the next leader may need) with one that holds no other
+        // node's clock. It is recorded once every member has answered, or after a whole
+        // interval (a member down), or at once when there is no frame to replace: until the
+        // first is recorded, cluster time lives only in this process, and a leader elected
+        // after it would lead on its own clock.
+        let framed = self.state.read(|a| a.state.clock_source().is_some());
+        let first_frame = if framed {
+            CLOCK_FRAME_INTERVAL
+        } else {
+            Duration::ZERO
+        };
+        let mut frame_tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + first_frame,
+            CLOCK_FRAME_INTERVAL,
+        );
         frame_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let _prober = self.spawn_prober();
+        let all_probed = Arc::new(Notify::new());
+        let mut awaiting_probes = true;
+        let _prober = self.spawn_prober(Arc::clone(&all_probed));
         loop {
             let served = tokio::select! {
                 job = jobs.recv() => match job {
@@ -287,6 +300,11 @@ impl Leader {
                 },
                 _ = tick.tick() => self.commit_proposals().await,
                 _ = frame_tick.tick() => self.record_clock_frame().await,
+                _ = all_probed.notified(), if awaiting_probes => {
+                    awaiting_probes = false;
+                    frame_tick.reset();
+                    self.record_clock_frame().await
+                }
             };
             if let Err(ended) = served {
                 return ended;
@@ -453,7 +471,8 @@ impl Leader {
     /// Probes every other member's clock each [`CLOCK_PROBE_INTERVAL`], one at a time (a
     /// node that does not answer costs [`crate::network::clock::PROBE_TIMEOUT`]), off the
     /// rebalancer's task: a probe never holds a SyncUp up.
-    fn spawn_prober(&self) -> AbortOnDrop {
+    /// Once every member has a sample, `all_probed` is notified (the first frame waits for it).
+    fn spawn_prober(&self, all_probed: Arc<Notify>) -> AbortOnDrop {
         let raft = self.raft.clone();
         let me = self.node_id;
         let clocks = Arc::clone(&self.node_clocks);
@@ -476,8 +495,12 @@ impl Leader {
                         .collect()
                 };
                 lock(&clocks).retain(|id, _| members.iter().any(|(m, _)| m == id));
+                let wanted = members.len();
                 for (node, addr) in members {
                     probe_one(&mut prober, clock, &clocks, node, &addr).await;
+                }
+                if lock(&clocks).len() >= wanted {
+                    all_probed.notify_one();
                 }
             }
         }))
@@ -677,6 +700,11 @@ pub fn bridge_candidates(state: &ClusterState, me: NodeId) -> Vec<NodeId> {
         .collect()
 }
 
+/// Rounds of bridge probes a new leader absent from the last frame makes before it leads on
+/// its own clock; each round waits up to `PROBE_TIMEOUT`, then `BRIDGE_RETRY_PAUSE`.
+pub const BRIDGE_ATTEMPTS: u32 = 4;
+pub const BRIDGE_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
 /// What a new leader absent from the last clock frame reads cluster time through (D50):
 /// its probe of a node in the frame. `None` when it needs none, or no such node answers (it
 /// then leads on its own clock, and says so).
@@ -699,7 +727,20 @@ pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Optio
     if candidates.is_empty() {
         return None;
     }
-    let bridge = probe_bridge(&raft.config().cluster_name, candidates).await;
+    // The nodes in the frame are often restarting (the last leader, killed, comes back):
+    // a few tries cost this leader a second or two of rebalancing, while giving up moves
+    // every region's windows by the difference between the clocks.
+    let mut bridge = None;
+    for attempt in 1..=BRIDGE_ATTEMPTS {
+        bridge = probe_bridge(&raft.config().cluster_name, candidates.clone()).await;
+        if bridge.is_some() {
+            break;
+        }
+        tracing::debug!(attempt, "no node in the last clock frame answered yet");
+        if attempt < BRIDGE_ATTEMPTS {
+            tokio::time::sleep(BRIDGE_RETRY_PAUSE).await;
+        }
+    }
     match bridge {
         Some(b) => tracing::info!(
             via = b.via,
