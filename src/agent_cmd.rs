@@ -24,6 +24,8 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::certs_cmd::{TlsArgs, tls_flags};
+
 /// Time to connect to an agent, and to wait for its answer, from the debugging commands.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -88,6 +90,8 @@ pub struct AgentArgs {
     /// windows that began before this start (docs/budget.md, "Restores").
     #[arg(long, env = "ALLOT_RESTORED")]
     restored: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -123,6 +127,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.near_limit_ratio = args.near_limit_ratio;
     settings.jitter_seed = args.jitter_seed;
     settings.restored = args.restored;
+    settings.tls = tls_flags(&args.tls)?;
     settings.max_clock_uncertainty = (args.max_clock_uncertainty_ms > 0)
         .then(|| Duration::from_millis(args.max_clock_uncertainty_ms));
     settings.validate().map_err(|e| e.to_string())?;

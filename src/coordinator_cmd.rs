@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::certs_cmd::{TlsArgs, tls_flags};
 use allot_agent::logging;
 use allot_coordinator::daemon::{Daemon, DaemonSettings, limits, parse_peers};
 use allot_coordinator::raft_config::raft_config;
@@ -64,6 +65,8 @@ pub struct CoordinatorArgs {
     /// Log JSON lines instead of text on stderr (level from ALLOT_LOG).
     #[arg(long, env = "ALLOT_LOG_JSON")]
     log_json: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 pub fn coordinator(args: CoordinatorArgs) -> ExitCode {
@@ -98,6 +101,7 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
         raft: raft_config(&args.cluster).map_err(|e| e.to_string())?,
         rebalance: CoordinatorConfig::default(),
         limits,
+        tls: tls_flags(&args.tls)?,
     })
 }
 

@@ -1,6 +1,7 @@
 //! `allot`: one binary, one subcommand per role.
 
 mod agent_cmd;
+mod certs_cmd;
 mod check_config;
 mod cluster_cmd;
 mod config_cmd;
@@ -80,6 +81,10 @@ enum Command {
     /// table is printed every second. Optionally kills the leader, cuts a region off, prints
     /// a JSON summary. See docs/demo.md.
     Demo(demo::DemoArgs),
+    /// Certificates for mutual TLS between the daemons: `init` writes a development CA and a
+    /// certificate per node, region and gateway. See docs/security.md.
+    #[command(subcommand)]
+    Certs(certs_cmd::CertsCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -98,5 +103,6 @@ fn main() -> std::process::ExitCode {
         Command::Rls(args) => agent_cmd::rls(args),
         Command::Sim(args) => allot_sim::cli_main(&args, allot_sim::CoreFactory::new),
         Command::Demo(args) => demo::run(args),
+        Command::Certs(cmd) => certs_cmd::run(cmd),
     }
 }

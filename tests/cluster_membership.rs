@@ -445,8 +445,14 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
             .filter_map(|r| r["region"].as_str().map(str::to_owned))
             .collect()
     };
-    let held = four.status();
-    assert_eq!(held["role"], "voter", "{held}");
+    // The call returns once the leader committed the change; node 4 applies it a heartbeat
+    // later.
+    let held = eventually(
+        "node 4 applies its own promotion",
+        || four.status(),
+        |s| s["role"] == "voter",
+    )
+    .await;
     assert_eq!(held["config_version"], 1, "{held}");
     assert_eq!(regions(&held), vec!["a", "b"], "{held}");
     let put = config_put(&dir, &admin_list, 2);

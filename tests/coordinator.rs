@@ -71,6 +71,7 @@ async fn start_node(
         raft: raft_config("allot-test").expect("raft settings"),
         rebalance: CoordinatorConfig::default(),
         limits: Some(limits::StartLimits::Files(files)),
+        tls: None,
     };
     let http = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

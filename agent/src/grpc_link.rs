@@ -28,13 +28,13 @@ use allot_proto::sync_convert::{
     LEADER_ID_METADATA_KEY, LEADER_METADATA_KEY, MAX_SYNC_MESSAGE_BYTES, sync_down_from_wire,
     sync_up_to_wire,
 };
+use allot_proto::tls::Dialer;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 
 use crate::coordinators::{Coordinators, LeaderHint};
 use crate::error::Result;
@@ -210,7 +210,13 @@ pub struct GrpcSyncLink {
 impl GrpcSyncLink {
     /// Starts the connection task over `coordinators` (at least one); its state is published
     /// in `status`.
-    pub fn start(coordinators: Coordinators, status: Arc<LinkStatus>, seed: u64) -> Self {
+    /// `dialer`: plaintext, or TLS with this region's certificate.
+    pub fn start(
+        coordinators: Coordinators,
+        status: Arc<LinkStatus>,
+        seed: u64,
+        dialer: Dialer,
+    ) -> Self {
         metrics::sync_link_connected(false);
         metrics::sync_link_age(f64::INFINITY);
         let outbox = Arc::new(Outbox::default());
@@ -221,6 +227,7 @@ impl GrpcSyncLink {
             inbox: tx,
             status: status.clone(),
             rng: ChaCha8Rng::seed_from_u64(seed),
+            dialer,
         };
         let task = tokio::spawn(conn.run());
         GrpcSyncLink {
@@ -273,6 +280,7 @@ struct Connection {
     inbox: mpsc::Sender<SyncDown>,
     status: Arc<LinkStatus>,
     rng: ChaCha8Rng,
+    dialer: Dialer,
 }
 
 impl Connection {
@@ -343,7 +351,9 @@ impl Connection {
         // A peer that accepts the connection and then says nothing must not hold the link:
         // the handshake and the stream's opening are bounded too, not only the TCP connect.
         let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let mut client = connect(address).await.map_err(Ended::Failed)?;
+            let mut client = connect(address, &self.dialer)
+                .await
+                .map_err(Ended::Failed)?;
             client
                 .stream(ReceiverStream::new(rx))
                 .await
@@ -444,8 +454,10 @@ async fn write_sync_ups(outbox: Arc<Outbox>, tx: mpsc::Sender<pb::SyncUp>) {
 
 async fn connect(
     address: &str,
+    dialer: &Dialer,
 ) -> std::result::Result<SyncClient<tonic::transport::Channel>, String> {
-    let channel = Endpoint::from_shared(format!("http://{address}"))
+    let channel = dialer
+        .endpoint(address)
         .map_err(|e| format!("bad coordinator address {address}: {e}"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)

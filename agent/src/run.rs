@@ -17,6 +17,8 @@ use crate::admin;
 use crate::coordinators::Coordinators;
 use crate::driver;
 use crate::error::{Error, Result};
+use allot_proto::tls::Dialer;
+
 use crate::grpc_link::{GrpcSyncLink, LinkStatus};
 use crate::metrics;
 use crate::rlqs::Rlqs;
@@ -63,7 +65,18 @@ pub async fn run(
         let seed = agent.settings().jitter_seed.unwrap_or_else(|| {
             agent.now().as_unix_nanos() ^ u64::from(std::process::id()).rotate_left(32)
         });
-        let sync = GrpcSyncLink::start(coordinators, link.clone(), seed);
+        let dialer = match &agent.settings().tls {
+            Some(tls) => Dialer::with_tls(tls),
+            None => {
+                tracing::warn!(
+                    "plaintext link to the coordinators: unauthenticated, and anyone on the \
+                     path can read or alter it (--tls-cert, --tls-key and --tls-ca; \
+                     `allot certs init` makes a development set)"
+                );
+                Dialer::plaintext()
+            }
+        };
+        let sync = GrpcSyncLink::start(coordinators, link.clone(), seed, dialer);
         tokio::spawn(driver::timers(agent.clone(), sync, stop_rx.clone()))
     } else {
         tracing::info!("no coordinator: single region, this agent owns every quota");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use allot_core::budget::BudgetConfig;
 use allot_core::ids::RegionId;
+use allot_proto::tls::{Peer, Tls};
 
 use crate::clock::Clock;
 use crate::coordinators::Coordinators;
@@ -88,6 +89,9 @@ pub struct Settings {
     /// (docs/bound.md, skew): [`DEFAULT_MAX_CLOCK_UNCERTAINTY`] by default. `None`: windows
     /// on the agent's own clock. An agent without coordinators has no timebase either way.
     pub max_clock_uncertainty: Option<Duration>,
+    /// Mutual TLS on the link to the coordinators (D58): the certificate must name this
+    /// region. `None`: plaintext.
+    pub tls: Option<Tls>,
 }
 
 impl Settings {
@@ -110,6 +114,7 @@ impl Settings {
             clock: Clock::System,
             restored: false,
             max_clock_uncertainty: Some(DEFAULT_MAX_CLOCK_UNCERTAINTY),
+            tls: None,
         }
     }
 
@@ -137,6 +142,21 @@ impl Settings {
         }
         if self.max_keys_per_limit == 0 {
             problems.push("max keys per limit must be at least 1".to_owned());
+        }
+        if let Some(tls) = &self.tls {
+            let me = Peer::Region(self.region.as_str().to_owned());
+            if *tls.me() != me {
+                problems.push(format!(
+                    "the TLS certificate names {}, but this agent is {me}",
+                    tls.me()
+                ));
+            }
+            if self.coordinators.is_empty() {
+                problems.push(
+                    "TLS certificates are for the link to the coordinators: name --coordinator"
+                        .to_owned(),
+                );
+            }
         }
         if problems.is_empty() {
             Ok(())

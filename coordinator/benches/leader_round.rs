@@ -531,6 +531,7 @@ fn commit_latency(commands: &[ClusterCommand], measured_from: usize, nodes: u64)
                 id,
                 data_dir: dir.path().join(format!("node-{id}")),
                 raft: raft_config("bench").expect("valid settings"),
+                tls: None,
             };
             let node = RaftNode::start(settings, listener)
                 .await

@@ -16,6 +16,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
+use allot_proto::tls::{Dialer, Tls};
+
 use crate::error::{Error, Result};
 use crate::network::{GrpcNetwork, LeaderAdmin, RaftGrpcService};
 use crate::raft_config::MAX_RAFT_MESSAGE_BYTES;
@@ -33,6 +35,8 @@ pub struct NodeSettings {
     pub data_dir: PathBuf,
     /// openraft's settings; its `cluster_name` is checked on every message between nodes.
     pub raft: Config,
+    /// Mutual TLS on raft and the sync stream (D58); `None`: plaintext.
+    pub tls: Option<Tls>,
 }
 
 /// A running node: its raft handle, a reader of its applied state, and its gRPC server.
@@ -41,6 +45,8 @@ pub struct RaftNode {
     pub state: StateReader,
     /// Where the leader's admin HTTP is, as its clock probes named it.
     pub leader_admin: Arc<LeaderAdmin>,
+    /// How this node dials the others (TLS with its certificate, or plaintext).
+    pub dialer: Dialer,
     stop: watch::Sender<bool>,
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
@@ -93,7 +99,11 @@ impl RaftNode {
         stand_down_from_a_stored_leadership(&mut log_store, settings.id).await?;
         let state = state_machine.reader();
         let cluster = settings.raft.cluster_name.clone();
-        let network = GrpcNetwork::new(settings.id, cluster.clone());
+        let dialer = settings
+            .tls
+            .as_ref()
+            .map_or_else(Dialer::plaintext, Dialer::with_tls);
+        let network = GrpcNetwork::new(settings.id, cluster.clone(), dialer.clone());
         let raft = Raft::new(
             settings.id,
             Arc::new(settings.raft),
@@ -115,15 +125,23 @@ impl RaftNode {
             conn.and_then(|s| s.set_nodelay(true).map(|()| s))
         });
         let routes = extra(&raft, &state).add_service(service);
-        let server = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            });
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &settings.tls {
+            builder = builder
+                .tls_config(tls.server())
+                .map_err(|e| Error::Config(format!("TLS: {e}")))?;
+        }
+        let server =
+            builder
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                });
         Ok(RaftNode {
             raft,
             state,
             leader_admin,
+            dialer,
             stop,
             server: tokio::spawn(server),
         })

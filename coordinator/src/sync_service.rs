@@ -22,10 +22,12 @@ use allot_core::time::Timestamp;
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_server::{Sync, SyncServer};
 use allot_proto::sync_convert::{MAX_SYNC_MESSAGE_BYTES, sync_down_to_wire, sync_up_from_wire};
+use allot_proto::tls::{self, Peer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::daemon::metrics::REFUSED_PEERS;
 use crate::types::NodeId;
 
 /// Answers buffered per stream; past it the stream's task waits for the agent to read (only
@@ -93,15 +95,33 @@ impl<H: SyncHandler> Sync for SyncService<H> {
         &self,
         request: Request<Streaming<pb::SyncUp>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
+        let caller = match tls::peer_of(&request) {
+            Ok(None) => None,
+            Ok(Some(Peer::Region(region))) => Some(RegionId::from(region.as_str())),
+            Ok(Some(other)) => {
+                metrics::counter!(REFUSED_PEERS, "kind" => "not_a_region").increment(1);
+                return Err(Status::permission_denied(format!(
+                    "a sync stream is a region's; the certificate names {other}"
+                )));
+            }
+            Err(e) => {
+                metrics::counter!(REFUSED_PEERS, "kind" => "unnamed").increment(1);
+                return Err(Status::permission_denied(e.to_string()));
+            }
+        };
         let (tx, rx) = mpsc::channel(ANSWER_QUEUE);
-        tokio::spawn(serve_stream(self.handler.clone(), request.into_inner(), tx));
+        let handler = self.handler.clone();
+        tokio::spawn(serve_stream(handler, caller, request.into_inner(), tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
 /// One agent's stream, until either side ends it.
+/// `caller`: the region the stream's certificate names (none on plaintext); a SyncUp for any
+/// other region ends the stream.
 async fn serve_stream<H: SyncHandler>(
     handler: Arc<H>,
+    caller: Option<RegionId>,
     mut inbound: Streaming<pb::SyncUp>,
     tx: mpsc::Sender<AnswerResult>,
 ) {
@@ -131,6 +151,18 @@ async fn serve_stream<H: SyncHandler>(
                 return;
             }
         };
+        if let Some(caller) = &caller
+            && *caller != up.region
+        {
+            metrics::counter!(REFUSED_PEERS, "kind" => "other_region").increment(1);
+            tracing::warn!(%caller, claimed = %up.region, "a SyncUp for another region: closing the stream");
+            let msg = format!(
+                "the certificate names region {caller}; a SyncUp for region {} is refused",
+                up.region
+            );
+            let _ = tx.send(Err(Status::permission_denied(msg))).await;
+            return;
+        }
         let answer = match handler.handle(received_at, up).await {
             Answer::Down(down) => Ok(pb::SyncAnswer {
                 answer: Some(pb::sync_answer::Answer::SyncDown(sync_down_to_wire(down))),

@@ -39,6 +39,7 @@ async fn start(id: NodeId, dir: &Path, listener: TcpListener) -> RaftNode {
         id,
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config(),
+        tls: None,
     };
     RaftNode::start(settings, listener)
         .await

@@ -19,6 +19,7 @@ use allot_core::time::{Timestamp, Window};
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_client::SyncClient;
 use allot_proto::sync_convert::{sync_down_from_wire, sync_up_to_wire};
+use allot_proto::tls::Dialer;
 use openraft::{Config, ServerState, SnapshotPolicy};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -72,6 +73,7 @@ async fn start(
             version: 1,
             limits: limits(),
         }),
+        tls: None,
     };
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     Daemon::start(settings, grpc, http)
@@ -221,7 +223,7 @@ async fn a_bridge_probe_samples_a_node_that_answers_and_skips_the_others() {
     let cluster = raft_config().cluster_name.clone();
     let silent = "127.0.0.1:1".to_owned();
     let candidates = vec![(9, silent.clone()), (1, addr.clone())];
-    let bridge = probe_bridge(&cluster, candidates)
+    let bridge = probe_bridge(&cluster, candidates, &Dialer::plaintext())
         .await
         .expect("node 1 answers");
     assert_eq!(bridge.via, 1);
@@ -231,8 +233,14 @@ async fn a_bridge_probe_samples_a_node_that_answers_and_skips_the_others() {
         "one clock: {:?}",
         bridge.sample
     );
-    assert_eq!(probe_bridge(&cluster, vec![(9, silent)]).await, None);
-    assert_eq!(probe_bridge("another", vec![(1, addr)]).await, None);
+    assert_eq!(
+        probe_bridge(&cluster, vec![(9, silent)], &Dialer::plaintext()).await,
+        None
+    );
+    assert_eq!(
+        probe_bridge("another", vec![(1, addr)], &Dialer::plaintext()).await,
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,9 @@ pub enum WireError {
     /// Bytes that are not a protobuf message of the expected type.
     #[error("not a valid message: {0}")]
     Malformed(String),
+    /// Transport security: a certificate, key or CA file, or a peer's certificate.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl WireError {
@@ -29,6 +32,7 @@ impl WireError {
                 problem,
             },
             WireError::Malformed(m) => WireError::Malformed(m),
+            WireError::Tls(m) => WireError::Tls(m),
         }
     }
 }

@@ -5,6 +5,7 @@
 //!   openraft's messages as opaque payloads.
 //! - [`sync::v1`]: the agent <-> coordinator stream (`allot.sync.v1.Sync`), and
 //!   [`sync_convert`], its one protobuf <-> `allot_core::sync` conversion, shared by both ends.
+//! - [`tls`]: mutual TLS between the daemons, and the peer identity a certificate carries.
 //! - [`envoy`]: Envoy's rate limit service v3 (RLS) and rate limit quota service v3 (RLQS)
 //!   types, re-exported from envoy-types.
 //!
@@ -14,6 +15,7 @@
 
 pub mod error;
 pub mod sync_convert;
+pub mod tls;
 
 pub use error::WireError;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use allot_core::rebalance::CoordinatorConfig;
 use allot_core::sync::SyncUp;
 use allot_core::time::Timestamp;
+use allot_proto::tls::Dialer;
 use openraft::{Raft, ServerState};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -126,6 +127,7 @@ pub async fn supervise(
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
     admin_http: String,
+    dialer: Dialer,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut metrics = raft.metrics();
@@ -153,6 +155,7 @@ pub async fn supervise(
                 slot.clone(),
                 cfg.clone(),
                 admin_http.clone(),
+                dialer.clone(),
                 term,
             );
             running = Some((term, tokio::spawn(task)));
@@ -180,6 +183,7 @@ async fn lead(
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
     admin_http: String,
+    dialer: Dialer,
     term: u64,
 ) {
     let start = tokio::time::timeout(
@@ -193,8 +197,10 @@ async fn lead(
     };
     let leader_term = rebalancer_term(term, start_index);
     tracing::info!(term, start_index, "leading: the rebalancer runs");
-    let bridge = bridge_clock(&raft, &state).await;
-    let leader = Leader::new(raft, &state, cfg, leader_term, bridge).naming(admin_http);
+    let bridge = bridge_clock(&raft, &state, &dialer).await;
+    let leader = Leader::new(raft, &state, cfg, leader_term, bridge)
+        .naming(admin_http)
+        .dialing(dialer);
     let (tx, rx) = mpsc::channel(JOB_QUEUE);
     slot.set(term, tx);
     let ended = leader.run(rx).await;

@@ -27,6 +27,8 @@ use serde::Serialize;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use allot_proto::tls::Dialer;
+
 use crate::daemon::metrics as m;
 use crate::network::ProbeFrom;
 use crate::network::clock::ClockProber;
@@ -207,6 +209,8 @@ pub struct Leader {
     adopted_heard: BTreeMap<RegionId, Timestamp>,
     /// This node's admin HTTP address, named in its clock probes (none: not named).
     admin_http: Option<String>,
+    /// How its probes dial the other nodes.
+    dialer: Dialer,
 }
 
 /// A task that ends with the value holding it (the leader's, when its rebalancer is dropped).
@@ -257,6 +261,7 @@ impl Leader {
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
             adopted_heard,
             admin_http: None,
+            dialer: Dialer::plaintext(),
         }
     }
 
@@ -264,6 +269,12 @@ impl Leader {
     /// where the leader's status is read (`LeaderAdmin`).
     pub fn naming(mut self, admin_http: String) -> Leader {
         self.admin_http = Some(admin_http);
+        self
+    }
+
+    /// Probes the other nodes through `dialer` (TLS with this node's certificate).
+    pub fn dialing(mut self, dialer: Dialer) -> Leader {
+        self.dialer = dialer;
         self
     }
 
@@ -481,7 +492,11 @@ impl Leader {
             node: me,
             admin_http,
         });
-        let mut prober = ClockProber::new(raft.config().cluster_name.clone(), from);
+        let mut prober = ClockProber::new(
+            raft.config().cluster_name.clone(),
+            from,
+            self.dialer.clone(),
+        );
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(CLOCK_PROBE_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -708,7 +723,11 @@ pub const BRIDGE_RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// What a new leader absent from the last clock frame reads cluster time through (D50):
 /// its probe of a node in the frame. `None` when it needs none, or no such node answers (it
 /// then leads on its own clock, and says so).
-pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Option<Bridge> {
+pub async fn bridge_clock(
+    raft: &Raft<TypeConfig>,
+    state: &StateReader,
+    dialer: &Dialer,
+) -> Option<Bridge> {
     let (me, members) = {
         let metrics = raft.metrics();
         let m = metrics.borrow();
@@ -732,7 +751,7 @@ pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Optio
     // every region's windows by the difference between the clocks.
     let mut bridge = None;
     for attempt in 1..=BRIDGE_ATTEMPTS {
-        bridge = probe_bridge(&raft.config().cluster_name, candidates.clone()).await;
+        bridge = probe_bridge(&raft.config().cluster_name, candidates.clone(), dialer).await;
         if bridge.is_some() {
             break;
         }
@@ -759,10 +778,14 @@ pub async fn bridge_clock(raft: &Raft<TypeConfig>, state: &StateReader) -> Optio
 /// the first answer is the bridge. The probes start together, so the first back has the
 /// shortest round trip (within the answering nodes' handling), and a dead node in the frame
 /// (often the last leader) costs no wait. None answering, none.
-pub async fn probe_bridge(cluster: &str, candidates: Vec<(NodeId, String)>) -> Option<Bridge> {
+pub async fn probe_bridge(
+    cluster: &str,
+    candidates: Vec<(NodeId, String)>,
+    dialer: &Dialer,
+) -> Option<Bridge> {
     let mut probes = tokio::task::JoinSet::new();
     for (node, addr) in candidates {
-        let mut prober = ClockProber::new(cluster.to_owned(), None);
+        let mut prober = ClockProber::new(cluster.to_owned(), None, dialer.clone());
         probes.spawn(async move {
             let probed = prober.probe(node, &addr, ClusterClock::default()).await;
             (node, probed)

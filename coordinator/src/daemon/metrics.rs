@@ -28,6 +28,7 @@ pub const NODE_CLOCK_ROUND_TRIP: &str = "allot_coordinator_node_clock_round_trip
 pub const CLOCK_PROBE_FAILURES: &str = "allot_coordinator_clock_probe_failures_total";
 pub const CLOCK_FRAMES: &str = "allot_coordinator_clock_frames_total";
 pub const CLUSTER_CLOCK_OFFSET: &str = "allot_coordinator_cluster_clock_offset_seconds";
+pub const REFUSED_PEERS: &str = "allot_coordinator_refused_peers_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
 /// same handle).
@@ -52,6 +53,10 @@ fn describe() {
         "1 while this node leads and runs the rebalancer."
     );
     describe_gauge!(TERM, "This node's raft term.");
+    describe_counter!(
+        REFUSED_PEERS,
+        "Calls refused because the caller's certificate does not name a peer allowed to make them (D58), by kind: not_a_region, other_region, not_a_member, unnamed."
+    );
     describe_gauge!(
         NODE_CLOCK_OFFSET,
         "On the leader: each other node's clock minus cluster time, by node, from its latest clock probe (a new leader takes its cluster time from it, D47)."

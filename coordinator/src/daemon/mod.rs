@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_core::rebalance::CoordinatorConfig;
+use allot_proto::tls::{Peer, Tls};
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft};
 use tokio::net::TcpListener;
@@ -62,6 +63,8 @@ pub struct DaemonSettings {
     pub rebalance: CoordinatorConfig,
     /// Limits to put when the cluster holds an older version.
     pub limits: Option<limits::StartLimits>,
+    /// Mutual TLS on raft and the sync stream (D58); `None`: plaintext, logged loudly.
+    pub tls: Option<Tls>,
 }
 
 /// A running coordinator node.
@@ -96,6 +99,7 @@ impl Daemon {
         } else {
             Some(initial_members(settings.id, &settings.peers, grpc_addr)?)
         };
+        check_identity(settings.id, settings.tls.as_ref())?;
         let slot = Arc::new(LeaderSlot::default());
         let (stop, stopping) = watch::channel(false);
         let node = start_node(&settings, grpc, slot.clone(), stopping.clone()).await?;
@@ -108,6 +112,7 @@ impl Daemon {
             slot.clone(),
             settings.rebalance.clone(),
             http_addr.to_string(),
+            node.dialer.clone(),
             stopping.clone(),
         ))];
         if let Some(start_limits) = settings.limits {
@@ -206,12 +211,33 @@ async fn start_node(
         id: settings.id,
         data_dir: settings.data_dir.clone(),
         raft: settings.raft.clone(),
+        tls: settings.tls.clone(),
     };
     RaftNode::start_with(node_settings, grpc, move |raft, _| {
         let handler = RaftSyncHandler::new(raft.clone(), slot, stopping);
         Routes::new(SyncService::new(Arc::new(handler)).into_server())
     })
     .await
+}
+
+/// A node's certificate must name it: the others check raft messages against it. Without
+/// TLS, every port trusts whoever reaches it, which is said loudly.
+fn check_identity(id: NodeId, tls: Option<&Tls>) -> Result<()> {
+    let Some(tls) = tls else {
+        tracing::warn!(
+            "plaintext: raft and the sync stream are unauthenticated, and any process that \
+             reaches the gRPC port is trusted as a node or a region (start with --tls-cert, \
+             --tls-key and --tls-ca; `allot certs init` makes a development set)"
+        );
+        return Ok(());
+    };
+    if *tls.me() != Peer::Node(id) {
+        return Err(Error::Config(format!(
+            "--tls-cert names {}, but this is node {id}",
+            tls.me()
+        )));
+    }
+    Ok(())
 }
 
 /// Initialises a fresh node's cluster. Every initial member does it with the same members,

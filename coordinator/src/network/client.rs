@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
 use allot_proto::raft::v1::{RaftReply, RaftRequest};
+use allot_proto::tls::Dialer;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
 };
@@ -19,7 +20,7 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::codec::{decode, encode};
 use crate::types::{NodeId, TypeConfig};
@@ -33,13 +34,16 @@ pub struct GrpcNetwork {
     /// This node's id and cluster, sent with every message.
     node_id: NodeId,
     cluster: String,
+    /// Plaintext, or TLS with this node's certificate.
+    dialer: Dialer,
 }
 
 impl GrpcNetwork {
-    pub fn new(node_id: NodeId, cluster: impl Into<String>) -> GrpcNetwork {
+    pub fn new(node_id: NodeId, cluster: impl Into<String>, dialer: Dialer) -> GrpcNetwork {
         GrpcNetwork {
             node_id,
             cluster: cluster.into(),
+            dialer,
         }
     }
 }
@@ -53,6 +57,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
             cluster: self.cluster.clone(),
             target,
             addr: node.addr.clone(),
+            dialer: self.dialer.clone(),
             client: None,
         }
     }
@@ -65,6 +70,7 @@ pub struct PeerClient {
     target: NodeId,
     /// `host:port` of the peer's gRPC listener, as its membership entry names it.
     addr: String,
+    dialer: Dialer,
     client: Option<RaftServiceClient<Channel>>,
 }
 
@@ -75,7 +81,9 @@ impl PeerClient {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+        let endpoint = self
+            .dialer
+            .endpoint(&self.addr)
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
             .connect_timeout(CONNECT_TIMEOUT);
         let channel = endpoint

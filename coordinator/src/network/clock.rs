@@ -9,7 +9,8 @@ use allot_core::sync::ClockSample;
 use allot_core::time::Timestamp;
 use allot_proto::raft::v1::ClockProbe;
 use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use allot_proto::tls::Dialer;
+use tonic::transport::Channel;
 
 use crate::network::client::CONNECT_TIMEOUT;
 use crate::network::leader_admin::ProbeFrom;
@@ -24,14 +25,16 @@ pub struct ClockProber {
     cluster: String,
     /// The leader probing, named in each probe; none for a probe that is not a leader's.
     from: Option<ProbeFrom>,
+    dialer: Dialer,
     channels: BTreeMap<NodeId, (String, RaftServiceClient<Channel>)>,
 }
 
 impl ClockProber {
-    pub fn new(cluster: impl Into<String>, from: Option<ProbeFrom>) -> ClockProber {
+    pub fn new(cluster: impl Into<String>, from: Option<ProbeFrom>, dialer: Dialer) -> ClockProber {
         ClockProber {
             cluster: cluster.into(),
             from,
+            dialer,
             channels: BTreeMap::new(),
         }
     }
@@ -81,7 +84,9 @@ impl ClockProber {
         {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = self
+            .dialer
+            .endpoint(addr)
             .map_err(|e| e.to_string())?
             .connect_timeout(CONNECT_TIMEOUT);
         let channel = endpoint.connect().await.map_err(|e| e.to_string())?;

@@ -1,0 +1,328 @@
+//! Mutual TLS between allot's daemons (D58 in docs/decisions.md): who a peer is comes from its
+//! certificate, never from a field of its messages.
+//!
+//! Every certificate a cluster's CA signs names one peer in a URI subject alternative name,
+//! SPIFFE-style: `spiffe://allot/node/2` (a coordinator node), `spiffe://allot/region/eu-west`
+//! (a regional agent), `spiffe://allot/gateway/edge-1` (a caller of an agent). A daemon loads
+//! its own certificate, key and the CA from files ([`TlsFiles`]); its servers require a client
+//! certificate signed by that CA, its clients verify the server's against it, and a handler
+//! reads the caller's identity with [`peer_of`]. `allot certs init` writes such a set.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use x509_parser::extensions::GeneralName;
+use x509_parser::pem::Pem;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::error::WireError;
+
+/// The trust domain of the identities allot's certificates carry.
+pub const TRUST_DOMAIN: &str = "allot";
+
+/// Largest certificate, key or CA file read (a chain of a few certificates is a few KiB).
+pub const MAX_PEM_BYTES: u64 = 256 * 1024;
+
+/// Who a certificate says its holder is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Peer {
+    /// A coordinator node, by its raft id.
+    Node(u64),
+    /// A regional agent, by its region's name.
+    Region(String),
+    /// A gateway calling an agent, by the name it was issued under.
+    Gateway(String),
+}
+
+impl Peer {
+    /// The URI naming this peer in a certificate.
+    pub fn uri(&self) -> String {
+        match self {
+            Peer::Node(id) => format!("spiffe://{TRUST_DOMAIN}/node/{id}"),
+            Peer::Region(r) => format!("spiffe://{TRUST_DOMAIN}/region/{r}"),
+            Peer::Gateway(g) => format!("spiffe://{TRUST_DOMAIN}/gateway/{g}"),
+        }
+    }
+
+    /// The peer a URI names; `None` for any other URI (another trust domain, another kind).
+    pub fn from_uri(uri: &str) -> Option<Peer> {
+        let path = uri.strip_prefix("spiffe://")?.strip_prefix(TRUST_DOMAIN)?;
+        let (kind, name) = path.strip_prefix('/')?.split_once('/')?;
+        if name.is_empty() || name.contains('/') {
+            return None;
+        }
+        match kind {
+            "node" => name.parse().ok().map(Peer::Node),
+            "region" => Some(Peer::Region(name.to_owned())),
+            "gateway" => Some(Peer::Gateway(name.to_owned())),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Node(id) => write!(f, "node {id}"),
+            Peer::Region(r) => write!(f, "region {r}"),
+            Peer::Gateway(g) => write!(f, "gateway {g}"),
+        }
+    }
+}
+
+/// The one peer a DER certificate names: exactly one allot URI among its subject alternative
+/// names (a certificate naming two peers would let its holder choose).
+pub fn peer_in(der: &[u8]) -> Result<Peer, WireError> {
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| WireError::Tls(format!("not an X.509 certificate: {e}")))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| WireError::Tls(format!("unreadable subject alternative names: {e}")))?;
+    let mut peers = san
+        .into_iter()
+        .flat_map(|s| s.value.general_names.iter())
+        .filter_map(|n| match n {
+            GeneralName::URI(uri) => Peer::from_uri(uri),
+            _ => None,
+        });
+    let Some(peer) = peers.next() else {
+        return Err(WireError::Tls(format!(
+            "the certificate names no spiffe://{TRUST_DOMAIN}/ peer"
+        )));
+    };
+    if peers.next().is_some() {
+        return Err(WireError::Tls(
+            "the certificate names more than one peer".to_owned(),
+        ));
+    }
+    Ok(peer)
+}
+
+/// The caller of a request, from the client certificate its connection presented: `Ok(None)`
+/// on a plaintext connection (no TLS configured), an error when TLS is on and the certificate
+/// names no single peer.
+pub fn peer_of<T>(request: &tonic::Request<T>) -> Result<Option<Peer>, WireError> {
+    let Some(certs) = request.peer_certs() else {
+        return Ok(None);
+    };
+    let leaf = certs
+        .first()
+        .ok_or_else(|| WireError::Tls("the connection presented no certificate".to_owned()))?;
+    peer_in(leaf.as_ref()).map(Some)
+}
+
+/// Where a daemon's certificate, its key and the cluster's CA are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// All three or none: `Ok(None)` when no file is named.
+    pub fn from_flags(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        ca: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, WireError> {
+        match (cert, key, ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { cert, key, ca })),
+            _ => Err(WireError::Tls(
+                "--tls-cert, --tls-key and --tls-ca go together: name all three or none".to_owned(),
+            )),
+        }
+    }
+
+    /// Reads and checks the three files: each is PEM of the right kind, and the certificate
+    /// names one peer.
+    pub fn load(&self) -> Result<Tls, WireError> {
+        let cert = read_pem(&self.cert)?;
+        let key = read_pem(&self.key)?;
+        let ca = read_pem(&self.ca)?;
+        let leaf = first_block(&self.cert, &cert, |l| l == "CERTIFICATE")?;
+        first_block(&self.key, &key, |l| l.ends_with("PRIVATE KEY"))?;
+        first_block(&self.ca, &ca, |l| l == "CERTIFICATE")?;
+        let me =
+            peer_in(&leaf).map_err(|e| WireError::Tls(format!("{}: {e}", self.cert.display())))?;
+        Ok(Tls {
+            me,
+            identity: Identity::from_pem(cert, key),
+            ca: Certificate::from_pem(ca),
+        })
+    }
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, WireError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)
+        .map_err(|e| WireError::Tls(format!("cannot open {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| WireError::Tls(format!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(WireError::Tls(format!(
+            "{}: larger than {MAX_PEM_BYTES} bytes, not a certificate or key",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The contents of the first PEM block in `bytes`, which must be of a kind `wanted` accepts.
+fn first_block(
+    path: &Path,
+    bytes: &[u8],
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<u8>, WireError> {
+    let bad = |why: String| WireError::Tls(format!("{}: {why}", path.display()));
+    let block = Pem::iter_from_buffer(bytes)
+        .next()
+        .ok_or_else(|| bad("no PEM block".to_owned()))?
+        .map_err(|e| bad(format!("not PEM: {e}")))?;
+    if !wanted(&block.label) {
+        return Err(bad(format!(
+            "a PEM block of kind {:?}, not the one expected",
+            block.label
+        )));
+    }
+    Ok(block.contents)
+}
+
+/// A daemon's loaded TLS material.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    me: Peer,
+    identity: Identity,
+    ca: Certificate,
+}
+
+impl Tls {
+    /// Who this daemon's certificate says it is.
+    pub fn me(&self) -> &Peer {
+        &self.me
+    }
+
+    /// A server that requires a client certificate the CA signed.
+    pub fn server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.identity.clone())
+            .client_ca_root(self.ca.clone())
+    }
+
+    /// A client presenting this daemon's certificate and verifying the server's against the
+    /// CA (the server's name is the address's host, which its certificate must name).
+    pub fn client(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .identity(self.identity.clone())
+            .ca_certificate(self.ca.clone())
+    }
+}
+
+/// How a daemon dials the others: plaintext, or TLS with its certificate. One per process
+/// (a daemon has one identity), cloned into each client.
+#[derive(Clone, Debug, Default)]
+pub struct Dialer {
+    tls: Option<ClientTlsConfig>,
+}
+
+impl Dialer {
+    pub fn plaintext() -> Dialer {
+        Dialer::default()
+    }
+
+    pub fn with_tls(tls: &Tls) -> Dialer {
+        Dialer {
+            tls: Some(tls.client()),
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// An endpoint for `host:port`: `https` with this daemon's certificate, or `http`.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, WireError> {
+        let bad = |e: tonic::transport::Error| WireError::Tls(format!("address {addr}: {e}"));
+        match &self.tls {
+            Some(tls) => Endpoint::from_shared(format!("https://{addr}"))
+                .and_then(|e| e.tls_config(tls.clone()))
+                .map_err(bad),
+            None => Endpoint::from_shared(format!("http://{addr}")).map_err(bad),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uri_names_a_peer_only_in_the_trust_domain_and_in_one_of_the_kinds() {
+        for peer in [
+            Peer::Node(3),
+            Peer::Region("eu-west".into()),
+            Peer::Gateway("edge-1".into()),
+        ] {
+            assert_eq!(Peer::from_uri(&peer.uri()), Some(peer));
+        }
+        for uri in [
+            "spiffe://other/region/eu-west",
+            "spiffe://allot/region/",
+            "spiffe://allot/region/eu/west",
+            "spiffe://allot/node/two",
+            "spiffe://allot/tenant/42",
+            "https://allot/region/eu-west",
+            "spiffe://allotx/region/eu-west",
+        ] {
+            assert_eq!(Peer::from_uri(uri), None, "{uri}");
+        }
+    }
+
+    fn cert_naming(uris: &[&str]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        for uri in uris {
+            let uri = (*uri).try_into().unwrap();
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_names_its_peer_only_when_it_names_exactly_one() {
+        let one = cert_naming(&["https://example.com/", "spiffe://allot/region/eu-west"]);
+        assert_eq!(peer_in(&one), Ok(Peer::Region("eu-west".into())));
+        let two = cert_naming(&["spiffe://allot/region/a", "spiffe://allot/node/1"]);
+        assert!(
+            peer_in(&two)
+                .unwrap_err()
+                .to_string()
+                .contains("more than one")
+        );
+        let none = cert_naming(&["spiffe://other/region/a"]);
+        assert!(
+            peer_in(&none)
+                .unwrap_err()
+                .to_string()
+                .contains("no spiffe://allot/")
+        );
+        assert!(peer_in(b"not DER").is_err());
+    }
+
+    #[test]
+    fn only_all_three_files_or_none_are_accepted() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(TlsFiles::from_flags(None, None, None), Ok(None));
+        assert!(
+            TlsFiles::from_flags(p("c"), p("k"), p("a"))
+                .unwrap()
+                .is_some()
+        );
+        let err = TlsFiles::from_flags(p("c"), None, p("a")).unwrap_err();
+        assert!(err.to_string().contains("all three"), "{err}");
+    }
+}
