@@ -76,22 +76,27 @@ pub fn file_names(peer: &Peer) -> (String, String) {
 
 fn init(args: &InitArgs) -> Result<Vec<String>, String> {
     let peers = peers(args)?;
-    let hosts = hosts(&args.hosts)?;
-    std::fs::create_dir_all(&args.dir)
-        .map_err(|e| format!("cannot create {}: {e}", args.dir.display()))?;
+    write_set(&args.dir, &peers, &args.hosts)
+}
+
+/// Writes into `dir` the CA (unless there) and a certificate for each of `peers` that has
+/// none, valid for `hosts`; returns a line per file written or kept.
+pub fn write_set(dir: &Path, peers: &[Peer], hosts: &[String]) -> Result<Vec<String>, String> {
+    let hosts = self::hosts(hosts)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mut written = Vec::new();
-    let (ca_pem, ca_key) = ca(&args.dir, &mut written)?;
+    let (ca_pem, ca_key) = ca(dir, &mut written)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)
-        .map_err(|e| format!("{}: not a usable CA: {e}", args.dir.join(CA_CERT).display()))?;
+        .map_err(|e| format!("{}: not a usable CA: {e}", dir.join(CA_CERT).display()))?;
     for peer in peers {
-        let (cert_name, key_name) = file_names(&peer);
-        let (cert_path, key_path) = (args.dir.join(&cert_name), args.dir.join(&key_name));
+        let (cert_name, key_name) = file_names(peer);
+        let (cert_path, key_path) = (dir.join(&cert_name), dir.join(&key_name));
         if cert_path.exists() || key_path.exists() {
             written.push(format!("kept {} ({peer})", cert_path.display()));
             continue;
         }
         let key = KeyPair::generate().map_err(|e| format!("key generation: {e}"))?;
-        let cert = leaf_params(&peer, &hosts)?
+        let cert = leaf_params(peer, &hosts)?
             .signed_by(&key, &issuer)
             .map_err(|e| format!("signing {peer}'s certificate: {e}"))?;
         write_new(&key_path, &key.serialize_pem(), true)?;

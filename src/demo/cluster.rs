@@ -6,9 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use allot_proto::tls::Peer;
+
 use super::children::{self, Running};
 use super::plan::REGIONS;
 use super::relay::Relay;
+use crate::certs_cmd;
 
 /// The coordinator cluster's size: a leader's loss leaves a majority.
 pub const NODES: u64 = 3;
@@ -47,12 +50,21 @@ fn strings(args: &[&str]) -> Vec<String> {
 impl Cluster {
     /// Starts the nodes, then the agents (`relayed`: that region's agent reaches the nodes
     /// through relays); every child has printed its ready line when this returns.
+    /// `tls`: a CA and certificates are made in `dir/certs` first, and every daemon link is
+    /// mutual TLS.
     pub async fn start(
         dir: &Path,
         limits: &Path,
         relayed: Option<usize>,
+        tls: bool,
     ) -> Result<Cluster, String> {
-        let specs = node_specs(dir, limits)?;
+        let certs = if tls { Some(make_certs(dir)?) } else { None };
+        let mut specs = node_specs(dir, limits)?;
+        if let Some(certs) = &certs {
+            for (id, spec) in &mut specs {
+                spec.args.extend(tls_args(certs, &format!("node-{id}")));
+            }
+        }
         let mut nodes = BTreeMap::new();
         for (id, spec) in &specs {
             let r =
@@ -78,7 +90,10 @@ impl Cluster {
             } else {
                 direct.clone()
             };
-            let args = agent_args(dir, limits, region, &coordinators.join(","));
+            let mut args = agent_args(dir, limits, region, &coordinators.join(","));
+            if let Some(certs) = &certs {
+                args.extend(tls_args(certs, &format!("region-{region}")));
+            }
             let log = dir.join(format!("agent-{region}.log"));
             let r = blocking(|| children::start(&format!("agent {region}"), &args, &log))?;
             agent_addrs.push((r.grpc.clone(), r.http.clone()));
@@ -220,6 +235,28 @@ fn node_specs(dir: &Path, limits: &Path) -> Result<BTreeMap<u64, NodeSpec>, Stri
             )
         })
         .collect())
+}
+
+/// The demo's CA and a certificate per node and region, in `dir/certs`.
+fn make_certs(dir: &Path) -> Result<PathBuf, String> {
+    let certs = dir.join("certs");
+    let mut peers: Vec<Peer> = (1..=NODES).map(Peer::Node).collect();
+    peers.extend(REGIONS.iter().map(|r| Peer::Region((*r).to_owned())));
+    certs_cmd::write_set(&certs, &peers, &["127.0.0.1".to_owned()])?;
+    Ok(certs)
+}
+
+/// `--tls-cert`, `--tls-key` and `--tls-ca` for the certificate `stem` in `certs`.
+fn tls_args(certs: &Path, stem: &str) -> Vec<String> {
+    let path = |name: String| certs.join(name).display().to_string();
+    vec![
+        "--tls-cert".to_owned(),
+        path(format!("{stem}.pem")),
+        "--tls-key".to_owned(),
+        path(format!("{stem}-key.pem")),
+        "--tls-ca".to_owned(),
+        path("ca.pem".to_owned()),
+    ]
 }
 
 fn agent_args(dir: &Path, limits: &Path, region: &str, coordinators: &str) -> Vec<String> {

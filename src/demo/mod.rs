@@ -143,7 +143,7 @@ async fn demo(plan: Plan) -> Result<bool, String> {
     let limits = dir.path().join("limits.yaml");
     std::fs::write(&limits, limits_yaml()).map_err(|e| format!("{}: {e}", limits.display()))?;
     let relayed = plan.partition.as_ref().map(|p| p.region);
-    let result = match Cluster::start(dir.path(), &limits, relayed).await {
+    let result = match Cluster::start(dir.path(), &limits, relayed, plan.tls).await {
         Ok(mut cluster) => {
             announce(out, &plan, dir.path(), &cluster);
             let result = run_traffic(out, &plan, &mut cluster, &mut signals).await;
@@ -181,6 +181,7 @@ fn announce(out: Out, plan: &Plan, dir: &Path, cluster: &Cluster) {
     out.say(&format!(
         "allot demo: {} coordinator nodes, regions {}, {} s of traffic\n  \
          folder {} (logs: coordinator-N.log, agent-REGION.log)\n  \
+         daemon links: {}\n  \
          dashboard: http://{first}/ (live, in a browser; any node's admin HTTP serves it)\n  \
          coordinators' admin HTTP: {} (/v1/status; `allot status --coordinator {first}`)\n  \
          limit {DOMAIN}/tenant={TENANT}: {QUOTA_UNITS} per {WINDOW_SECS} s worldwide, \
@@ -189,6 +190,11 @@ fn announce(out: Out, plan: &Plan, dir: &Path, cluster: &Cluster) {
         REGIONS.join(", "),
         plan.duration.as_secs(),
         dir.display(),
+        if plan.tls {
+            "mutual TLS (certificates in certs/, docs/security.md)"
+        } else {
+            "plaintext (--plaintext)"
+        },
         nodes.join(" "),
     ));
 }

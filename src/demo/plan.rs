@@ -36,6 +36,11 @@ pub struct DemoArgs {
     /// Keep the temporary folder (data directories, logs, limits file) at the end.
     #[arg(long)]
     keep: bool,
+    /// Run raft and the sync stream in plaintext. By default the demo makes a CA and a
+    /// certificate per node and region in its folder (`certs/`), and every daemon link is
+    /// mutual TLS (docs/security.md).
+    #[arg(long)]
+    plaintext: bool,
 }
 
 /// A region cut off from the coordinators for a span of the run.
@@ -54,6 +59,8 @@ pub struct Plan {
     pub partition: Option<Partition>,
     pub json: bool,
     pub keep: bool,
+    /// Mutual TLS between the daemons (the default).
+    pub tls: bool,
 }
 
 impl Plan {
@@ -87,6 +94,7 @@ impl Plan {
             partition,
             json: args.json,
             keep: args.keep,
+            tls: !args.plaintext,
         })
     }
 }
