@@ -146,6 +146,7 @@ mod tests {
             partition: partition.map(str::to_owned),
             json: false,
             keep: false,
+            plaintext: false,
         }
     }
 
