@@ -374,3 +374,78 @@ async fn leader_with_both_regions(nodes: &[Option<Process>]) -> u64 {
     .expect("checked");
     id
 }
+
+/// Copies `from`'s certificate files over `to`'s as a deploy tool would: each written beside
+/// its target, then renamed onto it.
+fn replace_files(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("certificates") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("a file name");
+        let staged = to.join(format!(".{}.new", name.to_string_lossy()));
+        std::fs::copy(&path, &staged).expect("copied");
+        std::fs::rename(&staged, to.join(name)).expect("renamed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_certificate_files_apply_to_the_next_connection_without_a_restart() {
+    let dir = support::scratch("tls", "reload", Some(LIMITS));
+    let first = certs(&dir, "first");
+    let next = certs(&dir, "next");
+    let live = dir.join("live");
+    std::fs::create_dir_all(&live).expect("live folder");
+    replace_files(&first, &live);
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let node = coordinator(&dir, &live, 1, &grpc, "");
+    let a = agent(&dir, &live, "a", &node.grpc);
+    a.synced().await;
+    sync_once(
+        dial(&node.grpc, &first, "region-b", &first)
+            .await
+            .expect("dials"),
+        "b",
+    )
+    .await
+    .expect("the first CA's certificate is taken");
+
+    // Every file replaced by a set of another CA, while both daemons run.
+    replace_files(&next, &live);
+    tokio::time::sleep(allot_proto::tls::RELOAD_CHECK_INTERVAL + Duration::from_millis(500)).await;
+    // The coordinator's next connections need the new CA's certificates.
+    eventually(
+        "the coordinator takes the new CA's certificate",
+        || {
+            let (grpc, next) = (node.grpc.clone(), next.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Runtime::new().expect("runtime");
+                rt.block_on(async {
+                    let ch = dial(&grpc, &next, "region-b", &next).await.ok()?;
+                    sync_once(ch, "b").await.ok()
+                })
+            })
+            .join()
+            .expect("joined")
+        },
+        Option::is_some,
+    )
+    .await;
+    let old = match dial(&node.grpc, &first, "region-b", &first).await {
+        Ok(channel) => sync_once(channel, "b").await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!old, "the replaced CA's certificate is still taken");
+    // The agent's open stream kept its session.
+    a.synced().await;
+
+    // The coordinator restarts (reading the new files, as it would anyway); the agent, not
+    // restarted, reconnects with the new files it has never been started with.
+    drop(node);
+    let node = coordinator(&dir, &live, 1, &grpc, "");
+    eventually(
+        "the agent reconnects over the new CA",
+        || get_json(&node.http, "/v1/status"),
+        |s| heard(s, "a"),
+    )
+    .await;
+    a.synced().await;
+}

@@ -16,7 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
-use allot_proto::tls::{Dialer, Tls};
+use allot_proto::tls::{Dialer, Tls, tls_incoming};
 
 use crate::error::{Error, Result};
 use crate::network::{GrpcNetwork, LeaderAdmin, RaftGrpcService};
@@ -119,31 +119,34 @@ impl RaftNode {
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let (stop, mut stopped) = watch::channel(false);
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            // Heartbeats and votes are one small frame each: without this, Nagle holds them
-            // back behind the peer's delayed acknowledgement.
-            conn.and_then(|s| s.set_nodelay(true).map(|()| s))
-        });
         let routes = extra(&raft, &state).add_service(service);
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &settings.tls {
-            builder = builder
-                .tls_config(tls.server())
-                .map_err(|e| Error::Config(format!("TLS: {e}")))?;
-        }
-        let server =
-            builder
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = stopped.wait_for(|s| *s).await;
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let builder = tonic::transport::Server::builder().add_routes(routes);
+        let server = match &settings.tls {
+            // The handshakes are this node's own, so that replaced certificate files apply
+            // to the next connection without a restart (D58).
+            Some(tls) => {
+                let incoming = tls_incoming(listener, tls.clone());
+                tokio::spawn(builder.serve_with_incoming_shutdown(incoming, shutdown))
+            }
+            None => {
+                let incoming = TcpListenerStream::new(listener).map(|conn| {
+                    // Heartbeats and votes are one small frame each: without this, Nagle holds
+                    // them back behind the peer's delayed acknowledgement.
+                    conn.and_then(|s| s.set_nodelay(true).map(|()| s))
                 });
+                tokio::spawn(builder.serve_with_incoming_shutdown(incoming, shutdown))
+            }
+        };
         Ok(RaftNode {
             raft,
             state,
             leader_admin,
             dialer,
             stop,
-            server: tokio::spawn(server),
+            server,
         })
     }
 

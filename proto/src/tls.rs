@@ -10,8 +10,10 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use x509_parser::extensions::GeneralName;
 use x509_parser::pem::Pem;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -136,21 +138,18 @@ impl TlsFiles {
         }
     }
 
-    /// Reads and checks the three files: each is PEM of the right kind, and the certificate
-    /// names one peer.
+    /// Reads and checks the three files (each PEM of the right kind, the certificate naming
+    /// one peer): the daemon's TLS, read again whenever the files change.
     pub fn load(&self) -> Result<Tls, WireError> {
-        let cert = read_pem(&self.cert)?;
-        let key = read_pem(&self.key)?;
-        let ca = read_pem(&self.ca)?;
-        let leaf = first_block(&self.cert, &cert, |l| l == "CERTIFICATE")?;
-        first_block(&self.key, &key, |l| l.ends_with("PRIVATE KEY"))?;
-        first_block(&self.ca, &ca, |l| l == "CERTIFICATE")?;
-        let me =
-            peer_in(&leaf).map_err(|e| WireError::Tls(format!("{}: {e}", self.cert.display())))?;
+        let material = Material::read(self)?;
         Ok(Tls {
-            me,
-            identity: Identity::from_pem(cert, key),
-            ca: Certificate::from_pem(ca),
+            files: self.clone(),
+            me: material.me.clone(),
+            current: Arc::new(Mutex::new(Current {
+                stamp: stamp(self),
+                checked: Instant::now(),
+                material,
+            })),
         })
     }
 }
@@ -192,41 +191,209 @@ fn first_block(
     Ok(block.contents)
 }
 
-/// A daemon's loaded TLS material.
+/// How often a daemon looks at its files' modification times (at a new connection or dial,
+/// not more often than this).
+pub const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A daemon's TLS: its certificate, key and CA as last read, read again when the files change
+/// (their modification times or sizes). New connections take the new material; open ones keep
+/// theirs. A change that does not load (a half-written file, a certificate naming another
+/// peer) is logged and the material before it kept. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Tls {
+    files: TlsFiles,
+    me: Peer,
+    current: Arc<Mutex<Current>>,
+}
+
+#[derive(Debug)]
+struct Current {
+    stamp: Stamp,
+    checked: Instant,
+    material: Material,
+}
+
+/// Each file's modification time and length.
+type Stamp = [Option<(SystemTime, u64)>; 3];
+
+fn stamp(files: &TlsFiles) -> Stamp {
+    let one = |p: &Path| {
+        let m = std::fs::metadata(p).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    };
+    [one(&files.cert), one(&files.key), one(&files.ca)]
+}
+
+/// What one read of the files gave.
+#[derive(Clone, Debug)]
+struct Material {
     me: Peer,
     identity: Identity,
     ca: Certificate,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl Material {
+    fn read(files: &TlsFiles) -> Result<Material, WireError> {
+        let cert = read_pem(&files.cert)?;
+        let key = read_pem(&files.key)?;
+        let ca = read_pem(&files.ca)?;
+        let leaf = first_block(&files.cert, &cert, |l| l == "CERTIFICATE")?;
+        first_block(&files.key, &key, |l| l.ends_with("PRIVATE KEY"))?;
+        first_block(&files.ca, &ca, |l| l == "CERTIFICATE")?;
+        let me =
+            peer_in(&leaf).map_err(|e| WireError::Tls(format!("{}: {e}", files.cert.display())))?;
+        let server = server_config(&cert, &key, &ca)?;
+        Ok(Material {
+            me,
+            identity: Identity::from_pem(cert, key),
+            ca: Certificate::from_pem(ca),
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// A server that requires a client certificate the CA signed, speaking HTTP/2 (gRPC).
+fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<rustls::ServerConfig, WireError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &str, e: String| WireError::Tls(format!("{what}: {e}"));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad("certificate", e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| bad("key", e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        let c = c.map_err(|e| bad("CA", e.to_string()))?;
+        roots.add(c).map_err(|e| bad("CA", e.to_string()))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| bad("CA", e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("protocol versions", e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("certificate and key", e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 impl Tls {
-    /// Who this daemon's certificate says it is.
+    /// Who this daemon's certificate says it is (a reload keeps it).
     pub fn me(&self) -> &Peer {
         &self.me
     }
 
-    /// A server that requires a client certificate the CA signed.
-    pub fn server(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(self.identity.clone())
-            .client_ca_root(self.ca.clone())
+    /// The server side as the files say now: a client certificate the CA signed is required.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.fresh().server
     }
 
     /// A client presenting this daemon's certificate and verifying the server's against the
-    /// CA (the server's name is the address's host, which its certificate must name).
+    /// CA (the server's name is the address's host, which its certificate must name), as the
+    /// files say now.
     pub fn client(&self) -> ClientTlsConfig {
+        let m = self.fresh();
         ClientTlsConfig::new()
-            .identity(self.identity.clone())
-            .ca_certificate(self.ca.clone())
+            .identity(m.identity)
+            .ca_certificate(m.ca)
+    }
+
+    fn fresh(&self) -> Material {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.checked.elapsed() < RELOAD_CHECK_INTERVAL {
+            return current.material.clone();
+        }
+        current.checked = Instant::now();
+        let now = stamp(&self.files);
+        if now == current.stamp {
+            return current.material.clone();
+        }
+        match Material::read(&self.files) {
+            Ok(m) if m.me == self.me => {
+                tracing::info!(cert = %self.files.cert.display(), "TLS files changed: reloaded");
+                current.stamp = now;
+                current.material = m;
+            }
+            Ok(m) => tracing::warn!(
+                cert = %self.files.cert.display(),
+                names = %m.me,
+                "TLS files changed to a certificate of another peer: kept the one before"
+            ),
+            // Not stamped: a file still being written is read again at the next check.
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS files changed but do not load: kept the ones before")
+            }
+        }
+        current.material.clone()
     }
 }
+
+/// Accepts connections on `listener` and hands on those whose TLS handshake completes, each
+/// with the server configuration in force when it arrived (so replaced files apply to the
+/// next connection). At most `MAX_HANDSHAKES` handshakes run at once, each within
+/// `HANDSHAKE_TIMEOUT`; a failed one is logged at debug and dropped.
+pub fn tls_incoming(
+    listener: tokio::net::TcpListener,
+    tls: Tls,
+) -> tokio_stream::wrappers::ReceiverStream<
+    std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let tcp = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
+            let tcp = match tcp {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    continue;
+                }
+            };
+            // Heartbeats and votes are one small frame each: without this, Nagle holds them
+            // back behind the peer's delayed acknowledgement.
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                drop(permit);
+                match shaken {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Most TLS handshakes in progress at once on one listener.
+pub const MAX_HANDSHAKES: usize = 256;
+/// Longest a handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a daemon dials the others: plaintext, or TLS with its certificate. One per process
 /// (a daemon has one identity), cloned into each client.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
-    tls: Option<ClientTlsConfig>,
+    tls: Option<Tls>,
 }
 
 impl Dialer {
@@ -236,7 +403,7 @@ impl Dialer {
 
     pub fn with_tls(tls: &Tls) -> Dialer {
         Dialer {
-            tls: Some(tls.client()),
+            tls: Some(tls.clone()),
         }
     }
 
@@ -249,7 +416,7 @@ impl Dialer {
         let bad = |e: tonic::transport::Error| WireError::Tls(format!("address {addr}: {e}"));
         match &self.tls {
             Some(tls) => Endpoint::from_shared(format!("https://{addr}"))
-                .and_then(|e| e.tls_config(tls.clone()))
+                .and_then(|e| e.tls_config(tls.client()))
                 .map_err(bad),
             None => Endpoint::from_shared(format!("http://{addr}")).map_err(bad),
         }
