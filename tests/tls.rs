@@ -7,7 +7,10 @@
 //!   from a gateway's certificate, raft from a node that is not a member, a certificate of
 //!   another CA and a plaintext client, and counts the refusals.
 //! - Slow tier (`ALLOT_SLOW_TESTS=1`): three nodes whose raft runs over TLS elect a leader and
-//!   both regions sync through it; after the leader is killed, the next one leads over TLS too.
+//!   both regions sync through it; after the leader is killed, the next one leads over TLS too,
+//!   and a fourth node started with `--join` is added and becomes a voter holding the table.
+//! - Every `cargo test` too: every certificate file replaced on disk, by a set of another CA,
+//!   while the daemons run: new connections need the new CA, open ones carry on.
 
 mod support;
 
@@ -355,6 +358,41 @@ async fn three_nodes_run_raft_over_mutual_tls_through_a_leader_kill() {
     assert_ne!(next, leader);
     a.synced().await;
     b.synced().await;
+
+    // Node 9 starts empty with --join: it knows no member yet, so it takes the leader's
+    // first messages on the CA's word, and from then on only its members'.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    cmd.arg("coordinator")
+        .args([
+            "--id",
+            "9",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--join",
+        ])
+        .arg("--data")
+        .arg(dir.join("node-9"));
+    tls_args(&mut cmd, &certs, "node-9");
+    let nine = Process::start(cmd, "coordinator");
+    let admins: Vec<String> = nodes.iter().flatten().map(|n| n.http.clone()).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_allot"))
+        .args(["cluster", "add-node", "--coordinator", &admins.join(",")])
+        .args(["--id", "9", "--grpc", &nine.grpc])
+        .output()
+        .expect("allot runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(
+        "node 9 is a voter holding the table, over TLS",
+        || get_json(&nine.http, "/v1/status"),
+        |s| s["role"] == "voter" && s["config_version"] == 1,
+    )
+    .await;
 }
 
 /// Waits for a running node to lead and to have heard both regions; returns its id.
