@@ -454,5 +454,12 @@ pub fn encode_sync_down(down: SyncDown) -> Vec<u8> {
     prost::Message::encode_to_vec(&sync_down_to_wire(down))
 }
 
+/// A SyncDown from its protobuf encoding, checked as [`sync_down_from_wire`] checks it.
+pub fn decode_sync_down(bytes: &[u8]) -> Result<SyncDown> {
+    let wire = <pb::SyncDown as prost::Message>::decode(bytes)
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    sync_down_from_wire(wire)
+}
+
 #[cfg(test)]
 mod tests;

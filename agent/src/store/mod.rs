@@ -18,6 +18,35 @@ mod wal;
 #[cfg(test)]
 mod tests;
 
+/// Entry points for the fuzz targets (`fuzz/`), which reach the log's replay from outside
+/// the crate. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use allot_core::budget::PersistRecord;
+
+    use super::{keyed, wal};
+    use crate::error::Result;
+
+    /// A start over the log segments in `dir`, as [`super::SledStore::open`] makes it (replay
+    /// every frame, apply each batch, remove the replayed files, start a fresh segment of
+    /// `segment_bytes`), with the in-memory map [`super::MemoryStore`] keeps in place of the
+    /// sled tree; then every record the map holds, as `Store::load` reads them back.
+    pub fn replay_log(dir: &Path, segment_bytes: usize) -> Result<Vec<PersistRecord>> {
+        let mut map = BTreeMap::new();
+        let _wal = wal::Wal::open_with(
+            dir,
+            false,
+            segment_bytes,
+            |batch| keyed::apply(&mut map, &batch),
+            || Ok(()),
+        )?;
+        keyed::load(&map)
+    }
+}
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -334,9 +334,13 @@ impl HotState {
     }
 
     /// Keep a pre-issued allowance for a later window. Returns false when it is stale (its
-    /// epoch is not newer) or too far ahead.
+    /// epoch is not newer, or its window is not after `key_window`) or too far ahead.
     pub fn set_future(&mut self, key_window: WindowIndex, grant: WindowAllowance) -> bool {
-        if grant.window.0 > key_window.0.saturating_add(MAX_FUTURE_WINDOWS) {
+        // Only the windows after the key's count: an earlier one's allowance can never be
+        // spent, and keeping it would let `future` grow past its bound.
+        if grant.window <= key_window
+            || grant.window.0 > key_window.0.saturating_add(MAX_FUTURE_WINDOWS)
+        {
             return false;
         }
         match self.future.iter_mut().find(|f| f.window == grant.window) {
@@ -501,5 +505,23 @@ mod tests {
         assert!(h.set_future(WindowIndex(10), at(11, 1)));
         assert_eq!(h.future.len(), 2);
         assert_eq!(h.future[0].window, WindowIndex(11), "kept in window order");
+    }
+
+    /// Found by the log's fuzz target: a stored key record naming allowances for windows
+    /// before its own put them among the later windows' grants, past their bound.
+    #[test]
+    fn grants_for_the_key_window_or_earlier_are_not_kept_as_later_ones() {
+        let mut h = HotState::default();
+        let at = |w, e| WindowAllowance {
+            window: WindowIndex(w),
+            allowance_units: 1,
+            epoch: Epoch(e),
+        };
+        for w in [10, 9, 8, 7, 3, 0] {
+            assert!(!h.set_future(WindowIndex(10), at(w, 5)), "window {w}");
+        }
+        assert!(h.future.is_empty());
+        assert!(h.set_future(WindowIndex(10), at(11, 1)));
+        assert_eq!(h.future.len(), 1);
     }
 }

@@ -212,6 +212,13 @@ proptest! {
         prop_assert_eq!(decode_sync_up(&bytes), Ok(up));
     }
 
+    /// And a SyncDown.
+    #[test]
+    fn sync_down_bytes_round_trip(down in sync_down()) {
+        let bytes = encode_sync_down(down.clone());
+        prop_assert_eq!(decode_sync_down(&bytes), Ok(down));
+    }
+
     /// Any bytes at all: decoding may fail, converting may fail, neither panics.
     #[test]
     fn garbage_never_panics(bytes in vec(any::<u8>(), 0..256)) {
@@ -222,6 +229,7 @@ proptest! {
             let _ = sync_down_from_wire(down);
         }
         let _ = decode_sync_up(&bytes);
+        let _ = decode_sync_down(&bytes);
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::budget::config::{ID_BLOCK, MAX_DIRTY_ITEMS};
-use crate::budget::persist::PersistRecord;
+use crate::budget::persist::{AllowanceRecord, PersistRecord};
 use crate::ids::LeaseId;
 use crate::sync::CounterEntry;
 
@@ -294,4 +294,41 @@ fn a_lease_record_replayed_many_times_keeps_one_index_entry() {
     log.extend(std::iter::repeat_n(lease, 3_000));
     let r = restart(log);
     assert_eq!(r.leases.len(), 1);
+}
+
+/// Found by the log's fuzz target (fuzz/corpus/wal_replay): a stored key record whose
+/// allowances name windows before its own (never written, but a store is read as it is) made
+/// the restore keep them as pre-issued grants of later windows, past their bound (a debug
+/// assertion). They are stale: the restore drops them and keeps the record's own window.
+#[test]
+fn a_key_record_with_allowances_of_earlier_windows_restores_without_them() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    acquire(&mut b, at(0), "api", "k", 30);
+    let mut records = b.drain_dirty();
+    let rec = records
+        .iter_mut()
+        .find_map(|r| match r {
+            PersistRecord::Key(k) => Some(k),
+            _ => None,
+        })
+        .expect("a key record");
+    let window = rec.window;
+    for back in 1..=4 {
+        rec.allowances.push(AllowanceRecord {
+            window: WindowIndex(window.0 - back),
+            allowance_units: 7,
+            epoch: Epoch(back),
+        });
+    }
+    let r = restart(records);
+    assert_eq!(net(&r, "api", "k"), 30);
+    for record in r.snapshot() {
+        if let PersistRecord::Key(k) = record {
+            assert!(
+                k.allowances.iter().all(|a| a.window >= k.window),
+                "{:?}",
+                k.allowances
+            );
+        }
+    }
 }
