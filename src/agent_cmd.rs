@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_agent::admin::parse_descriptor;
+use allot_agent::callers::Callers;
 use allot_agent::logging;
 use allot_agent::settings::{DEFAULT_MAX_CLOCK_UNCERTAINTY, Settings};
 use allot_agent::store::Durability;
@@ -92,6 +94,14 @@ pub struct AgentArgs {
     restored: bool,
     #[command(flatten)]
     tls: TlsArgs,
+    /// Serve the gateway-facing gRPC port over TLS with the --tls-* certificate; a client
+    /// certificate of the CA is optional (a gateway may prove itself with a token instead).
+    #[arg(long, env = "ALLOT_GATEWAY_TLS")]
+    gateway_tls: bool,
+    /// Who may call the lease API, RLS and RLQS, and for which domains (a JSON file,
+    /// docs/security.md). Without one, every caller may spend every domain.
+    #[arg(long, env = "ALLOT_CALLERS", value_name = "FILE")]
+    callers: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -128,6 +138,11 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.jitter_seed = args.jitter_seed;
     settings.restored = args.restored;
     settings.tls = tls_flags(&args.tls)?;
+    settings.gateway_tls = args.gateway_tls;
+    if let Some(path) = &args.callers {
+        let callers = Callers::load(path).map_err(|e| e.to_string())?;
+        settings.callers = Some(Arc::new(callers));
+    }
     settings.max_clock_uncertainty = (args.max_clock_uncertainty_ms > 0)
         .then(|| Duration::from_millis(args.max_clock_uncertainty_ms));
     settings.validate().map_err(|e| e.to_string())?;

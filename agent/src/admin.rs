@@ -44,7 +44,10 @@ pub fn router(agent: Arc<Agent>, link: Arc<LinkStatus>, metrics: PrometheusHandl
             link,
             metrics,
         })
-        .merge(lease_http::router(LeaseApi::new(agent)))
+        .merge(lease_http::router(
+            LeaseApi::new(agent.clone()),
+            agent.settings().callers.clone(),
+        ))
 }
 
 /// The sync link and the machine's view: whether the coordinator answers, and whether the

@@ -19,6 +19,7 @@
 //! - [`clock`]: the one clock read; [`logging`]: tracing setup; [`error`]: the error type.
 
 pub mod admin;
+pub mod callers;
 pub mod clock;
 pub mod cluster_config;
 pub mod commit;

@@ -32,6 +32,7 @@ pub const NEGATIVE_CACHE_HITS: &str = "allot_negative_cache_hits_total";
 pub const CONFIG_RELOADS: &str = "allot_config_reloads_total";
 pub const CONFIG_VERSION: &str = "allot_config_version";
 pub const INVALID_REQUESTS: &str = "allot_invalid_requests_total";
+pub const REFUSED_CALLERS: &str = "allot_refused_callers_total";
 pub const STORE_BATCHES: &str = "allot_store_batches_total";
 pub const STORE_RECORDS: &str = "allot_store_records_total";
 pub const STORE_ERRORS: &str = "allot_store_errors_total";
@@ -119,6 +120,10 @@ fn describe() {
     describe_counter!(
         INVALID_REQUESTS,
         "Requests refused as malformed or oversized, by service."
+    );
+    describe_counter!(
+        REFUSED_CALLERS,
+        "Gateway-facing calls refused by the callers file (D59), by kind: unauthenticated, out_of_scope."
     );
     describe_counter!(
         STORE_BATCHES,
@@ -307,6 +312,10 @@ pub fn config_reload(ok: bool, version: u64) {
     if ok {
         gauge!(CONFIG_VERSION).set(version as f64);
     }
+}
+
+pub fn refused_caller(kind: &'static str) {
+    counter!(REFUSED_CALLERS, "kind" => kind).increment(1);
 }
 
 pub fn invalid_request(service: &'static str) {

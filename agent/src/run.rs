@@ -17,11 +17,13 @@ use crate::admin;
 use crate::coordinators::Coordinators;
 use crate::driver;
 use crate::error::{Error, Result};
-use allot_proto::tls::Dialer;
+use allot_proto::tls::{ClientAuth, Dialer, tls_incoming};
+use tonic::service::interceptor::InterceptedService;
 
 use crate::grpc_link::{GrpcSyncLink, LinkStatus};
 use crate::metrics;
 use crate::rlqs::Rlqs;
+use crate::service::Authenticate;
 use crate::service::lease::LeaseApi;
 use crate::service::rls::Rls;
 use crate::settings::{MAX_MESSAGE_BYTES, Settings};
@@ -103,27 +105,9 @@ pub async fn run(
         .http
         .local_addr()
         .map_err(|e| Error::io("HTTP listener", e))?;
-    let incoming = TcpListenerStream::new(listeners.grpc).map(|conn| {
-        // Answers are one small frame each: without this, Nagle holds them back.
-        conn.and_then(|s| s.set_nodelay(true).map(|()| s))
-    });
-    let grpc = tonic::transport::Server::builder()
-        .add_service(
-            LeaseServiceServer::new(LeaseApi::new(agent.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            RateLimitServiceServer::new(Rls::new(agent.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            RateLimitQuotaServiceServer::new(Rlqs::new(agent.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+    let grpc = serve_grpc(&agent, listeners.grpc, stop_rx.clone());
     let http = axum::serve(listeners.http, admin::router(agent.clone(), link, handle))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let grpc = tokio::spawn(grpc);
     let http = tokio::spawn(async move { http.await });
     agent.set_ready(true);
     tracing::info!(%grpc_addr, %http_addr, "agent ready");
@@ -150,6 +134,54 @@ pub async fn run(
     driver::checkpoint(&agent).await?;
     tracing::info!("state flushed");
     Ok(())
+}
+
+/// The gateway-facing gRPC server: plaintext, or TLS with the agent's certificate and a
+/// client certificate optional (`--gateway-tls`); every call named by the callers file when
+/// there is one (D59).
+fn serve_grpc(
+    agent: &Arc<Agent>,
+    listener: TcpListener,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>> {
+    let auth = Authenticate {
+        callers: agent.settings().callers.clone(),
+    };
+    let router = tonic::transport::Server::builder()
+        .add_service(InterceptedService::new(
+            LeaseServiceServer::new(LeaseApi::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            RateLimitServiceServer::new(Rls::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            RateLimitQuotaServiceServer::new(Rlqs::new(agent.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            auth,
+        ));
+    let settings = agent.settings();
+    match (&settings.tls, settings.gateway_tls) {
+        (Some(tls), true) => {
+            let incoming = tls_incoming(listener, tls.clone(), ClientAuth::Optional);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped(stop)))
+        }
+        _ => {
+            if settings.callers.is_some() {
+                tracing::warn!(
+                    "callers file on a plaintext gateway port: bearer tokens cross the network                      in the clear (--gateway-tls serves the port over TLS)"
+                );
+            }
+            let incoming = TcpListenerStream::new(listener).map(|conn| {
+                // Answers are one small frame each: without this, Nagle holds them back.
+                conn.and_then(|s| s.set_nodelay(true).map(|()| s))
+            });
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped(stop)))
+        }
+    }
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {

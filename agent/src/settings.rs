@@ -2,11 +2,14 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::budget::BudgetConfig;
 use allot_core::ids::RegionId;
 use allot_proto::tls::{Peer, Tls};
+
+use crate::callers::Callers;
 
 use crate::clock::Clock;
 use crate::coordinators::Coordinators;
@@ -92,6 +95,11 @@ pub struct Settings {
     /// Mutual TLS on the link to the coordinators (D58): the certificate must name this
     /// region. `None`: plaintext.
     pub tls: Option<Tls>,
+    /// Who may call the gateway-facing APIs and for which domains (D59); `None`: anyone.
+    pub callers: Option<Arc<Callers>>,
+    /// Serve the gateway-facing gRPC port over TLS with `tls`'s certificate (a client
+    /// certificate optional: callers may prove themselves with a token instead).
+    pub gateway_tls: bool,
 }
 
 impl Settings {
@@ -115,6 +123,8 @@ impl Settings {
             restored: false,
             max_clock_uncertainty: Some(DEFAULT_MAX_CLOCK_UNCERTAINTY),
             tls: None,
+            callers: None,
+            gateway_tls: false,
         }
     }
 
@@ -151,12 +161,16 @@ impl Settings {
                     tls.me()
                 ));
             }
-            if self.coordinators.is_empty() {
+            if self.coordinators.is_empty() && !self.gateway_tls {
                 problems.push(
-                    "TLS certificates are for the link to the coordinators: name --coordinator"
+                    "TLS certificates are for the link to the coordinators (--coordinator) or \
+                     the gateway-facing port (--gateway-tls): name one"
                         .to_owned(),
                 );
             }
+        }
+        if self.gateway_tls && self.tls.is_none() {
+            problems.push("--gateway-tls needs --tls-cert, --tls-key and --tls-ca".to_owned());
         }
         if problems.is_empty() {
             Ok(())

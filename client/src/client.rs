@@ -137,6 +137,9 @@ pub struct ClientStats {
     pub release_rpcs: u64,
     /// RPCs that failed (transport or status).
     pub rpc_errors: u64,
+    /// Lease requests the agent refused as not this gateway's to make (`UNAUTHENTICATED`,
+    /// `PERMISSION_DENIED`: its callers file, D59); the key reads as denied, not unavailable.
+    pub refused_callers: u64,
     /// Connections lost or attempts failed, each followed by a backoff.
     pub reconnects: u64,
     /// Decisions taken by a failure mode while the agent was unreachable.
@@ -160,6 +163,7 @@ pub(crate) struct Counters {
     pub lease_requests: AtomicU64,
     pub release_rpcs: AtomicU64,
     pub rpc_errors: AtomicU64,
+    pub refused_callers: AtomicU64,
     pub reconnects: AtomicU64,
     pub failed_open: AtomicU64,
     pub failed_closed: AtomicU64,
@@ -304,7 +308,7 @@ impl Client {
     /// The client without its driver task (tests feed the gateways by hand).
     pub(crate) fn detached(config: ClientConfig) -> Result<(Client, watch::Receiver<bool>)> {
         config.validate()?;
-        crate::driver::check_address(&config.agent)?;
+        crate::driver::check_address(&config)?;
         let shards = (0..config.shards)
             .map(|_| {
                 Ok(Shard {
@@ -515,6 +519,7 @@ impl Client {
             lease_requests: get(&c.lease_requests),
             release_rpcs: get(&c.release_rpcs),
             rpc_errors: get(&c.rpc_errors),
+            refused_callers: get(&c.refused_callers),
             reconnects: get(&c.reconnects),
             failed_open: get(&c.failed_open),
             failed_closed: get(&c.failed_closed),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use allot_core::gateway::GatewayConfig;
 use allot_core::limit::FailureMode;
+use tonic::transport::ClientTlsConfig;
 
 use crate::error::{Error, Result};
 
@@ -47,6 +48,13 @@ pub struct ClientConfig {
     /// also at most a quarter of its lease. 0 turns the fast budget off: every decision
     /// locks the key's shard.
     pub max_chunk_units: u64,
+    /// TLS to an agent run with `--gateway-tls` (the address then starts `https://`): the
+    /// agent's CA, and this gateway's certificate when it proves itself with one
+    /// (`allot_proto::tls::TlsFiles::load()?.client()` builds both from files).
+    pub tls: Option<ClientTlsConfig>,
+    /// Sent as `authorization: Bearer TOKEN` on every call, for an agent whose callers file
+    /// names this gateway by a token (docs/security.md).
+    pub bearer_token: Option<String>,
 }
 
 impl ClientConfig {
@@ -65,6 +73,8 @@ impl ClientConfig {
             max_pending_returns: 4_096,
             shutdown_timeout: Duration::from_secs(2),
             max_chunk_units: 1_000,
+            tls: None,
+            bearer_token: None,
         }
     }
 
@@ -83,6 +93,12 @@ impl ClientConfig {
             "max_in_flight_rpcs must be at least 1"
         } else if self.rpc_timeout.is_zero() || self.reconnect_cap < self.reconnect_base {
             "rpc_timeout must be positive and reconnect_cap at least reconnect_base"
+        } else if self
+            .bearer_token
+            .as_deref()
+            .is_some_and(|t| t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            "bearer_token must be printable ASCII with no spaces"
         } else {
             return Ok(());
         };

@@ -19,33 +19,72 @@ use allot_core::time::Timestamp;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use allot_proto::lease::v1::{self as pb, MAX_LEASES_PER_BATCH};
 use tokio::sync::{Semaphore, watch};
-use tonic::Code;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 
 use crate::backoff::Backoff;
 use crate::client::Shared;
+use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::target::Target;
 
 /// Most messages taken from the gateways per round; a round that reaches it runs again at once.
 const MAX_MESSAGES_PER_ROUND: usize = 1_024;
 
+/// How long a key whose lease request the agent refused as out of this gateway's scope is
+/// denied locally before asking again (a callers file may be fixed meanwhile).
+const REFUSED_CALLER_RETRY: Duration = Duration::from_secs(1);
+
 /// Most hand-backs carried by one lease request (the agent's limit on `returns`).
 const MAX_RETURNS_PER_LEASE: usize = 64;
 
-pub(crate) type Conn = LeaseServiceClient<Channel>;
+pub(crate) type Conn = LeaseServiceClient<InterceptedService<Channel, Bearer>>;
 
-pub(crate) fn check_address(address: &str) -> Result<()> {
-    endpoint(address, Duration::from_secs(1)).map(|_| ())
+/// Puts the configured token on every call (D59).
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
 }
 
-fn endpoint(address: &str, timeout: Duration) -> Result<Endpoint> {
-    Endpoint::from_shared(address.to_owned())
+impl Bearer {
+    fn of(config: &ClientConfig) -> Bearer {
+        // The token was checked as printable ASCII by `ClientConfig::validate`.
+        Bearer(
+            config
+                .bearer_token
+                .as_ref()
+                .and_then(|t| format!("Bearer {t}").parse().ok()),
+        )
+    }
+}
+
+pub(crate) fn check_address(config: &ClientConfig) -> Result<()> {
+    endpoint(config, Duration::from_secs(1)).map(|_| ())
+}
+
+fn endpoint(config: &ClientConfig, timeout: Duration) -> Result<Endpoint> {
+    let address = &config.agent;
+    let bad = |e: tonic::transport::Error| Error::Address {
+        address: address.to_owned(),
+        reason: e.to_string(),
+    };
+    let e = Endpoint::from_shared(address.to_owned())
         .map(|e| e.connect_timeout(timeout).timeout(timeout))
-        .map_err(|e| Error::Address {
-            address: address.to_owned(),
-            reason: e.to_string(),
-        })
+        .map_err(bad)?;
+    match &config.tls {
+        Some(tls) => e.tls_config(tls.clone()).map_err(bad),
+        None => Ok(e),
+    }
 }
 
 /// What a pass over the shards does before taking their messages.
@@ -178,13 +217,13 @@ impl Driver {
             return;
         }
         let config = &self.shared.config;
-        let connected = match endpoint(&config.agent, config.rpc_timeout) {
+        let connected = match endpoint(config, config.rpc_timeout) {
             Ok(e) => e.connect().await.ok(),
             Err(_) => None,
         };
         match connected {
             Some(channel) => {
-                let conn = LeaseServiceClient::new(channel);
+                let conn = LeaseServiceClient::with_interceptor(channel, Bearer::of(config));
                 *self.shared.conn() = Some(conn.clone());
                 self.conn = Some(conn);
                 self.shared.connected.store(true, Ordering::Relaxed);
@@ -451,6 +490,30 @@ fn lease_answered(shared: &Shared, a: Asked, answer: std::result::Result<pb::Lea
                     Ok(grant) => g.handle_lease_granted(now, w.ticket, grant),
                     Err(denial) => g.handle_lease_denied(now, w.ticket, denial),
                 }
+            });
+        }
+        Err(code @ (Code::Unauthenticated | Code::PermissionDenied)) => {
+            // Not this gateway's to spend: a refusal, never the failure mode's admission (an
+            // open failure mode would otherwise admit a domain the agent refuses it). The
+            // hand-backs go again with the next request.
+            shared.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .refused_callers
+                .fetch_add(1, Ordering::Relaxed);
+            for r in returns {
+                shared.push_return(r);
+            }
+            tracing::warn!(
+                ?code,
+                limit = w.limit.as_str(),
+                "the agent refused this gateway's lease request"
+            );
+            let denial = LeaseDenial {
+                retry_after: REFUSED_CALLER_RETRY,
+            };
+            feed(shared, shard, |g, now| {
+                g.handle_lease_denied(now, w.ticket, denial)
             });
         }
         Err(code) => {

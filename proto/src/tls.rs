@@ -231,6 +231,8 @@ struct Material {
     identity: Identity,
     ca: Certificate,
     server: Arc<rustls::ServerConfig>,
+    /// The same certificate, a client certificate optional (`ClientAuth::Optional`).
+    server_optional: Arc<rustls::ServerConfig>,
 }
 
 impl Material {
@@ -243,18 +245,35 @@ impl Material {
         first_block(&files.ca, &ca, |l| l == "CERTIFICATE")?;
         let me =
             peer_in(&leaf).map_err(|e| WireError::Tls(format!("{}: {e}", files.cert.display())))?;
-        let server = server_config(&cert, &key, &ca)?;
+        let server = server_config(&cert, &key, &ca, ClientAuth::Required)?;
+        let server_optional = server_config(&cert, &key, &ca, ClientAuth::Optional)?;
         Ok(Material {
             me,
             identity: Identity::from_pem(cert, key),
             ca: Certificate::from_pem(ca),
             server: Arc::new(server),
+            server_optional: Arc::new(server_optional),
         })
     }
 }
 
-/// A server that requires a client certificate the CA signed, speaking HTTP/2 (gRPC).
-fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<rustls::ServerConfig, WireError> {
+/// Whether a TLS server requires its clients to present a certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// The daemons' links: a certificate the CA signed, or no connection.
+    Required,
+    /// The agent's gateway port (D59): a certificate, when presented, must be the CA's; a
+    /// client without one may still prove itself with a bearer token.
+    Optional,
+}
+
+/// A server that checks client certificates against the CA, speaking HTTP/2 (gRPC).
+fn server_config(
+    cert: &[u8],
+    key: &[u8],
+    ca: &[u8],
+    auth: ClientAuth,
+) -> Result<rustls::ServerConfig, WireError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let bad = |what: &str, e: String| WireError::Tls(format!("{what}: {e}"));
@@ -268,12 +287,14 @@ fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<rustls::ServerCon
         let c = c.map_err(|e| bad("CA", e.to_string()))?;
         roots.add(c).map_err(|e| bad("CA", e.to_string()))?;
     }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+    let mut verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),
-    )
-    .build()
-    .map_err(|e| bad("CA", e.to_string()))?;
+    );
+    if auth == ClientAuth::Optional {
+        verifier = verifier.allow_unauthenticated();
+    }
+    let verifier = verifier.build().map_err(|e| bad("CA", e.to_string()))?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| bad("protocol versions", e.to_string()))?
@@ -293,6 +314,15 @@ impl Tls {
     /// The server side as the files say now: a client certificate the CA signed is required.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         self.fresh().server
+    }
+
+    /// The server side with `auth` as the files say now.
+    pub fn server_config_for(&self, auth: ClientAuth) -> Arc<rustls::ServerConfig> {
+        let m = self.fresh();
+        match auth {
+            ClientAuth::Required => m.server,
+            ClientAuth::Optional => m.server_optional,
+        }
     }
 
     /// A client presenting this daemon's certificate and verifying the server's against the
@@ -342,6 +372,7 @@ impl Tls {
 pub fn tls_incoming(
     listener: tokio::net::TcpListener,
     tls: Tls,
+    auth: ClientAuth,
 ) -> tokio_stream::wrappers::ReceiverStream<
     std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
 > {
@@ -366,7 +397,7 @@ pub fn tls_incoming(
             // Heartbeats and votes are one small frame each: without this, Nagle holds them
             // back behind the peer's delayed acknowledgement.
             let _ = tcp.set_nodelay(true);
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config_for(auth));
             let tx = tx.clone();
             tokio::spawn(async move {
                 let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;

@@ -65,10 +65,14 @@ impl RateLimitQuotaService for Rlqs {
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
         metrics::stream_opened();
+        let caller = crate::service::caller_of(&request);
         tokio::spawn(stream::serve(
-            self.agent.clone(),
-            self.buckets.clone(),
-            self.learned_interval_ms.clone(),
+            stream::Shared {
+                agent: self.agent.clone(),
+                agent_buckets: self.buckets.clone(),
+                learned_interval_ms: self.learned_interval_ms.clone(),
+                caller,
+            },
             request.into_inner(),
             tx,
         ));

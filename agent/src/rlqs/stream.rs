@@ -29,6 +29,7 @@ use tonic::{Status, Streaming};
 use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
 use super::policy::{self, Demand, Shape, Timing};
 use super::{MAX_BUCKETS_PER_AGENT, MAX_BUCKETS_PER_STREAM, MAX_REPORTS_PER_MESSAGE, metrics};
+use crate::callers::{self, Caller};
 use crate::error::Error;
 use crate::limits::RuleInfo;
 use crate::request::{LeaseAsk, Leased, Target};
@@ -96,6 +97,16 @@ pub struct Session {
     config_version: u64,
     /// Rules already said to be too short-windowed for RLQS (`note_short_window`).
     short_windows_told: HashSet<LimitId>,
+    /// Who opened the stream, when the agent has a callers file (D59).
+    caller: Option<Arc<Caller>>,
+}
+
+/// What a stream is served with: the agent and what its streams share, and its caller.
+pub struct Shared {
+    pub agent: Arc<Agent>,
+    pub agent_buckets: Arc<AtomicUsize>,
+    pub learned_interval_ms: Arc<AtomicU64>,
+    pub caller: Option<Arc<Caller>>,
 }
 
 impl Drop for Session {
@@ -119,13 +130,13 @@ impl Drop for Session {
 /// Serves one stream until Envoy ends it, the answer channel closes, a bound is passed, or
 /// the agent shuts down. Leases still held stay with their expiry: Envoy keeps enforcing an
 /// assignment until its TTL, so nothing is refunded for usage the agent will never hear of.
-pub async fn serve(
-    agent: Arc<Agent>,
-    agent_buckets: Arc<AtomicUsize>,
-    learned_interval_ms: Arc<AtomicU64>,
-    mut reports: Streaming<RateLimitQuotaUsageReports>,
-    out: Out,
-) {
+pub async fn serve(shared: Shared, mut reports: Streaming<RateLimitQuotaUsageReports>, out: Out) {
+    let Shared {
+        agent,
+        agent_buckets,
+        learned_interval_ms,
+        caller,
+    } = shared;
     let config_version = agent.limits().version;
     let mut session = Session {
         agent,
@@ -135,6 +146,7 @@ pub async fn serve(
         learned_interval_ms,
         config_version,
         short_windows_told: HashSet::new(),
+        caller,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,6 +247,16 @@ impl Session {
                 return Ok(None);
             }
         };
+        if let Err(refusal) = callers::check(self.caller.as_ref(), &target.domain) {
+            // Outside the caller's domains: denied, with nothing leased or counted.
+            tracing::debug!(?refusal, "RLQS bucket outside its caller's domains");
+            crate::metrics::refused_caller("out_of_scope");
+            let timing = Timing::for_interval(self.report_interval());
+            return Ok(Some(BucketAction {
+                bucket_id: Some(bucket::bucket_id(&key)),
+                bucket_action: Some(blanket(BlanketRule::DenyAll, timing)),
+            }));
+        }
         let now = Instant::now();
         let paced_rate = self.open_bucket(&key, target, now)?;
         self.heard(&key, now);

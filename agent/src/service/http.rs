@@ -13,15 +13,20 @@ use allot_proto::lease::v1::lease_service_server::LeaseService;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::{Code, Request, Status};
 
+use std::sync::Arc;
+
 use super::lease::LeaseApi;
+use crate::callers::{Caller, Callers, Refusal};
 use crate::metrics;
 use crate::settings::MAX_MESSAGE_BYTES;
 
@@ -29,7 +34,7 @@ use crate::settings::MAX_MESSAGE_BYTES;
 const SERVICE: &str = "lease";
 
 /// The gateway calls, each a `POST` of one JSON object, bounded as a gRPC message is.
-pub fn router(api: LeaseApi) -> Router {
+pub fn router(api: LeaseApi, callers: Option<Arc<Callers>>) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire).fallback(not_post))
         .route("/v1/lease", post(lease).fallback(not_post))
@@ -39,6 +44,7 @@ pub fn router(api: LeaseApi) -> Router {
         .route("/v1/settle", post(settle).fallback(not_post))
         .route("/v1/slots/acquire", post(acquire_slot).fallback(not_post))
         .route("/v1/slots/release", post(release_slot).fallback(not_post))
+        .route_layer(middleware::from_fn_with_state(callers, authenticate))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(api)
 }
@@ -190,6 +196,59 @@ fn rejected(r: JsonRejection) -> Response {
     (r.status(), Json(body)).into_response()
 }
 
+/// Names the caller from `Authorization: Bearer TOKEN` when the agent has a callers file
+/// (D59): 401 for none it knows. The HTTP port has no TLS of its own, so no certificate.
+async fn authenticate(
+    State(callers): State<Option<Arc<Callers>>>,
+    mut request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let Some(callers) = callers else {
+        return next.run(request).await;
+    };
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match callers.identify(None, authorization) {
+        Some(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        None => {
+            let s = super::refused(Refusal::Unauthenticated);
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                Json(error_json(s.code(), s.message())),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The caller `authenticate` named, if any, carried into the lease API's request as the
+/// gRPC interceptor carries it.
+struct Who(Option<Arc<Caller>>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Who, Self::Rejection> {
+        Ok(Who(parts.extensions.get::<Arc<Caller>>().cloned()))
+    }
+}
+
+impl Who {
+    fn request<T>(self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(caller) = self.0 {
+            request.extensions_mut().insert(caller);
+        }
+        request
+    }
+}
+
 async fn not_post() -> Response {
     let body =
         json!({ "error": "this call is a POST of a JSON object", "code": "invalid_argument" });
@@ -209,6 +268,8 @@ fn http_status(code: Code) -> StatusCode {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
         Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -261,6 +322,7 @@ fn decision_json(d: Option<pb::Decision>) -> Value {
 
 async fn acquire(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<AcquireJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -272,20 +334,21 @@ async fn acquire(
         Err(r) => return rejected(r),
     };
     answer(
-        api.acquire(Request::new(req)).await,
+        api.acquire(who.request(req)).await,
         |r| json!({ "decision": decision_json(r.decision) }),
     )
 }
 
 async fn lease(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<LeaseJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
         Ok(Json(b)) => b.into(),
         Err(r) => return rejected(r),
     };
-    answer(api.lease(Request::new(req)).await, lease_json)
+    answer(api.lease(who.request(req)).await, lease_json)
 }
 
 /// `LeaseBatch`: `{"leases": [LEASE, ...]}` answered by `{"results": [...]}`, one per item in
@@ -293,6 +356,7 @@ async fn lease(
 /// `/v1/lease` would have had); the call's own errors (too many items) are the route's.
 async fn lease_batch(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<LeaseBatchJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -301,7 +365,7 @@ async fn lease_batch(
         },
         Err(r) => return rejected(r),
     };
-    answer(api.lease_batch(Request::new(req)).await, |r| {
+    answer(api.lease_batch(who.request(req)).await, |r| {
         let results: Vec<Value> = r.results.into_iter().map(batch_result_json).collect();
         json!({ "results": results })
     })
@@ -334,6 +398,7 @@ fn lease_json(r: pb::LeaseResponse) -> Value {
 
 async fn renew(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<RenewJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -345,13 +410,14 @@ async fn renew(
         Err(r) => return rejected(r),
     };
     answer(
-        api.renew(Request::new(req)).await,
+        api.renew(who.request(req)).await,
         |r| json!({ "expires_at_unix_ms": r.expires_at_unix_ms, "ttl_ms": r.ttl_ms }),
     )
 }
 
 async fn release(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<ReleaseJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -363,13 +429,14 @@ async fn release(
         Err(r) => return rejected(r),
     };
     answer(
-        api.release(Request::new(req)).await,
+        api.release(who.request(req)).await,
         |r| json!({ "refunded_units": r.refunded_units }),
     )
 }
 
 async fn settle(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<SettleJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -380,7 +447,7 @@ async fn settle(
         },
         Err(r) => return rejected(r),
     };
-    answer(api.settle(Request::new(req)).await, |r| {
+    answer(api.settle(who.request(req)).await, |r| {
         json!({
             "refunded_units": r.refunded_units,
             "overage_units": r.overage_units,
@@ -391,6 +458,7 @@ async fn settle(
 
 async fn acquire_slot(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<AcquireSlotJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -400,7 +468,7 @@ async fn acquire_slot(
         },
         Err(r) => return rejected(r),
     };
-    answer(api.acquire_slot(Request::new(req)).await, |r| {
+    answer(api.acquire_slot(who.request(req)).await, |r| {
         json!({
             "acquired": r.acquired,
             "slot_id": r.slot_id,
@@ -415,6 +483,7 @@ async fn acquire_slot(
 
 async fn release_slot(
     State(api): State<LeaseApi>,
+    who: Who,
     body: Result<Json<ReleaseSlotJson>, JsonRejection>,
 ) -> Response {
     let req = match body {
@@ -422,7 +491,7 @@ async fn release_slot(
         Err(r) => return rejected(r),
     };
     answer(
-        api.release_slot(Request::new(req)).await,
+        api.release_slot(who.request(req)).await,
         |r| json!({ "released": r.released }),
     )
 }

@@ -12,7 +12,8 @@ use allot_proto::lease::v1::{self as pb, MAX_LEASES_PER_BATCH};
 use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
-use super::status;
+use super::{authorize, authorize_limit, caller_of, status};
+use crate::callers::Caller;
 use crate::convert::{self, Scope, ceil_ms};
 use crate::request::{LeaseAsk, Leased, Slotted};
 use crate::state::Agent;
@@ -46,8 +47,10 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
         let target = convert::target(req.target).map_err(err)?;
+        authorize(caller.as_ref(), &target.domain)?;
         let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let checked = self
             .agent
@@ -63,7 +66,8 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        self.lease_one(request.into_inner())
+        let caller = caller_of(&request);
+        self.lease_one(caller.as_ref(), request.into_inner())
             .await
             .map(Response::new)
     }
@@ -72,6 +76,7 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::LeaseBatchRequest>,
     ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let caller = caller_of(&request);
         let leases = request.into_inner().leases;
         if leases.len() > MAX_LEASES_PER_BATCH {
             return Err(err(crate::Error::InvalidRequest(format!(
@@ -81,7 +86,12 @@ impl LeaseService for LeaseApi {
         }
         // The items run together: each applies to the machine when first polled (in the
         // request's order), and their waits for durability share the same commits.
-        let answers = join_all(leases.into_iter().map(|req| self.lease_one(req))).await;
+        let answers = join_all(
+            leases
+                .into_iter()
+                .map(|req| self.lease_one(caller.as_ref(), req)),
+        )
+        .await;
         let results = answers
             .into_iter()
             .map(|answer| pb::LeaseBatchResult {
@@ -101,7 +111,9 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
+        self.authorize_lease(caller.as_ref(), req.lease_id)?;
         let id =
             convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
@@ -119,7 +131,9 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
+        self.authorize_lease(caller.as_ref(), req.lease_id)?;
         let id =
             convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
@@ -136,7 +150,9 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::SettleRequest>,
     ) -> Result<Response<pb::SettleResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
+        self.authorize_lease(caller.as_ref(), req.lease_id)?;
         let id =
             convert::request_id(&req.idempotency_key, Scope::Lease(req.lease_id)).map_err(err)?;
         let out = self
@@ -155,8 +171,10 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::AcquireSlotRequest>,
     ) -> Result<Response<pb::AcquireSlotResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
         let target = convert::target(req.target).map_err(err)?;
+        authorize(caller.as_ref(), &target.domain)?;
         let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let slotted = self.agent.acquire_slot(&target, id).await.map_err(err)?;
         Ok(Response::new(slot_response(slotted)))
@@ -166,21 +184,43 @@ impl LeaseService for LeaseApi {
         &self,
         request: Request<pb::ReleaseSlotRequest>,
     ) -> Result<Response<pb::ReleaseSlotResponse>, Status> {
-        let released = self
-            .agent
-            .release_slot(SlotId(request.into_inner().slot_id))
-            .await
-            .map_err(err)?;
+        let caller = caller_of(&request);
+        let slot = SlotId(request.into_inner().slot_id);
+        if caller.is_some() {
+            authorize_limit(caller.as_ref(), self.agent.slot_limit(slot).as_ref())?;
+        }
+        let released = self.agent.release_slot(slot).await.map_err(err)?;
         Ok(Response::new(pb::ReleaseSlotResponse { released }))
     }
 }
 
 impl LeaseApi {
-    async fn lease_one(&self, req: pb::LeaseRequest) -> Result<pb::LeaseResponse, Status> {
+    /// A lease's holder may renew, release, settle or return it only within its domains
+    /// (D59). An unknown lease is left to the call, which answers for it.
+    fn authorize_lease(&self, caller: Option<&Arc<Caller>>, lease: u64) -> Result<(), Status> {
+        if caller.is_none() {
+            return Ok(());
+        }
+        authorize_limit(caller, self.agent.lease_limit(LeaseId(lease)).as_ref())
+    }
+
+    async fn lease_one(
+        &self,
+        caller: Option<&Arc<Caller>>,
+        req: pb::LeaseRequest,
+    ) -> Result<pb::LeaseResponse, Status> {
         let target = convert::target(req.target).map_err(err)?;
+        authorize(caller, &target.domain)?;
         let id = convert::request_id(&req.idempotency_key, Scope::Target(&target)).map_err(err)?;
         let ttl = convert::lease_ttl(req.ttl_ms);
         let returns = convert::lease_returns(&req.returns).map_err(err)?;
+        // Checked once the returns are known to be within their bound.
+        for r in &req.returns {
+            self.authorize_lease(caller, r.lease_id)?;
+        }
+        if req.top_up_lease_id != 0 {
+            self.authorize_lease(caller, req.top_up_lease_id)?;
+        }
         let leased = self
             .agent
             .lease(

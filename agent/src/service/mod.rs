@@ -7,10 +7,84 @@ pub mod http;
 pub mod lease;
 pub mod rls;
 
-use tonic::Status;
+use std::sync::Arc;
 
+use allot_core::ids::LimitId;
+use allot_proto::tls;
+use tonic::{Request, Status};
+
+use crate::callers::{self, Caller, Callers, Refusal};
 use crate::error::Error;
 use crate::metrics;
+
+/// Names the caller of every gateway-facing gRPC call (D59): from the connection's client
+/// certificate or the call's `authorization` bearer token, put in the request's extensions
+/// for the handlers' domain checks. With no callers file, everyone passes unnamed.
+#[derive(Clone)]
+pub struct Authenticate {
+    pub callers: Option<Arc<Callers>>,
+}
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(callers) = &self.callers else {
+            return Ok(request);
+        };
+        let peer = tls::peer_of(&request).ok().flatten();
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match callers.identify(peer.as_ref(), authorization) {
+            Some(caller) => {
+                request.extensions_mut().insert(caller);
+                Ok(request)
+            }
+            None => Err(refused(Refusal::Unauthenticated)),
+        }
+    }
+}
+
+/// The caller the interceptor named, if any.
+pub fn caller_of<T>(request: &Request<T>) -> Option<Arc<Caller>> {
+    request.extensions().get::<Arc<Caller>>().cloned()
+}
+
+/// `PERMISSION_DENIED` when `caller` may not spend `domain`'s quotas.
+pub fn authorize(caller: Option<&Arc<Caller>>, domain: &str) -> Result<(), Status> {
+    callers::check(caller, domain).map_err(refused)
+}
+
+/// `PERMISSION_DENIED` when `caller` may not act on a lease or slot of `limit`; nothing to
+/// check when it is unknown (the call answers for that).
+pub fn authorize_limit(
+    caller: Option<&Arc<Caller>>,
+    limit: Option<&LimitId>,
+) -> Result<(), Status> {
+    match limit {
+        Some(l) => callers::check_limit(caller, l.as_str()).map_err(refused),
+        None => Ok(()),
+    }
+}
+
+/// The status of a refusal, counted.
+pub fn refused(r: Refusal) -> Status {
+    match r {
+        Refusal::Unauthenticated => {
+            metrics::refused_caller("unauthenticated");
+            Status::unauthenticated(
+                "no known caller: present a gateway certificate or an `authorization: Bearer` \
+                 token the agent's callers file names",
+            )
+        }
+        Refusal::OutOfScope { caller, what } => {
+            metrics::refused_caller("out_of_scope");
+            Status::permission_denied(format!(
+                "caller {caller} may not use {what}: the callers file does not list it"
+            ))
+        }
+    }
+}
 
 /// The gRPC status for an error, counting malformed requests per service.
 pub(crate) fn status(service: &'static str, e: Error) -> Status {

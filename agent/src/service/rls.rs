@@ -34,8 +34,10 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let caller = super::caller_of(&request);
         let (domain, descriptors) =
             convert::rls_request(request.into_inner()).map_err(|e| status(SERVICE, e))?;
+        super::authorize(caller.as_ref(), &domain)?;
         let checked = self
             .agent
             .should_rate_limit(&domain, &descriptors)

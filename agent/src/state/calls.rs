@@ -312,6 +312,16 @@ impl Agent {
         self.lock().record_uncharged(at, limit, units);
     }
 
+    /// The limit of a live or recently ended lease; `None` for one unknown.
+    pub fn lease_limit(&self, lease: LeaseId) -> Option<LimitId> {
+        self.lock().lease_limit(lease).cloned()
+    }
+
+    /// The limit of a held slot; `None` for a slot not held.
+    pub fn slot_limit(&self, slot: SlotId) -> Option<LimitId> {
+        self.lock().slot_limit(slot).cloned()
+    }
+
     /// The window of `limit` that `at` (agent time) falls in; `None` for an unknown limit.
     pub fn window_index(&self, limit: &LimitId, at: Timestamp) -> Option<WindowIndex> {
         self.lock().window_index_of(limit, at)

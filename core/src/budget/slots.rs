@@ -192,6 +192,11 @@ impl RegionBudget {
         Ok(outcome)
     }
 
+    /// The limit of held slot `slot` (for who may release it).
+    pub fn slot_limit(&self, slot: SlotId) -> Option<&LimitId> {
+        self.slots.get(slot).map(|home| &home.limit)
+    }
+
     /// Give a slot back. False if it was not held (already released, expired, or a shadow
     /// slot), so a repeated release is harmless.
     pub fn release_slot(&mut self, now: Timestamp, slot: SlotId) -> Result<bool> {
