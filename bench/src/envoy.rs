@@ -246,18 +246,29 @@ impl EnvoyProcess {
         workers: u32,
         work_dir: &Path,
     ) -> Result<Self> {
+        Self::start_rendered(binary, workers, work_dir, |ports| match filter {
+            EnvoyFilter::NoLimit => render_no_limit_bootstrap(setup, ports),
+            EnvoyFilter::Rls => render_bootstrap(setup, ports),
+            EnvoyFilter::Rlqs { reporting_interval } => {
+                render_rlqs_bootstrap(setup, ports, reporting_interval)
+            }
+        })
+    }
+
+    /// Starts Envoy on a bootstrap `render` writes for the ports picked (a test that changes
+    /// a rendered template, such as TLS to the agent, edits its text).
+    pub fn start_rendered(
+        binary: &Path,
+        workers: u32,
+        work_dir: &Path,
+        render: impl FnOnce(EnvoyPorts) -> Result<String>,
+    ) -> Result<Self> {
         let ports = EnvoyPorts {
             admin: free_loopback_port()?,
             listen: free_loopback_port()?,
             upstream: free_loopback_port()?,
         };
-        let bootstrap = match filter {
-            EnvoyFilter::NoLimit => render_no_limit_bootstrap(setup, ports)?,
-            EnvoyFilter::Rls => render_bootstrap(setup, ports)?,
-            EnvoyFilter::Rlqs { reporting_interval } => {
-                render_rlqs_bootstrap(setup, ports, reporting_interval)?
-            }
-        };
+        let bootstrap = render(ports)?;
         let config = work_dir.join("envoy.yaml");
         std::fs::write(&config, bootstrap)
             .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
