@@ -271,6 +271,9 @@ struct Change {
 
 impl Change {
     async fn send(&self, addresses: &[String]) -> ExitCode {
+        if let Err(e) = crate::config_cmd::admin_authorization() {
+            return fail(1, &e);
+        }
         let mut tried = Vec::new();
         for addr in addresses {
             let sent = request(addr, self.method, &self.path, self.body.as_deref());

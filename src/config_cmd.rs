@@ -135,6 +135,9 @@ fn checked_files(args: &PutArgs) -> Result<ConfigFiles, Vec<String>> {
 }
 
 async fn put(args: PutArgs) -> ExitCode {
+    if let Err(e) = admin_authorization() {
+        return fail(1, &e);
+    }
     let files = match checked_files(&args) {
         Ok(f) => f,
         Err(problems) => {
@@ -323,8 +326,9 @@ pub(crate) async fn request(
         .map_err(|e| format!("cannot connect: {e}"))?;
     let body = body.unwrap_or("");
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        admin_authorization()?,
         body.len()
     );
     s.write_all(req.as_bytes())
@@ -345,6 +349,19 @@ pub(crate) async fn request(
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| format!("not an HTTP answer: {head}"))?;
     Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+/// `Authorization: Bearer TOKEN\r\n` when ALLOT_ADMIN_TOKEN is set (a coordinator started
+/// with --admin-token-sha256 needs it for changes; D60), else nothing. Read from the
+/// environment only, so the token never shows in a process list.
+pub(crate) fn admin_authorization() -> Result<String, String> {
+    match std::env::var("ALLOT_ADMIN_TOKEN") {
+        Ok(t) if t.bytes().all(|b| b.is_ascii_graphic()) && !t.is_empty() => {
+            Ok(format!("Authorization: Bearer {t}\r\n"))
+        }
+        Ok(_) => Err("ALLOT_ADMIN_TOKEN must be printable ASCII with no spaces".to_owned()),
+        Err(_) => Ok(String::new()),
+    }
 }
 
 pub(crate) fn fail(code: u8, msg: &str) -> ExitCode {

@@ -67,6 +67,11 @@ pub struct CoordinatorArgs {
     log_json: bool,
     #[command(flatten)]
     tls: TlsArgs,
+    /// The SHA-256 (64 hex digits) of the token that changes through the admin HTTP
+    /// (configuration, membership, regions) must carry: `printf %s TOKEN | sha256sum`. The
+    /// CLI sends ALLOT_ADMIN_TOKEN. None: anyone who reaches the port may change them.
+    #[arg(long, env = "ALLOT_ADMIN_TOKEN_SHA256", value_name = "HEX")]
+    admin_token_sha256: Option<String>,
 }
 
 pub fn coordinator(args: CoordinatorArgs) -> ExitCode {
@@ -102,6 +107,14 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
         rebalance: CoordinatorConfig::default(),
         limits,
         tls: tls_flags(&args.tls)?,
+        admin_token_sha256: args
+            .admin_token_sha256
+            .as_deref()
+            .map(|h| {
+                allot_proto::tls::parse_sha256_hex(h)
+                    .map_err(|e| format!("--admin-token-sha256: {e}"))
+            })
+            .transpose()?,
     })
 }
 

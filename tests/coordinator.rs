@@ -72,6 +72,7 @@ async fn start_node(
         rebalance: CoordinatorConfig::default(),
         limits: Some(limits::StartLimits::Files(files)),
         tls: None,
+        admin_token_sha256: None,
     };
     let http = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use allot_proto::tls::Peer;
+use allot_proto::tls::{self, Peer};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -132,7 +132,7 @@ impl Callers {
         let digest = entry
             .token_sha256
             .as_deref()
-            .map(parse_digest)
+            .map(|h| tls::parse_sha256_hex(h).map_err(|e| format!("token_sha256 {e}")))
             .transpose()?;
         if !entry.certificate && digest.is_none() {
             return Err(
@@ -167,8 +167,8 @@ impl Callers {
         {
             return Some(c.clone());
         }
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
-        self.by_token.get(&sha256(token.as_bytes())).cloned()
+        let token = tls::bearer(authorization?)?;
+        self.by_token.get(&tls::token_sha256(token)).cloned()
     }
 }
 
@@ -194,26 +194,6 @@ pub fn check_limit(caller: Option<&Arc<Caller>>, limit: &str) -> std::result::Re
     }
 }
 
-/// The SHA-256 of `bytes` (a token as the callers file stores it).
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    out
-}
-
-fn parse_digest(hex: &str) -> std::result::Result<[u8; 32], String> {
-    let bad = || format!("token_sha256 {hex:?}: not 64 hex digits");
-    if hex.len() != 64 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,7 +209,7 @@ mod tests {
                 {{"name": "edge", "certificate": true, "domains": ["shop"]}},
                 {{"name": "py", "token_sha256": "{}", "domains": ["*"]}}
             ]}}"#,
-            hex(sha256(b"s3cret"))
+            hex(tls::token_sha256("s3cret"))
         );
         let callers = Callers::parse(&text).expect("valid");
         let edge = callers

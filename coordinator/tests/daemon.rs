@@ -74,6 +74,7 @@ async fn start(
             limits: limits(),
         }),
         tls: None,
+        admin_token_sha256: None,
     };
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     Daemon::start(settings, grpc, http)

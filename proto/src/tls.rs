@@ -454,9 +454,57 @@ impl Dialer {
     }
 }
 
+/// The SHA-256 of a bearer token, as callers files and `--admin-token-sha256` hold it (D59): a
+/// file or a flag may be read by more people than should hold the token, and a token is
+/// random, so a plain digest suffices.
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    out
+}
+
+/// A SHA-256 digest written as 64 hex digits.
+pub fn parse_sha256_hex(hex: &str) -> Result<[u8; 32], String> {
+    let bad = || format!("{hex:?} is not a SHA-256 digest: 64 hex digits");
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// The token of an `authorization: Bearer TOKEN` value; `None` for any other value.
+pub fn bearer(authorization: &str) -> Option<&str> {
+    let token = authorization.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty()).then_some(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_tokens_and_digests_read_only_in_their_exact_forms() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("Bearer  abc "), Some("abc"));
+        assert_eq!(bearer("bearer abc"), None);
+        assert_eq!(bearer("abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        // printf %s abc | sha256sum
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(parse_sha256_hex(abc), Ok(token_sha256("abc")));
+        assert_eq!(
+            parse_sha256_hex(&abc.to_uppercase()),
+            Ok(token_sha256("abc"))
+        );
+        assert!(parse_sha256_hex(&abc[..63]).is_err());
+        assert!(parse_sha256_hex(&format!("{}g", &abc[..63])).is_err());
+        assert!(parse_sha256_hex(&format!("{}é", &abc[..62])).is_err());
+    }
 
     #[test]
     fn a_uri_names_a_peer_only_in_the_trust_domain_and_in_one_of_the_kinds() {

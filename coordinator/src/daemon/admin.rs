@@ -13,12 +13,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use allot_core::ids::RegionId;
+use allot_proto::tls;
 use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::Raft;
@@ -50,6 +53,8 @@ pub struct Admin {
     pub leader_admin: Arc<LeaderAdmin>,
     /// This node's own admin address.
     pub admin_http: String,
+    /// What a change must carry (D60); `None`: anyone may make one.
+    pub admin_token_sha256: Option<[u8; 32]>,
 }
 
 pub fn router(admin: Admin) -> Router {
@@ -76,7 +81,48 @@ pub fn router(admin: Admin) -> Router {
             "/v1/regions/{name}",
             delete(regions::remove).post(regions::add),
         )
+        .layer(middleware::from_fn_with_state(
+            admin.clone(),
+            changes_need_the_token,
+        ))
         .with_state(admin)
+}
+
+/// Every change (any method but GET and HEAD) needs `Authorization: Bearer TOKEN` of the
+/// configured digest: 401 otherwise, counted. Reads stay open: the dashboard and the status
+/// are for whoever may reach the port.
+async fn changes_need_the_token(
+    State(admin): State<Admin>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let Some(want) = admin.admin_token_sha256 else {
+        return next.run(request).await;
+    };
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(tls::bearer)
+        .map(tls::token_sha256);
+    if presented == Some(want) {
+        return next.run(request).await;
+    }
+    metrics::counter!(crate::daemon::metrics::REFUSED_PEERS, "kind" => "admin_token").increment(1);
+    let body = serde_json::json!({
+        "error": "a change needs `Authorization: Bearer TOKEN` with the token whose SHA-256 \
+                  this node was started with (--admin-token-sha256; the CLI sends \
+                  ALLOT_ADMIN_TOKEN)"
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(body),
+    )
+        .into_response()
 }
 
 async fn render_metrics(State(admin): State<Admin>) -> String {

@@ -55,7 +55,7 @@ fn describe() {
     describe_gauge!(TERM, "This node's raft term.");
     describe_counter!(
         REFUSED_PEERS,
-        "Calls refused because the caller's certificate does not name a peer allowed to make them (D58), by kind: not_a_region, other_region, not_a_member, unnamed."
+        "Calls refused because the caller's certificate does not name a peer allowed to make them (D58), by kind: not_a_region, other_region, not_a_member, unnamed; and admin changes without the admin token (D60): admin_token."
     );
     describe_gauge!(
         NODE_CLOCK_OFFSET,

@@ -65,6 +65,9 @@ pub struct DaemonSettings {
     pub limits: Option<limits::StartLimits>,
     /// Mutual TLS on raft and the sync stream (D58); `None`: plaintext, logged loudly.
     pub tls: Option<Tls>,
+    /// The SHA-256 of the token the admin HTTP's changes (configuration, membership,
+    /// regions) must carry as `Authorization: Bearer` (D60); `None`: anyone may, warned.
+    pub admin_token_sha256: Option<[u8; 32]>,
 }
 
 /// A running coordinator node.
@@ -100,6 +103,12 @@ impl Daemon {
             Some(initial_members(settings.id, &settings.peers, grpc_addr)?)
         };
         check_identity(settings.id, settings.tls.as_ref())?;
+        if settings.admin_token_sha256.is_none() {
+            tracing::warn!(
+                "no admin token: anyone who reaches the admin HTTP may change the limits, the \
+                 membership and the regions (--admin-token-sha256, docs/security.md)"
+            );
+        }
         let slot = Arc::new(LeaderSlot::default());
         let (stop, stopping) = watch::channel(false);
         let node = start_node(&settings, grpc, slot.clone(), stopping.clone()).await?;
@@ -132,6 +141,7 @@ impl Daemon {
             membership: cluster::ChangeLock::default(),
             leader_admin: node.leader_admin.clone(),
             admin_http: http_addr.to_string(),
+            admin_token_sha256: settings.admin_token_sha256,
         };
         tasks.push(tokio::spawn(serve_admin(http, admin, stopping)));
         Ok(Daemon {
