@@ -9,7 +9,7 @@ use std::time::Duration;
 use allot_agent::admin::parse_descriptor;
 use allot_agent::callers::Callers;
 use allot_agent::logging;
-use allot_agent::settings::{DEFAULT_MAX_CLOCK_UNCERTAINTY, Settings};
+use allot_agent::settings::{DEFAULT_MAX_CLOCK_UNCERTAINTY, DEFAULT_MAX_IN_FLIGHT_CALLS, Settings};
 use allot_agent::store::Durability;
 use allot_agent::{Listeners, run};
 use allot_core::ids::RegionId;
@@ -102,6 +102,10 @@ pub struct AgentArgs {
     /// docs/security.md). Without one, every caller may spend every domain.
     #[arg(long, env = "ALLOT_CALLERS", value_name = "FILE")]
     callers: Option<PathBuf>,
+    /// Most gateway calls (gRPC and HTTP together) running at once; past it a call is
+    /// answered at once with RESOURCE_EXHAUSTED (HTTP: 503, Retry-After: 1) rather than queued.
+    #[arg(long, env = "ALLOT_MAX_IN_FLIGHT_CALLS", default_value_t = DEFAULT_MAX_IN_FLIGHT_CALLS)]
+    max_in_flight_calls: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -139,6 +143,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.restored = args.restored;
     settings.tls = tls_flags(&args.tls)?;
     settings.gateway_tls = args.gateway_tls;
+    settings.max_in_flight_calls = args.max_in_flight_calls;
     if let Some(path) = &args.callers {
         let callers = Callers::load(path).map_err(|e| e.to_string())?;
         settings.callers = Some(Arc::new(callers));

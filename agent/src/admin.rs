@@ -22,6 +22,7 @@ use crate::grpc_link::LinkStatus;
 use crate::request::Target;
 use crate::service::http as lease_http;
 use crate::service::lease::LeaseApi;
+use crate::service::shed::Shed;
 use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BYTES};
 use crate::state::Agent;
 
@@ -32,7 +33,12 @@ struct Admin {
     metrics: PrometheusHandle,
 }
 
-pub fn router(agent: Arc<Agent>, link: Arc<LinkStatus>, metrics: PrometheusHandle) -> Router {
+pub fn router(
+    agent: Arc<Agent>,
+    link: Arc<LinkStatus>,
+    metrics: PrometheusHandle,
+    shed: Shed,
+) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -47,6 +53,7 @@ pub fn router(agent: Arc<Agent>, link: Arc<LinkStatus>, metrics: PrometheusHandl
         .merge(lease_http::router(
             LeaseApi::new(agent.clone()),
             agent.settings().callers.clone(),
+            shed,
         ))
 }
 

@@ -33,6 +33,7 @@ pub const CONFIG_RELOADS: &str = "allot_config_reloads_total";
 pub const CONFIG_VERSION: &str = "allot_config_version";
 pub const INVALID_REQUESTS: &str = "allot_invalid_requests_total";
 pub const REFUSED_CALLERS: &str = "allot_refused_callers_total";
+pub const SHED_CALLS: &str = "allot_shed_calls_total";
 pub const STORE_BATCHES: &str = "allot_store_batches_total";
 pub const STORE_RECORDS: &str = "allot_store_records_total";
 pub const STORE_ERRORS: &str = "allot_store_errors_total";
@@ -120,6 +121,10 @@ fn describe() {
     describe_counter!(
         INVALID_REQUESTS,
         "Requests refused as malformed or oversized, by service."
+    );
+    describe_counter!(
+        SHED_CALLS,
+        "Gateway calls answered at once with RESOURCE_EXHAUSTED (gRPC) or 503 (HTTP) because --max-in-flight-calls were running, by server: grpc, http."
     );
     describe_counter!(
         REFUSED_CALLERS,
@@ -312,6 +317,10 @@ pub fn config_reload(ok: bool, version: u64) {
     if ok {
         gauge!(CONFIG_VERSION).set(version as f64);
     }
+}
+
+pub fn shed_call(server: &'static str) {
+    counter!(SHED_CALLS, "server" => server).increment(1);
 }
 
 pub fn refused_caller(kind: &'static str) {

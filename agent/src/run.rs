@@ -26,6 +26,7 @@ use crate::rlqs::Rlqs;
 use crate::service::Authenticate;
 use crate::service::lease::LeaseApi;
 use crate::service::rls::Rls;
+use crate::service::shed::Shed;
 use crate::settings::{MAX_MESSAGE_BYTES, Settings};
 use crate::state::Agent;
 use crate::store::{SledStore, Store};
@@ -105,9 +106,13 @@ pub async fn run(
         .http
         .local_addr()
         .map_err(|e| Error::io("HTTP listener", e))?;
-    let grpc = serve_grpc(&agent, listeners.grpc, stop_rx.clone());
-    let http = axum::serve(listeners.http, admin::router(agent.clone(), link, handle))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let shed = Shed::new(agent.settings().max_in_flight_calls);
+    let grpc = serve_grpc(&agent, listeners.grpc, shed.clone(), stop_rx.clone());
+    let http = axum::serve(
+        listeners.http,
+        admin::router(agent.clone(), link, handle, shed),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
     let http = tokio::spawn(async move { http.await });
     agent.set_ready(true);
     tracing::info!(%grpc_addr, %http_addr, "agent ready");
@@ -142,12 +147,14 @@ pub async fn run(
 fn serve_grpc(
     agent: &Arc<Agent>,
     listener: TcpListener,
+    shed: Shed,
     stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>> {
     let auth = Authenticate {
         callers: agent.settings().callers.clone(),
     };
     let router = tonic::transport::Server::builder()
+        .layer(shed)
         .add_service(InterceptedService::new(
             LeaseServiceServer::new(LeaseApi::new(agent.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),

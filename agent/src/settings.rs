@@ -18,6 +18,8 @@ use crate::store::Durability;
 
 /// Largest gRPC message the agent decodes; a larger one is refused before it is read whole.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Default most gateway calls running at once before the agent sheds (`--max-in-flight-calls`).
+pub const DEFAULT_MAX_IN_FLIGHT_CALLS: usize = 4_096;
 /// Descriptors in one ShouldRateLimit request.
 pub const MAX_DESCRIPTORS_PER_REQUEST: usize = 64;
 /// `U`, the maximum clock uncertainty of the corrected timebase (D22, docs/bound.md, skew): a
@@ -73,6 +75,9 @@ pub struct Settings {
     pub config_poll_interval: Duration,
     /// Share of a limit used from which an allowed decision counts as near the limit.
     pub near_limit_ratio: f64,
+    /// Most gateway calls running at once, gRPC and HTTP together; past it a call is shed
+    /// (`service::shed`).
+    pub max_in_flight_calls: usize,
     /// Keys tracked per limit (idle ones are evicted to make room; beyond, a new key gets a
     /// degraded decision).
     pub max_keys_per_limit: usize,
@@ -125,6 +130,7 @@ impl Settings {
             tls: None,
             callers: None,
             gateway_tls: false,
+            max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
         }
     }
 
@@ -168,6 +174,9 @@ impl Settings {
                         .to_owned(),
                 );
             }
+        }
+        if self.max_in_flight_calls == 0 {
+            problems.push("--max-in-flight-calls must be at least 1".to_owned());
         }
         if self.gateway_tls && self.tls.is_none() {
             problems.push("--gateway-tls needs --tls-cert, --tls-key and --tls-ca".to_owned());

@@ -119,7 +119,11 @@ async fn http(api: &LeaseApi, path: &str, body: &[u8]) {
         .header("content-type", "application/json")
         .body(Body::from(body.to_vec()))
         .expect("a request");
-    let response = router(api.clone())
+    let response = router(
+        api.clone(),
+        None,
+        allot_agent::service::shed::Shed::new(1),
+    )
         .oneshot(request)
         .await
         .expect("the router answers every request");

@@ -26,6 +26,7 @@ use tonic::{Code, Request, Status};
 use std::sync::Arc;
 
 use super::lease::LeaseApi;
+use super::shed::Shed;
 use crate::callers::{Caller, Callers, Refusal};
 use crate::metrics;
 use crate::settings::MAX_MESSAGE_BYTES;
@@ -34,7 +35,7 @@ use crate::settings::MAX_MESSAGE_BYTES;
 const SERVICE: &str = "lease";
 
 /// The gateway calls, each a `POST` of one JSON object, bounded as a gRPC message is.
-pub fn router(api: LeaseApi, callers: Option<Arc<Callers>>) -> Router {
+pub fn router(api: LeaseApi, callers: Option<Arc<Callers>>, shed: Shed) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire).fallback(not_post))
         .route("/v1/lease", post(lease).fallback(not_post))
@@ -45,6 +46,7 @@ pub fn router(api: LeaseApi, callers: Option<Arc<Callers>>) -> Router {
         .route("/v1/slots/acquire", post(acquire_slot).fallback(not_post))
         .route("/v1/slots/release", post(release_slot).fallback(not_post))
         .route_layer(middleware::from_fn_with_state(callers, authenticate))
+        .route_layer(middleware::from_fn_with_state(shed, shed_past_the_cap))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(api)
 }
@@ -194,6 +196,25 @@ fn rejected(r: JsonRejection) -> Response {
     metrics::invalid_request(SERVICE);
     let body = json!({ "error": r.body_text(), "code": "invalid_argument" });
     (r.status(), Json(body)).into_response()
+}
+
+/// 503 with `Retry-After: 1` when `--max-in-flight-calls` are running (`service::shed`).
+async fn shed_past_the_cap(
+    State(shed): State<Shed>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let Some(permit) = shed.try_enter("http") else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(error_json(Code::ResourceExhausted, &shed.message())),
+        )
+            .into_response();
+    };
+    let answer = next.run(request).await;
+    drop(permit);
+    answer
 }
 
 /// Names the caller from `Authorization: Bearer TOKEN` when the agent has a callers file

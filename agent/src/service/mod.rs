@@ -6,6 +6,7 @@ pub mod headers;
 pub mod http;
 pub mod lease;
 pub mod rls;
+pub mod shed;
 
 use std::sync::Arc;
 
