@@ -147,6 +147,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     if let Some(path) = &args.callers {
         let callers = Callers::load(path).map_err(|e| e.to_string())?;
         settings.callers = Some(Arc::new(callers));
+        settings.callers_file = Some(path.clone());
     }
     settings.max_clock_uncertainty = (args.max_clock_uncertainty_ms > 0)
         .then(|| Duration::from_millis(args.max_clock_uncertainty_ms));

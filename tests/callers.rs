@@ -131,6 +131,16 @@ struct Setup {
     certs: PathBuf,
 }
 
+impl Setup {
+    /// The test's folder (the callers file is `callers.json` in it).
+    fn agent_dir(&self) -> PathBuf {
+        self.certs
+            .parent()
+            .expect("certs in the test's folder")
+            .to_owned()
+    }
+}
+
 fn start(test: &str) -> Setup {
     let dir = scratch("callers", test, Some(LIMITS));
     let certs = certs(&dir);
@@ -643,4 +653,54 @@ async fn the_client_crate_calls_over_tls_with_a_token() {
     let key = s.agent.json("/v1/keys?domain=shop&descriptor=user=u6");
     assert_eq!(key["granted_units"].as_u64().unwrap_or(0), 0, "{key}");
     assert!(s.refused("out_of_scope") >= 1.0);
+}
+
+/// The callers file is read again when it changes: a version that does not load keeps the
+/// one before (counted), a good one applies to the next call, with no restart.
+#[tokio::test]
+async fn a_changed_callers_file_applies_without_a_restart() {
+    let s = start("reload");
+    let anon = s.anonymous().await;
+    let file = s.agent_dir().join("callers.json");
+    let reloads = |result: &str| {
+        s.agent.metric(&format!(
+            "allot_callers_reloads_total{{result=\"{result}\"}}"
+        ))
+    };
+    assert!(acquire(&anon, Some(PY_TOKEN), "llm").await.is_ok());
+
+    std::fs::write(&file, "{\"callers\": [").expect("write");
+    support::eventually(
+        "the broken file is read",
+        || reloads("error"),
+        |n| *n >= 1.0,
+    )
+    .await;
+    assert!(
+        acquire(&anon, Some(PY_TOKEN), "llm").await.is_ok(),
+        "the callers before stay in force"
+    );
+
+    // py moves from llm to shop; ops is gone.
+    let text = json!({ "callers": [
+        { "name": "py", "token_sha256": sha256_hex(PY_TOKEN), "domains": ["shop"] },
+    ]});
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text.to_string()).expect("write");
+    std::fs::rename(&tmp, &file).expect("rename");
+    support::eventually("the new file is read", || reloads("ok"), |n| *n >= 1.0).await;
+    assert_eq!(
+        code(acquire(&anon, Some(PY_TOKEN), "llm").await),
+        Code::PermissionDenied
+    );
+    assert!(acquire(&anon, Some(PY_TOKEN), "shop").await.is_ok());
+    assert_eq!(
+        code(acquire(&anon, Some(OPS_TOKEN), "shop").await),
+        Code::Unauthenticated
+    );
+    // The HTTP lease API reads the same callers.
+    let body = json!({ "target": { "domain": "llm", "entries": [{ "key": "user", "value": "u7" }] },
+                       "cost_units": 1 });
+    let (status, _) = post(&s.agent.http, "/v1/acquire", Some(PY_TOKEN), &body);
+    assert_eq!(status, 403);
 }

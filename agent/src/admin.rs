@@ -17,6 +17,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 
+use crate::callers::LiveCallers;
 use crate::convert;
 use crate::grpc_link::LinkStatus;
 use crate::request::Target;
@@ -38,6 +39,7 @@ pub fn router(
     link: Arc<LinkStatus>,
     metrics: PrometheusHandle,
     shed: Shed,
+    callers: Arc<LiveCallers>,
 ) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
@@ -52,7 +54,7 @@ pub fn router(
         })
         .merge(lease_http::router(
             LeaseApi::new(agent.clone()),
-            agent.settings().callers.clone(),
+            callers,
             shed,
         ))
 }

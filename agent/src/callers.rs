@@ -6,8 +6,9 @@
 //! and a caller outside its domains gets `PERMISSION_DENIED`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
 
 use allot_proto::tls::{self, Peer};
 use serde::Deserialize;
@@ -170,6 +171,71 @@ impl Callers {
         let token = tls::bearer(authorization?)?;
         self.by_token.get(&tls::token_sha256(token)).cloned()
     }
+}
+
+/// The callers file in force: read again when it changes on disk (polled with the limits
+/// files) or on SIGHUP. A new version that does not load is logged and counted, and the one
+/// before stays in force: a typo must not lock every gateway out, nor let every caller in.
+#[derive(Debug, Default)]
+pub struct LiveCallers {
+    path: Option<PathBuf>,
+    stamp: Mutex<Option<(SystemTime, u64)>>,
+    current: RwLock<Option<Arc<Callers>>>,
+}
+
+impl LiveCallers {
+    /// `path` and what was read from it at start (`None`, `None`: no callers file, everyone
+    /// passes).
+    pub fn new(path: Option<PathBuf>, loaded: Option<Arc<Callers>>) -> LiveCallers {
+        let stamp = path.as_deref().and_then(stamp_of);
+        LiveCallers {
+            path,
+            stamp: Mutex::new(stamp),
+            current: RwLock::new(loaded),
+        }
+    }
+
+    /// The callers in force; `None`: no callers file.
+    pub fn get(&self) -> Option<Arc<Callers>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether the file's modification time or length changed since it was last read.
+    pub fn changed(&self) -> bool {
+        let Some(path) = &self.path else {
+            return false;
+        };
+        *self.stamp.lock().unwrap_or_else(|p| p.into_inner()) != stamp_of(path)
+    }
+
+    /// Reads the file again; false (the callers before kept) when it does not load.
+    pub fn reload(&self, why: &str) -> bool {
+        let Some(path) = &self.path else {
+            return true;
+        };
+        *self.stamp.lock().unwrap_or_else(|p| p.into_inner()) = stamp_of(path);
+        match Callers::load(path) {
+            Ok(callers) => {
+                tracing::info!(why, file = %path.display(), "callers file reloaded");
+                crate::metrics::callers_reload(true);
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(callers));
+                true
+            }
+            Err(e) => {
+                tracing::warn!(why, error = %e, "callers file does not load: kept the one before");
+                crate::metrics::callers_reload(false);
+                false
+            }
+        }
+    }
+}
+
+fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
 }
 
 /// Checks a named caller (or none, when no callers file is configured) against `domain`.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::signal::unix::Signal;
 use tokio::sync::watch;
 
+use crate::callers::LiveCallers;
 use crate::commit::Ticket;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -117,9 +118,11 @@ async fn off_workers(agent: &Agent, what: &str, op: fn(&dyn Store) -> Result<()>
         .map_err(|e| Error::NotPersisted(format!("{what} task: {e}")))?
 }
 
-/// Reloads the limits on SIGHUP, and when a file's size or modification time changes.
+/// Reloads the limits and the callers file on SIGHUP, and when a file's size or modification
+/// time changes.
 pub async fn config_reloads(
     agent: Arc<Agent>,
+    callers: Arc<LiveCallers>,
     mut hangup: Signal,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -132,8 +135,12 @@ pub async fn config_reloads(
             _ = hangup.recv() => {
                 seen = limits::stamps(&files);
                 agent.reload("SIGHUP").await;
+                callers.reload("SIGHUP");
             }
             _ = tick.tick() => {
+                if callers.changed() {
+                    callers.reload("file changed");
+                }
                 if files.is_empty() {
                     continue;
                 }

@@ -34,6 +34,7 @@ pub const CONFIG_VERSION: &str = "allot_config_version";
 pub const INVALID_REQUESTS: &str = "allot_invalid_requests_total";
 pub const REFUSED_CALLERS: &str = "allot_refused_callers_total";
 pub const SHED_CALLS: &str = "allot_shed_calls_total";
+pub const CALLERS_RELOADS: &str = "allot_callers_reloads_total";
 pub const STORE_BATCHES: &str = "allot_store_batches_total";
 pub const STORE_RECORDS: &str = "allot_store_records_total";
 pub const STORE_ERRORS: &str = "allot_store_errors_total";
@@ -121,6 +122,10 @@ fn describe() {
     describe_counter!(
         INVALID_REQUESTS,
         "Requests refused as malformed or oversized, by service."
+    );
+    describe_counter!(
+        CALLERS_RELOADS,
+        "Reads of the callers file after start (it changed, or SIGHUP), by result: ok, error (the callers before kept)."
     );
     describe_counter!(
         SHED_CALLS,
@@ -317,6 +322,11 @@ pub fn config_reload(ok: bool, version: u64) {
     if ok {
         gauge!(CONFIG_VERSION).set(version as f64);
     }
+}
+
+pub fn callers_reload(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    counter!(CALLERS_RELOADS, "result" => result).increment(1);
 }
 
 pub fn shed_call(server: &'static str) {

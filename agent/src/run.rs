@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use allot_proto::tls::{ClientAuth, Dialer, tls_incoming};
 use tonic::service::interceptor::InterceptedService;
 
+use crate::callers::LiveCallers;
 use crate::grpc_link::{GrpcSyncLink, LinkStatus};
 use crate::metrics;
 use crate::rlqs::Rlqs;
@@ -89,11 +90,16 @@ pub async fn run(
             stop_rx.clone(),
         ))
     };
+    let callers = Arc::new(LiveCallers::new(
+        agent.settings().callers_file.clone(),
+        agent.settings().callers.clone(),
+    ));
     let tasks = [
         timers,
         tokio::spawn(driver::flushes(agent.clone(), stop_rx.clone())),
         tokio::spawn(driver::config_reloads(
             agent.clone(),
+            callers.clone(),
             hangup,
             stop_rx.clone(),
         )),
@@ -107,10 +113,16 @@ pub async fn run(
         .local_addr()
         .map_err(|e| Error::io("HTTP listener", e))?;
     let shed = Shed::new(agent.settings().max_in_flight_calls);
-    let grpc = serve_grpc(&agent, listeners.grpc, shed.clone(), stop_rx.clone());
+    let grpc = serve_grpc(
+        &agent,
+        listeners.grpc,
+        shed.clone(),
+        callers.clone(),
+        stop_rx.clone(),
+    );
     let http = axum::serve(
         listeners.http,
-        admin::router(agent.clone(), link, handle, shed),
+        admin::router(agent.clone(), link, handle, shed, callers),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let http = tokio::spawn(async move { http.await });
@@ -148,11 +160,10 @@ fn serve_grpc(
     agent: &Arc<Agent>,
     listener: TcpListener,
     shed: Shed,
+    callers: Arc<LiveCallers>,
     stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>> {
-    let auth = Authenticate {
-        callers: agent.settings().callers.clone(),
-    };
+    let auth = Authenticate { callers };
     let router = tonic::transport::Server::builder()
         .layer(shed)
         .add_service(InterceptedService::new(
@@ -179,7 +190,8 @@ fn serve_grpc(
         _ => {
             if settings.callers.is_some() {
                 tracing::warn!(
-                    "callers file on a plaintext gateway port: bearer tokens cross the network                      in the clear (--gateway-tls serves the port over TLS)"
+                    "callers file on a plaintext gateway port: bearer tokens cross the network \
+                     in the clear (--gateway-tls serves the port over TLS)"
                 );
             }
             let incoming = TcpListenerStream::new(listener).map(|conn| {

@@ -102,6 +102,8 @@ pub struct Settings {
     pub tls: Option<Tls>,
     /// Who may call the gateway-facing APIs and for which domains (D59); `None`: anyone.
     pub callers: Option<Arc<Callers>>,
+    /// Where `callers` was read from, read again when it changes.
+    pub callers_file: Option<PathBuf>,
     /// Serve the gateway-facing gRPC port over TLS with `tls`'s certificate (a client
     /// certificate optional: callers may prove themselves with a token instead).
     pub gateway_tls: bool,
@@ -129,6 +131,7 @@ impl Settings {
             max_clock_uncertainty: Some(DEFAULT_MAX_CLOCK_UNCERTAINTY),
             tls: None,
             callers: None,
+            callers_file: None,
             gateway_tls: false,
             max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
         }

@@ -121,11 +121,11 @@ async fn http(api: &LeaseApi, path: &str, body: &[u8]) {
         .expect("a request");
     let response = router(
         api.clone(),
-        None,
+        std::sync::Arc::default(),
         allot_agent::service::shed::Shed::new(1),
     )
-        .oneshot(request)
-        .await
-        .expect("the router answers every request");
+    .oneshot(request)
+    .await
+    .expect("the router answers every request");
     let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use super::lease::LeaseApi;
 use super::shed::Shed;
-use crate::callers::{Caller, Callers, Refusal};
+use crate::callers::{Caller, LiveCallers, Refusal};
 use crate::metrics;
 use crate::settings::MAX_MESSAGE_BYTES;
 
@@ -35,7 +35,7 @@ use crate::settings::MAX_MESSAGE_BYTES;
 const SERVICE: &str = "lease";
 
 /// The gateway calls, each a `POST` of one JSON object, bounded as a gRPC message is.
-pub fn router(api: LeaseApi, callers: Option<Arc<Callers>>, shed: Shed) -> Router {
+pub fn router(api: LeaseApi, callers: Arc<LiveCallers>, shed: Shed) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire).fallback(not_post))
         .route("/v1/lease", post(lease).fallback(not_post))
@@ -220,11 +220,11 @@ async fn shed_past_the_cap(
 /// Names the caller from `Authorization: Bearer TOKEN` when the agent has a callers file
 /// (D59): 401 for none it knows. The HTTP port has no TLS of its own, so no certificate.
 async fn authenticate(
-    State(callers): State<Option<Arc<Callers>>>,
+    State(callers): State<Arc<LiveCallers>>,
     mut request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    let Some(callers) = callers else {
+    let Some(callers) = callers.get() else {
         return next.run(request).await;
     };
     let authorization = request

@@ -14,7 +14,7 @@ use allot_core::ids::LimitId;
 use allot_proto::tls;
 use tonic::{Request, Status};
 
-use crate::callers::{self, Caller, Callers, Refusal};
+use crate::callers::{self, Caller, LiveCallers, Refusal};
 use crate::error::Error;
 use crate::metrics;
 
@@ -23,12 +23,12 @@ use crate::metrics;
 /// for the handlers' domain checks. With no callers file, everyone passes unnamed.
 #[derive(Clone)]
 pub struct Authenticate {
-    pub callers: Option<Arc<Callers>>,
+    pub callers: Arc<LiveCallers>,
 }
 
 impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(callers) = &self.callers else {
+        let Some(callers) = self.callers.get() else {
             return Ok(request);
         };
         let peer = tls::peer_of(&request).ok().flatten();
