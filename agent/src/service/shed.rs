@@ -4,6 +4,11 @@
 //! is short, and a call answered late is worth less than one refused now that the gateway's
 //! failure mode can decide. A stream (RLQS) holds its permit only until it is opened; its own
 //! caps bound it after.
+//!
+//! The same layer reads tonic's answer to a message it could not decode (invalid UTF-8 in a
+//! string, a malformed field): tonic says `INTERNAL`, which reads as the agent failing; it is
+//! the caller's bad input, so the answer says `INVALID_ARGUMENT`, counted as the other
+//! malformed requests are.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -88,7 +93,7 @@ where
                 Box::pin(async move {
                     let answer = answer.await;
                     drop(permit);
-                    answer
+                    answer.map(decode_failure_is_invalid_argument)
                 })
             }
             None => {
@@ -99,9 +104,48 @@ where
     }
 }
 
+/// tonic's status for a request it could not decode, as it writes it in a trailers-only answer.
+const DECODE_FAILURE_PREFIXES: [&[u8]; 2] = [b"failed%20to%20decode", b"failed to decode"];
+
+fn decode_failure_is_invalid_argument<B>(mut answer: http::Response<B>) -> http::Response<B> {
+    let headers = answer.headers();
+    let internal = headers.get("grpc-status").is_some_and(|s| s == "13");
+    let undecodable = headers.get("grpc-message").is_some_and(|m| {
+        DECODE_FAILURE_PREFIXES
+            .iter()
+            .any(|p| m.as_bytes().starts_with(p))
+    });
+    if internal && undecodable {
+        let invalid_argument = http::HeaderValue::from_static("3");
+        answer.headers_mut().insert("grpc-status", invalid_argument);
+        metrics::invalid_request("decode");
+    }
+    answer
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_undecodable_request_turns_internal_into_invalid_argument() {
+        let answer = |status: &'static str, message: &'static str| {
+            let mut a = http::Response::new(());
+            a.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(status));
+            a.headers_mut()
+                .insert("grpc-message", http::HeaderValue::from_static(message));
+            decode_failure_is_invalid_argument(a).headers()["grpc-status"].clone()
+        };
+        let bad_utf8 = "failed%20to%20decode%20Protobuf%20message:%20invalid%20string";
+        assert_eq!(answer("13", bad_utf8), "3");
+        assert_eq!(
+            answer("13", "store%20failed"),
+            "13",
+            "a real internal error stays"
+        );
+        assert_eq!(answer("8", bad_utf8), "8");
+    }
 
     #[test]
     fn permits_past_the_cap_are_refused_and_come_back_when_dropped() {

@@ -1,0 +1,377 @@
+//! Hostile input over the wire against a real agent, all at once, while a well-behaved gateway
+//! keeps calling (docs/security.md, "Bad input over the wire"): oversized messages, huge
+//! descriptors, invalid UTF-8 in a protobuf string, a million distinct keys against a cap of
+//! 100,000 per limit, an RLQS stream that never reads its answers, and slow HTTP clients
+//! holding connections with half-sent headers.
+//!
+//! Checked: every hostile call gets a clear status (no success, no internal error); the
+//! well-behaved gateway gets every answer, allowed, and its key counts exactly its calls; the
+//! agent's keys stay within the cap and its resident memory within a bound; it answers after.
+//! Its latency is measured before and during the attack and printed with the ratio (a figure
+//! for docs/security.md, not a timed assertion).
+//!
+//! Slow tier (`ALLOT_SLOW_TESTS=1`): a million keys take a while in a debug build.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use allot_proto::envoy::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaUsageReports};
+use allot_proto::lease::v1 as pb;
+use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
+use bytes::{Buf, BufMut};
+use support::{Process, scratch, slow_tier};
+use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::Channel;
+
+const LIMITS: &str = "\
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000000000}
+";
+const KEY_CAP: usize = 100_000;
+const HOSTILE_KEYS: usize = 1_000_000;
+const VICTIM_CALLS: usize = 2_000;
+const SLOW_CLIENTS: usize = 200;
+/// Largest growth of the agent's resident memory the attack may cause.
+const MAX_RSS_GROWTH_BYTES: u64 = 512 << 20;
+
+fn target(domain: &str, value: &str) -> Option<pb::Target> {
+    Some(pb::Target {
+        domain: domain.to_owned(),
+        entries: vec![pb::Entry {
+            key: "user".to_owned(),
+            value: value.to_owned(),
+        }],
+    })
+}
+
+/// One allowed unit for `victim`; the call's latency.
+async fn victim_call(client: &mut LeaseServiceClient<Channel>) -> Duration {
+    let started = Instant::now();
+    let r = client
+        .acquire(pb::AcquireRequest {
+            target: target("api", "victim"),
+            cost_units: 1,
+            idempotency_key: String::new(),
+        })
+        .await
+        .expect("the well-behaved gateway is answered");
+    assert!(r.into_inner().decision.expect("decision").allowed);
+    started.elapsed()
+}
+
+async fn victim_run(client: &mut LeaseServiceClient<Channel>) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(VICTIM_CALLS);
+    for _ in 0..VICTIM_CALLS {
+        latencies.push(victim_call(client).await);
+    }
+    latencies.sort();
+    latencies
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// Sends and receives raw message bytes, to put bytes no generated type would write.
+struct RawCodec;
+struct RawEncoder;
+struct RawDecoder;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+impl Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawDecoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+/// An AcquireRequest whose target's domain is the bytes 0xff 0xfe: not UTF-8.
+async fn invalid_utf8(channel: Channel) -> Code {
+    // field 1 (target, length 4) { field 1 (domain, length 2) ff fe }
+    let body = vec![0x0a, 0x04, 0x0a, 0x02, 0xff, 0xfe];
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = http::uri::PathAndQuery::from_static("/allot.lease.v1.LeaseService/Acquire");
+    match grpc.unary(tonic::Request::new(body), path, RawCodec).await {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// A clear refusal of bad input: not a success, not the server failing.
+fn clear(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted
+    )
+}
+
+/// Oversized, huge and invalid requests, in a loop until `stop`; counts each refusal.
+async fn bad_requests(channel: Channel, stop: Arc<AtomicBool>, refused: Arc<AtomicU64>) {
+    let mut client = LeaseServiceClient::new(channel.clone());
+    let huge_value = "v".repeat(200_000);
+    let long_value = "v".repeat(5_000);
+    while !stop.load(Ordering::Relaxed) {
+        let oversized = client
+            .acquire(pb::AcquireRequest {
+                target: target("api", &huge_value),
+                cost_units: 1,
+                idempotency_key: String::new(),
+            })
+            .await;
+        let many_entries = client
+            .acquire(pb::AcquireRequest {
+                target: Some(pb::Target {
+                    domain: "api".to_owned(),
+                    entries: (0..1_000)
+                        .map(|i| pb::Entry {
+                            key: format!("k{i}"),
+                            value: "v".to_owned(),
+                        })
+                        .collect(),
+                }),
+                cost_units: 1,
+                idempotency_key: String::new(),
+            })
+            .await;
+        let long_entry = client
+            .acquire(pb::AcquireRequest {
+                target: target("api", &long_value),
+                cost_units: 1,
+                idempotency_key: String::new(),
+            })
+            .await;
+        for r in [oversized, many_entries, long_entry] {
+            let code = r.map_or_else(|s| s.code(), |_| Code::Ok);
+            assert!(clear(code), "bad input answered {code:?}");
+        }
+        let code = invalid_utf8(channel.clone()).await;
+        assert!(clear(code), "invalid UTF-8 answered {code:?}");
+        refused.fetch_add(4, Ordering::Relaxed);
+    }
+}
+
+/// `HOSTILE_KEYS` distinct keys in batches of 64 leases, from `tasks` tasks.
+async fn many_keys(channel: Channel, task: usize, tasks: usize) -> u64 {
+    let mut client = LeaseServiceClient::new(channel);
+    let mut degraded = 0;
+    let mut next = task * 64;
+    while next < HOSTILE_KEYS {
+        let leases = (next..(next + 64).min(HOSTILE_KEYS))
+            .map(|i| pb::LeaseRequest {
+                target: target("api", &format!("k{i}")),
+                units_wanted: 1,
+                min_units: 1,
+                ttl_ms: 1_000,
+                ..Default::default()
+            })
+            .collect();
+        let r = client
+            .lease_batch(pb::LeaseBatchRequest { leases })
+            .await
+            .expect("a batch is answered")
+            .into_inner();
+        for item in r.results {
+            if let Some(pb::lease_batch_result::Result::Lease(l)) = item.result
+                && l.lease.is_none_or(|l| l.units == 0)
+            {
+                degraded += 1;
+            }
+        }
+        next += 64 * tasks;
+    }
+    degraded
+}
+
+/// An RLQS stream that sends reports of many buckets and never reads an answer.
+async fn never_reads(channel: Channel, stop: Arc<AtomicBool>) {
+    let mut client = RateLimitQuotaServiceClient::new(channel);
+    let (send, rx) = tokio::sync::mpsc::channel(1);
+    let _answers = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let usages = (0..100)
+            .map(|j| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [
+                        ("domain".to_owned(), "api".to_owned()),
+                        ("user".to_owned(), format!("rlqs-{}", (i * 100 + j) % 5_000)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                }),
+                time_elapsed: None,
+                num_requests_allowed: 1,
+                num_requests_denied: 0,
+            })
+            .collect();
+        let m = RateLimitQuotaUsageReports {
+            domain: "api".to_owned(),
+            bucket_quota_usages: usages,
+        };
+        // Blocks once the agent stops taking them: that is the point.
+        if tokio::time::timeout(Duration::from_millis(200), send.send(m))
+            .await
+            .is_ok_and(|r| r.is_err())
+        {
+            return;
+        }
+        i += 1;
+    }
+}
+
+/// Connections to the HTTP port that send half a request header, a byte now and then.
+fn slow_clients(addr: &str, stop: &AtomicBool) {
+    let mut conns: Vec<TcpStream> = (0..SLOW_CLIENTS)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    for c in &mut conns {
+        let _ = c.write_all(b"POST /v1/acquire HTTP/1.1\r\nHost: x\r\n");
+    }
+    while !stop.load(Ordering::Relaxed) {
+        for c in &mut conns {
+            let _ = c.write_all(b"X");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
+    if !slow_tier() {
+        return;
+    }
+    let dir = scratch("hostile", "all", Some(LIMITS));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    support::agent_args(&mut cmd, &dir, "local", None);
+    cmd.args(["--max-keys-per-limit", &KEY_CAP.to_string()]);
+    let agent = Process::start(cmd, "agent");
+    let pid = agent.child.id();
+    let connect = || async {
+        Channel::from_shared(format!("http://{}", agent.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connects")
+    };
+    let mut victim = LeaseServiceClient::new(connect().await);
+    victim_run(&mut victim).await; // warm up
+    let rss_before = rss_bytes(pid);
+    let baseline = victim_run(&mut victim).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU64::new(0));
+    let bad = tokio::spawn(bad_requests(connect().await, stop.clone(), refused.clone()));
+    let rlqs = tokio::spawn(never_reads(connect().await, stop.clone()));
+    let slow = {
+        let (addr, stop) = (agent.http.clone(), stop.clone());
+        std::thread::spawn(move || slow_clients(&addr, &stop))
+    };
+    let keys: Vec<_> = (0..2)
+        .map(|t| tokio::spawn(many_keys_on(agent.grpc.clone(), t, 2)))
+        .collect();
+    let mut during = Vec::new();
+    let attack_started = Instant::now();
+    loop {
+        during.extend(victim_run(&mut victim).await);
+        if keys.iter().all(tokio::task::JoinHandle::is_finished) {
+            break;
+        }
+    }
+    let attack_secs = attack_started.elapsed().as_secs_f64();
+    let mut degraded = 0;
+    for k in keys {
+        degraded += k.await.expect("the key flood");
+    }
+    stop.store(true, Ordering::Relaxed);
+    bad.await.expect("bad requests");
+    let _ = rlqs.await;
+    slow.join().expect("slow clients");
+    during.sort();
+    let rss_after = rss_bytes(pid);
+
+    let calls = (2 * VICTIM_CALLS + during.len()) as u64;
+    let key = agent.json("/v1/keys?domain=api&descriptor=user=victim");
+    assert_eq!(key["granted_units"].as_u64(), Some(calls), "{key}");
+    let tracked = agent.metric("allot_keys{rule=\"api/user\"}");
+    assert!(
+        tracked > 0.0 && tracked <= KEY_CAP as f64 + 1.0,
+        "keys tracked {tracked} past the cap"
+    );
+    assert!(
+        rss_after.saturating_sub(rss_before) < MAX_RSS_GROWTH_BYTES,
+        "resident memory grew from {rss_before} to {rss_after}"
+    );
+    assert_eq!(support::get_text(&agent.http, "/readyz").trim(), "ready");
+    let p = |v: &[Duration], q| percentile(v, q).as_secs_f64() * 1e3;
+    println!(
+        "victim p50 {:.2} ms p99 {:.2} ms before; p50 {:.2} ms p99 {:.2} ms during ({} calls, \
+         {attack_secs:.0} s); p99 ratio {:.2}; {} bad requests refused; {HOSTILE_KEYS} keys, \
+         {degraded} past the cap; RSS {} -> {} MiB",
+        p(&baseline, 0.5),
+        p(&baseline, 0.99),
+        p(&during, 0.5),
+        p(&during, 0.99),
+        during.len(),
+        p(&during, 0.99) / p(&baseline, 0.99),
+        refused.load(Ordering::Relaxed),
+        rss_before >> 20,
+        rss_after >> 20,
+    );
+}
+
+async fn many_keys_on(grpc: String, task: usize, tasks: usize) -> u64 {
+    let channel = Channel::from_shared(format!("http://{grpc}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    many_keys(channel, task, tasks).await
+}
