@@ -15,7 +15,6 @@ use allot_core::sync::{ConfigFile, ConfigFiles};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::check_config::{read_limited, rule_line};
 
@@ -321,12 +320,10 @@ pub(crate) async fn request(
     path: &str,
     body: Option<&str>,
 ) -> Result<(u16, Value), String> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
+    let (mut s, host) = crate::admin_http::connect(addr).await?;
     let body = body.unwrap_or("");
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}\
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{}\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         admin_authorization()?,
         body.len()

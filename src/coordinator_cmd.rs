@@ -13,7 +13,7 @@ use allot_core::rebalance::CoordinatorConfig;
 use clap::Args;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Time to connect to a node's admin HTTP and read its answer, from `allot status`.
@@ -72,6 +72,10 @@ pub struct CoordinatorArgs {
     /// CLI sends ALLOT_ADMIN_TOKEN. None: anyone who reaches the port may change them.
     #[arg(long, env = "ALLOT_ADMIN_TOKEN_SHA256", value_name = "HEX")]
     admin_token_sha256: Option<String>,
+    /// Serve the admin HTTP over TLS with the --tls-* certificate (a client certificate
+    /// optional). The CLI then names the node `https://HOST:PORT` and trusts ALLOT_TLS_CA.
+    #[arg(long, env = "ALLOT_ADMIN_TLS")]
+    admin_tls: bool,
 }
 
 pub fn coordinator(args: CoordinatorArgs) -> ExitCode {
@@ -115,6 +119,7 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
                     .map_err(|e| format!("--admin-token-sha256: {e}"))
             })
             .transpose()?,
+        admin_tls: args.admin_tls,
     })
 }
 
@@ -186,10 +191,8 @@ pub fn status(args: StatusArgs) -> ExitCode {
 
 /// GET over HTTP/1.1 on a fresh connection; the body parsed as JSON.
 async fn get_json(addr: &str, path: &str) -> Result<Value, String> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let (mut s, host) = crate::admin_http::connect(addr).await?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes())
         .await
         .map_err(|e| format!("{addr}: {e}"))?;

@@ -1,5 +1,6 @@
 //! `allot`: one binary, one subcommand per role.
 
+mod admin_http;
 mod agent_cmd;
 mod certs_cmd;
 mod check_config;

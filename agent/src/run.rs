@@ -17,7 +17,7 @@ use crate::admin;
 use crate::coordinators::Coordinators;
 use crate::driver;
 use crate::error::{Error, Result};
-use allot_proto::tls::{ClientAuth, Dialer, tls_incoming};
+use allot_proto::tls::{Dialer, Serving, tls_incoming};
 use tonic::service::interceptor::InterceptedService;
 
 use crate::callers::LiveCallers;
@@ -184,7 +184,7 @@ fn serve_grpc(
     let settings = agent.settings();
     match (&settings.tls, settings.gateway_tls) {
         (Some(tls), true) => {
-            let incoming = tls_incoming(listener, tls.clone(), ClientAuth::Optional);
+            let incoming = tls_incoming(listener, tls.clone(), Serving::Gateways);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped(stop)))
         }
         _ => {

@@ -16,7 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
-use allot_proto::tls::{ClientAuth, Dialer, Tls, tls_incoming};
+use allot_proto::tls::{Dialer, Serving, Tls, tls_incoming};
 
 use crate::error::{Error, Result};
 use crate::network::{GrpcNetwork, LeaderAdmin, RaftGrpcService};
@@ -128,7 +128,7 @@ impl RaftNode {
             // The handshakes are this node's own, so that replaced certificate files apply
             // to the next connection without a restart (D58).
             Some(tls) => {
-                let incoming = tls_incoming(listener, tls.clone(), ClientAuth::Required);
+                let incoming = tls_incoming(listener, tls.clone(), Serving::Peers);
                 tokio::spawn(builder.serve_with_incoming_shutdown(incoming, shutdown))
             }
             None => {

@@ -230,9 +230,8 @@ struct Material {
     me: Peer,
     identity: Identity,
     ca: Certificate,
-    server: Arc<rustls::ServerConfig>,
-    /// The same certificate, a client certificate optional (`ClientAuth::Optional`).
-    server_optional: Arc<rustls::ServerConfig>,
+    /// One server configuration per [`Serving`], in its order.
+    servers: [Arc<rustls::ServerConfig>; 3],
 }
 
 impl Material {
@@ -245,34 +244,44 @@ impl Material {
         first_block(&files.ca, &ca, |l| l == "CERTIFICATE")?;
         let me =
             peer_in(&leaf).map_err(|e| WireError::Tls(format!("{}: {e}", files.cert.display())))?;
-        let server = server_config(&cert, &key, &ca, ClientAuth::Required)?;
-        let server_optional = server_config(&cert, &key, &ca, ClientAuth::Optional)?;
+        let servers = [Serving::Peers, Serving::Gateways, Serving::AdminHttp]
+            .map(|s| server_config(&cert, &key, &ca, s).map(Arc::new));
+        let [peers, gateways, admin] = servers;
         Ok(Material {
             me,
             identity: Identity::from_pem(cert, key),
             ca: Certificate::from_pem(ca),
-            server: Arc::new(server),
-            server_optional: Arc::new(server_optional),
+            servers: [peers?, gateways?, admin?],
         })
     }
 }
 
-/// Whether a TLS server requires its clients to present a certificate.
+/// What a TLS server serves, which decides whether its clients must present a certificate and
+/// which protocol it speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClientAuth {
-    /// The daemons' links: a certificate the CA signed, or no connection.
-    Required,
-    /// The agent's gateway port (D59): a certificate, when presented, must be the CA's; a
-    /// client without one may still prove itself with a bearer token.
-    Optional,
+pub enum Serving {
+    /// The daemons' links (gRPC): a certificate the CA signed, or no connection.
+    Peers,
+    /// The agent's gateway port (gRPC, D59): a certificate, when presented, must be the CA's;
+    /// a client without one may still prove itself with a bearer token.
+    Gateways,
+    /// A daemon's admin HTTP (HTTP/1.1, D60): a client certificate optional, as above;
+    /// changes need the admin token.
+    AdminHttp,
 }
 
-/// A server that checks client certificates against the CA, speaking HTTP/2 (gRPC).
+impl Serving {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A server that checks client certificates against the CA.
 fn server_config(
     cert: &[u8],
     key: &[u8],
     ca: &[u8],
-    auth: ClientAuth,
+    serving: Serving,
 ) -> Result<rustls::ServerConfig, WireError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -291,7 +300,7 @@ fn server_config(
         Arc::new(roots),
         provider.clone(),
     );
-    if auth == ClientAuth::Optional {
+    if serving != Serving::Peers {
         verifier = verifier.allow_unauthenticated();
     }
     let verifier = verifier.build().map_err(|e| bad("CA", e.to_string()))?;
@@ -301,7 +310,10 @@ fn server_config(
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
         .map_err(|e| bad("certificate and key", e.to_string()))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = match serving {
+        Serving::Peers | Serving::Gateways => vec![b"h2".to_vec()],
+        Serving::AdminHttp => vec![b"http/1.1".to_vec()],
+    };
     Ok(config)
 }
 
@@ -313,16 +325,12 @@ impl Tls {
 
     /// The server side as the files say now: a client certificate the CA signed is required.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
-        self.fresh().server
+        self.server_config_for(Serving::Peers)
     }
 
-    /// The server side with `auth` as the files say now.
-    pub fn server_config_for(&self, auth: ClientAuth) -> Arc<rustls::ServerConfig> {
-        let m = self.fresh();
-        match auth {
-            ClientAuth::Required => m.server,
-            ClientAuth::Optional => m.server_optional,
-        }
+    /// The server side for `serving` as the files say now.
+    pub fn server_config_for(&self, serving: Serving) -> Arc<rustls::ServerConfig> {
+        self.fresh().servers[serving.index()].clone()
     }
 
     /// A client presenting this daemon's certificate and verifying the server's against the
@@ -372,7 +380,7 @@ impl Tls {
 pub fn tls_incoming(
     listener: tokio::net::TcpListener,
     tls: Tls,
-    auth: ClientAuth,
+    serving: Serving,
 ) -> tokio_stream::wrappers::ReceiverStream<
     std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
 > {
@@ -397,7 +405,7 @@ pub fn tls_incoming(
             // Heartbeats and votes are one small frame each: without this, Nagle holds them
             // back behind the peer's delayed acknowledgement.
             let _ = tcp.set_nodelay(true);
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config_for(auth));
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config_for(serving));
             let tx = tx.clone();
             tokio::spawn(async move {
                 let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
@@ -452,6 +460,42 @@ impl Dialer {
             None => Endpoint::from_shared(format!("http://{addr}")).map_err(bad),
         }
     }
+}
+
+/// A TLS connection to `addr` (`HOST:PORT`) for the CLI's admin HTTP calls: the server's
+/// certificate is checked against the CA in `ca` and must name `HOST`; no client certificate.
+pub async fn connect_admin(
+    addr: &str,
+    ca: &Path,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, WireError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let bad = |e: String| WireError::Tls(format!("{addr}: {e}"));
+    let pem = read_pem(ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&pem) {
+        let c = c.map_err(|e| bad(format!("{}: {e}", ca.display())))?;
+        roots
+            .add(c)
+            .map_err(|e| bad(format!("{}: {e}", ca.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| bad(e.to_string()))?;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| bad(format!("cannot connect: {e}")))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| bad(format!("TLS: {e}")))
 }
 
 /// The SHA-256 of a bearer token, as callers files and `--admin-token-sha256` hold it (D59): a

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_core::rebalance::CoordinatorConfig;
-use allot_proto::tls::{Peer, Tls};
+use allot_proto::tls::{Peer, Serving, Tls, tls_incoming};
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft};
 use tokio::net::TcpListener;
@@ -68,6 +68,8 @@ pub struct DaemonSettings {
     /// The SHA-256 of the token the admin HTTP's changes (configuration, membership,
     /// regions) must carry as `Authorization: Bearer` (D60); `None`: anyone may, warned.
     pub admin_token_sha256: Option<[u8; 32]>,
+    /// Serve the admin HTTP over TLS with `tls`'s certificate (D60).
+    pub admin_tls: bool,
 }
 
 /// A running coordinator node.
@@ -103,6 +105,15 @@ impl Daemon {
             Some(initial_members(settings.id, &settings.peers, grpc_addr)?)
         };
         check_identity(settings.id, settings.tls.as_ref())?;
+        let admin_tls = match (settings.admin_tls, &settings.tls) {
+            (true, Some(tls)) => Some(tls.clone()),
+            (true, None) => {
+                return Err(Error::Config(
+                    "--admin-tls needs --tls-cert, --tls-key and --tls-ca".to_owned(),
+                ));
+            }
+            (false, _) => None,
+        };
         if settings.admin_token_sha256.is_none() {
             tracing::warn!(
                 "no admin token: anyone who reaches the admin HTTP may change the limits, the \
@@ -143,7 +154,7 @@ impl Daemon {
             admin_http: http_addr.to_string(),
             admin_token_sha256: settings.admin_token_sha256,
         };
-        tasks.push(tokio::spawn(serve_admin(http, admin, stopping)));
+        tasks.push(tokio::spawn(serve_admin(http, admin_tls, admin, stopping)));
         Ok(Daemon {
             node,
             grpc_addr,
@@ -266,14 +277,76 @@ async fn initialize(raft: &Raft<TypeConfig>, members: BTreeMap<NodeId, BasicNode
     }
 }
 
-async fn serve_admin(http: TcpListener, admin: admin::Admin, mut stopping: watch::Receiver<bool>) {
-    let served = axum::serve(http, admin::router(admin))
-        .with_graceful_shutdown(async move {
-            let _ = stopping.wait_for(|s| *s).await;
-        })
-        .await;
+async fn serve_admin(
+    http: TcpListener,
+    tls: Option<Tls>,
+    admin: admin::Admin,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let stopped = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    let router = admin::router(admin);
+    let served = match tls {
+        Some(tls) => {
+            let listener = TlsListener::new(http, tls);
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+        None => {
+            axum::serve(http, router)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+    };
     if let Err(e) = served {
         tracing::error!(error = %e, "admin HTTP server failed");
+    }
+}
+
+/// The admin HTTP's connections once their TLS handshake completes (`tls_incoming`: bounded
+/// handshakes, the files in force at each connection).
+struct TlsListener {
+    incoming: tokio_stream::wrappers::ReceiverStream<
+        std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    >,
+    local: std::net::SocketAddr,
+}
+
+impl TlsListener {
+    fn new(listener: TcpListener, tls: Tls) -> TlsListener {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        TlsListener {
+            incoming: tls_incoming(listener, tls, Serving::AdminHttp),
+            local,
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use tokio_stream::StreamExt;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
+                    return (stream, peer);
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "admin connection failed"),
+                // The acceptor ended (the listener failed): serve nothing more.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
     }
 }
 
