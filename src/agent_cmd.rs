@@ -98,6 +98,10 @@ pub struct AgentArgs {
     /// certificate of the CA is optional (a gateway may prove itself with a token instead).
     #[arg(long, env = "ALLOT_GATEWAY_TLS")]
     gateway_tls: bool,
+    /// Serve the HTTP port (the HTTP/JSON lease API, metrics, status) over TLS with the
+    /// --tls-* certificate, HTTP/1.1; bearer tokens then cross it encrypted.
+    #[arg(long, env = "ALLOT_HTTP_TLS")]
+    http_tls: bool,
     /// Who may call the lease API, RLS and RLQS, and for which domains (a JSON file,
     /// docs/security.md). Without one, every caller may spend every domain.
     #[arg(long, env = "ALLOT_CALLERS", value_name = "FILE")]
@@ -143,6 +147,7 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.restored = args.restored;
     settings.tls = tls_flags(&args.tls)?;
     settings.gateway_tls = args.gateway_tls;
+    settings.http_tls = args.http_tls;
     settings.max_in_flight_calls = args.max_in_flight_calls;
     if let Some(path) = &args.callers {
         let callers = Callers::load(path).map_err(|e| e.to_string())?;

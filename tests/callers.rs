@@ -704,3 +704,56 @@ async fn a_changed_callers_file_applies_without_a_restart() {
     let (status, _) = post(&s.agent.http, "/v1/acquire", Some(PY_TOKEN), &body);
     assert_eq!(status, 403);
 }
+
+/// One HTTP/1.1 POST over TLS (the agent's certificate checked against the CA): the status.
+async fn post_tls(addr: &str, ca: &Path, path: &str, token: Option<&str>, body: &Value) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = allot_proto::tls::connect_admin(addr, ca)
+        .await
+        .expect("a TLS connection");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp).await;
+    String::from_utf8_lossy(&resp)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// With `--http-tls` the HTTP/JSON lease API (and the rest of the HTTP port) is served over
+/// TLS: tokens cross it encrypted, and a plaintext client gets nothing.
+#[tokio::test]
+async fn the_http_port_over_tls_takes_tokens_encrypted() {
+    let dir = scratch("callers", "http_tls", Some(LIMITS));
+    let certs = certs(&dir);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    agent_args(&mut cmd, &dir);
+    tls_args(&mut cmd, &certs);
+    cmd.arg("--http-tls")
+        .arg("--callers")
+        .arg(callers_file(&dir));
+    let agent = Process::start(cmd, "agent");
+    let ca = certs.join("ca.pem");
+    let body = json!({ "target": { "domain": "llm", "entries": [{ "key": "user", "value": "u8" }] },
+                       "cost_units": 1 });
+    let http = &agent.http;
+    assert_eq!(
+        post_tls(http, &ca, "/v1/acquire", Some(PY_TOKEN), &body).await,
+        200
+    );
+    assert_eq!(post_tls(http, &ca, "/v1/acquire", None, &body).await, 401);
+    // Plaintext on the TLS port: no HTTP answer at all.
+    let mut plain = TcpStream::connect(http.as_str()).expect("connects");
+    let _ = plain.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut resp = String::new();
+    let _ = plain.read_to_string(&mut resp);
+    assert!(!resp.starts_with("HTTP/"), "{resp}");
+}

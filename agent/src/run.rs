@@ -17,7 +17,7 @@ use crate::admin;
 use crate::coordinators::Coordinators;
 use crate::driver;
 use crate::error::{Error, Result};
-use allot_proto::tls::{Dialer, Serving, tls_incoming};
+use allot_proto::tls::{Dialer, Serving, TlsListener, tls_incoming};
 use tonic::service::interceptor::InterceptedService;
 
 use crate::callers::LiveCallers;
@@ -120,12 +120,25 @@ pub async fn run(
         callers.clone(),
         stop_rx.clone(),
     );
-    let http = axum::serve(
-        listeners.http,
-        admin::router(agent.clone(), link, handle, shed, callers),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let http = tokio::spawn(async move { http.await });
+    let router = admin::router(agent.clone(), link, handle, shed, callers);
+    let http_stop = stopped(stop_rx.clone());
+    let http = match (&agent.settings().tls, agent.settings().http_tls) {
+        (Some(tls), true) => {
+            let listener = TlsListener::new(listeners.http, tls.clone());
+            let served = axum::serve(listener, router).with_graceful_shutdown(http_stop);
+            tokio::spawn(async move { served.await })
+        }
+        _ => {
+            if agent.settings().callers.is_some() {
+                tracing::warn!(
+                    "callers file on a plaintext HTTP port: the HTTP/JSON lease API's bearer \
+                     tokens cross the network in the clear (--http-tls serves it over TLS)"
+                );
+            }
+            let served = axum::serve(listeners.http, router).with_graceful_shutdown(http_stop);
+            tokio::spawn(async move { served.await })
+        }
+    };
     agent.set_ready(true);
     tracing::info!(%grpc_addr, %http_addr, "agent ready");
     println!("ready grpc={grpc_addr} http={http_addr}");

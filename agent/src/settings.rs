@@ -107,6 +107,9 @@ pub struct Settings {
     /// Serve the gateway-facing gRPC port over TLS with `tls`'s certificate (a client
     /// certificate optional: callers may prove themselves with a token instead).
     pub gateway_tls: bool,
+    /// Serve the HTTP port (the HTTP/JSON lease API, metrics, status) over TLS with `tls`'s
+    /// certificate, HTTP/1.1.
+    pub http_tls: bool,
 }
 
 impl Settings {
@@ -133,6 +136,7 @@ impl Settings {
             callers: None,
             callers_file: None,
             gateway_tls: false,
+            http_tls: false,
             max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
         }
     }
@@ -170,10 +174,10 @@ impl Settings {
                     tls.me()
                 ));
             }
-            if self.coordinators.is_empty() && !self.gateway_tls {
+            if self.coordinators.is_empty() && !self.gateway_tls && !self.http_tls {
                 problems.push(
                     "TLS certificates are for the link to the coordinators (--coordinator) or \
-                     the gateway-facing port (--gateway-tls): name one"
+                     the agent's own ports (--gateway-tls, --http-tls): name one"
                         .to_owned(),
                 );
             }
@@ -183,6 +187,9 @@ impl Settings {
         }
         if self.gateway_tls && self.tls.is_none() {
             problems.push("--gateway-tls needs --tls-cert, --tls-key and --tls-ca".to_owned());
+        }
+        if self.http_tls && self.tls.is_none() {
+            problems.push("--http-tls needs --tls-cert, --tls-key and --tls-ca".to_owned());
         }
         if problems.is_empty() {
             Ok(())

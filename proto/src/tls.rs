@@ -423,6 +423,54 @@ pub fn tls_incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+#[cfg(feature = "axum")]
+/// An HTTP port's connections (axum's `Listener`) once their TLS handshake completes
+/// (`tls_incoming`: bounded handshakes, the files in force at each connection).
+pub struct TlsListener {
+    incoming: tokio_stream::wrappers::ReceiverStream<
+        std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    >,
+    local: std::net::SocketAddr,
+}
+
+#[cfg(feature = "axum")]
+impl TlsListener {
+    pub fn new(listener: tokio::net::TcpListener, tls: Tls) -> TlsListener {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        TlsListener {
+            incoming: tls_incoming(listener, tls, Serving::AdminHttp),
+            local,
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use tokio_stream::StreamExt;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
+                    return (stream, peer);
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "admin connection failed"),
+                // The acceptor ended (the listener failed): serve nothing more.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
 /// Most TLS handshakes in progress at once on one listener.
 pub const MAX_HANDSHAKES: usize = 256;
 /// Longest a handshake may take.

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_core::rebalance::CoordinatorConfig;
-use allot_proto::tls::{Peer, Serving, Tls, tls_incoming};
+use allot_proto::tls::{Peer, Tls, TlsListener};
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft};
 use tokio::net::TcpListener;
@@ -302,51 +302,6 @@ async fn serve_admin(
     };
     if let Err(e) = served {
         tracing::error!(error = %e, "admin HTTP server failed");
-    }
-}
-
-/// The admin HTTP's connections once their TLS handshake completes (`tls_incoming`: bounded
-/// handshakes, the files in force at each connection).
-struct TlsListener {
-    incoming: tokio_stream::wrappers::ReceiverStream<
-        std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
-    >,
-    local: std::net::SocketAddr,
-}
-
-impl TlsListener {
-    fn new(listener: TcpListener, tls: Tls) -> TlsListener {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
-        TlsListener {
-            incoming: tls_incoming(listener, tls, Serving::AdminHttp),
-            local,
-        }
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        use tokio_stream::StreamExt;
-        loop {
-            match self.incoming.next().await {
-                Some(Ok(stream)) => {
-                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
-                    return (stream, peer);
-                }
-                Some(Err(e)) => tracing::debug!(error = %e, "admin connection failed"),
-                // The acceptor ended (the listener failed): serve nothing more.
-                None => std::future::pending().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }
 
