@@ -6,11 +6,9 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Output};
 
-use support::{Process, eventually, scratch};
+use support::{Process, eventually, scratch, sha256_hex};
 
 const TOKEN: &str = "admin-4d1f9c";
 
@@ -18,18 +16,6 @@ fn limits(quota: u64) -> String {
     format!(
         "domain: shop\ndescriptors:\n  - key: strict\n    rate_limit: {{unit: day, requests_per_unit: {quota}}}\n"
     )
-}
-
-fn sha256_hex(token: &str) -> String {
-    let out = Command::new("sh")
-        .args(["-c", "printf %s \"$0\" | sha256sum", token])
-        .output()
-        .expect("sha256sum runs");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a digest")
-        .to_owned()
 }
 
 fn coordinator_cmd(dir: &std::path::Path, digest: &str) -> Command {
@@ -61,19 +47,8 @@ fn allot(token: Option<&str>, args: &[&str]) -> Output {
 
 /// One request with an optional `Authorization` value: the status code.
 fn status_of(addr: &str, method: &str, path: &str, authorization: Option<&str>) -> u16 {
-    let mut s = TcpStream::connect(addr).expect("admin HTTP");
     let auth = authorization.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Length: 0\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    resp.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    support::http_request(addr, method, path, &auth, "").0
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -152,19 +127,6 @@ fn a_bad_admin_digest_stops_the_node_at_start() {
     }
 }
 
-/// `allot certs init DIR` for node 1.
-fn certs(dir: &std::path::Path) -> std::path::PathBuf {
-    let certs = dir.to_owned();
-    let out = Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(["certs", "init"])
-        .arg(&certs)
-        .args(["--nodes", "1"])
-        .output()
-        .expect("allot runs");
-    assert!(out.status.success(), "{out:?}");
-    certs
-}
-
 /// `allot ARGS` with the environment `vars` (and neither admin variable otherwise).
 fn allot_with(vars: &[(&str, &str)], args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
@@ -181,16 +143,12 @@ fn allot_with(vars: &[(&str, &str)], args: &[&str]) -> Output {
 fn the_admin_http_over_tls_takes_the_cli_with_the_ca() {
     let dir = scratch("admin_token", "tls", None);
     std::fs::write(dir.join("limits.yaml"), limits(100)).expect("limits");
-    let certs = certs(&dir.join("certs"));
-    let other = certs_of_another_ca(&dir.join("other"));
+    let certs = support::certs_init(&dir.join("certs"), &["--nodes", "1"]);
+    // A second CA's set, for a client that must not trust the node.
+    let other = support::certs_init(&dir.join("other"), &["--nodes", "1"]);
     let mut cmd = coordinator_cmd(&dir, &sha256_hex(TOKEN));
-    cmd.arg("--tls-cert")
-        .arg(certs.join("node-1.pem"))
-        .arg("--tls-key")
-        .arg(certs.join("node-1-key.pem"))
-        .arg("--tls-ca")
-        .arg(certs.join("ca.pem"))
-        .arg("--admin-tls");
+    support::tls_args(&mut cmd, &certs, "node-1");
+    cmd.arg("--admin-tls");
     let node = Process::start(cmd, "coordinator");
     let https = format!("https://{}", node.http);
     let ca = certs.join("ca.pem").display().to_string();
@@ -230,9 +188,4 @@ fn the_admin_http_over_tls_takes_the_cli_with_the_ca() {
         text(&out.stdout).contains(" committed (1 rules)"),
         "{out:?}"
     );
-}
-
-/// A second CA's set, for a client that must not trust the node.
-fn certs_of_another_ca(dir: &std::path::Path) -> std::path::PathBuf {
-    certs(dir)
 }

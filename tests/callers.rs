@@ -30,7 +30,7 @@ use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
 use allot_proto::tls::{Dialer, TlsFiles};
 use serde_json::{Value, json};
-use support::{Process, scratch};
+use support::{Process, bearer_header, http_request, scratch, sha256_hex};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
@@ -53,6 +53,26 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000}
 ";
 
+/// The test's certificates: node 1, region `local`, gateways `edge` and `rogue`.
+fn certs(dir: &Path) -> PathBuf {
+    support::certs_init(
+        &dir.join("certs"),
+        &[
+            "--nodes",
+            "1",
+            "--regions",
+            "local",
+            "--gateways",
+            "edge,rogue",
+        ],
+    )
+}
+
+/// A JSON POST with an optional bearer token: the status and the body.
+fn post(addr: &str, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    http_request(addr, "POST", path, &bearer_header(token), &body.to_string())
+}
+
 /// `allot agent` args for region `local` with both limits files.
 fn agent_args(cmd: &mut Command, dir: &Path) {
     support::agent_args(cmd, dir, "local", None);
@@ -63,23 +83,6 @@ fn agent_args(cmd: &mut Command, dir: &Path) {
 
 const PY_TOKEN: &str = "py-token-7f3a";
 const OPS_TOKEN: &str = "ops-token-91c2";
-
-fn sha256_hex(token: &str) -> String {
-    let out = Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().expect("stdin").write_all(token.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("sha256sum runs");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a digest")
-        .to_owned()
-}
 
 /// edge (certificate): shop; py (token): llm; ops (token): every domain. `rogue` has a
 /// certificate of the CA but is not in the file.
@@ -92,38 +95,6 @@ fn callers_file(dir: &Path) -> PathBuf {
     let path = dir.join("callers.json");
     std::fs::write(&path, text.to_string()).expect("callers file");
     path
-}
-
-fn certs(dir: &Path) -> PathBuf {
-    let certs = dir.join("certs");
-    let out = Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(["certs", "init"])
-        .arg(&certs)
-        .args([
-            "--nodes",
-            "1",
-            "--regions",
-            "local",
-            "--gateways",
-            "edge,rogue",
-        ])
-        .output()
-        .expect("allot runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    certs
-}
-
-fn tls_args(cmd: &mut Command, certs: &Path) {
-    cmd.arg("--tls-cert")
-        .arg(certs.join("region-local.pem"))
-        .arg("--tls-key")
-        .arg(certs.join("region-local-key.pem"))
-        .arg("--tls-ca")
-        .arg(certs.join("ca.pem"));
 }
 
 struct Setup {
@@ -146,7 +117,7 @@ fn start(test: &str) -> Setup {
     let certs = certs(&dir);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     agent_args(&mut cmd, &dir);
-    tls_args(&mut cmd, &certs);
+    support::tls_args(&mut cmd, &certs, "region-local");
     cmd.arg("--gateway-tls")
         .arg("--callers")
         .arg(callers_file(&dir));
@@ -519,29 +490,6 @@ async fn rlqs_buckets_outside_the_callers_domains_are_denied() {
     assert_eq!(key["granted_units"].as_u64().unwrap_or(0), 0, "{key}");
 }
 
-/// One HTTP/1.1 POST of `body` with an optional bearer token: the status and the JSON body.
-fn post(addr: &str, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connects");
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
 #[tokio::test]
 async fn the_http_lease_api_takes_bearer_tokens() {
     let s = start("http");
@@ -736,7 +684,7 @@ async fn the_http_port_over_tls_takes_tokens_encrypted() {
     let certs = certs(&dir);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     agent_args(&mut cmd, &dir);
-    tls_args(&mut cmd, &certs);
+    support::tls_args(&mut cmd, &certs, "region-local");
     cmd.arg("--http-tls")
         .arg("--callers")
         .arg(callers_file(&dir));

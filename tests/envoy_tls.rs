@@ -102,15 +102,8 @@ fn start(test: &str) -> Setup {
     std::fs::write(&callers, text.to_string()).expect("callers file");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     support::agent_args(&mut cmd, &dir, "local", None);
-    cmd.arg("--tls-cert")
-        .arg(certs.join("region-local.pem"))
-        .arg("--tls-key")
-        .arg(certs.join("region-local-key.pem"))
-        .arg("--tls-ca")
-        .arg(certs.join("ca.pem"))
-        .arg("--gateway-tls")
-        .arg("--callers")
-        .arg(&callers);
+    support::tls_args(&mut cmd, &certs, "region-local");
+    cmd.arg("--gateway-tls").arg("--callers").arg(&callers);
     Setup {
         agent: Process::start(cmd, "agent"),
         certs,

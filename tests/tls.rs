@@ -27,7 +27,7 @@ use allot_proto::sync::v1::sync_client::SyncClient;
 use allot_proto::sync_convert::sync_up_to_wire;
 use allot_proto::tls::{Dialer, TlsFiles};
 use serde_json::Value;
-use support::{Process, eventually, free_port, get_json, slow_tier};
+use support::{Process, eventually, free_port, get_json, slow_tier, tls_args};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -41,36 +41,17 @@ descriptors:
 
 /// `allot certs init DIR/NAME` for nodes 1-3 and 9, regions a and b, gateway edge.
 fn certs(dir: &Path, name: &str) -> PathBuf {
-    let certs = dir.join(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(["certs", "init"])
-        .arg(&certs)
-        .args([
+    support::certs_init(
+        &dir.join(name),
+        &[
             "--nodes",
             "1,2,3,9",
             "--regions",
             "a,b",
             "--gateways",
             "edge",
-        ])
-        .output()
-        .expect("allot runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    certs
-}
-
-/// `--tls-cert DIR/STEM.pem --tls-key DIR/STEM-key.pem --tls-ca DIR/ca.pem`.
-fn tls_args(cmd: &mut Command, certs: &Path, stem: &str) {
-    cmd.arg("--tls-cert")
-        .arg(certs.join(format!("{stem}.pem")))
-        .arg("--tls-key")
-        .arg(certs.join(format!("{stem}-key.pem")))
-        .arg("--tls-ca")
-        .arg(certs.join("ca.pem"));
+        ],
+    )
 }
 
 fn coordinator(dir: &Path, certs: &Path, id: u64, grpc: &str, peers: &str) -> Process {

@@ -286,3 +286,96 @@ mod process {
 
 #[allow(unused_imports)]
 pub use process::*;
+
+// Shared by the security tests (TLS, callers, admin token, Envoy over TLS).
+#[allow(dead_code)]
+mod security {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+
+    use serde_json::Value;
+
+    /// `allot certs init DIR` with `args` (`--nodes 1 --regions a ...`); the folder.
+    pub fn certs_init(dir: &Path, args: &[&str]) -> PathBuf {
+        let out = Command::new(env!("CARGO_BIN_EXE_allot"))
+            .args(["certs", "init"])
+            .arg(dir)
+            .args(args)
+            .output()
+            .expect("allot runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir.to_owned()
+    }
+
+    /// `--tls-cert DIR/STEM.pem --tls-key DIR/STEM-key.pem --tls-ca DIR/ca.pem`.
+    pub fn tls_args(cmd: &mut Command, certs: &Path, stem: &str) {
+        cmd.arg("--tls-cert")
+            .arg(certs.join(format!("{stem}.pem")))
+            .arg("--tls-key")
+            .arg(certs.join(format!("{stem}-key.pem")))
+            .arg("--tls-ca")
+            .arg(certs.join("ca.pem"));
+    }
+
+    /// A token's SHA-256 in hex, by coreutils' `sha256sum` (not the code under test).
+    pub fn sha256_hex(token: &str) -> String {
+        let mut child = Command::new("sha256sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sha256sum runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(token.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("sha256sum");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .expect("a digest")
+            .to_owned()
+    }
+
+    /// One HTTP/1.1 request on its own connection, with extra header lines (each ending in
+    /// CRLF): the status (0 for no HTTP answer) and the body as JSON (Null when not JSON).
+    pub fn http_request(
+        addr: &str,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> (u16, Value) {
+        let mut s = TcpStream::connect(addr).expect("connects");
+        let _ = write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut resp = String::new();
+        let _ = s.read_to_string(&mut resp);
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    /// `Authorization: Bearer TOKEN\r\n`, or nothing.
+    pub fn bearer_header(token: Option<&str>) -> String {
+        token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"))
+    }
+}
+
+#[allow(unused_imports)]
+pub use security::*;
