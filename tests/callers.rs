@@ -83,6 +83,9 @@ fn agent_args(cmd: &mut Command, dir: &Path) {
 
 const PY_TOKEN: &str = "py-token-7f3a";
 const OPS_TOKEN: &str = "ops-token-91c2";
+const CAPPED_TOKEN: &str = "capped-token-5e07";
+/// The capped caller's `max_calls_per_sec`.
+const CAPPED_PER_SEC: u64 = 20;
 
 /// edge (certificate): shop; py (token): llm; ops (token): every domain. `rogue` has a
 /// certificate of the CA but is not in the file.
@@ -91,6 +94,8 @@ fn callers_file(dir: &Path) -> PathBuf {
         { "name": "edge", "certificate": true, "domains": ["shop"] },
         { "name": "py", "token_sha256": sha256_hex(PY_TOKEN), "domains": ["llm"] },
         { "name": "ops", "token_sha256": sha256_hex(OPS_TOKEN), "domains": ["*"] },
+        { "name": "capped", "token_sha256": sha256_hex(CAPPED_TOKEN), "domains": ["llm"],
+          "max_calls_per_sec": CAPPED_PER_SEC },
     ]});
     let path = dir.join("callers.json");
     std::fs::write(&path, text.to_string()).expect("callers file");
@@ -704,4 +709,38 @@ async fn the_http_port_over_tls_takes_tokens_encrypted() {
     let mut resp = String::new();
     let _ = plain.read_to_string(&mut resp);
     assert!(!resp.starts_with("HTTP/"), "{resp}");
+}
+
+/// A caller past its `max_calls_per_sec` is refused at once (`RESOURCE_EXHAUSTED`, HTTP 429)
+/// before its call is read; a caller without a cap is answered all along.
+#[tokio::test]
+async fn a_caller_past_its_calls_a_second_is_refused_and_the_others_are_not() {
+    let s = start("rate");
+    let anon = s.anonymous().await;
+    let started = std::time::Instant::now();
+    let (mut answered, mut over) = (0u64, 0u64);
+    for _ in 0..200 {
+        match acquire(&anon, Some(CAPPED_TOKEN), "llm").await {
+            Ok(_) => answered += 1,
+            Err(e) if e.code() == Code::ResourceExhausted => over += 1,
+            Err(e) => panic!("neither an answer nor over its rate: {e:?}"),
+        }
+        assert!(acquire(&anon, Some(PY_TOKEN), "llm").await.is_ok());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    // A second's burst, then the rate.
+    let most = CAPPED_PER_SEC as f64 * (1.0 + secs) + 1.0;
+    assert!(
+        answered >= CAPPED_PER_SEC && answered as f64 <= most,
+        "{answered} answered in {secs:.2} s"
+    );
+    assert!(over > 0);
+    let body = json!({ "target": { "domain": "llm", "entries": [{ "key": "user", "value": "u9" }] },
+                       "cost_units": 1 });
+    let (status, err) = post(&s.agent.http, "/v1/acquire", Some(CAPPED_TOKEN), &body);
+    let over_http = u64::from(status == 429);
+    if status == 429 {
+        assert_eq!(err["code"], "resource_exhausted", "{err}");
+    }
+    assert_eq!(s.refused("over_rate"), (over + over_http) as f64);
 }

@@ -56,14 +56,15 @@ fn target(domain: &str, value: &str) -> Option<pb::Target> {
 }
 
 /// One allowed unit for `victim`; the call's latency.
-async fn victim_call(client: &mut LeaseServiceClient<Channel>) -> Duration {
+async fn victim_call(client: &mut LeaseServiceClient<Channel>, token: Option<&str>) -> Duration {
     let started = Instant::now();
+    let request = pb::AcquireRequest {
+        target: target("api", "victim"),
+        cost_units: 1,
+        idempotency_key: String::new(),
+    };
     let r = client
-        .acquire(pb::AcquireRequest {
-            target: target("api", "victim"),
-            cost_units: 1,
-            idempotency_key: String::new(),
-        })
+        .acquire(with_token(request, token))
         .await
         .expect("the well-behaved gateway is answered");
     assert!(r.into_inner().decision.expect("decision").allowed);
@@ -78,6 +79,7 @@ enum Phase {
 /// the sender is dropped.
 fn victim_thread(
     grpc: &str,
+    token: Option<&str>,
     phases: &std::sync::mpsc::Receiver<Phase>,
     results: &std::sync::mpsc::Sender<Vec<Duration>>,
 ) {
@@ -93,7 +95,7 @@ fn victim_thread(
             .expect("connects");
         let mut client = LeaseServiceClient::new(channel);
         while let Ok(Phase::Run) = phases.recv() {
-            let run = victim_run(&mut client).await;
+            let run = victim_run(&mut client, token).await;
             if results.send(run).is_err() {
                 return;
             }
@@ -101,13 +103,26 @@ fn victim_thread(
     });
 }
 
-async fn victim_run(client: &mut LeaseServiceClient<Channel>) -> Vec<Duration> {
+async fn victim_run(
+    client: &mut LeaseServiceClient<Channel>,
+    token: Option<&str>,
+) -> Vec<Duration> {
     let mut latencies = Vec::with_capacity(VICTIM_CALLS);
     for _ in 0..VICTIM_CALLS {
-        latencies.push(victim_call(client).await);
+        latencies.push(victim_call(client, token).await);
     }
     latencies.sort();
     latencies
+}
+
+/// `message` with `authorization: Bearer TOKEN` when a token is given.
+fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some(t) = token {
+        let value = format!("Bearer {t}").parse().expect("ascii");
+        r.metadata_mut().insert("authorization", value);
+    }
+    r
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -337,7 +352,7 @@ async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
     let (to_victim, phases) = std::sync::mpsc::channel::<Phase>();
     let (results, from_victim) = std::sync::mpsc::channel::<Vec<Duration>>();
     let victim_addr = agent.grpc.clone();
-    let victim = std::thread::spawn(move || victim_thread(&victim_addr, &phases, &results));
+    let victim = std::thread::spawn(move || victim_thread(&victim_addr, None, &phases, &results));
     let measure = |runs: usize| {
         let mut all = Vec::new();
         for _ in 0..runs {
@@ -450,4 +465,141 @@ async fn many_keys_on(grpc: String, task: usize, tasks: usize) -> u64 {
         .await
         .expect("connects");
     many_keys(channel, task, tasks).await
+}
+
+const CAPPED_FLOOD_PER_SEC: u64 = 100;
+
+/// Lease batches of 64 new keys as `token` until `stop`: calls answered, and refused as past
+/// the caller's rate.
+async fn flood_until(
+    grpc: String,
+    token: &'static str,
+    task: usize,
+    stop: Arc<AtomicBool>,
+) -> (u64, u64) {
+    let channel = Channel::from_shared(format!("http://{grpc}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    let mut client = LeaseServiceClient::new(channel);
+    let (mut answered, mut over) = (0, 0);
+    let mut next = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let leases = (next..next + 64)
+            .map(|i| pb::LeaseRequest {
+                target: target("api", &format!("{token}-{task}-{i}")),
+                units_wanted: 1,
+                min_units: 1,
+                ttl_ms: 1_000,
+                ..Default::default()
+            })
+            .collect();
+        next += 64;
+        match client
+            .lease_batch(with_token(pb::LeaseBatchRequest { leases }, Some(token)))
+            .await
+        {
+            Ok(_) => answered += 1,
+            Err(e) if e.code() == Code::ResourceExhausted => over += 1,
+            Err(e) => panic!("the flood got {e:?}"),
+        }
+    }
+    (answered, over)
+}
+
+/// The same key flood from a named caller without a cap, then from one capped by
+/// `max_calls_per_sec` (D59): the capped flood's calls past its rate are refused before they
+/// are read, and the well-behaved gateway's latency is printed for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_callers_flood_is_refused_before_it_is_read() {
+    if !slow_tier() {
+        return;
+    }
+    let dir = scratch("hostile", "capped", Some(LIMITS));
+    let callers = dir.join("callers.json");
+    let entry = |name: &str, token: &str, cap: Option<u64>| {
+        let mut e = serde_json::json!({ "name": name, "token_sha256": support::sha256_hex(token),
+                                        "domains": ["*"] });
+        if let Some(c) = cap {
+            e["max_calls_per_sec"] = c.into();
+        }
+        e
+    };
+    let file = serde_json::json!({ "callers": [
+        entry("victim", "victim-t", None),
+        entry("flood", "flood-t", None),
+        entry("capped", "capped-t", Some(CAPPED_FLOOD_PER_SEC)),
+    ]});
+    std::fs::write(&callers, file.to_string()).expect("callers file");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    support::agent_args(&mut cmd, &dir, "local", None);
+    cmd.arg("--callers").arg(&callers);
+    let agent = Process::start(cmd, "agent");
+
+    let (to_victim, phases) = std::sync::mpsc::channel::<Phase>();
+    let (results, from_victim) = std::sync::mpsc::channel::<Vec<Duration>>();
+    let victim_addr = agent.grpc.clone();
+    let victim = std::thread::spawn(move || {
+        victim_thread(&victim_addr, Some("victim-t"), &phases, &results);
+    });
+    let measure = |runs: usize| {
+        let mut all = Vec::new();
+        for _ in 0..runs {
+            to_victim.send(Phase::Run).expect("victim");
+            all.extend(from_victim.recv().expect("a run"));
+        }
+        all.sort();
+        all
+    };
+    measure(1); // warm up
+    let mut table = vec![("nothing (baseline)".to_owned(), measure(2), 0, 0)];
+    for (what, token) in [
+        ("a key flood, uncapped", "flood-t"),
+        ("the same flood, capped at 100 calls a second", "capped-t"),
+    ] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let floods: Vec<_> = (0..2)
+            .map(|t| tokio::spawn(flood_until(agent.grpc.clone(), token, t, stop.clone())))
+            .collect();
+        let started = Instant::now();
+        let during = measure(2);
+        let secs = started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let (mut answered, mut over) = (0, 0);
+        for f in floods {
+            let (a, o) = f.await.expect("a flood");
+            answered += a;
+            over += o;
+        }
+        if token == "capped-t" {
+            let most = CAPPED_FLOOD_PER_SEC as f64 * (1.0 + secs + 1.0);
+            assert!(
+                answered as f64 <= most,
+                "{answered} calls answered in {secs:.2} s"
+            );
+            assert!(over > 0, "the flood never passed its rate");
+        }
+        table.push((what.to_owned(), during, answered, over));
+    }
+    drop(to_victim);
+    victim.join().expect("the victim thread");
+
+    let victim_calls = VICTIM_CALLS as u64 + table.iter().map(|t| t.1.len() as u64).sum::<u64>();
+    let key = agent.json("/v1/keys?domain=api&descriptor=user=victim");
+    assert_eq!(key["granted_units"].as_u64(), Some(victim_calls), "{key}");
+    let p = |v: &[Duration], q| percentile(v, q).as_secs_f64() * 1e3;
+    let base_p99 = p(&table[0].1, 0.99);
+    println!(
+        "| the well-behaved gateway, during | p50 | p99 | p99 / baseline | flood calls answered | refused |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (what, v, answered, over) in &table {
+        println!(
+            "| {what} | {:.2} ms | {:.2} ms | {:.1}x | {answered} | {over} |",
+            p(v, 0.5),
+            p(v, 0.99),
+            p(v, 0.99) / base_p99
+        );
+    }
 }

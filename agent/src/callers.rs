@@ -8,7 +8,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
+
+use allot_core::algo::gcra::{Gcra, GcraState};
+use allot_core::limit::RateCap;
+use allot_core::time::Timestamp;
 
 use allot_proto::tls::{self, Peer};
 use serde::Deserialize;
@@ -21,14 +25,43 @@ pub const MAX_CALLERS_FILE_BYTES: u64 = 1024 * 1024;
 pub const MAX_CALLERS: usize = 10_000;
 
 /// One named caller and its scope.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Caller {
     pub name: String,
     /// `None`: every domain (`"*"` in the file).
     domains: Option<BTreeSet<String>>,
+    /// `max_calls_per_sec`: its share of the agent, a GCRA with a second's burst.
+    rate: Option<CallRate>,
+}
+
+#[derive(Debug)]
+struct CallRate {
+    per_sec: u64,
+    gcra: Gcra,
+    state: Mutex<GcraState>,
+}
+
+impl PartialEq for Caller {
+    fn eq(&self, other: &Caller) -> bool {
+        self.name == other.name && self.domains == other.domains
+    }
 }
 
 impl Caller {
+    /// Takes one call from the caller's rate, if it has one: `Err(per_sec)` when it is past it.
+    pub fn take_call(&self) -> std::result::Result<(), u64> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        let now = Timestamp::from_unix_nanos(monotonic_nanos());
+        let mut state = rate.state.lock().unwrap_or_else(|p| p.into_inner());
+        if rate.gcra.check(&mut state, now, 1).is_allowed() {
+            Ok(())
+        } else {
+            Err(rate.per_sec)
+        }
+    }
+
     /// Whether this caller may spend `domain`'s quotas.
     pub fn may(&self, domain: &str) -> bool {
         self.domains.as_ref().is_none_or(|d| d.contains(domain))
@@ -71,6 +104,8 @@ struct EntryJson {
     /// Or with `Authorization: Bearer TOKEN`: the token's SHA-256, in hex.
     token_sha256: Option<String>,
     domains: Vec<String>,
+    /// Most calls a second this caller may make (a second's worth at once); absent: no cap.
+    max_calls_per_sec: Option<u64>,
 }
 
 /// Why a call was not let through.
@@ -80,6 +115,8 @@ pub enum Refusal {
     Unauthenticated,
     /// A named caller, outside its domains: `what` is `domain NAME` or `limit ID`.
     OutOfScope { caller: String, what: String },
+    /// A named caller past its `max_calls_per_sec`.
+    OverRate { caller: String, per_sec: u64 },
 }
 
 impl Callers {
@@ -142,9 +179,22 @@ impl Callers {
         }
         let domains = (!entry.domains.iter().any(|d| d == "*"))
             .then(|| entry.domains.iter().cloned().collect());
+        if entry.max_calls_per_sec == Some(0) {
+            return Err("max_calls_per_sec is 0: it could never call".into());
+        }
+        let rate = entry.max_calls_per_sec.map(|per_sec| CallRate {
+            per_sec,
+            gcra: Gcra::new(RateCap {
+                units: per_sec,
+                per: Duration::from_secs(1),
+                burst: per_sec,
+            }),
+            state: Mutex::new(GcraState::default()),
+        });
         let caller = Arc::new(Caller {
             name: entry.name.clone(),
             domains,
+            rate,
         });
         if let Some(d) = digest
             && self.by_token.insert(d, caller.clone()).is_some()
@@ -233,6 +283,14 @@ impl LiveCallers {
     }
 }
 
+/// Nanoseconds on a clock that never goes back, for the callers' rates.
+fn monotonic_nanos() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    // Past zero, so that a fresh GCRA state (TAT 0) reads as idle.
+    let since = START.get_or_init(Instant::now).elapsed() + Duration::from_secs(1);
+    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
@@ -310,6 +368,25 @@ mod tests {
             callers.identify(Some(&Peer::Region("edge".into())), None),
             None
         );
+    }
+
+    #[test]
+    fn a_capped_caller_takes_a_seconds_burst_then_is_refused() {
+        let callers = Callers::parse(&format!(
+            r#"{{"callers": [{{"name": "c", "token_sha256": "{}", "domains": ["*"],
+                               "max_calls_per_sec": 3}}]}}"#,
+            hex(tls::token_sha256("t"))
+        ))
+        .expect("valid");
+        let c = callers.identify(None, Some("Bearer t")).expect("named");
+        for i in 0..3 {
+            assert_eq!(c.take_call(), Ok(()), "call {i} of the burst");
+        }
+        assert_eq!(c.take_call(), Err(3));
+        assert!(Callers::parse(
+            r#"{"callers": [{"name": "z", "certificate": true, "domains": ["*"], "max_calls_per_sec": 0}]}"#
+        )
+        .is_err());
     }
 
     #[test]

@@ -133,7 +133,7 @@ fn describe() {
     );
     describe_counter!(
         REFUSED_CALLERS,
-        "Gateway-facing calls refused by the callers file (D59), by kind: unauthenticated, out_of_scope."
+        "Gateway-facing calls refused by the callers file (D59), by kind: unauthenticated, out_of_scope, over_rate (past the caller's max_calls_per_sec)."
     );
     describe_counter!(
         STORE_BATCHES,

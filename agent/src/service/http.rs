@@ -231,21 +231,29 @@ async fn authenticate(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match callers.identify(None, authorization) {
-        Some(caller) => {
-            request.extensions_mut().insert(caller);
-            next.run(request).await
-        }
-        None => {
-            let s = super::refused(Refusal::Unauthenticated);
-            (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                Json(error_json(s.code(), s.message())),
-            )
-                .into_response()
-        }
+    let Some(caller) = callers.identify(None, authorization) else {
+        let s = super::refused(Refusal::Unauthenticated);
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(error_json(s.code(), s.message())),
+        )
+            .into_response();
+    };
+    if let Err(per_sec) = caller.take_call() {
+        let s = super::refused(Refusal::OverRate {
+            caller: caller.name.clone(),
+            per_sec,
+        });
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            Json(error_json(s.code(), s.message())),
+        )
+            .into_response();
     }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 /// The caller `authenticate` named, if any, carried into the lease API's request as the

@@ -36,13 +36,17 @@ impl tonic::service::Interceptor for Authenticate {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        match callers.identify(peer.as_ref(), authorization) {
-            Some(caller) => {
-                request.extensions_mut().insert(caller);
-                Ok(request)
-            }
-            None => Err(refused(Refusal::Unauthenticated)),
+        let caller = callers
+            .identify(peer.as_ref(), authorization)
+            .ok_or_else(|| refused(Refusal::Unauthenticated))?;
+        if let Err(per_sec) = caller.take_call() {
+            return Err(refused(Refusal::OverRate {
+                caller: caller.name.clone(),
+                per_sec,
+            }));
         }
+        request.extensions_mut().insert(caller);
+        Ok(request)
     }
 }
 
@@ -77,6 +81,13 @@ pub fn refused(r: Refusal) -> Status {
                 "no known caller: present a gateway certificate or an `authorization: Bearer` \
                  token the agent's callers file names",
             )
+        }
+        Refusal::OverRate { caller, per_sec } => {
+            metrics::refused_caller("over_rate");
+            Status::resource_exhausted(format!(
+                "caller {caller} is past its {per_sec} calls a second (max_calls_per_sec in \
+                 the callers file)"
+            ))
         }
         Refusal::OutOfScope { caller, what } => {
             metrics::refused_caller("out_of_scope");
