@@ -1,6 +1,8 @@
 //! The gRPC services: the lease API (`allot.lease.v1.LeaseService`) and Envoy's rate limit
-//! service v3 (`ShouldRateLimit`), and the lease API again as HTTP/JSON (`http.rs`). Thin: convert the request (`crate::convert`), ask the
-//! agent, convert the answer. The only place `tonic::Status` is built.
+//! service v3 (`ShouldRateLimit`), and the lease API again as HTTP/JSON (`http.rs`). Thin:
+//! convert the request (`crate::convert`), ask the agent, convert the answer. In front of
+//! them: [`Authenticate`] names each call's caller (D59), and `shed.rs` refuses calls past the
+//! in-flight cap (D61). The only place `tonic::Status` is built (RLQS builds its stream's own).
 
 pub mod headers;
 pub mod http;
