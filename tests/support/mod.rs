@@ -240,8 +240,7 @@ mod process {
 
     /// A loopback port nothing listens on now (the test binds it next).
     pub fn free_port() -> u16 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("address").port()
+        allot_bench::process::free_loopback_port().expect("a free port")
     }
 
     /// Whether the slow tier runs (`ALLOT_SLOW_TESTS=1`, which `.ci/run` sets).
