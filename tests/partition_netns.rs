@@ -225,15 +225,21 @@ async fn drive(
     }
 }
 
-/// Reads the nodes' status every `STATUS_EVERY` until `stop`, and from the one leading the
+/// Reads the nodes' status every `STATUS_EVERY` until `stop` (and once after it), and from the one leading the
 /// bound per window of each limit and each region's round trip.
 fn watch_coordinator(
     http: Vec<(u64, String)>,
     stop: Arc<AtomicBool>,
     watched: Arc<Mutex<Watched>>,
 ) {
-    while !stop.load(Ordering::Relaxed) {
+    loop {
+        // Read once more after `stop`: the load has ended by then, so its last grants' window
+        // (begun after the sample before, perhaps) has its bound read too.
+        let stopping = stop.load(Ordering::Relaxed);
         let Some((id, status)) = leader_status(&http) else {
+            if stopping {
+                return;
+            }
             std::thread::sleep(STATUS_EVERY);
             continue;
         };
@@ -267,6 +273,9 @@ fn watch_coordinator(
             }
         }
         drop(w);
+        if stopping {
+            return;
+        }
         std::thread::sleep(STATUS_EVERY);
     }
 }
