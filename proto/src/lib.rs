@@ -14,6 +14,7 @@
 //! agent speaks it. The sync stream's live here, because two daemons speak it.
 
 pub mod error;
+pub mod ports;
 pub mod sync_convert;
 pub mod tls;
 

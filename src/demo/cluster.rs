@@ -36,46 +36,12 @@ pub struct Cluster {
     relays: Vec<Relay>,
 }
 
-/// A loopback port nothing listens on now (the child binds it next). A node's ports are
-/// fixed before it starts: the others name it by them, and a restart keeps them.
-///
-/// Drawn below the kernel's ephemeral range: a port from that range can be taken, between
-/// this check and the child's bind, by any outgoing connection (the daemons' own dials to
-/// each other), which made a node fail to start now and then.
+/// A loopback port nothing listens on now (the child binds it next; `allot_proto::ports`). A
+/// node's ports are fixed before it starts: the others name it by them, and a restart keeps
+/// them.
 fn free_port() -> Result<u16, String> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static DRAWS: AtomicU64 = AtomicU64::new(0);
-    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let low = 10_000u16.min(ephemeral_from.saturating_sub(1_000));
-    let span = u64::from(ephemeral_from.saturating_sub(low).max(1));
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ u64::from(std::process::id()).rotate_left(20);
-    for _ in 0..FREE_PORT_TRIES {
-        // splitmix64 over a counter: distinct draws within this process, spread across them.
-        let mut z = seed.wrapping_add(
-            DRAWS
-                .fetch_add(1, Ordering::Relaxed)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        );
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let port = low + (z % span) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(format!(
-        "no free port below {ephemeral_from} after {FREE_PORT_TRIES} tries"
-    ))
+    allot_proto::ports::free_loopback_port().map_err(|e| format!("no free port: {e}"))
 }
-
-const FREE_PORT_TRIES: usize = 200;
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
