@@ -75,6 +75,44 @@ enum Phase {
     Run,
 }
 
+/// The well-behaved gateway, on its own thread and runtime, so that its latency is the agent's
+/// and the machine's, not a wait behind the attackers' tasks in this process.
+struct Victim {
+    runs: std::sync::mpsc::Sender<Phase>,
+    results: std::sync::mpsc::Receiver<Vec<Duration>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Victim {
+    fn start(grpc: &str, token: Option<&'static str>) -> Victim {
+        let (runs, phases) = std::sync::mpsc::channel::<Phase>();
+        let (answers, results) = std::sync::mpsc::channel::<Vec<Duration>>();
+        let grpc = grpc.to_owned();
+        let thread = std::thread::spawn(move || victim_thread(&grpc, token, &phases, &answers));
+        Victim {
+            runs,
+            results,
+            thread,
+        }
+    }
+
+    /// `runs` times `VICTIM_CALLS` calls: their latencies, sorted.
+    fn measure(&self, runs: usize) -> Vec<Duration> {
+        let mut all = Vec::new();
+        for _ in 0..runs {
+            self.runs.send(Phase::Run).expect("victim");
+            all.extend(self.results.recv().expect("a run"));
+        }
+        all.sort();
+        all
+    }
+
+    fn finish(self) {
+        drop(self.runs);
+        self.thread.join().expect("the victim thread");
+    }
+}
+
 /// Runs `VICTIM_CALLS` calls for each `Phase::Run` received, answering their latencies, until
 /// the sender is dropped.
 fn victim_thread(
@@ -347,21 +385,8 @@ async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
             .await
             .expect("connects")
     };
-    // The well-behaved gateway runs on its own thread and runtime, so that its latency is the
-    // agent's and the machine's, not a wait behind the attackers' tasks in this process.
-    let (to_victim, phases) = std::sync::mpsc::channel::<Phase>();
-    let (results, from_victim) = std::sync::mpsc::channel::<Vec<Duration>>();
-    let victim_addr = agent.grpc.clone();
-    let victim = std::thread::spawn(move || victim_thread(&victim_addr, None, &phases, &results));
-    let measure = |runs: usize| {
-        let mut all = Vec::new();
-        for _ in 0..runs {
-            to_victim.send(Phase::Run).expect("victim");
-            all.extend(from_victim.recv().expect("a run"));
-        }
-        all.sort();
-        all
-    };
+    let victim = Victim::start(&agent.grpc, None);
+    let measure = |runs| victim.measure(runs);
     measure(1); // warm up
     let rss_before = rss_bytes(pid);
     let mut table = vec![("nothing (baseline)", measure(2))];
@@ -410,8 +435,7 @@ async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
     during.sort();
     let attack_secs = attack_started.elapsed().as_secs_f64();
     table.push(("all of them and a million keys", during));
-    drop(to_victim);
-    victim.join().expect("the victim thread");
+    victim.finish();
     let mut degraded = 0;
     for k in keys {
         degraded += k.await.expect("the key flood");
@@ -537,21 +561,8 @@ async fn a_capped_callers_flood_is_refused_before_it_is_read() {
     cmd.arg("--callers").arg(&callers);
     let agent = Process::start(cmd, "agent");
 
-    let (to_victim, phases) = std::sync::mpsc::channel::<Phase>();
-    let (results, from_victim) = std::sync::mpsc::channel::<Vec<Duration>>();
-    let victim_addr = agent.grpc.clone();
-    let victim = std::thread::spawn(move || {
-        victim_thread(&victim_addr, Some("victim-t"), &phases, &results);
-    });
-    let measure = |runs: usize| {
-        let mut all = Vec::new();
-        for _ in 0..runs {
-            to_victim.send(Phase::Run).expect("victim");
-            all.extend(from_victim.recv().expect("a run"));
-        }
-        all.sort();
-        all
-    };
+    let victim = Victim::start(&agent.grpc, Some("victim-t"));
+    let measure = |runs| victim.measure(runs);
     measure(1); // warm up
     let mut table = vec![("nothing (baseline)".to_owned(), measure(2), 0, 0)];
     for (what, token) in [
@@ -582,8 +593,7 @@ async fn a_capped_callers_flood_is_refused_before_it_is_read() {
         }
         table.push((what.to_owned(), during, answered, over));
     }
-    drop(to_victim);
-    victim.join().expect("the victim thread");
+    victim.finish();
 
     let victim_calls = VICTIM_CALLS as u64 + table.iter().map(|t| t.1.len() as u64).sum::<u64>();
     let key = agent.json("/v1/keys?domain=api&descriptor=user=victim");
