@@ -99,7 +99,9 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::Idempotency(i) => idempotency_key(i.request.0),
         PersistRecord::IdempotencyUnfingerprinted(i) => idempotency_key(i.request.0),
         PersistRecord::IdempotencyExpired { request } => idempotency_key(request.0),
-        PersistRecord::Stats(s) => stats_key(&s.limit, s.window),
+        PersistRecord::Stats(s) | PersistRecord::StatsUncharged { stats: s, .. } => {
+            stats_key(&s.limit, s.window)
+        }
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
         PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
         PersistRecord::RestoredBefore { .. } => RESTORED.to_vec(),

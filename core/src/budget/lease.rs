@@ -555,7 +555,7 @@ impl RegionBudget {
         };
         let window = lim.params.window_index(now);
         if let Some(w) = lim.stats.window_mut(window) {
-            w.uncharged_units = w.uncharged_units.saturating_add(units);
+            w.add_uncharged(units);
         }
     }
 
@@ -584,7 +584,7 @@ impl RegionBudget {
                 .get_mut(&target.limit)
                 .and_then(|l| l.stats.window_mut(target.window));
             if let Some(w) = window {
-                w.settle_clamped_units = w.settle_clamped_units.saturating_add(clamped);
+                w.add_settle_clamped(clamped);
             }
         }
         (charged, clamped)

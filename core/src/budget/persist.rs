@@ -108,6 +108,16 @@ pub enum PersistRecord {
         key: KeyRecord,
         carry_units: u64,
     },
+    /// A window's summed bound figures with units used and charged nowhere (settles clamped
+    /// at their cap, gateways' admissions no lease held): a restart must still report them,
+    /// or the coordinator would state the window bounded. Written instead of `Stats` while
+    /// there are any, under the same store key. Last, so that the layouts written before it
+    /// existed still read (they hold none).
+    StatsUncharged {
+        stats: StatsRecord,
+        settle_clamped_units: u64,
+        uncharged_units: u64,
+    },
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -309,7 +319,7 @@ impl RegionBudget {
         }
         for lim in self.limits.values() {
             for (window, w) in lim.stats.windows().filter(|(_, w)| w.saved) {
-                out.push(PersistRecord::Stats(stats_record(lim.id(), window, w)));
+                out.push(stats_record(lim.id(), window, w));
             }
         }
         for (id, e) in self.idempotency.iter() {
@@ -437,7 +447,7 @@ impl RegionBudget {
                     .get(&limit)
                     .and_then(|l| l.stats.window(window).map(|w| (l, w)));
                 match kept {
-                    Some((lim, w)) => PersistRecord::Stats(stats_record(lim.id(), window, w)),
+                    Some((lim, w)) => stats_record(lim.id(), window, w),
                     None => PersistRecord::StatsForgotten { limit, window },
                 }
             }
@@ -528,20 +538,12 @@ impl RegionBudget {
                 self.idempotency.restore(i.request, entry);
             }
             PersistRecord::IdempotencyExpired { request } => self.idempotency.remove(request),
-            PersistRecord::Stats(r) => {
-                if let Some(lim) = self.limits.get_mut(&r.limit) {
-                    let figures = BoundFigures {
-                        time_open: r.time_open,
-                        fail_open_units: r.fail_open_units,
-                        settle_overage_units: r.settle_overage_units,
-                        peak_grant_units_per_sec: 0,
-                        // Not in the record: see `WindowStats::settle_clamped_units`.
-                        settle_clamped_units: 0,
-                        uncharged_units: 0,
-                    };
-                    lim.stats.restore(r.window, figures);
-                }
-            }
+            PersistRecord::Stats(r) => self.restore_stats(r, 0, 0),
+            PersistRecord::StatsUncharged {
+                stats,
+                settle_clamped_units,
+                uncharged_units,
+            } => self.restore_stats(stats, settle_clamped_units, uncharged_units),
             PersistRecord::StatsForgotten { limit, window } => {
                 if let Some(lim) = self.limits.get_mut(&limit) {
                     lim.stats.forget(window);
@@ -553,6 +555,21 @@ impl RegionBudget {
             PersistRecord::ClockCorrection(c) => {
                 self.view.set_clock_correction(c);
             }
+        }
+    }
+
+    /// A window's summed bound figures, merged by max (they only grow).
+    fn restore_stats(&mut self, r: StatsRecord, settle_clamped_units: u64, uncharged_units: u64) {
+        if let Some(lim) = self.limits.get_mut(&r.limit) {
+            let figures = BoundFigures {
+                time_open: r.time_open,
+                fail_open_units: r.fail_open_units,
+                settle_overage_units: r.settle_overage_units,
+                peak_grant_units_per_sec: 0,
+                settle_clamped_units,
+                uncharged_units,
+            };
+            lim.stats.restore(r.window, figures);
         }
     }
 
@@ -710,13 +727,22 @@ fn key_record(lim: &LimitState, name: &str, ks: &KeyState) -> KeyRecord {
     }
 }
 
-fn stats_record(limit: &LimitId, window: WindowIndex, w: &WindowStats) -> StatsRecord {
-    StatsRecord {
+/// A window's summed figures: `StatsUncharged` while it has uncharged units, else `Stats`.
+fn stats_record(limit: &LimitId, window: WindowIndex, w: &WindowStats) -> PersistRecord {
+    let stats = StatsRecord {
         limit: limit.clone(),
         window,
         time_open: w.time_open,
         fail_open_units: w.fail_open_units,
         settle_overage_units: w.settle_overage_units,
+    };
+    if w.settle_clamped_units == 0 && w.uncharged_units == 0 {
+        return PersistRecord::Stats(stats);
+    }
+    PersistRecord::StatsUncharged {
+        stats,
+        settle_clamped_units: w.settle_clamped_units,
+        uncharged_units: w.uncharged_units,
     }
 }
 

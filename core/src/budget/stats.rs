@@ -20,12 +20,12 @@ pub struct WindowStats {
     pub settle_overage_units: u64,
     /// Units settles claimed above their cap (`max_settle_overage`): not charged. Reported
     /// with the bound figures (a window with any is unbounded; the coordinator keeps the
-    /// largest reported). Not persisted yet: a restart before the next SyncUp forgets it. The
-    /// region-wide total is in [`RegionStats`].
+    /// largest reported) and persisted (`PersistRecord::StatsUncharged`), so a restart before
+    /// the next SyncUp still reports it. The region-wide total is in [`RegionStats`].
     #[serde(default)]
     pub settle_clamped_units: u64,
     /// Units gateways reported admitted that no lease could be charged with
-    /// ([`crate::sync::BoundFigures::uncharged_units`]). Not persisted, as above.
+    /// ([`crate::sync::BoundFigures::uncharged_units`]). Persisted, as above.
     #[serde(default)]
     pub uncharged_units: u64,
     /// Units admitted beyond the allowance by the open partition policy.
@@ -78,6 +78,16 @@ impl WindowStats {
     /// restarting from zero would hide what it measured before the crash.
     pub(crate) fn add_settle_overage(&mut self, units: u64) {
         self.settle_overage_units = self.settle_overage_units.saturating_add(units);
+        self.unsaved = true;
+    }
+
+    pub(crate) fn add_settle_clamped(&mut self, units: u64) {
+        self.settle_clamped_units = self.settle_clamped_units.saturating_add(units);
+        self.unsaved = true;
+    }
+
+    pub(crate) fn add_uncharged(&mut self, units: u64) {
+        self.uncharged_units = self.uncharged_units.saturating_add(units);
         self.unsaved = true;
     }
 
@@ -151,6 +161,8 @@ impl LimitStats {
             s.time_open = s.time_open.max(figures.time_open);
             s.fail_open_units = s.fail_open_units.max(figures.fail_open_units);
             s.settle_overage_units = s.settle_overage_units.max(figures.settle_overage_units);
+            s.settle_clamped_units = s.settle_clamped_units.max(figures.settle_clamped_units);
+            s.uncharged_units = s.uncharged_units.max(figures.uncharged_units);
             s.saved = true;
         }
     }

@@ -162,6 +162,50 @@ fn summed_figures_survive_a_restart_and_the_peak_starts_again() {
     );
 }
 
+/// Units used and charged nowhere make the coordinator state their window unbounded: a
+/// region that restarts before its next SyncUp must still report them, or that window would
+/// read as bounded. From the drained log and from a snapshot alike.
+#[test]
+fn clamped_settles_and_uncharged_admissions_survive_a_restart() {
+    let spec = || vec![per_minute_settling("api", 400, 10)];
+    let mut b = budget(spec());
+    let g = granted(
+        b.lease(at(0), lease_req("api", "k", 50, 30))
+            .expect("lease"),
+    );
+    // A cap of 10% of 50: 5 charged above the lease, 15 clamped.
+    b.settle(at(100), g.lease, 70, None).expect("settle");
+    b.record_uncharged(at(200), &lim("api"), 4);
+    let log = b.drain_dirty();
+    assert!(
+        log.iter().any(|r| matches!(
+            r,
+            PersistRecord::StatsUncharged {
+                settle_clamped_units: 15,
+                uncharged_units: 4,
+                ..
+            }
+        )),
+        "written before the answers: {log:?}"
+    );
+    for restored in [
+        RegionBudget::restore(cfg(), spec(), log).expect("restore"),
+        RegionBudget::restore(cfg(), spec(), b.snapshot()).expect("restore"),
+    ] {
+        let mut r = restored;
+        let up = r.poll_transmit(at(1_000)).expect("sync");
+        let f = figures_in(&up, minute_window(0)).expect("figures");
+        assert_eq!(
+            (
+                f.settle_overage_units,
+                f.settle_clamped_units,
+                f.uncharged_units
+            ),
+            (5, 15, 4)
+        );
+    }
+}
+
 #[test]
 fn windows_dropped_from_the_stats_are_erased_from_the_store() {
     let mut b = budget(vec![per_minute_settling("api", 400, 100)]);
