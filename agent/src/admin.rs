@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use allot_core::budget::inspect::PreviousWindow;
 use allot_core::limit::{Consistency, PartitionPolicy};
 use axum::Json;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 
@@ -46,6 +47,7 @@ pub fn router(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/v1/keys", get(key))
+        .route("/v1/keys/watch", post(watch_key))
         .route("/v1/status", get(status))
         .with_state(Admin {
             agent: agent.clone(),
@@ -142,13 +144,22 @@ async fn ready(State(a): State<Admin>) -> Response {
 }
 
 async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -> Response {
+    key_view(a, q, false)
+}
+
+/// `POST /v1/keys/watch`: the key's view, and from now on its closed windows' counts.
+async fn watch_key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -> Response {
+    key_view(a, q, true)
+}
+
+fn key_view(a: Admin, q: HashMap<String, String>, watch: bool) -> Response {
     let target = match parse_target(&q) {
         Ok(t) => t,
         Err(msg) => {
             return (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response();
         }
     };
-    let state = match a.agent.key_state(&target) {
+    let state = match a.agent.key_state_watching(&target, watch) {
         Ok(Some(s)) => s,
         Ok(None) => {
             let body = json!({ "domain": target.domain, "rule": null, "reason": "no_rule" });
@@ -193,10 +204,9 @@ async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -
         "slots_in_use": v.slots_in_use,
         "reported": v.reported,
         "tracked": v.tracked,
-        "previous_window": v.previous_window.map(|p| json!({
-            "window": p.window.0,
-            "net_units": p.net_units,
-        })),
+        "previous_window": v.previous_window.map(closed_json),
+        "watched": v.watched,
+        "closed_windows": v.closed_windows.iter().copied().map(closed_json).collect::<Vec<_>>(),
         "negative_cache_until_unix_ms": state.negative_cache_until.map(|t| t.as_unix_millis()),
         "partition_policy": a
             .agent
@@ -207,6 +217,10 @@ async fn key(State(a): State<Admin>, Query(q): Query<HashMap<String, String>>) -
         "sync": sync_json(&a),
     });
     Json(body).into_response()
+}
+
+fn closed_json(p: PreviousWindow) -> Value {
+    json!({ "window": p.window.0, "net_units": p.net_units })
 }
 
 /// `domain=D` and `descriptor=k=v,k2=v2` (values cannot hold commas here).

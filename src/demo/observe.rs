@@ -1,7 +1,8 @@
 //! What the demo reads from the daemons' own admin APIs, and what it keeps of it: the
 //! leaders the nodes' `/v1/status` name and the bounds they state per window, the agents'
-//! counters per window from `/v1/keys` (the ended window's final count included, as
-//! `previous_window`), and their totals from `/metrics`. The summary and the live table are
+//! counters per window from `/v1/keys/watch` (which has each agent remember the key's closed
+//! windows, so every ended window's final count is read, as `closed_windows`, however late
+//! the read), and their totals from `/metrics`. The summary and the live table are
 //! computed from this only, never from the demo's clients.
 
 use std::collections::BTreeMap;
@@ -189,12 +190,14 @@ impl Observed {
         if last {
             count.net_final_units = Some(net);
         }
-        let prev = &key["previous_window"];
-        if let (Some(w), Some(n)) = (prev["window"].as_u64(), prev["net_units"].as_u64()) {
-            self.windows
-                .entry((limit.to_owned(), w, region.to_owned()))
-                .or_default()
-                .net_final_units = Some(n);
+        let closed = key["closed_windows"].as_array().into_iter().flatten();
+        for prev in closed.chain([&key["previous_window"]]) {
+            if let (Some(w), Some(n)) = (prev["window"].as_u64(), prev["net_units"].as_u64()) {
+                self.windows
+                    .entry((limit.to_owned(), w, region.to_owned()))
+                    .or_default()
+                    .net_final_units = Some(n);
+            }
         }
         let now = AgentNow {
             window,
@@ -238,15 +241,22 @@ impl Observed {
 
 /// `GET path` on `addr`: the body of a `200`, or `None` (not there, another status, slow).
 pub async fn get(addr: &str, path: &str) -> Option<String> {
-    tokio::time::timeout(CALL_TIMEOUT, get_inner(addr, path))
+    call(addr, "GET", path).await
+}
+
+/// `method path` on `addr`, with no body: the body of a `200`, or `None`.
+async fn call(addr: &str, method: &str, path: &str) -> Option<String> {
+    tokio::time::timeout(CALL_TIMEOUT, call_inner(addr, method, path))
         .await
         .ok()
         .flatten()
 }
 
-async fn get_inner(addr: &str, path: &str) -> Option<String> {
+async fn call_inner(addr: &str, method: &str, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await.ok()?;
     let mut resp = Vec::new();
     s.take(MAX_ANSWER_BYTES).read_to_end(&mut resp).await.ok()?;
@@ -259,7 +269,12 @@ pub async fn get_json(addr: &str, path: &str) -> Option<Value> {
     serde_json::from_str(&get(addr, path).await?).ok()
 }
 
-/// The `/v1/keys` path of a watched limit.
-pub fn key_path(w: &Watched) -> String {
-    format!("/v1/keys?domain={}&descriptor={}", w.domain, w.descriptor)
+/// An agent's view of a watched limit's key, watching it (again): from the first such read
+/// on, the agent keeps the final count of every window the key closes.
+pub async fn watch_key(addr: &str, w: &Watched) -> Option<Value> {
+    let path = format!(
+        "/v1/keys/watch?domain={}&descriptor={}",
+        w.domain, w.descriptor
+    );
+    serde_json::from_str(&call(addr, "POST", &path).await?).ok()
 }

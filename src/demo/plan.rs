@@ -23,9 +23,13 @@ pub struct DemoArgs {
     #[arg(long, default_value = "60s")]
     duration: String,
     /// SIGKILL the coordinator's leader this many seconds into the run; it is started again
-    /// a few seconds later, so the cluster returns to three nodes.
+    /// `--restart-after` seconds later, so the cluster returns to three nodes.
     #[arg(long, value_name = "SECONDS")]
     kill_leader_at: Option<u64>,
+    /// Seconds the killed leader stays down before it is started again (with
+    /// `--kill-leader-at`; 0: at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3)]
+    restart_after: u64,
     /// Cut REGION's agent off from every coordinator node from second FROM to second TO
     /// (`eu-west@10..20`), through a relay the demo runs between them.
     #[arg(long, value_name = "REGION@FROM..TO")]
@@ -56,6 +60,8 @@ pub struct Partition {
 pub struct Plan {
     pub duration: Duration,
     pub kill_leader_at_secs: Option<u64>,
+    /// Seconds the killed leader stays down.
+    pub restart_after_secs: u64,
     pub partition: Option<Partition>,
     pub json: bool,
     pub keep: bool,
@@ -91,6 +97,7 @@ impl Plan {
         Ok(Plan {
             duration,
             kill_leader_at_secs: args.kill_leader_at,
+            restart_after_secs: args.restart_after,
             partition,
             json: args.json,
             keep: args.keep,
@@ -143,6 +150,7 @@ mod tests {
         DemoArgs {
             duration: duration.to_owned(),
             kill_leader_at: kill,
+            restart_after: 3,
             partition: partition.map(str::to_owned),
             json: false,
             keep: false,

@@ -1,19 +1,19 @@
 //! The demo's reads of the daemons' admin APIs: every node's `/v1/status` and every agent's
-//! `/v1/keys`, every [`OBSERVE_EVERY`] and just past each window's end, into [`Observed`].
+//! `/v1/keys/watch`, every [`OBSERVE_EVERY`] and just past each window's end, into [`Observed`].
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::observe::{Observed, Watched, get, get_json, key_path, unix_ms};
+use super::observe::{Observed, Watched, get, get_json, unix_ms, watch_key};
 use super::plan::REGIONS;
 
 /// How often the demo reads the nodes' and agents' admin APIs.
 const OBSERVE_EVERY: Duration = Duration::from_millis(250);
-/// A read is also made this long after each window's end, before the regions' next calls
-/// roll their counters: a window's final count is read from the key as it was left
-/// (`previous_window` in `/v1/keys`).
+/// A read is also made this long after each window's end, so the live table moves to the
+/// new window at once. (The ended window's final count does not depend on it: the agents
+/// keep it for the watched key, in `closed_windows`.)
 const AFTER_EDGE: Duration = Duration::from_millis(2);
 /// Tries of each agent's last read: a window's final count is read once, after traffic
 /// stopped, so one read lost to a loaded machine must not leave the window unjudged.
@@ -100,7 +100,7 @@ impl Reader {
     async fn read_key(&self, http: &str, w: &Watched, last: bool) -> Option<serde_json::Value> {
         let tries = if last { LAST_READ_TRIES } else { 1 };
         for attempt in 1..=tries {
-            if let Some(k) = get_json(http, &key_path(w)).await {
+            if let Some(k) = watch_key(http, w).await {
                 return Some(k);
             }
             if attempt < tries {

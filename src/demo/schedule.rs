@@ -7,12 +7,11 @@ use super::observe::Observed;
 use super::plan::Plan;
 use super::reader::lock;
 
-/// A killed leader is started again this long after the kill.
-const RESTART_AFTER_SECS: u64 = 3;
-
 /// What the run does at given seconds: the kill, the restart, the cut and the heal.
 pub struct Schedule {
     kill_at: Option<u64>,
+    /// A killed leader is started again this long after the kill.
+    restart_after_secs: u64,
     /// The leader killed: (node, term, second).
     pub killed: Option<(u64, u64, u64)>,
     restart: Option<(u64, u64)>,
@@ -24,6 +23,7 @@ impl Schedule {
     pub fn new(plan: &Plan) -> Schedule {
         Schedule {
             kill_at: plan.kill_leader_at_secs,
+            restart_after_secs: plan.restart_after_secs,
             killed: None,
             restart: None,
             cut: plan.partition.as_ref().map(|p| (p.from_secs, p.to_secs)),
@@ -49,7 +49,7 @@ impl Schedule {
                 ));
                 self.kill_at = None;
                 self.killed = Some((node, term, secs));
-                self.restart = Some((secs + RESTART_AFTER_SECS, node));
+                self.restart = Some((secs + self.restart_after_secs, node));
             }
         }
         if let Some((at, node)) = self.restart

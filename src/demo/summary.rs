@@ -263,6 +263,27 @@ mod tests {
         assert!(judged[1].exact, "read after traffic stopped");
     }
 
+    /// A read late enough that the key rolled twice since the one before: the agent's
+    /// `closed_windows` still gives both ended windows' final counts.
+    #[test]
+    fn windows_closed_between_two_reads_are_exact_from_the_agents_memory() {
+        let w = watched();
+        let mut obs = Observed::default();
+        obs.take_key("a", &key(5, 20, 0, None), false);
+        let mut late = key(7, 4, 0, None);
+        late["closed_windows"] = serde_json::json!([
+            {"window": 5, "net_units": 26},
+            {"window": 6, "net_units": 11},
+        ]);
+        obs.take_key("a", &late, false);
+        let judged = judge(&obs, &w);
+        let exact: Vec<_> = judged
+            .iter()
+            .map(|j| (j.window, j.admitted_units, j.exact))
+            .collect();
+        assert_eq!(exact, vec![(5, 26, true), (6, 11, true), (7, 4, false)]);
+    }
+
     #[test]
     fn the_agents_metrics_give_the_regions_totals() {
         let metrics = "# TYPE allot_lease_granted_units_total counter\n\

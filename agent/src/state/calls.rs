@@ -329,11 +329,23 @@ impl Agent {
 
     /// The operator's view of one key; `None` when no rule matches.
     pub fn key_state(&self, target: &Target) -> Result<Option<AdminKey>> {
+        self.key_state_watching(target, false)
+    }
+
+    /// [`Agent::key_state`]; `watch`: the key remembers its next windows' final counts
+    /// from now on (`RegionBudget::watch_key`).
+    pub fn key_state_watching(&self, target: &Target, watch: bool) -> Result<Option<AdminKey>> {
         let Some((rule, matched_key)) = self.matched(target) else {
             return Ok(None);
         };
         let now = self.now();
-        let view = self.lock().key_view(now, &rule.id, &matched_key)?;
+        let view = {
+            let mut budget = self.lock();
+            if watch {
+                budget.watch_key(&rule.id, &matched_key)?;
+            }
+            budget.key_view(now, &rule.id, &matched_key)?
+        };
         let pair = (rule.id.clone(), matched_key);
         Ok(Some(AdminKey {
             negative_cache_until: self.negative.until(&pair),

@@ -44,6 +44,11 @@ pub struct KeyView {
     /// (it rolled straight from it, and the soft state was not compacted): what the region
     /// admitted there, readable after the window ended (`allot demo` judges windows by it).
     pub previous_window: Option<PreviousWindow>,
+    /// An operator watches the key ([`RegionBudget::watch_key`]).
+    pub watched: bool,
+    /// Watched: the windows it closed since (the last few), oldest first, as their counters
+    /// ended.
+    pub closed_windows: Vec<PreviousWindow>,
 }
 
 /// A window that ended, as one key's counter closed it.
@@ -127,7 +132,21 @@ impl RegionBudget {
             reported: ks.is_reported(),
             tracked: tracked.is_some(),
             previous_window: previous_window(&ks, unrolled),
+            watched: lim.watched.is_watched(key.as_str()),
+            closed_windows: lim.watched.closed_windows(key.as_str()),
         })
+    }
+
+    /// Remember the final counts of `key`'s next windows as they close (soft state, a few
+    /// keys per limit: the one watched longest ago makes room). Watching a watched key again
+    /// keeps it longer.
+    pub fn watch_key(&mut self, limit: &LimitId, key: &KeyId) -> Result<()> {
+        let lim = self
+            .limits
+            .get_mut(limit)
+            .ok_or_else(|| Error::UnknownLimit(limit.clone()))?;
+        lim.watched.watch(key.as_str());
+        Ok(())
     }
 }
 
@@ -247,6 +266,53 @@ mod tests {
                 .previous_window,
             None,
             "the window before that one had no use"
+        );
+    }
+
+    /// A key with no boxed part forgets its window before when it rolls, so a key used in
+    /// every window never shows `previous_window`; a watched one keeps the closed counts,
+    /// whatever rolls it (a call, the sweep) and however far time jumps.
+    #[test]
+    fn a_watched_key_keeps_the_counts_of_windows_it_rolled_past() {
+        let spec = LimitSpec::simple("d/k", 100, Duration::from_secs(60));
+        let cfg = BudgetConfig::single_region(RegionId::from("r"));
+        let mut b = RegionBudget::new(cfg, [spec]).expect("budget");
+        let (limit, key) = (LimitId::new("d/k"), KeyId::new("k=1"));
+        let start = Timestamp::from_unix_millis(1_800_000_000_000);
+        let minute = Duration::from_secs(60);
+        let acquire = |b: &mut RegionBudget, at: Timestamp, cost_units: u64| {
+            let req = AcquireRequest {
+                limit: limit.clone(),
+                key: key.clone(),
+                cost_units,
+                request_id: None,
+            };
+            b.acquire(at, req).expect("acquire");
+        };
+        acquire(&mut b, start, 3);
+        acquire(&mut b, start + minute, 4);
+        let unwatched = b.key_view(start + minute, &limit, &key).expect("view");
+        assert_eq!(unwatched.previous_window, None, "rolled, and forgotten");
+        assert!(!unwatched.watched && unwatched.closed_windows.is_empty());
+
+        b.watch_key(&limit, &key).expect("watch");
+        acquire(&mut b, start + minute * 2, 5);
+        // Rolled by the sweep, not a call, which then drops the key as idle: the watch
+        // outlives it. Three quiet windows later a call starts the key again.
+        b.handle_timeout(start + minute * 3);
+        acquire(&mut b, start + minute * 7, 6);
+        let view = b.key_view(start + minute * 7, &limit, &key).expect("view");
+        let w0 = view.window.0 - 7;
+        let closed: Vec<_> = view
+            .closed_windows
+            .iter()
+            .map(|c| (c.window.0 - w0, c.net_units))
+            .collect();
+        assert!(view.watched);
+        assert_eq!(closed, vec![(1, 4), (2, 5)]);
+        assert!(
+            b.watch_key(&LimitId::new("nope"), &key).is_err(),
+            "an unknown limit"
         );
     }
 }

@@ -65,6 +65,12 @@ pub(crate) struct ClosingEntry {
     pub refunded_units: u64,
 }
 
+impl ClosingEntry {
+    pub fn net_units(&self) -> u64 {
+        self.granted_units.saturating_sub(self.refunded_units)
+    }
+}
+
 /// Which epochs [`HotState::apply_allowance`] takes for the current window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EpochRule {
@@ -185,8 +191,17 @@ impl KeyState {
     /// ended by its use (docs/decisions.md, D54): a cold key that used it gets a boxed part to
     /// remember that use in ([`HotState::prev`]), as a hot key always does.
     pub fn roll(&mut self, window: WindowIndex, keep_previous: bool) -> bool {
+        self.roll_closing(window, keep_previous).is_some()
+    }
+
+    /// [`KeyState::roll`], returning the window it moved from as its counter ended.
+    pub fn roll_closing(
+        &mut self,
+        window: WindowIndex,
+        keep_previous: bool,
+    ) -> Option<ClosingEntry> {
         if window <= self.window {
-            return false;
+            return None;
         }
         let closing = ClosingEntry {
             window: self.window,
@@ -203,7 +218,7 @@ impl KeyState {
         if let Some(hot) = self.hot.as_mut() {
             self.granted_units = hot.roll(window, closing, next);
         }
-        true
+        Some(closing)
     }
 
     /// Idle: no use in its window, nothing outstanding, nothing the coordinator waits for.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::config::{BudgetConfig, EVICTION_SCAN_KEYS};
 use super::key::{KeyState, OtherRegions};
 use super::stats::LimitStats;
+use super::watch::WatchedKeys;
 use crate::algo::concurrency::Concurrency;
 use crate::algo::gcra::Gcra;
 use crate::error::{Error, Result};
@@ -152,6 +153,8 @@ pub(crate) struct LimitState {
     pub stats: LimitStats,
     /// Where the next sweep or eviction scan resumes, so every key gets its turn.
     pub sweep_cursor: Option<Box<str>>,
+    /// Keys an operator watches, with their last windows' final counts.
+    pub watched: WatchedKeys,
 }
 
 impl LimitState {
@@ -161,6 +164,7 @@ impl LimitState {
             keys: BTreeMap::new(),
             stats: LimitStats::default(),
             sweep_cursor: None,
+            watched: WatchedKeys::default(),
         }
     }
 
@@ -183,7 +187,8 @@ impl LimitState {
         self.params.counting_from(window);
         let sliding = self.params.is_sliding();
         if let Some(ks) = self.keys.get_mut(key.as_str()) {
-            ks.roll(window, sliding);
+            let closed = ks.roll_closing(window, sliding);
+            self.watched.closed(key.as_str(), closed);
             return Ok(f(&self.params, ks, &mut self.stats));
         }
         if self.keys.len() >= max_keys {
@@ -222,8 +227,11 @@ impl LimitState {
         let sliding = self.params.is_sliding();
         let mut found = None;
         let cursor = self.sweep_cursor.take();
+        let watched = &mut self.watched;
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let moved = ks.roll(window, sliding) | ks.compact(now);
+            let closed = ks.roll_closing(window, sliding);
+            watched.closed(name, closed);
+            let moved = closed.is_some() | ks.compact(now);
             // A sliding limit keeps a key's use of the window before: without the key, the
             // region would take it as unused there.
             if ks.is_idle(now) && !(sliding && ks.keeps_start_band()) {
@@ -246,8 +254,11 @@ impl LimitState {
         let mut idle = Vec::new();
         let mut changed = Vec::new();
         let cursor = self.sweep_cursor.take();
+        let watched = &mut self.watched;
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let moved = ks.roll(window, sliding) | ks.compact(now);
+            let closed = ks.roll_closing(window, sliding);
+            watched.closed(name, closed);
+            let moved = closed.is_some() | ks.compact(now);
             if ks.is_idle(now) && !ks.keeps_start_band() {
                 idle.push(name.clone());
             } else if moved {

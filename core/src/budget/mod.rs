@@ -40,6 +40,7 @@ mod sync;
 pub mod timebase;
 mod timeout;
 mod view;
+mod watch;
 
 #[cfg(test)]
 mod tests;

@@ -740,7 +740,9 @@ fn rolled_key<'a>(
     lim.params.counting_from(window);
     let sliding = lim.params.is_sliding();
     let ks = lim.keys.get_mut(kr.key.as_str())?;
-    if ks.roll(window, sliding) {
+    let closed = ks.roll_closing(window, sliding);
+    lim.watched.closed(kr.key.as_str(), closed);
+    if closed.is_some() {
         dirty.mark(Dirty::Key(kr.limit.clone(), kr.key.clone()));
     }
     Some(ks)
