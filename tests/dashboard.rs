@@ -3,7 +3,8 @@
 //! chromedriver over WebDriver (D52), opens the page on a follower. Checks that the page shows
 //! no error and logs none, that its figures move between two reads and agree with the leader's
 //! `/v1/status` read beside them, and that after the kill the same page shows the new
-//! leader's figures. Outside CI, a machine without `chromium` or `chromedriver` skips it.
+//! leader's figures; and that a page loaded from the leader the demo kills reads on through
+//! the other nodes while its own is down. Outside CI, a machine without `chromium` or `chromedriver` skips it.
 
 mod support;
 
@@ -24,7 +25,17 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// a loaded 2-core machine, not a timing claim.
 const PATIENCE: Duration = Duration::from_secs(60);
 /// The run: the leader is killed once the first checks are done.
-const RUN: &[&str] = &["--duration", "50s", "--kill-leader-at", "22", "--json"];
+/// The killed leader stays down 15 s: long enough to see a page loaded from it read on
+/// through the other nodes.
+const RUN: &[&str] = &[
+    "--duration",
+    "50s",
+    "--kill-leader-at",
+    "22",
+    "--restart-after",
+    "15",
+    "--json",
+];
 
 /// Collects what the page logs as an error from here on, and errors thrown in it.
 const HOOKS: &str = r#"
@@ -69,14 +80,7 @@ async fn the_dashboard_on_a_follower_shows_the_leaders_figures_through_a_leader_
     let (page_node, first) = demo.follower().await;
     let driver = ChromeDriver::start();
     let browser = driver.session().await;
-    browser
-        .goto(&format!("http://{page_node}/"))
-        .await
-        .expect("the page loads");
-    browser
-        .execute(HOOKS, vec![])
-        .await
-        .expect("hooks installed");
+    open_page(&browser, &page_node).await;
 
     let before = agreeing_read(&browser, &demo, first.1).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -87,13 +91,59 @@ async fn the_dashboard_on_a_follower_shows_the_leaders_figures_through_a_leader_
         "the page's figures did not move: {before} then {after}"
     );
 
-    // The kill: the page goes on, with a later leader's figures. (An election before the
-    // kill may have made the page's node the leader the demo kills: its page then shows the
-    // failed reads until the node is back, 3 s later, and goes on the same way.)
+    // A second window, on the leader's own node: the node the demo is about to kill.
+    let follower_window = browser.window().await.expect("the window");
+    let (leader_addr, leader_node) = demo.leader().expect("a leader");
+    let on_leader = browser
+        .new_window(false)
+        .await
+        .expect("a new window")
+        .handle;
+    browser
+        .switch_to_window(on_leader.clone())
+        .await
+        .expect("to the new window");
+    open_page(&browser, &leader_addr).await;
+    agreeing_read(&browser, &demo, first.1).await;
+
+    // The kill: both pages go on, with a later leader's figures. (An election before the
+    // kill may have made another node the leader the demo kills: then the second page's
+    // node is alive, and the first page's may be the one killed.)
     let (killed_node, killed_term) = demo.kill().await;
     eprintln!(
-        "first leader {first:?}, the page on {page_node}, killed node {killed_node} (term {killed_term})"
+        "first leader {first:?}, pages on {page_node} and {leader_addr} (node {leader_node}), \
+         killed node {killed_node} (term {killed_term})"
     );
+    let later = agreeing_read(&browser, &demo, killed_term + 1).await;
+    if killed_node == leader_node {
+        // The page's own node is down (for 15 s): the page reads through another node.
+        let detour = browser
+            .execute(
+                "return document.querySelector('#source').dataset.detour",
+                vec![],
+            )
+            .await
+            .expect("the source");
+        assert!(
+            detour
+                .as_str()
+                .is_some_and(|d| !d.is_empty() && d != leader_addr),
+            "the page on the killed node does not read through another: {detour} {later}"
+        );
+        assert!(
+            status_of(&leader_addr).is_none(),
+            "the killed node answered already"
+        );
+    } else {
+        eprintln!("the leader changed before the kill: the second page's node was not killed");
+    }
+    assert_eq!(later["error"], Value::Null, "{later}");
+    assert_eq!(later["script_errors"], json!([]), "{later}");
+    assert_eq!(later["caught"], json!([]), "{later}");
+    browser
+        .switch_to_window(follower_window)
+        .await
+        .expect("back to the first window");
     let later = agreeing_read(&browser, &demo, killed_term + 1).await;
     assert_ne!(later["node"].as_u64(), Some(killed_node), "{later}");
     // A good read clears the failed reads' error; the change is listed.
@@ -105,6 +155,18 @@ async fn the_dashboard_on_a_follower_shows_the_leaders_figures_through_a_leader_
     assert_eq!(last["caught"], json!([]), "{last}");
     browser.close().await.expect("the session closes");
     demo.finish();
+}
+
+/// The dashboard of the node at `addr` in the current window, with the error hooks in.
+async fn open_page(browser: &Client, addr: &str) {
+    browser
+        .goto(&format!("http://{addr}/"))
+        .await
+        .expect("the page loads");
+    browser
+        .execute(HOOKS, vec![])
+        .await
+        .expect("hooks installed");
 }
 
 /// Whether chromium and chromedriver are here; in CI (`.ci/run` installs both) their absence
@@ -344,6 +406,17 @@ impl Demo {
             }
             panic!("a kill line not understood: {line}");
         }
+    }
+
+    /// The admin address and id of the node that says it leads, if one does.
+    fn leader(&self) -> Option<(String, u64)> {
+        self.nodes.iter().find_map(|n| {
+            let s = status_of(n)?;
+            if s["state"] != "leader" {
+                return None;
+            }
+            Some((n.clone(), s["node"].as_u64()?))
+        })
     }
 
     /// The status of the node that says it leads, if one does.

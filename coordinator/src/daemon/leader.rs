@@ -30,8 +30,10 @@ use tokio::task::JoinHandle;
 use allot_proto::tls::Dialer;
 
 use crate::daemon::metrics as m;
+use crate::lock;
 use crate::network::ProbeFrom;
-use crate::network::clock::ClockProber;
+use crate::network::clock::{ClockProber, Probed};
+use crate::network::leader_admin::LeaderAdmin;
 use crate::state::{
     ClockFrame, ClockSource, ClusterCommand, ClusterState, CommandOutcome, NodeClock, RegionClock,
 };
@@ -207,8 +209,9 @@ pub struct Leader {
     /// When the samples this leader started from were heard, on its clock: a region it has
     /// not heard is recorded again with its sample's own age, not as heard now.
     adopted_heard: BTreeMap<RegionId, Timestamp>,
-    /// This node's admin HTTP address, named in its clock probes (none: not named).
-    admin_http: Option<String>,
+    /// This node's admin HTTP address (named in its clock probes, if set), and the other
+    /// nodes' as their answers name them.
+    admins: Arc<LeaderAdmin>,
     /// How its probes dial the other nodes.
     dialer: Dialer,
 }
@@ -260,15 +263,16 @@ impl Leader {
             clock_via: bridge.map(|b| b.via),
             node_clocks: Arc::new(Mutex::new(BTreeMap::new())),
             adopted_heard,
-            admin_http: None,
+            admins: Arc::default(),
             dialer: Dialer::plaintext(),
         }
     }
 
-    /// Names this node's admin HTTP address in its clock probes, so that followers can say
-    /// where the leader's status is read (`LeaderAdmin`).
-    pub fn naming(mut self, admin_http: String) -> Leader {
-        self.admin_http = Some(admin_http);
+    /// Names this node's admin HTTP address (`admins.own()`) in its clock probes, so that
+    /// followers can say where the leader's status is read, and records the other nodes'
+    /// addresses their answers name in `admins`.
+    pub fn naming(mut self, admins: Arc<LeaderAdmin>) -> Leader {
+        self.admins = admins;
         self
     }
 
@@ -488,9 +492,10 @@ impl Leader {
         let me = self.node_id;
         let clocks = Arc::clone(&self.node_clocks);
         let clock = self.clock;
-        let from = self.admin_http.clone().map(|admin_http| ProbeFrom {
+        let admins = Arc::clone(&self.admins);
+        let from = admins.own().map(|admin_http| ProbeFrom {
             node: me,
-            admin_http,
+            admin_http: admin_http.to_owned(),
         });
         let mut prober = ClockProber::new(
             raft.config().cluster_name.clone(),
@@ -512,7 +517,7 @@ impl Leader {
                 lock(&clocks).retain(|id, _| members.iter().any(|(m, _)| m == id));
                 let wanted = members.len();
                 for (node, addr) in members {
-                    probe_one(&mut prober, clock, &clocks, node, &addr).await;
+                    probe_one(&mut prober, clock, &clocks, &admins, (node, &addr)).await;
                 }
                 if lock(&clocks).len() >= wanted {
                     all_probed.notify_one();
@@ -615,20 +620,20 @@ impl Leader {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Holders only insert or remove whole entries: a poisoned map is still consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 async fn probe_one(
     prober: &mut ClockProber,
     clock: ClusterClock,
     clocks: &Mutex<BTreeMap<NodeId, NodeClock>>,
-    node: NodeId,
-    addr: &str,
+    admins: &LeaderAdmin,
+    (node, addr): (NodeId, &str),
 ) {
     match prober.probe(node, addr, clock).await {
-        Ok((sample, taken_at)) => {
+        Ok(Probed {
+            sample,
+            taken_at,
+            admin_http,
+        }) => {
+            admins.record_node(node, admin_http);
             let label = node.to_string();
             metrics::gauge!(m::NODE_CLOCK_OFFSET, "node" => label.clone())
                 .set(sample.offset_nanos as f64 / 1e9);
@@ -792,7 +797,8 @@ pub async fn probe_bridge(
         });
     }
     while let Some(done) = probes.join_next().await {
-        if let Ok((via, Ok((sample, _)))) = done {
+        if let Ok((via, Ok(probed))) = done {
+            let sample = probed.sample;
             return Some(Bridge { via, sample });
         }
     }

@@ -29,6 +29,17 @@ pub struct ClockProber {
     channels: BTreeMap<NodeId, (String, RaftServiceClient<Channel>)>,
 }
 
+/// One node's answer to a probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probed {
+    /// Its wall clock against the prober's `clock`, with the round trip.
+    pub sample: ClockSample,
+    /// When the answer came back, on the prober's `clock`.
+    pub taken_at: Timestamp,
+    /// Its admin HTTP address, as it named it (empty: not named).
+    pub admin_http: String,
+}
+
 impl ClockProber {
     pub fn new(cluster: impl Into<String>, from: Option<ProbeFrom>, dialer: Dialer) -> ClockProber {
         ClockProber {
@@ -47,7 +58,7 @@ impl ClockProber {
         node: NodeId,
         addr: &str,
         clock: ClusterClock,
-    ) -> Result<(ClockSample, Timestamp), String> {
+    ) -> Result<Probed, String> {
         let mut client = self.client(node, addr).await?;
         let probe = ClockProbe {
             cluster: self.cluster.clone(),
@@ -71,7 +82,11 @@ impl ClockProber {
         };
         let t1 = Timestamp::from_unix_nanos(reading.received_at_unix_nanos);
         let t2 = Timestamp::from_unix_nanos(reading.sent_at_unix_nanos);
-        Ok((ClockSample::from_round_trip(t0, t1, t2, t3), t3))
+        Ok(Probed {
+            sample: ClockSample::from_round_trip(t0, t1, t2, t3),
+            taken_at: t3,
+            admin_http: reading.admin_http,
+        })
     }
 
     async fn client(

@@ -142,6 +142,7 @@ impl RaftService for RaftGrpcService {
         Ok(Response::new(ClockReading {
             received_at_unix_nanos: received_at.as_unix_nanos(),
             sent_at_unix_nanos: system_now().as_unix_nanos(),
+            admin_http: self.leader_admin.own().unwrap_or_default().to_owned(),
         }))
     }
 }
