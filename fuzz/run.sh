@@ -15,7 +15,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 seconds="${1:-20}"
 shift || true
-all_targets=(limits_config wal_replay sync_messages lease_requests)
+all_targets=(limits_config wal_replay sync_messages lease_requests rlqs_reports callers_file)
 targets=("${all_targets[@]}")
 if [ $# -gt 0 ]; then
   targets=("$@")

@@ -149,3 +149,42 @@ write("limits_config", "merged_domains", b"\x01" + b"\x00".join([
     b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
     b"domain: d\ndescriptors:\n  - key: b\n    value: x*\n    rate_limit: {unit: minute, requests_per_unit: 7}\n    shadow_mode: true\n",
 ]))
+
+# ---- RLQS: up to 16 messages, each `step | len: u16 LE | RateLimitQuotaUsageReports` ------
+# Field numbers of envoy/service/rate_limit_quota/v3/rlqs.proto: reports {domain = 1,
+# bucket_quota_usages = 2}, usage {bucket_id = 1, time_elapsed = 2, allowed = 3, denied = 4},
+# bucket id {map<string, string> bucket = 1}.
+def bucket(**entries):
+    return b"".join(msg(1, msg(1, k) + msg(2, v)) for k, v in entries.items())
+
+
+def usage(bucket_id, elapsed_s, allowed, denied=0):
+    return msg(1, bucket_id) + msg(2, uint(1, elapsed_s)) + uint(3, allowed) + uint(4, denied)
+
+
+def report(step, *usages):
+    body = msg(1, "envoy") + b"".join(msg(2, u) for u in usages)
+    return bytes([step]) + struct.pack("<H", len(body)) + body
+
+
+ip = bucket(domain="default", remote_address="10.0.0.1")
+generic = bucket(domain="default", generic_key="search")
+unmatched = bucket(domain="other", path="/x")
+write("rlqs_reports", "first_then_periodic", b"".join([
+    report(0, usage(ip, 0, 1), usage(generic, 0, 1)),
+    report(10, usage(ip, 1, 40, 3), usage(generic, 1, 9)),
+    report(10, usage(ip, 1, 55, 20), usage(unmatched, 1, 5)),
+    report(50, usage(generic, 5, 0)),
+]))
+write("rlqs_reports", "no_domain_entry", report(0, usage(bucket(remote_address="10.0.0.2"), 0, 1)))
+
+# ---- callers file (D59) ------------------------------------------------------------------
+SECRET_SHA256 = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"  # "secret"
+write("callers_file", "tokens_and_certificates", J({"callers": [
+    {"name": "edge", "certificate": True, "domains": ["default"], "max_calls_per_sec": 100},
+    {"name": "py", "token_sha256": SECRET_SHA256, "domains": ["*"]},
+]}).encode())
+write("callers_file", "problems", J({"callers": [
+    {"name": "a", "token_sha256": "zz", "domains": []},
+    {"name": "a", "certificate": True, "domains": ["default"], "max_calls_per_sec": 0},
+]}).encode())

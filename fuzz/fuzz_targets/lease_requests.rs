@@ -12,24 +12,19 @@
 
 #![no_main]
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+#[path = "common.rs"]
+mod common;
 
-use allot_agent::clock::Clock;
+use std::sync::atomic::Ordering;
+
 use allot_agent::service::http::router;
 use allot_agent::service::lease::LeaseApi;
 use allot_agent::service::rls::Rls;
-use allot_agent::settings::Settings;
-use allot_agent::state::Agent;
-use allot_agent::store::MemoryStore;
-use allot_core::ids::RegionId;
-use allot_core::time::Timestamp;
 use allot_proto::envoy::rls::RateLimitRequest;
 use allot_proto::envoy::rls::rate_limit_service_server::RateLimitService;
 use allot_proto::lease::v1::lease_service_server::LeaseService;
 use axum::body::Body;
+use common::STEP;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tonic::Request;
@@ -53,33 +48,11 @@ const ROUTES: [&str; 8] = [
     "/v1/slots/release",
 ];
 
-/// 2026-01-01T00:00:00Z: where every input's clock starts.
-const START: Timestamp = Timestamp::from_unix_nanos(1_767_225_600_000_000_000);
-
-const STEP: Duration = Duration::from_millis(100);
-
 fuzz_target!(|data: &[u8]| {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (clock, cell) = Clock::manual(START);
-    let mut settings = Settings::new(RegionId::from("r1"), PathBuf::from("unused"));
-    settings.clock = clock;
-    let agent = Arc::new(Agent::open(settings, Arc::new(MemoryStore::new())).expect("an agent"));
+    let (runtime, agent, cell) = common::agent();
     let api = LeaseApi::new(agent.clone());
     let rls = Rls::new(agent);
-    let mut rest = data;
-    for _ in 0..MAX_CALLS {
-        let Some((&selector, after)) = rest.split_first() else {
-            break;
-        };
-        let Some((len, after)) = after.split_first_chunk::<2>() else {
-            break;
-        };
-        let len = usize::from(u16::from_le_bytes(*len)).min(after.len());
-        let (body, after) = after.split_at(len);
-        rest = after;
+    for (selector, body) in common::frames(data, MAX_CALLS) {
         let step = STEP.as_nanos() as u64 * u64::from(selector >> 4);
         cell.fetch_add(step, Ordering::Relaxed);
         let call = usize::from(selector & 0x0f) % CALLS;

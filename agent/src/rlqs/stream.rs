@@ -24,7 +24,8 @@ use allot_proto::envoy::types::{RateLimitStrategy, TokenBucket};
 use allot_proto::envoy::wkt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tonic::{Status, Streaming};
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
 
 use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
 use super::policy::{self, Demand, Shape, Timing};
@@ -127,10 +128,13 @@ impl Drop for Session {
     }
 }
 
-/// Serves one stream until Envoy ends it, the answer channel closes, a bound is passed, or
-/// the agent shuts down. Leases still held stay with their expiry: Envoy keeps enforcing an
+/// Serves one stream (tonic's `Streaming`, or any stream of decoded reports) until Envoy ends
+/// it, the answer channel closes, a bound is passed, or the agent shuts down. Leases still held stay with their expiry: Envoy keeps enforcing an
 /// assignment until its TTL, so nothing is refunded for usage the agent will never hear of.
-pub async fn serve(shared: Shared, mut reports: Streaming<RateLimitQuotaUsageReports>, out: Out) {
+pub async fn serve<R>(shared: Shared, mut reports: R, out: Out)
+where
+    R: Stream<Item = Result<RateLimitQuotaUsageReports, Status>> + Unpin,
+{
     let Shared {
         agent,
         agent_buckets,
@@ -152,10 +156,10 @@ pub async fn serve(shared: Shared, mut reports: Streaming<RateLimitQuotaUsageRep
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let answer = tokio::select! {
-            msg = reports.message() => match msg {
-                Ok(Some(m)) => session.on_reports(m).await,
-                Ok(None) => return,
-                Err(status) => {
+            msg = reports.next() => match msg {
+                Some(Ok(m)) => session.on_reports(m).await,
+                None => return,
+                Some(Err(status)) => {
                     tracing::debug!(%status, "RLQS stream ended by Envoy");
                     return;
                 }
