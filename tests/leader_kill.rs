@@ -406,7 +406,10 @@ async fn a_leader_absent_from_the_last_clock_frame_keeps_cluster_time() {
     leader_keeps_cluster_time(&cluster, first, ahead_ms).await;
     let mut bridged = Vec::new();
     for attempt in 1..=ABSENT_LEADER_ATTEMPTS {
-        let (leader, _) = cluster.leader(None).expect("a leader");
+        // Between two reads the cluster may be electing (a node just restarted): wait for one.
+        let (leader, _) = eventually("a leader", || cluster.leader(None), Option::is_some)
+            .await
+            .expect("checked");
         // A follower whose clock is not cluster time (one of the two is not the first
         // leader's node): leading on its own clock would show.
         let absent = (1..=3)
