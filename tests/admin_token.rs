@@ -19,19 +19,8 @@ fn limits(quota: u64) -> String {
 }
 
 fn coordinator_cmd(dir: &std::path::Path, digest: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-    cmd.args([
-        "coordinator",
-        "--grpc",
-        "127.0.0.1:0",
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .arg("--data")
-    .arg(dir.join("coordinator"))
-    .arg("--limits")
-    .arg(dir.join("limits.yaml"))
-    .args(["--admin-token-sha256", digest]);
+    let mut cmd = support::coordinator_cmd(dir);
+    cmd.args(["--admin-token-sha256", digest]);
     cmd
 }
 

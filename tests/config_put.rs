@@ -56,19 +56,7 @@ async fn a_put_version_reaches_the_agent_from_the_sync_stream_and_bad_or_old_one
     clear_of_the_day_boundary().await;
     let dir = scratch("config_put", "put", None);
     std::fs::write(dir.join("limits.yaml"), limits(100)).expect("limits");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-    cmd.args([
-        "coordinator",
-        "--grpc",
-        "127.0.0.1:0",
-        "--http",
-        "127.0.0.1:0",
-    ])
-    .arg("--data")
-    .arg(dir.join("coordinator"))
-    .arg("--limits")
-    .arg(dir.join("limits.yaml"));
-    let coordinator = Process::start(cmd, "coordinator");
+    let coordinator = Process::start(support::coordinator_cmd(&dir), "coordinator");
     let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
     agent.synced().await;
     assert!(agent.acquire("shop", "strict", "t1", 6).await, "6 of 100");

@@ -13,9 +13,9 @@
 //! Slow tier (`ALLOT_SLOW_TESTS=1`): a million keys take a while in a debug build.
 
 mod support;
+#[path = "support/wire.rs"]
+mod wire;
 
-use std::io::Write;
-use std::net::TcpStream;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,11 +26,10 @@ use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaUsageReports};
 use allot_proto::lease::v1 as pb;
 use allot_proto::lease::v1::lease_service_client::LeaseServiceClient;
-use bytes::{Buf, BufMut};
 use support::{Process, scratch, slow_tier};
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
+use wire::{RawCodec, percentile, rss_bytes, slow_clients};
 
 const LIMITS: &str = "\
 domain: api
@@ -42,6 +41,8 @@ const KEY_CAP: usize = 100_000;
 const HOSTILE_KEYS: usize = 1_000_000;
 const VICTIM_CALLS: usize = 2_000;
 const SLOW_CLIENTS: usize = 200;
+/// What each slow client sends before its byte now and then: half a request header.
+const SLOW_HEAD: &[u8] = b"POST /v1/acquire HTTP/1.1\r\nHost: x\r\n";
 /// Largest growth of the agent's resident memory the attack may cause.
 const MAX_RSS_GROWTH_BYTES: u64 = 512 << 20;
 
@@ -161,57 +162,6 @@ fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
         r.metadata_mut().insert("authorization", value);
     }
     r
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
-}
-
-/// Sends and receives raw message bytes, to put bytes no generated type would write.
-struct RawCodec;
-struct RawEncoder;
-struct RawDecoder;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawEncoder;
-    type Decoder = RawDecoder;
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
-    }
-    fn decoder(&mut self) -> RawDecoder {
-        RawDecoder
-    }
-}
-
-impl Encoder for RawEncoder {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawDecoder {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let mut out = vec![0; src.remaining()];
-        src.copy_to_slice(&mut out);
-        Ok(Some(out))
-    }
 }
 
 /// An AcquireRequest whose target's domain is the bytes 0xff 0xfe: not UTF-8.
@@ -351,22 +301,6 @@ async fn never_reads(channel: Channel, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Connections to the HTTP port that send half a request header, a byte now and then.
-fn slow_clients(addr: &str, stop: &AtomicBool) {
-    let mut conns: Vec<TcpStream> = (0..SLOW_CLIENTS)
-        .filter_map(|_| TcpStream::connect(addr).ok())
-        .collect();
-    for c in &mut conns {
-        let _ = c.write_all(b"POST /v1/acquire HTTP/1.1\r\nHost: x\r\n");
-    }
-    while !stop.load(Ordering::Relaxed) {
-        for c in &mut conns {
-            let _ = c.write_all(b"X");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
     if !slow_tier() {
@@ -408,7 +342,7 @@ async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
     let stop = Arc::new(AtomicBool::new(false));
     let slow = {
         let (addr, stop) = (agent.http.clone(), stop.clone());
-        std::thread::spawn(move || slow_clients(&addr, &stop))
+        std::thread::spawn(move || slow_clients(&addr, SLOW_CLIENTS, SLOW_HEAD, &stop))
     };
     table.push(("200 slow HTTP clients", measure(2)));
     stop.store(true, Ordering::Relaxed);
@@ -419,7 +353,7 @@ async fn hostile_input_gets_clear_statuses_and_leaves_other_callers_served() {
     let rlqs = tokio::spawn(never_reads(connect().await, stop.clone()));
     let slow = {
         let (addr, stop) = (agent.http.clone(), stop.clone());
-        std::thread::spawn(move || slow_clients(&addr, &stop))
+        std::thread::spawn(move || slow_clients(&addr, SLOW_CLIENTS, SLOW_HEAD, &stop))
     };
     let keys: Vec<_> = (0..2)
         .map(|t| tokio::spawn(many_keys_on(agent.grpc.clone(), t, 2)))

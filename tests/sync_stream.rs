@@ -607,6 +607,55 @@ async fn the_server_refuses_malformed_and_unknown_sync_ups_with_a_clear_status()
     assert_eq!(coordinator.rejected_commands(), 0);
 }
 
+/// Streams opened and left idle cannot pile up: past `MAX_SYNC_STREAMS` open at once, one
+/// more is refused at once with `RESOURCE_EXHAUSTED`, and a stream that ends gives its place
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_streams_past_the_cap_are_refused_at_once_and_places_come_back() {
+    use allot_coordinator::sync_service::MAX_SYNC_STREAMS;
+    use allot_proto::sync::v1::sync_client::SyncClient;
+
+    let server = Server::memory(memory_coordinator(), "127.0.0.1:0");
+    let url = format!("http://{}", server.address());
+    // An HTTP/2 connection carries a bounded number of streams: several connections.
+    let mut clients = Vec::new();
+    for _ in 0..(MAX_SYNC_STREAMS / 100 + 2) {
+        clients.push(SyncClient::connect(url.clone()).await.expect("connects"));
+    }
+    // Each stream sends nothing; dropping its sender ends it.
+    let connections = clients.len();
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for i in 0..(MAX_SYNC_STREAMS + 10) {
+        let (send, ups) = tokio::sync::mpsc::channel::<sync_pb::SyncUp>(1);
+        let ups = tokio_stream::wrappers::ReceiverStream::new(ups);
+        match clients[i % connections].stream(ups).await {
+            Ok(answers) => open.push((send, answers)),
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((open.len(), refused), (MAX_SYNC_STREAMS, 10));
+    // One ends: its place comes back once the server has seen it end.
+    drop(open.pop());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (send, ups) = tokio::sync::mpsc::channel::<sync_pb::SyncUp>(1);
+        let ups = tokio_stream::wrappers::ReceiverStream::new(ups);
+        match clients[0].stream(ups).await {
+            Ok(answers) => {
+                open.push((send, answers));
+                break;
+            }
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted),
+        }
+        assert!(Instant::now() < deadline, "the place never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Takes every SyncUp and never answers.
 struct NeverAnswers;
 

@@ -28,3 +28,9 @@ pub mod types;
 pub use error::{Error, Result};
 pub use state::{ClusterCommand, ClusterState, CommandOutcome, Refusal};
 pub use types::{NodeId, TypeConfig};
+
+/// A mutex's guard, poisoned or not: every holder in this crate changes whole values or
+/// entries at a time under it, so a panic mid-hold leaves nothing half-written.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

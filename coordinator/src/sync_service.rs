@@ -10,6 +10,7 @@
 //! named), when the handler refuses one (unknown region), or when the agent sends nothing for
 //! [`STREAM_IDLE_TIMEOUT`]. None of that touches the table.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,16 +24,26 @@ use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_server::{Sync, SyncServer};
 use allot_proto::sync_convert::{MAX_SYNC_MESSAGE_BYTES, sync_down_to_wire, sync_up_from_wire};
 use allot_proto::tls::{self, Peer};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::daemon::metrics::REFUSED_PEERS;
+use crate::daemon::metrics::{MALFORMED_SYNC_UPS, REFUSED_PEERS, SHED};
+use crate::lock;
 use crate::types::NodeId;
 
 /// Answers buffered per stream; past it the stream's task waits for the agent to read (only
 /// that agent's stream waits).
 pub const ANSWER_QUEUE: usize = 4;
+
+/// Sync streams open at once: an agent keeps one, and a few more while it reconnects. One
+/// more is refused at once (`RESOURCE_EXHAUSTED`, counted), so that streams opened and left
+/// idle cannot pile up tasks until their idle timeout.
+pub const MAX_SYNC_STREAMS: usize = 4 * crate::state::MAX_REGIONS;
+
+/// Sync streams one region's certificate may hold open at once: one, and a few while it
+/// reconnects. So the holder of one region's key cannot take the places of the others.
+pub const MAX_SYNC_STREAMS_PER_REGION: usize = 8;
 
 /// A stream on which the agent sends nothing for this long is closed: an agent syncs every
 /// sync interval, so this is a dead or stuck peer holding a task.
@@ -69,11 +80,64 @@ pub trait SyncHandler: Send + std::marker::Sync + 'static {
 /// The tonic service over a handler.
 pub struct SyncService<H> {
     handler: Arc<H>,
+    /// One per open stream, up to [`MAX_SYNC_STREAMS`].
+    streams: Arc<Semaphore>,
+    /// Streams open per region its certificate names (mutual TLS only).
+    regions: Arc<RegionPlaces>,
+}
+
+/// Streams open per region, up to [`MAX_SYNC_STREAMS_PER_REGION`] each.
+#[derive(Debug, Default)]
+pub struct RegionPlaces(Mutex<HashMap<RegionId, usize>>);
+
+/// One region's place, given back when dropped.
+#[derive(Debug)]
+pub struct RegionPlace {
+    places: Arc<RegionPlaces>,
+    region: RegionId,
+}
+
+impl RegionPlaces {
+    /// A place for one more stream of `region`, or `None` when it holds
+    /// [`MAX_SYNC_STREAMS_PER_REGION`].
+    pub fn take(self: &Arc<Self>, region: &RegionId) -> Option<RegionPlace> {
+        let mut open = lock(&self.0);
+        let n = open.entry(region.clone()).or_default();
+        if *n >= MAX_SYNC_STREAMS_PER_REGION {
+            return None;
+        }
+        *n += 1;
+        Some(RegionPlace {
+            places: self.clone(),
+            region: region.clone(),
+        })
+    }
+
+    pub fn open(&self, region: &RegionId) -> usize {
+        lock(&self.0).get(region).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for RegionPlace {
+    fn drop(&mut self) {
+        let mut open = lock(&self.places.0);
+        if let Some(n) = open.get_mut(&self.region) {
+            *n -= 1;
+            // Regions with no stream leave no entry: the map holds open streams' regions only.
+            if *n == 0 {
+                open.remove(&self.region);
+            }
+        }
+    }
 }
 
 impl<H: SyncHandler> SyncService<H> {
     pub fn new(handler: Arc<H>) -> Self {
-        SyncService { handler }
+        SyncService {
+            handler,
+            streams: Arc::new(Semaphore::new(MAX_SYNC_STREAMS)),
+            regions: Arc::default(),
+        }
     }
 
     /// The service, ready for `Server::add_service`, decoding at most
@@ -109,9 +173,31 @@ impl<H: SyncHandler> Sync for SyncService<H> {
                 return Err(Status::permission_denied(e.to_string()));
             }
         };
+        let place = match &caller {
+            Some(region) => match self.regions.take(region) {
+                Some(place) => Some(place),
+                None => {
+                    metrics::counter!(SHED, "what" => "sync_stream_region").increment(1);
+                    return Err(Status::resource_exhausted(format!(
+                        "region {region} has {MAX_SYNC_STREAMS_PER_REGION} sync streams open on \
+                         this node: try again shortly"
+                    )));
+                }
+            },
+            None => None,
+        };
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            metrics::counter!(SHED, "what" => "sync_stream").increment(1);
+            return Err(Status::resource_exhausted(format!(
+                "this coordinator node has {MAX_SYNC_STREAMS} sync streams open: try again shortly"
+            )));
+        };
         let (tx, rx) = mpsc::channel(ANSWER_QUEUE);
         let handler = self.handler.clone();
-        tokio::spawn(serve_stream(handler, caller, request.into_inner(), tx));
+        tokio::spawn(async move {
+            serve_stream(handler, caller, request.into_inner(), tx).await;
+            drop((permit, place));
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -132,6 +218,9 @@ async fn serve_stream<H: SyncHandler>(
             Ok(Ok(None)) => return,
             Ok(Err(status)) => {
                 tracing::debug!(%status, "sync stream broken");
+                // A message that did not decode (or was too large) is the agent's bad input,
+                // answered as such; a broken connection takes no answer.
+                let _ = tx.send(Err(undecodable_is_invalid_argument(status))).await;
                 return;
             }
             Err(_) => {
@@ -184,6 +273,17 @@ async fn serve_stream<H: SyncHandler>(
             return;
         }
     }
+}
+
+/// tonic's status for an inbound message it could not decode says `INTERNAL`, which reads as
+/// the coordinator failing: it is the caller's bad input, answered `INVALID_ARGUMENT` and
+/// counted. Any other status (too large: `OUT_OF_RANGE`) goes back as it is.
+fn undecodable_is_invalid_argument(status: Status) -> Status {
+    if status.code() != tonic::Code::Internal || !status.message().starts_with("failed to decode") {
+        return status;
+    }
+    metrics::counter!(MALFORMED_SYNC_UPS).increment(1);
+    Status::invalid_argument(format!("SyncUp: {}", status.message()))
 }
 
 /// This node's wall clock, as the core's `now`.
@@ -325,6 +425,20 @@ mod tests {
     use super::*;
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_region_holds_at_most_its_places_and_gets_them_back() {
+        let places = Arc::new(RegionPlaces::default());
+        let (a, b) = (RegionId::from("a"), RegionId::from("b"));
+        let mut held: Vec<RegionPlace> = (0..MAX_SYNC_STREAMS_PER_REGION)
+            .map(|_| places.take(&a).expect("a place"))
+            .collect();
+        assert!(places.take(&a).is_none(), "one more of a's");
+        assert!(places.take(&b).is_some(), "b has its own places");
+        drop(held.pop());
+        assert_eq!(places.open(&a), MAX_SYNC_STREAMS_PER_REGION - 1);
+        assert!(places.take(&a).is_some(), "a place came back");
+    }
 
     /// 1000 an hour, 30% each for `a` and `b`: 400 free for a grow.
     fn coordinator() -> MemoryCoordinator {

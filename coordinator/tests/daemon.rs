@@ -570,7 +570,8 @@ async fn every_node_serves_the_dashboard_and_a_follower_names_the_leaders_admin_
     let deadline = Instant::now() + PATIENCE;
     loop {
         let leader = agreed_leader(&nodes).await;
-        let leader_http = nodes[&leader].http_addr().to_string();
+        let leader_addr = nodes[&leader].http_addr();
+        let leader_http = leader_addr.to_string();
         let named: Vec<Option<String>> = nodes
             .values()
             .map(|d| {
@@ -579,16 +580,72 @@ async fn every_node_serves_the_dashboard_and_a_follower_names_the_leaders_admin_
                 status["leader_admin_http"].as_str().map(str::to_owned)
             })
             .collect();
+        // The leader lists every node's admin address, from their answers to its probes:
+        // a page whose own node dies reads on through another.
+        let leader_status: serde_json::Value =
+            serde_json::from_str(&http_get(leader_addr, "/v1/status")).expect("JSON");
+        let listed: BTreeMap<u64, String> = leader_status["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| Some((m["id"].as_u64()?, m["admin_http"].as_str()?.to_owned())))
+            .collect();
+        let every: BTreeMap<u64, String> = nodes
+            .iter()
+            .map(|(id, d)| (*id, d.http_addr().to_string()))
+            .collect();
         if named
             .iter()
             .all(|n| n.as_deref() == Some(leader_http.as_str()))
+            && listed == every
         {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "never named {leader_http}: {named:?}"
+            "never named {leader_http}: {named:?}, or not every node's listed: {listed:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The admin HTTP reads a request's body before the request takes one of its
+/// `MAX_ADMIN_CALLS_IN_FLIGHT` places: more slow senders than places leave the status
+/// answered, and each is answered 408 once its body is `ADMIN_BODY_TIMEOUT` late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_bodies_hold_no_admin_place_and_are_answered_408() {
+    use std::io::{Read, Write};
+
+    use allot_coordinator::daemon::admin::{ADMIN_BODY_TIMEOUT, MAX_ADMIN_CALLS_IN_FLIGHT};
+    let dir = TempDir::new().expect("temporary directory");
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let d = start(1, dir.path(), grpc, BTreeMap::new()).await;
+    let addr = d.http_addr();
+    let mut slow: Vec<std::net::TcpStream> = (0..MAX_ADMIN_CALLS_IN_FLIGHT + 16)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).expect("connects");
+            write!(
+                s,
+                "PUT /v1/config HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{"
+            )
+            .expect("half a body");
+            s
+        })
+        .collect();
+    let started = Instant::now();
+    // Every place is free: the status answers 200 (asserted by the helper) at once.
+    let status: serde_json::Value =
+        serde_json::from_str(&http_get(addr, "/v1/status")).expect("JSON");
+    assert_eq!(status["node"], 1);
+    assert!(started.elapsed() < ADMIN_BODY_TIMEOUT, "the status waited");
+    let s = slow.last_mut().expect("a slow sender");
+    s.set_read_timeout(Some(ADMIN_BODY_TIMEOUT * 3))
+        .expect("timeout");
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).expect("an answer");
+    assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+    assert!(
+        started.elapsed() >= ADMIN_BODY_TIMEOUT,
+        "answered before the deadline"
+    );
 }

@@ -158,6 +158,24 @@ mod process {
         }
     }
 
+    /// `allot coordinator`, one node on loopback ports of its choosing, with `DIR/limits.yaml`
+    /// and data in `DIR/coordinator`.
+    pub fn coordinator_cmd(dir: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+        cmd.args([
+            "coordinator",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .arg("--data")
+        .arg(dir.join("coordinator"))
+        .arg("--limits")
+        .arg(dir.join("limits.yaml"));
+        cmd
+    }
+
     /// The arguments of [`Process::agent`], after `cmd`'s own (a command that runs the binary
     /// elsewhere, in a network namespace, takes the same).
     pub fn agent_args(cmd: &mut Command, dir: &Path, region: &str, coordinators: Option<&str>) {

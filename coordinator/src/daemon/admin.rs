@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use allot_core::ids::RegionId;
 use allot_proto::tls;
@@ -26,7 +27,7 @@ use axum::routing::{delete, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::Raft;
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::daemon::cluster::{self, Role};
 use crate::daemon::config;
@@ -85,7 +86,63 @@ pub fn router(admin: Admin) -> Router {
             admin.clone(),
             changes_need_the_token,
         ))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(Semaphore::new(MAX_ADMIN_CALLS_IN_FLIGHT)),
+            shed_past_the_cap,
+        ))
         .with_state(admin)
+}
+
+/// Admin HTTP requests handled at once; one more is answered 503 at once. Operators, the CLI
+/// and dashboards make a few a second: this bounds what a flood of them (each status read
+/// takes the state's lock and asks the rebalancer) can take from the leader's work.
+pub const MAX_ADMIN_CALLS_IN_FLIGHT: usize = 64;
+
+/// Longest a request's body may take to arrive. It is read before the request takes one of
+/// the places above, so that slow senders cannot hold them.
+pub const ADMIN_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads the body (at most [`config::MAX_PUT_BODY_BYTES`], within [`ADMIN_BODY_TIMEOUT`]: 413
+/// or 408 otherwise), then takes a place: 503 with `Retry-After: 1` past
+/// [`MAX_ADMIN_CALLS_IN_FLIGHT`], counted, never queued.
+async fn shed_past_the_cap(
+    State(permits): State<Arc<Semaphore>>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, config::MAX_PUT_BODY_BYTES);
+    let body = match tokio::time::timeout(ADMIN_BODY_TIMEOUT, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            let why = format!(
+                "the body is over {} bytes, or broke off",
+                config::MAX_PUT_BODY_BYTES
+            );
+            return refusal(StatusCode::PAYLOAD_TOO_LARGE, why);
+        }
+        Err(_) => {
+            let why = format!("the body did not arrive within {ADMIN_BODY_TIMEOUT:?}");
+            return refusal(StatusCode::REQUEST_TIMEOUT, why);
+        }
+    };
+    let Ok(_permit) = permits.try_acquire() else {
+        metrics::counter!(crate::daemon::metrics::SHED, "what" => "admin_http").increment(1);
+        let why = format!(
+            "this coordinator node is serving {MAX_ADMIN_CALLS_IN_FLIGHT} admin requests at \
+             once: try again shortly"
+        );
+        let mut answer = refusal(StatusCode::SERVICE_UNAVAILABLE, why);
+        let retry = axum::http::HeaderValue::from_static("1");
+        answer.headers_mut().insert(header::RETRY_AFTER, retry);
+        return answer;
+    };
+    let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
+    next.run(request).await
+}
+
+fn refusal(status: StatusCode, why: String) -> Response {
+    (status, Json(serde_json::json!({ "error": why }))).into_response()
 }
 
 /// Every change (any method but GET and HEAD) needs `Authorization: Bearer TOKEN` of the
@@ -134,6 +191,10 @@ struct Member {
     id: NodeId,
     /// Its raft and sync address.
     address: String,
+    /// Its admin HTTP address as this node knows it: its own; the leader's, from its probes;
+    /// on the leader, every node's, from their answers to its probes. The dashboard reads on
+    /// through another node's when its own dies.
+    admin_http: Option<String>,
     /// voter or learner.
     role: Role,
 }
@@ -252,6 +313,17 @@ async fn status_now(admin: &Admin) -> Status {
     s
 }
 
+/// `node`'s admin HTTP address as this node (`me`) knows it.
+fn admin_http_of(admin: &Admin, me: NodeId, node: NodeId) -> Option<String> {
+    if node == me {
+        return Some(admin.admin_http.clone());
+    }
+    admin
+        .leader_admin
+        .of(node)
+        .or_else(|| admin.leader_admin.node(node))
+}
+
 /// What raft and the committed state say, on any node.
 fn raft_status(admin: &Admin) -> Status {
     let metrics = admin.raft.metrics();
@@ -262,6 +334,7 @@ fn raft_status(admin: &Admin) -> Status {
         .map(|(id, n)| Member {
             id: *id,
             address: n.addr.clone(),
+            admin_http: admin_http_of(admin, m.id, *id),
             role: cluster::role_of(membership, *id),
         })
         .collect();
@@ -341,4 +414,57 @@ pub(crate) async fn leader_status(admin: &Admin) -> Option<LeaderStatus> {
         .await
         .ok()?
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use tokio::sync::Notify;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// With every place taken, a request is answered 503 with `Retry-After` at once; when
+    /// the place comes back, the next one is served.
+    #[tokio::test]
+    async fn a_request_past_the_places_is_answered_503_at_once() {
+        let release = Arc::new(Notify::new());
+        let held = release.clone();
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(move || async move {
+                    held.notified().await;
+                    "done"
+                }),
+            )
+            .route("/fast", get(|| async { "fast" }))
+            .layer(middleware::from_fn_with_state(
+                Arc::new(Semaphore::new(1)),
+                shed_past_the_cap,
+            ));
+        let get_ = |path: &str| {
+            let request = axum::http::Request::get(path)
+                .body(Body::empty())
+                .expect("a request");
+            router.clone().oneshot(request)
+        };
+        let slow = tokio::spawn(get_("/slow"));
+        // Until the slow one holds the place, /fast may get it: wait for the refusal.
+        let refused = loop {
+            let answer = get_("/fast").await.expect("answered");
+            if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
+                break answer;
+            }
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+        release.notify_one();
+        assert_eq!(
+            slow.await.expect("task").expect("answered").status(),
+            StatusCode::OK
+        );
+        let after = get_("/fast").await.expect("answered");
+        assert_eq!(after.status(), StatusCode::OK, "the place came back");
+    }
 }

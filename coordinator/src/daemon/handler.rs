@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use crate::daemon::cluster;
 use crate::daemon::leader::{Ended, JOB_QUEUE, Job, Leader, bridge_clock};
 use crate::daemon::metrics as m;
+use crate::network::LeaderAdmin;
 use crate::state::ClusterCommand;
 use crate::store::StateReader;
 use crate::sync_service::{Answer, SyncHandler};
@@ -120,13 +121,14 @@ impl SyncHandler for RaftSyncHandler {
 
 /// Runs the rebalancer while this node leads: started for each term it is elected in,
 /// dropped (and its queue with it) as soon as raft says it no longer leads, until `stop`.
-/// `admin_http`: this node's admin address, which its probes name while it leads.
+/// `admins`: this node's admin address, which its probes name while it leads, and the other
+/// nodes' as their answers name them.
 pub async fn supervise(
     raft: Raft<TypeConfig>,
     state: StateReader,
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
-    admin_http: String,
+    admins: Arc<LeaderAdmin>,
     dialer: Dialer,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -154,7 +156,7 @@ pub async fn supervise(
                 state.clone(),
                 slot.clone(),
                 cfg.clone(),
-                admin_http.clone(),
+                admins.clone(),
                 dialer.clone(),
                 term,
             );
@@ -182,7 +184,7 @@ async fn lead(
     state: StateReader,
     slot: Arc<LeaderSlot>,
     cfg: CoordinatorConfig,
-    admin_http: String,
+    admins: Arc<LeaderAdmin>,
     dialer: Dialer,
     term: u64,
 ) {
@@ -199,7 +201,7 @@ async fn lead(
     tracing::info!(term, start_index, "leading: the rebalancer runs");
     let bridge = bridge_clock(&raft, &state, &dialer).await;
     let leader = Leader::new(raft, &state, cfg, leader_term, bridge)
-        .naming(admin_http)
+        .naming(admins)
         .dialing(dialer);
     let (tx, rx) = mpsc::channel(JOB_QUEUE);
     slot.set(term, tx);

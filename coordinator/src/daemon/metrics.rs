@@ -29,6 +29,8 @@ pub const CLOCK_PROBE_FAILURES: &str = "allot_coordinator_clock_probe_failures_t
 pub const CLOCK_FRAMES: &str = "allot_coordinator_clock_frames_total";
 pub const CLUSTER_CLOCK_OFFSET: &str = "allot_coordinator_cluster_clock_offset_seconds";
 pub const REFUSED_PEERS: &str = "allot_coordinator_refused_peers_total";
+pub const SHED: &str = "allot_coordinator_shed_total";
+pub const MALFORMED_SYNC_UPS: &str = "allot_coordinator_malformed_sync_ups_total";
 
 /// Installs the process-wide Prometheus recorder (once; later calls, from any thread, get the
 /// same handle).
@@ -53,6 +55,14 @@ fn describe() {
         "1 while this node leads and runs the rebalancer."
     );
     describe_gauge!(TERM, "This node's raft term.");
+    describe_counter!(
+        MALFORMED_SYNC_UPS,
+        "Sync streams ended because a message did not decode as a SyncUp (INVALID_ARGUMENT)."
+    );
+    describe_counter!(
+        SHED,
+        "Calls refused at once past a fixed cap, by what: sync_stream (streams open at once, MAX_SYNC_STREAMS), sync_stream_region (streams of one region's certificate, MAX_SYNC_STREAMS_PER_REGION), admin_http (admin HTTP requests at once, MAX_ADMIN_CALLS_IN_FLIGHT)."
+    );
     describe_counter!(
         REFUSED_PEERS,
         "Calls refused because the caller's certificate does not name a peer allowed to make them (D58), by kind: not_a_region, other_region, not_a_member, unnamed; and admin changes without the admin token (D60): admin_token."

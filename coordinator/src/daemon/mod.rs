@@ -126,12 +126,13 @@ impl Daemon {
         if let Some(members) = members {
             initialize(&node.raft, members).await?;
         }
+        node.leader_admin.set_own(http_addr.to_string());
         let mut tasks = vec![tokio::spawn(handler::supervise(
             node.raft.clone(),
             node.state.clone(),
             slot.clone(),
             settings.rebalance.clone(),
-            http_addr.to_string(),
+            node.leader_admin.clone(),
             node.dialer.clone(),
             stopping.clone(),
         ))];
