@@ -26,6 +26,7 @@ pub mod allocation;
 pub mod check;
 pub mod cli;
 pub mod clock;
+pub mod clock_frame;
 pub mod engine;
 pub mod error;
 pub mod link;

@@ -27,10 +27,12 @@ use allot_core::gateway::{
 use allot_core::ids::{LeaseId, LimitId, RegionId};
 use allot_core::limit::{Consistency, FailureMode, LimitSpec, Quota, RegionWeights};
 use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, TableCommand};
-use allot_core::sync::{ClockSample, CounterRef, SyncDown, SyncUp};
+use allot_core::sync::{CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
 
 use crate::clock::RegionClock;
+use crate::clock_frame::{ClockFrames, Replicated};
+use crate::engine::derive_seed;
 use crate::error::{ScenarioError, SimError};
 use crate::node::{
     AllowanceView, Bound, BoundTerm, CoordinatorNode, CoordinatorObservation, CoordinatorSetup,
@@ -392,14 +394,20 @@ impl NodeFactory for CoreFactory {
         debug_assert!(outcome.is_applied(), "{outcome:?}");
         let mut coordinator =
             Coordinator::new(self.coordinator.clone(), table, now, setup.leader_term);
-        // Every leader of a run reads the one true clock: samples regions measured with an
-        // earlier leader's answers carry over unchanged. (The daemon measures the hop and
-        // replicates the samples too; a new leader here starts without them, so it reclaims
-        // a region it has not heard later than the daemon's would.)
+        // Every leader of a run reads the one true clock, and knows every earlier leader's by
+        // a probe whose error is drawn (`clock_frame`): samples regions measured with an
+        // earlier leader's answers carry over by it, and so does the last clock frame
+        // replayed from the log.
+        let frames = ClockFrames::new(
+            derive_seed(setup.seed, setup.leader_term),
+            setup.scenario.coordinator.commit_latency,
+            now,
+        );
         for earlier in 0..setup.leader_term {
-            coordinator.adopt_clocks(earlier, ClockSample::SAME_CLOCK, Vec::new());
+            coordinator.adopt_clocks(earlier, frames.hop(earlier), Vec::new());
         }
         CoreCoordinator {
+            frames,
             tick: self.coordinator.sync_interval,
             next_tick: now + self.coordinator.sync_interval,
             coordinator,
@@ -418,12 +426,12 @@ impl NodeFactory for CoreFactory {
             .map_or(FailureMode::default(), |l| l.failure_mode)
     }
 
-    fn reload_command(&self, reload: usize) -> Option<TableCommand> {
-        Some(TableCommand::SetConfig {
+    fn reload_command(&self, reload: usize) -> Option<Replicated> {
+        Some(Replicated::Table(TableCommand::SetConfig {
             version: reload_version(reload),
             limits: self.reloads.get(reload)?.clone(),
             regions: self.regions.clone(),
-        })
+        }))
     }
 
     fn region_command(
@@ -431,13 +439,13 @@ impl NodeFactory for CoreFactory {
         region: &RegionId,
         removed: bool,
         now: Timestamp,
-    ) -> Option<TableCommand> {
+    ) -> Option<Replicated> {
         let region = region.clone();
-        Some(if removed {
+        Some(Replicated::Table(if removed {
             TableCommand::RemoveRegion { region, at: now }
         } else {
             TableCommand::RestoreRegion { region }
-        })
+        }))
     }
 
     fn corrects_clocks(&self) -> bool {
@@ -775,6 +783,8 @@ impl CoreRegion {
 /// The coordinator leader over `Coordinator`, and the bound it states per window.
 pub struct CoreCoordinator {
     coordinator: Coordinator,
+    /// The clock frames it replays, adopts and records.
+    frames: ClockFrames,
     /// False for the static-split baseline: nobody talks to it and it states nothing.
     active: bool,
     limits: Vec<LimitSpec>,
@@ -859,9 +869,10 @@ fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {
 }
 
 impl CoordinatorNode for CoreCoordinator {
-    type Command = TableCommand;
+    type Command = Replicated;
 
     fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool {
+        self.frames.adopt(&mut self.coordinator);
         // Only the scenario's regions exist, and the table knows them all; it refuses the
         // ones an operator removed.
         match self.coordinator.handle_sync_up(now, msg) {
@@ -878,11 +889,29 @@ impl CoordinatorNode for CoreCoordinator {
         self.coordinator.poll_sync_down(now, region, reply_to_seq)
     }
 
-    fn poll_proposals(&mut self, now: Timestamp) -> Vec<TableCommand> {
-        self.coordinator.poll_proposals(now)
+    fn poll_proposals(&mut self, now: Timestamp) -> Vec<Replicated> {
+        self.frames.adopt(&mut self.coordinator);
+        let mut out: Vec<Replicated> = (self.coordinator.poll_proposals(now).into_iter())
+            .map(Replicated::Table)
+            .collect();
+        if self.active {
+            out.extend(self.frames.poll(now, &self.coordinator));
+        }
+        out
     }
 
-    fn handle_committed(&mut self, now: Timestamp, cmd: &TableCommand) {
+    fn handle_committed(&mut self, now: Timestamp, cmd: &Replicated) {
+        let cmd = match cmd {
+            Replicated::Table(cmd) => cmd,
+            Replicated::ClockFrame {
+                leader_term,
+                samples,
+            } => {
+                let own = self.coordinator.leader_term();
+                self.frames.committed(own, *leader_term, samples);
+                return;
+            }
+        };
         if !self.coordinator.handle_committed(now, cmd).is_applied() {
             self.rejected_commands += 1;
         } else if let TableCommand::SetConfig { limits, .. } = cmd {
@@ -892,10 +921,16 @@ impl CoordinatorNode for CoreCoordinator {
     }
 
     fn poll_timeout(&self) -> Option<Timestamp> {
-        self.active.then_some(self.next_tick)
+        self.active
+            .then_some(self.next_tick.min(self.frames.next_at()))
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {
+        self.frames.adopt(&mut self.coordinator);
+        // The timer also fires for a clock frame, which `poll_proposals` records.
+        if self.next_tick > now {
+            return;
+        }
         while self.next_tick <= now {
             self.next_tick = self.next_tick + self.tick;
         }

@@ -1,0 +1,129 @@
+//! The leader's clock frame, as the coordinator daemon replicates it (D47, D56 in
+//! docs/decisions.md): every [`CLOCK_FRAME_INTERVAL`] the leader commits its regions' latest
+//! clock samples through the log, and a new leader starts from the last frame committed, carried
+//! over to its own clock by a probe of the earlier leader's (the hop). Without it a new leader
+//! knows no region's clock until the region is heard again, and reclaims a silent closed
+//! region's floor later than the daemon does.
+//!
+//! The simulated leaders share the true clock, so the hop's true offset is 0; what the daemon's
+//! probe gets wrong is drawn: an offset anywhere within half the probe's round trip (the
+//! replicated log's commit latency, one round trip to a majority), which the carried samples'
+//! round trips then carry as uncertainty.
+
+use std::time::Duration;
+
+use allot_core::ids::RegionId;
+use allot_core::rebalance::{Coordinator, TableCommand};
+use allot_core::sync::ClockSample;
+use allot_core::time::Timestamp;
+
+use crate::engine::derive_seed;
+
+/// How often the leader records a frame: the daemon's `CLOCK_FRAME_INTERVAL`.
+pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What the simulated replicated log carries for the core coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replicated {
+    /// A change to the allowance table.
+    Table(TableCommand),
+    /// A leader's clock samples of the regions, on its own clock (`RecordClockFrame`).
+    ClockFrame {
+        leader_term: u64,
+        samples: Vec<(RegionId, ClockSample)>,
+    },
+}
+
+/// A leader's side of the frames: the last one committed before it led (adopted before its
+/// first live input) and when it records its next.
+#[derive(Clone, Debug)]
+pub struct ClockFrames {
+    /// The last frame an earlier leader committed, replayed but not adopted yet.
+    pending: Option<(u64, Vec<(RegionId, ClockSample)>)>,
+    /// With no frame in the log a leader records one at once (D56); otherwise at its first
+    /// tick, its probes of the other nodes taking no time here.
+    next_at: Timestamp,
+    /// Per earlier term, the probe of that leader's clock this leader took (drawn).
+    seed: u64,
+    probe_round_trip: Duration,
+}
+
+impl ClockFrames {
+    pub fn new(seed: u64, probe_round_trip: Duration, now: Timestamp) -> ClockFrames {
+        ClockFrames {
+            pending: None,
+            next_at: now,
+            seed,
+            probe_round_trip,
+        }
+    }
+
+    /// The hop to the earlier leader of `term`: its true offset is 0 (one clock), measured
+    /// with an error of at most half the probe's round trip, which the sample carries.
+    pub fn hop(&self, term: u64) -> ClockSample {
+        let round_trip_nanos = u64::try_from(self.probe_round_trip.as_nanos()).unwrap_or(u64::MAX);
+        let half = round_trip_nanos / 2;
+        let draw = derive_seed(self.seed, term) % (2 * half + 1);
+        let offset_nanos = i64::try_from(draw).unwrap_or(0) - i64::try_from(half).unwrap_or(0);
+        ClockSample {
+            offset_nanos,
+            round_trip_nanos: 2 * half,
+        }
+    }
+
+    /// A frame of `leader_term` came through the log: an earlier leader's is kept to adopt
+    /// (the last one wins, as the daemon's state keeps only the last).
+    pub fn committed(
+        &mut self,
+        own_term: u64,
+        leader_term: u64,
+        samples: &[(RegionId, ClockSample)],
+    ) {
+        if leader_term < own_term {
+            self.pending = Some((leader_term, samples.to_vec()));
+        }
+    }
+
+    /// Before the leader's first live input: it starts from the last frame, carried over by
+    /// its probe of the recorder.
+    pub fn adopt(&mut self, coordinator: &mut Coordinator) {
+        if let Some((term, samples)) = self.pending.take() {
+            coordinator.adopt_clocks(term, self.hop(term), samples);
+        }
+    }
+
+    /// The frame to record now, if one is due.
+    pub fn poll(&mut self, now: Timestamp, coordinator: &Coordinator) -> Option<Replicated> {
+        if now < self.next_at {
+            return None;
+        }
+        self.next_at = now + CLOCK_FRAME_INTERVAL;
+        Some(Replicated::ClockFrame {
+            leader_term: coordinator.leader_term(),
+            samples: coordinator.clock_samples(),
+        })
+    }
+
+    pub fn next_at(&self) -> Timestamp {
+        self.next_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hop_is_drawn_within_half_its_round_trip_and_differs_by_term() {
+        let frames = ClockFrames::new(7, Duration::from_millis(10), Timestamp::from_unix_nanos(0));
+        let hops: Vec<_> = (0..64).map(|t| frames.hop(t)).collect();
+        for h in &hops {
+            assert_eq!(h.round_trip_nanos, 10_000_000);
+            assert!(h.offset_nanos.unsigned_abs() <= 5_000_000, "{h:?}");
+        }
+        assert!(hops.iter().any(|h| h.offset_nanos > 1_000_000));
+        assert!(hops.iter().any(|h| h.offset_nanos < -1_000_000));
+        let none = ClockFrames::new(7, Duration::ZERO, Timestamp::from_unix_nanos(0));
+        assert_eq!(none.hop(3), ClockSample::SAME_CLOCK);
+    }
+}
