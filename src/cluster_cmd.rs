@@ -16,7 +16,7 @@ use allot_coordinator::daemon::regions;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::config_cmd::{CoordinatorNodes, fail, request};
+use crate::config_cmd::{CoordinatorNodes, Targets, fail, request};
 
 /// Room above the node's own bounds for the answer to arrive.
 const ANSWER_MARGIN: Duration = Duration::from_secs(5);
@@ -275,7 +275,9 @@ impl Change {
             return fail(1, &e);
         }
         let mut tried = Vec::new();
-        for addr in addresses {
+        let mut targets = Targets::new(addresses);
+        while let Some(addr) = targets.next() {
+            let addr = &addr;
             let sent = request(addr, self.method, &self.path, self.body.as_deref());
             let answer = tokio::time::timeout(self.timeout, sent)
                 .await
@@ -288,11 +290,14 @@ impl Change {
                     }
                     return ExitCode::SUCCESS;
                 }
-                Ok((421, v)) => tried.push(format!(
-                    "{addr}: not the leader (leader: node {} at {})",
-                    v["leader"],
-                    v["leader_address"].as_str().unwrap_or("unknown")
-                )),
+                Ok((421, v)) => {
+                    targets.follow(&v);
+                    tried.push(format!(
+                        "{addr}: not the leader (leader: node {} at {})",
+                        v["leader"],
+                        v["leader_address"].as_str().unwrap_or("unknown")
+                    ));
+                }
                 Ok((status, v)) if (400..500).contains(&status) => {
                     let error = v["error"].as_str().unwrap_or("refused");
                     return fail(1, &format!("{} refused by {addr}: {error}", self.what));

@@ -193,7 +193,9 @@ enum Round {
 async fn put_round(nodes: &[String], body: &str) -> Round {
     let mut tried = Vec::new();
     let mut passing = false;
-    for addr in nodes {
+    let mut targets = Targets::new(nodes);
+    while let Some(addr) = targets.next() {
+        let addr = &addr;
         let answer =
             tokio::time::timeout(PUT_TIMEOUT, request(addr, "PUT", "/v1/config", Some(body)))
                 .await
@@ -219,6 +221,7 @@ async fn put_round(nodes: &[String], body: &str) -> Round {
             Ok((421, v)) => {
                 // No leader known: an election is under way.
                 passing |= v["leader"].is_null();
+                targets.follow(&v);
                 tried.push(format!(
                     "{addr}: not the leader (leader: node {} at {})",
                     v["leader"],
@@ -312,6 +315,60 @@ fn summary(v: &Value) -> String {
     out
 }
 
+/// The admin addresses a change is sent to in turn: the operator's, then each leader's admin
+/// address a node named in a `421` (`leader_admin_http`, from the leader's clock probes) that
+/// is not among them, each once.
+pub(crate) struct Targets {
+    addresses: Vec<String>,
+    given: usize,
+    next: usize,
+}
+
+impl Targets {
+    /// Leaders followed in one round, at most (each answer names one; leaders change).
+    const MAX_FOLLOWED: usize = 8;
+
+    pub(crate) fn new(given: &[String]) -> Targets {
+        Targets {
+            addresses: given.to_vec(),
+            given: given.len(),
+            next: 0,
+        }
+    }
+
+    pub(crate) fn next(&mut self) -> Option<String> {
+        let addr = self.addresses.get(self.next)?.clone();
+        self.next += 1;
+        Some(addr)
+    }
+
+    /// A `421`'s body: its `leader_admin_http`, if new, is tried after the rest.
+    pub(crate) fn follow(&mut self, answer: &Value) {
+        let Some(leader) = answer["leader_admin_http"].as_str() else {
+            return;
+        };
+        if leader.is_empty()
+            || self.addresses.iter().any(|a| same_address(a, leader))
+            || self.addresses.len() - self.given >= Self::MAX_FOLLOWED
+        {
+            return;
+        }
+        self.addresses.push(leader.to_owned());
+    }
+}
+
+/// `http://h:p/`, `h:p` and `https://h:p` name the same node.
+fn same_address(a: &str, b: &str) -> bool {
+    let bare = |s: &str| {
+        let s = s
+            .strip_prefix("https://")
+            .or_else(|| s.strip_prefix("http://"))
+            .unwrap_or(s);
+        s.trim_end_matches('/').to_owned()
+    };
+    bare(a) == bare(b)
+}
+
 /// One HTTP/1.1 request on a fresh connection: the status code and the body as JSON (`null`
 /// when it is not JSON).
 pub(crate) async fn request(
@@ -364,4 +421,37 @@ pub(crate) fn admin_authorization() -> Result<String, String> {
 pub(crate) fn fail(code: u8, msg: &str) -> ExitCode {
     eprintln!("allot: {msg}");
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn all(t: &mut Targets) -> Vec<String> {
+        std::iter::from_fn(|| t.next()).collect()
+    }
+
+    #[test]
+    fn a_named_leader_is_tried_after_the_given_nodes_once() {
+        let mut t = Targets::new(&["a:1".to_owned(), "b:2".to_owned()]);
+        assert_eq!(t.next().as_deref(), Some("a:1"));
+        t.follow(&json!({"leader": 3, "leader_admin_http": "c:3"}));
+        t.follow(&json!({"leader": 3, "leader_admin_http": "c:3"}));
+        // One of the given nodes, however it is written, is not tried twice.
+        t.follow(&json!({"leader": 2, "leader_admin_http": "https://b:2/"}));
+        t.follow(&json!({"leader": null, "leader_admin_http": null}));
+        t.follow(&json!({"leader": 1, "leader_admin_http": ""}));
+        assert_eq!(all(&mut t), vec!["b:2", "c:3"]);
+    }
+
+    #[test]
+    fn followed_leaders_are_capped() {
+        let mut t = Targets::new(&["a:1".to_owned()]);
+        for i in 0..100 {
+            t.follow(&json!({ "leader_admin_http": format!("n:{i}") }));
+        }
+        assert_eq!(all(&mut t).len(), 1 + Targets::MAX_FOLLOWED);
+    }
 }

@@ -506,6 +506,26 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
         first_node.grpc.as_str(),
         "{answer}"
     );
+    // ... and, once the leader's clock probes reached it, the leader's admin address, which
+    // `config put` given the follower alone follows.
+    let third_http = originals[third as usize - 1].http.clone();
+    eventually(
+        "the follower names the leader's admin address",
+        || {
+            let delete = format!("/v1/cluster/nodes/{first}");
+            http(&third_http, "DELETE", &delete, "").1["leader_admin_http"].clone()
+        },
+        |v| v == first_node.http.as_str(),
+    )
+    .await;
+    let put = config_put(&dir, &third_http, 4);
+    assert!(
+        put.contains(&format!(
+            "version 4 committed ({} rules) by {}",
+            1, first_node.http
+        )),
+        "{put}"
+    );
 
     // 3. The leader removes itself: the remaining voters (the third original and node 4)
     // elect a leader, which commits; the agents, listing two removed nodes, follow it.
@@ -543,8 +563,8 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
     let old = first_node.status();
     assert_ne!(old["state"], "leader", "{old}");
     assert_eq!(old["role"], "not_member", "{old}");
-    let put = config_put(&dir, &admin_list, 4);
-    assert!(put.contains("version 4 committed"), "{put}");
+    let put = config_put(&dir, &admin_list, 5);
+    assert!(put.contains("version 5 committed"), "{put}");
     for agent in [&a, &b] {
         eventually(
             "the agent follows the new leader",
@@ -566,9 +586,9 @@ async fn a_node_is_added_a_follower_and_the_leader_removed_and_the_cluster_goes_
     }
     // Node 4 holds what the new leader committed.
     eventually(
-        "node 4 applies version 4",
+        "node 4 applies version 5",
         || four.status()["config_version"].clone(),
-        |v| v == 4,
+        |v| v == 5,
     )
     .await;
 }

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::daemon::admin::Admin;
+use crate::network::LeaderAdmin;
 use crate::sync_service::LeaderHint;
 use crate::types::{NodeId, TypeConfig};
 
@@ -118,14 +119,17 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Reply {
 
 /// `421 Misdirected Request` from a node that does not lead: the leader's id and raft address
 /// as this node knows them (the address may be only a member that knows the leader, from a
-/// removed node).
-pub fn misdirected(m: &Metrics, to: &str) -> Reply {
+/// removed node), and the leader's admin address where its clock probes named it to this node
+/// (`leader_admin_http`, which the CLI follows).
+pub fn misdirected(m: &Metrics, admin: &LeaderAdmin, to: &str) -> Reply {
+    let leader = known_leader(m);
     (
         StatusCode::MISDIRECTED_REQUEST,
         Json(json!({
             "error": format!("node {} does not lead: {to} on the leader", m.id),
-            "leader": known_leader(m),
+            "leader": leader,
             "leader_address": redirect_address(m),
+            "leader_admin_http": leader.and_then(|l| admin.of(l)),
         })),
     )
 }
@@ -187,7 +191,7 @@ pub async fn add(State(admin): State<Admin>, body: Result<Bytes, BytesRejection>
     };
     let m = admin.raft.metrics().borrow().clone();
     if !leads(&m) {
-        return misdirected(&m, "change the membership");
+        return misdirected(&m, &admin.leader_admin, "change the membership");
     }
     if let Err(reply) = check_add(&m, &req) {
         return reply;
@@ -307,7 +311,7 @@ pub async fn remove(State(admin): State<Admin>, Path(id): Path<String>) -> Reply
     };
     let m = admin.raft.metrics().borrow().clone();
     if !leads(&m) {
-        return misdirected(&m, "change the membership");
+        return misdirected(&m, &admin.leader_admin, "change the membership");
     }
     let membership = m.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();

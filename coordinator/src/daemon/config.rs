@@ -206,7 +206,7 @@ fn not_leader(admin: &Admin) -> Reply {
             "this node leads but its rebalancer is starting: put again in a moment",
         );
     }
-    cluster::misdirected(&m, "put the configuration")
+    cluster::misdirected(&m, &admin.leader_admin, "put the configuration")
 }
 
 /// `GET /v1/config`: the configuration in force on this node's applied state.

@@ -258,5 +258,5 @@ fn not_leader(admin: &Admin) -> Reply {
             "this node leads but its rebalancer is starting: try again in a moment",
         );
     }
-    cluster::misdirected(&m, "change the regions")
+    cluster::misdirected(&m, &admin.leader_admin, "change the regions")
 }
