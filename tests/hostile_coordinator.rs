@@ -134,6 +134,69 @@ async fn bad_messages(grpc: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) 
     }
 }
 
+/// SyncUps that decode but are wrong: from a region the cluster does not know (refused,
+/// naming it), from no region (refused), and from a configured region no agent runs, on a
+/// configuration version the cluster never had, carrying the entry of a limit nobody
+/// configured (answered, counted as another version's, and no table row comes of it).
+async fn wrong_but_decodable(coordinator: &Process) {
+    let channel = connect(&coordinator.grpc).await;
+    let up = |region: &str, limit: &str| pb::SyncUp {
+        region: region.to_owned(),
+        boot: 1,
+        seq: 1,
+        config_version: 77,
+        entries: vec![pb::CounterEntry {
+            counter: Some(pb::CounterRef {
+                limit: limit.to_owned(),
+                key: "k".to_owned(),
+                window: 0,
+            }),
+            region: region.to_owned(),
+            granted_units: 1_000_000_000,
+            refunded_units: 0,
+        }],
+        ..pb::SyncUp::default()
+    };
+    let first_answer = |msg: pb::SyncUp| {
+        let mut client = SyncClient::new(channel.clone());
+        async move {
+            let mut answers = client.stream(tokio_stream::iter([msg])).await?.into_inner();
+            answers.message().await
+        }
+    };
+    for (region, want) in [
+        ("mars", Code::FailedPrecondition),
+        ("", Code::InvalidArgument),
+    ] {
+        let answer = first_answer(up(region, "api/user")).await;
+        let code = answer.as_ref().err().map(tonic::Status::code);
+        assert_eq!(
+            code,
+            Some(want),
+            "a SyncUp from region {region:?}: {answer:?}"
+        );
+    }
+    let other_before = coordinator.metric("allot_coordinator_other_version_sync_ups_total");
+    let answer = first_answer(up("b", "nobody/configured")).await;
+    match &answer {
+        Ok(Some(_)) => {}
+        Err(status) => assert!(clear(status.code()), "{status:?}"),
+        Ok(None) => panic!("no answer and no status"),
+    }
+    support::eventually(
+        "the other version's SyncUp is counted",
+        || coordinator.metric("allot_coordinator_other_version_sync_ups_total"),
+        |n| *n > other_before,
+    )
+    .await;
+    let status = get_json(&coordinator.http, "/v1/status");
+    assert!(
+        !status.to_string().contains("nobody/configured"),
+        "{status}"
+    );
+    assert_eq!(status["config_version"], 1, "{status}");
+}
+
 /// Reads the status in a loop until `stop`: served or shed (503), nothing else.
 fn status_flood(http: &str, stop: &AtomicBool, counts: &Counts) {
     while !stop.load(Ordering::Relaxed) {
@@ -307,6 +370,8 @@ async fn a_coordinator_under_hostile_input_keeps_its_agents_synced() {
         rss_peak - rss_before < MAX_RSS_GROWTH_BYTES,
         "the coordinator grew from {rss_before} to {rss_peak} bytes"
     );
+
+    wrong_but_decodable(&coordinator).await;
 
     // After it all, the agent's counter still reaches the coordinator.
     assert!(agent.acquire("api", "user", "after", 7).await);
