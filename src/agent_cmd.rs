@@ -102,6 +102,12 @@ pub struct AgentArgs {
     /// --tls-* certificate, HTTP/1.1; bearer tokens then cross it encrypted.
     #[arg(long, env = "ALLOT_HTTP_TLS")]
     http_tls: bool,
+    /// The SHA-256 (64 hex digits) of the token operators' reads (/metrics, /v1/status,
+    /// /v1/keys) and key watches must carry as `Authorization: Bearer TOKEN`:
+    /// `printf %s TOKEN | sha256sum`. None: whoever reaches the HTTP port may read them.
+    /// /healthz and /readyz stay open.
+    #[arg(long, env = "ALLOT_READ_TOKEN_SHA256", value_name = "HEX")]
+    read_token_sha256: Option<String>,
     /// Who may call the lease API, RLS and RLQS, and for which domains (a JSON file,
     /// docs/security.md). Without one, every caller may spend every domain.
     #[arg(long, env = "ALLOT_CALLERS", value_name = "FILE")]
@@ -149,6 +155,13 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.gateway_tls = args.gateway_tls;
     settings.http_tls = args.http_tls;
     settings.max_in_flight_calls = args.max_in_flight_calls;
+    settings.read_token_sha256 = args
+        .read_token_sha256
+        .as_deref()
+        .map(|h| {
+            allot_proto::tls::parse_sha256_hex(h).map_err(|e| format!("--read-token-sha256: {e}"))
+        })
+        .transpose()?;
     if let Some(path) = &args.callers {
         let callers = Callers::load(path).map_err(|e| e.to_string())?;
         settings.callers = Some(Arc::new(callers));

@@ -382,7 +382,7 @@ pub(crate) async fn request(
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{}\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        admin_authorization()?,
+        authorization(method)?,
         body.len()
     );
     s.write_all(req.as_bytes())
@@ -409,11 +409,26 @@ pub(crate) async fn request(
 /// with --admin-token-sha256 needs it for changes; D60), else nothing. Read from the
 /// environment only, so the token never shows in a process list.
 pub(crate) fn admin_authorization() -> Result<String, String> {
-    match std::env::var("ALLOT_ADMIN_TOKEN") {
+    bearer_from("ALLOT_ADMIN_TOKEN")
+}
+
+/// The header a call of `method` carries: a read, ALLOT_READ_TOKEN when set (a daemon started
+/// with --read-token-sha256 needs it, D63), else the admin token (which a coordinator also
+/// takes for reads); a change, the admin token.
+pub(crate) fn authorization(method: &str) -> Result<String, String> {
+    let read = matches!(method, "GET" | "HEAD");
+    if read && std::env::var_os("ALLOT_READ_TOKEN").is_some() {
+        return bearer_from("ALLOT_READ_TOKEN");
+    }
+    admin_authorization()
+}
+
+fn bearer_from(var: &str) -> Result<String, String> {
+    match std::env::var(var) {
         Ok(t) if t.bytes().all(|b| b.is_ascii_graphic()) && !t.is_empty() => {
             Ok(format!("Authorization: Bearer {t}\r\n"))
         }
-        Ok(_) => Err("ALLOT_ADMIN_TOKEN must be printable ASCII with no spaces".to_owned()),
+        Ok(_) => Err(format!("{var} must be printable ASCII with no spaces")),
         Err(_) => Ok(String::new()),
     }
 }

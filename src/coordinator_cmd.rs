@@ -72,6 +72,12 @@ pub struct CoordinatorArgs {
     /// CLI sends ALLOT_ADMIN_TOKEN. None: anyone who reaches the port may change them.
     #[arg(long, env = "ALLOT_ADMIN_TOKEN_SHA256", value_name = "HEX")]
     admin_token_sha256: Option<String>,
+    /// The SHA-256 (64 hex digits) of the token the admin HTTP's reads (status, config,
+    /// members, regions, metrics) must carry; the admin token opens them too. The CLI sends
+    /// ALLOT_READ_TOKEN (or ALLOT_ADMIN_TOKEN); the dashboard takes it as `#token=TOKEN`.
+    /// None: reads are open. The dashboard's page and /healthz stay open.
+    #[arg(long, env = "ALLOT_READ_TOKEN_SHA256", value_name = "HEX")]
+    read_token_sha256: Option<String>,
     /// Serve the admin HTTP over TLS with the --tls-* certificate (a client certificate
     /// optional). The CLI then names the node `https://HOST:PORT` and trusts ALLOT_TLS_CA.
     #[arg(long, env = "ALLOT_ADMIN_TLS")]
@@ -117,6 +123,14 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
             .map(|h| {
                 allot_proto::tls::parse_sha256_hex(h)
                     .map_err(|e| format!("--admin-token-sha256: {e}"))
+            })
+            .transpose()?,
+        read_token_sha256: args
+            .read_token_sha256
+            .as_deref()
+            .map(|h| {
+                allot_proto::tls::parse_sha256_hex(h)
+                    .map_err(|e| format!("--read-token-sha256: {e}"))
             })
             .transpose()?,
         admin_tls: args.admin_tls,
@@ -192,7 +206,8 @@ pub fn status(args: StatusArgs) -> ExitCode {
 /// GET over HTTP/1.1 on a fresh connection; the body parsed as JSON.
 async fn get_json(addr: &str, path: &str) -> Result<Value, String> {
     let (mut s, host) = crate::admin_http::connect(addr).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let auth = crate::config_cmd::authorization("GET")?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{auth}\r\n");
     s.write_all(req.as_bytes())
         .await
         .map_err(|e| format!("{addr}: {e}"))?;

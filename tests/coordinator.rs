@@ -73,6 +73,7 @@ async fn start_node(
         limits: Some(limits::StartLimits::Files(files)),
         tls: None,
         admin_token_sha256: None,
+        read_token_sha256: None,
         admin_tls: false,
     };
     let http = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -157,6 +157,87 @@ async fn the_dashboard_on_a_follower_shows_the_leaders_figures_through_a_leader_
     demo.finish();
 }
 
+/// A cluster started with a read token (D63): the page given the token as `#token=TOKEN` reads
+/// the status with it and takes it out of the address bar; a window opened without it says
+/// the token is needed instead of showing a network error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_reads_with_the_token_given_in_its_address() {
+    if !slow_tier() || !browser_here() {
+        return;
+    }
+    const TOKEN: &str = "read-5be0a1";
+    let dir = support::scratch("dashboard", "read_token", Some(TOKEN_LIMITS));
+    let mut cmd = support::coordinator_cmd(&dir);
+    cmd.args(["--read-token-sha256", &support::sha256_hex(TOKEN)]);
+    let node = support::Process::start(cmd, "coordinator");
+    let driver = ChromeDriver::start();
+    let browser = driver.session().await;
+    let shown = |browser: &Client| {
+        let browser = browser.clone();
+        async move {
+            browser
+                .execute(
+                    "const e = document.querySelector('#error'); return { \
+                     term: document.querySelector('#leader').dataset.term || null, \
+                     error: e.hidden ? null : e.textContent, hash: location.hash };",
+                    vec![],
+                )
+                .await
+                .expect("the page runs the read")
+        }
+    };
+    browser
+        .goto(&format!("http://{}/#token={TOKEN}", node.http))
+        .await
+        .expect("the page loads");
+    let with = wait_for(&browser, &shown, |v| !v["term"].is_null()).await;
+    assert_eq!(with["error"], Value::Null, "{with}");
+    assert_eq!(
+        with["hash"], "",
+        "the token stays in the address bar: {with}"
+    );
+
+    let without = browser.new_window(false).await.expect("a window").handle;
+    browser.switch_to_window(without).await.expect("to it");
+    browser
+        .goto(&format!("http://{}/", node.http))
+        .await
+        .expect("the page loads");
+    let refused = wait_for(&browser, &shown, |v| !v["error"].is_null()).await;
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("401") && e.contains("#token=TOKEN")),
+        "{refused}"
+    );
+    assert_eq!(refused["term"], Value::Null, "{refused}");
+    browser.close().await.expect("the session closes");
+}
+
+const TOKEN_LIMITS: &str = "\
+domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000}
+";
+
+/// The page's answer to `read` once `done` holds of it.
+async fn wait_for<F, Fut>(browser: &Client, read: &F, done: impl Fn(&Value) -> bool) -> Value
+where
+    F: Fn(&Client) -> Fut,
+    Fut: std::future::Future<Output = Value>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = read(browser).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "the page never got there: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The dashboard of the node at `addr` in the current window, with the error hooks in.
 async fn open_page(browser: &Client, addr: &str) {
     browser

@@ -2,17 +2,20 @@
 //! answers), `/readyz` (state restored, configuration loaded, listeners up, not shutting
 //! down), `/v1/keys?domain=D&descriptor=k=v,k2=v2`, one key's state as JSON, and `/v1/status`,
 //! the sync link and each limit's partition state as JSON. The same port serves the lease
-//! API as HTTP/JSON (`crate::service::http`).
+//! API as HTTP/JSON (`crate::service::http`). With `--read-token-sha256` every route here but
+//! the two health checks needs the read token (D63).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use allot_core::budget::inspect::PreviousWindow;
 use allot_core::limit::{Consistency, PartitionPolicy};
+use allot_proto::tls;
 use axum::Json;
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -21,6 +24,7 @@ use serde_json::{Value, json};
 use crate::callers::LiveCallers;
 use crate::convert;
 use crate::grpc_link::LinkStatus;
+use crate::metrics;
 use crate::request::Target;
 use crate::service::http as lease_http;
 use crate::service::lease::LeaseApi;
@@ -42,13 +46,19 @@ pub fn router(
     shed: Shed,
     callers: Arc<LiveCallers>,
 ) -> Router {
+    let read_token = agent.settings().read_token_sha256;
     Router::new()
         .route("/metrics", get(render_metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
         .route("/v1/keys", get(key))
         .route("/v1/keys/watch", post(watch_key))
         .route("/v1/status", get(status))
+        // Only the routes above: the lease API merged below has its callers (D59).
+        .route_layer(middleware::from_fn_with_state(
+            read_token,
+            reads_need_the_token,
+        ))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
         .with_state(Admin {
             agent: agent.clone(),
             link,
@@ -59,6 +69,38 @@ pub fn router(
             callers,
             shed,
         ))
+}
+
+/// With a read token configured (D63), an operator's call needs `Authorization: Bearer TOKEN`
+/// of its digest: 401 otherwise, counted as a refused caller of kind `read_token`.
+async fn reads_need_the_token(
+    State(want): State<Option<[u8; 32]>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(want) = want else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(tls::bearer)
+        .map(tls::token_sha256);
+    if presented == Some(want) {
+        return next.run(request).await;
+    }
+    metrics::refused_caller("read_token");
+    let body = json!({
+        "error": "this agent's admin reads need `Authorization: Bearer TOKEN` with the token \
+                  whose SHA-256 it was started with (--read-token-sha256)"
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(body),
+    )
+        .into_response()
 }
 
 /// The sync link and the machine's view: whether the coordinator answers, and whether the

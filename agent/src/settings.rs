@@ -110,6 +110,10 @@ pub struct Settings {
     /// Serve the HTTP port (the HTTP/JSON lease API, metrics, status) over TLS with `tls`'s
     /// certificate, HTTP/1.1.
     pub http_tls: bool,
+    /// The SHA-256 of the token the operators' reads (`/metrics`, `/v1/status`, `/v1/keys`)
+    /// and key watches must carry as `Authorization: Bearer` (D63); `None`: they are open.
+    /// `/healthz` and `/readyz` stay open for load balancers.
+    pub read_token_sha256: Option<[u8; 32]>,
 }
 
 impl Settings {
@@ -137,6 +141,7 @@ impl Settings {
             callers_file: None,
             gateway_tls: false,
             http_tls: false,
+            read_token_sha256: None,
             max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
         }
     }

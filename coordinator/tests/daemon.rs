@@ -75,6 +75,7 @@ async fn start(
         }),
         tls: None,
         admin_token_sha256: None,
+        read_token_sha256: None,
         admin_tls: false,
     };
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");

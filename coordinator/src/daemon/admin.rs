@@ -56,6 +56,8 @@ pub struct Admin {
     pub admin_http: String,
     /// What a change must carry (D60); `None`: anyone may make one.
     pub admin_token_sha256: Option<[u8; 32]>,
+    /// What a read must carry, if anything (D63): this token or the admin token.
+    pub read_token_sha256: Option<[u8; 32]>,
 }
 
 pub fn router(admin: Admin) -> Router {
@@ -63,7 +65,7 @@ pub fn router(admin: Admin) -> Router {
         .route("/", get(dashboard::page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(render_metrics))
-        .route("/v1/status", get(status))
+        .route("/v1/status", get(status).options(status_preflight))
         .route(
             "/v1/config",
             get(config::get)
@@ -84,7 +86,7 @@ pub fn router(admin: Admin) -> Router {
         )
         .layer(middleware::from_fn_with_state(
             admin.clone(),
-            changes_need_the_token,
+            calls_need_their_token,
         ))
         .layer(middleware::from_fn_with_state(
             Arc::new(Semaphore::new(MAX_ADMIN_CALLS_IN_FLIGHT)),
@@ -145,18 +147,25 @@ fn refusal(status: StatusCode, why: String) -> Response {
     (status, Json(serde_json::json!({ "error": why }))).into_response()
 }
 
-/// Every change (any method but GET and HEAD) needs `Authorization: Bearer TOKEN` of the
-/// configured digest: 401 otherwise, counted. Reads stay open: the dashboard and the status
-/// are for whoever may reach the port.
-async fn changes_need_the_token(
+/// Every change (any method but GET, HEAD and OPTIONS) needs `Authorization: Bearer TOKEN` of
+/// the admin token's digest; with a read token configured (D63), every read but the
+/// dashboard's page and `/healthz` needs that token or the admin token. 401 otherwise,
+/// counted. A CORS preflight carries no token and says nothing: it passes.
+async fn calls_need_their_token(
     State(admin): State<Admin>,
     request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    let Some(want) = admin.admin_token_sha256 else {
-        return next.run(request).await;
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    let open_path = matches!(request.uri().path(), "/" | "/healthz");
+    let wanted: &[Option<[u8; 32]>] = match *request.method() {
+        Method::OPTIONS => &[],
+        _ if read && (open_path || admin.read_token_sha256.is_none()) => &[],
+        _ if read => &[admin.read_token_sha256, admin.admin_token_sha256],
+        _ if admin.admin_token_sha256.is_none() => &[],
+        _ => &[admin.admin_token_sha256],
     };
-    if matches!(*request.method(), Method::GET | Method::HEAD) {
+    if wanted.is_empty() {
         return next.run(request).await;
     }
     let presented = request
@@ -165,21 +174,47 @@ async fn changes_need_the_token(
         .and_then(|v| v.to_str().ok())
         .and_then(tls::bearer)
         .map(tls::token_sha256);
-    if presented == Some(want) {
+    if presented.is_some() && wanted.contains(&presented) {
         return next.run(request).await;
     }
-    metrics::counter!(crate::daemon::metrics::REFUSED_PEERS, "kind" => "admin_token").increment(1);
-    let body = serde_json::json!({
-        "error": "a change needs `Authorization: Bearer TOKEN` with the token whose SHA-256 \
-                  this node was started with (--admin-token-sha256; the CLI sends \
-                  ALLOT_ADMIN_TOKEN)"
-    });
+    let (kind, error) = if read {
+        (
+            "read_token",
+            "a read needs `Authorization: Bearer TOKEN` with the token whose SHA-256 this node \
+             was started with (--read-token-sha256; the CLI sends ALLOT_READ_TOKEN), or the \
+             admin token; the dashboard takes it as #token=TOKEN after its address",
+        )
+    } else {
+        (
+            "admin_token",
+            "a change needs `Authorization: Bearer TOKEN` with the token whose SHA-256 this node \
+             was started with (--admin-token-sha256; the CLI sends ALLOT_ADMIN_TOKEN)",
+        )
+    };
+    metrics::counter!(crate::daemon::metrics::REFUSED_PEERS, "kind" => kind).increment(1);
     (
         StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        Json(body),
+        [
+            (header::WWW_AUTHENTICATE, "Bearer"),
+            // The dashboard reading another node learns it needs the token, not a network error.
+            (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+        ],
+        Json(serde_json::json!({ "error": error })),
     )
         .into_response()
+}
+
+/// The browser's question before the dashboard reads another node's status with a token.
+async fn status_preflight() -> impl IntoResponse {
+    (
+        StatusCode::NO_CONTENT,
+        [
+            (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+            (header::ACCESS_CONTROL_ALLOW_HEADERS, "authorization"),
+            (header::ACCESS_CONTROL_ALLOW_METHODS, "GET"),
+            (header::ACCESS_CONTROL_MAX_AGE, "600"),
+        ],
+    )
 }
 
 async fn render_metrics(State(admin): State<Admin>) -> String {
@@ -271,7 +306,7 @@ struct ClockFrameStatus {
     nodes: Vec<NodeId>,
 }
 
-/// Read-only and unauthenticated like the rest of the admin API, so open to any origin: the
+/// Read-only, so open to any origin (behind the read token when one is set, D63): the
 /// dashboard a follower serves reads the leader's status from the page (no proxy).
 async fn status(State(admin): State<Admin>) -> impl IntoResponse {
     (

@@ -68,6 +68,10 @@ pub struct DaemonSettings {
     /// The SHA-256 of the token the admin HTTP's changes (configuration, membership,
     /// regions) must carry as `Authorization: Bearer` (D60); `None`: anyone may, warned.
     pub admin_token_sha256: Option<[u8; 32]>,
+    /// The SHA-256 of the token the admin HTTP's reads (status, configuration, members,
+    /// regions, metrics) must carry, or the admin token (D63); `None`: reads are open. The
+    /// dashboard's page and `/healthz` stay open.
+    pub read_token_sha256: Option<[u8; 32]>,
     /// Serve the admin HTTP over TLS with `tls`'s certificate (D60).
     pub admin_tls: bool,
 }
@@ -154,6 +158,7 @@ impl Daemon {
             leader_admin: node.leader_admin.clone(),
             admin_http: http_addr.to_string(),
             admin_token_sha256: settings.admin_token_sha256,
+            read_token_sha256: settings.read_token_sha256,
         };
         tasks.push(tokio::spawn(serve_admin(http, admin_tls, admin, stopping)));
         Ok(Daemon {
