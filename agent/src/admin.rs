@@ -81,12 +81,7 @@ async fn reads_need_the_token(
     let Some(want) = want else {
         return next.run(request).await;
     };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(tls::bearer)
-        .map(tls::token_sha256);
+    let presented = tls::bearer_sha256(request.headers());
     if presented == Some(want) {
         return next.run(request).await;
     }

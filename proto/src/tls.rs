@@ -575,6 +575,13 @@ pub fn bearer(authorization: &str) -> Option<&str> {
     (!token.is_empty()).then_some(token)
 }
 
+/// The SHA-256 of the bearer token an HTTP request's `authorization` header carries, if it
+/// carries one: what the admin HTTP of either daemon compares with its configured digests.
+pub fn bearer_sha256(headers: &tonic::codegen::http::HeaderMap) -> Option<[u8; 32]> {
+    let value = headers.get(tonic::codegen::http::header::AUTHORIZATION)?;
+    bearer(value.to_str().ok()?).map(token_sha256)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,9 @@
 //! the samples the frame replicated, as the daemon's does, and the bound holds with the
 //! handover's probe error drawn.
 
-use allot_sim::runner::{RunOptions, run_scenario};
-use allot_sim::{CoreFactory, Report, scenario};
+mod common;
+
+use allot_sim::{Report, scenario};
 
 /// Three regions on a strict closed limit of 6,000 units per 4 s window, 20% floors each.
 /// `a` asks 8,000 a window; `c` is cut off from 8 s to 36 s, and the leader is lost from 9 s
@@ -36,12 +37,7 @@ faults:
 
 fn run(text: &str, seeds: std::ops::Range<u64>) -> Report {
     let s = scenario::parse("frame.yaml", text).unwrap_or_else(|e| panic!("{e}"));
-    let factory = CoreFactory::new(&s).unwrap_or_else(|e| panic!("{e}"));
-    let options = RunOptions {
-        jobs: 2,
-        wall_clock: false,
-    };
-    run_scenario(&s, seeds, options, &factory).unwrap_or_else(|e| panic!("{e}"))
+    common::run(&s, seeds)
 }
 
 /// What `a` and `b` admitted together in the window starting at `start_ms`.

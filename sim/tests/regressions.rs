@@ -3,18 +3,8 @@
 
 mod common;
 
-use allot_sim::runner::{RunOptions, run_scenario};
-use allot_sim::{CoreFactory, Report, Scenario, scenario};
-use common::{scenarios_dir, shipped};
-
-fn run(s: &Scenario, seeds: std::ops::Range<u64>) -> Report {
-    let factory = CoreFactory::new(s).unwrap_or_else(|e| panic!("{e}"));
-    let options = RunOptions {
-        jobs: 2,
-        wall_clock: false,
-    };
-    run_scenario(s, seeds, options, &factory).unwrap_or_else(|e| panic!("{e}"))
-}
+use allot_sim::{Report, Scenario, scenario};
+use common::{run, scenarios_dir, shipped};
 
 /// `allot sim --scenario sim/scenarios/agent-crash.yaml --seeds 0..2` failed (overshoot above
 /// the bound on the regions' clocks, about 900 units in the crash's window) while the limit

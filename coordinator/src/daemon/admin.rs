@@ -168,12 +168,7 @@ async fn calls_need_their_token(
     if wanted.is_empty() {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(tls::bearer)
-        .map(tls::token_sha256);
+    let presented = tls::bearer_sha256(request.headers());
     if presented.is_some() && wanted.contains(&presented) {
         return next.run(request).await;
     }

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use allot_sim::{Scenario, scenario};
+use allot_sim::runner::{RunOptions, run_scenario};
+use allot_sim::{CoreFactory, Report, Scenario, scenario};
 
 /// Every scenario the simulator ships: the ten the simulator's issue names, and the real
 /// network partition's schedule (tests/partition_netns.rs), run on both sides for
@@ -32,4 +33,15 @@ pub fn scenarios_dir() -> PathBuf {
 pub fn shipped(name: &str) -> Scenario {
     let path = scenarios_dir().join(format!("{name}.yaml"));
     scenario::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// `seeds` of `s` over the real machines, two at a time; a scenario the factory refuses or a
+/// run that errs fails the test.
+pub fn run(s: &Scenario, seeds: std::ops::Range<u64>) -> Report {
+    let factory = CoreFactory::new(s).unwrap_or_else(|e| panic!("{e}"));
+    let options = RunOptions {
+        jobs: 2,
+        wall_clock: false,
+    };
+    run_scenario(s, seeds, options, &factory).unwrap_or_else(|e| panic!("{e}"))
 }
