@@ -2,7 +2,9 @@
 //! (docs/security.md, "Bad input over the wire"): sync streams opened and left idle past the
 //! coordinator's cap, undecodable and oversized sync messages, a flood of admin status reads,
 //! and slow HTTP clients holding admin connections with half-sent headers; each alone, then
-//! all at once.
+//! all at once. After them, messages that decode but are wrong: SyncUps from an unknown
+//! region, from none, and on another configuration version for an unconfigured limit; raft
+//! messages of another cluster, and garbage.
 //!
 //! Checked: every hostile call gets a clear status (no success, no internal error); the agent
 //! stays synced through all of it (connected, its view never expired) and its counter reaches
@@ -22,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use allot_coordinator::daemon::admin::MAX_ADMIN_CALLS_IN_FLIGHT;
 use allot_coordinator::sync_service::MAX_SYNC_STREAMS;
+use allot_proto::raft::v1::RaftRequest;
+use allot_proto::raft::v1::raft_service_client::RaftServiceClient;
 use allot_proto::sync::v1 as pb;
 use allot_proto::sync::v1::sync_client::SyncClient;
 use allot_proto::sync_convert::MAX_SYNC_MESSAGE_BYTES;
@@ -195,6 +199,33 @@ async fn wrong_but_decodable(coordinator: &Process) {
         "{status}"
     );
     assert_eq!(status["config_version"], 1, "{status}");
+
+    // Raft messages of another cluster, and one of this cluster that does not decode: refused,
+    // and the node's term and log stay as they were.
+    let before = get_json(&coordinator.http, "/v1/status");
+    let mut raft = RaftServiceClient::new(connect(&coordinator.grpc).await);
+    let foreign = RaftRequest {
+        cluster: "another-cluster".to_owned(),
+        payload: vec![0x01],
+    };
+    let refused = raft
+        .vote(foreign)
+        .await
+        .expect_err("another cluster's vote");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let cluster = before["cluster"].as_str().unwrap_or("allot").to_owned();
+    let garbage = RaftRequest {
+        cluster,
+        payload: vec![0x01, 0xff, 0xff, 0xff],
+    };
+    let refused = raft.append_entries(garbage).await.expect_err("garbage");
+    assert!(clear(refused.code()), "{refused:?}");
+    let after = get_json(&coordinator.http, "/v1/status");
+    assert_eq!(
+        (&after["term"], &after["state"]),
+        (&before["term"], &before["state"]),
+        "{after}"
+    );
 }
 
 /// Reads the status in a loop until `stop`: served or shed (503), nothing else.
