@@ -291,7 +291,7 @@ impl Change {
                     return ExitCode::SUCCESS;
                 }
                 Ok((421, v)) => {
-                    targets.follow(&v);
+                    targets.follow(addr, &v);
                     tried.push(format!(
                         "{addr}: not the leader (leader: node {} at {})",
                         v["leader"],

@@ -221,7 +221,7 @@ async fn put_round(nodes: &[String], body: &str) -> Round {
             Ok((421, v)) => {
                 // No leader known: an election is under way.
                 passing |= v["leader"].is_null();
-                targets.follow(&v);
+                targets.follow(addr, &v);
                 tried.push(format!(
                     "{addr}: not the leader (leader: node {} at {})",
                     v["leader"],
@@ -342,11 +342,18 @@ impl Targets {
         Some(addr)
     }
 
-    /// A `421`'s body: its `leader_admin_http`, if new, is tried after the rest.
-    pub(crate) fn follow(&mut self, answer: &Value) {
-        let Some(leader) = answer["leader_admin_http"].as_str() else {
+    /// A `421`'s body from the node at `from`: its `leader_admin_http`, if new, is tried after
+    /// the rest, with `from`'s scheme (nodes serve their admin HTTP alike, D60).
+    pub(crate) fn follow(&mut self, from: &str, answer: &Value) {
+        let Some(named) = answer["leader_admin_http"].as_str() else {
             return;
         };
+        let scheme = if from.starts_with("https://") && !named.contains("://") {
+            "https://"
+        } else {
+            ""
+        };
+        let leader = &format!("{scheme}{named}");
         if leader.is_empty()
             || self.addresses.iter().any(|a| same_address(a, leader))
             || self.addresses.len() - self.given >= Self::MAX_FOLLOWED
@@ -452,20 +459,31 @@ mod tests {
     fn a_named_leader_is_tried_after_the_given_nodes_once() {
         let mut t = Targets::new(&["a:1".to_owned(), "b:2".to_owned()]);
         assert_eq!(t.next().as_deref(), Some("a:1"));
-        t.follow(&json!({"leader": 3, "leader_admin_http": "c:3"}));
-        t.follow(&json!({"leader": 3, "leader_admin_http": "c:3"}));
+        t.follow("a:1", &json!({"leader": 3, "leader_admin_http": "c:3"}));
+        t.follow("a:1", &json!({"leader": 3, "leader_admin_http": "c:3"}));
         // One of the given nodes, however it is written, is not tried twice.
-        t.follow(&json!({"leader": 2, "leader_admin_http": "https://b:2/"}));
-        t.follow(&json!({"leader": null, "leader_admin_http": null}));
-        t.follow(&json!({"leader": 1, "leader_admin_http": ""}));
+        t.follow(
+            "a:1",
+            &json!({"leader": 2, "leader_admin_http": "https://b:2/"}),
+        );
+        t.follow("a:1", &json!({"leader": null, "leader_admin_http": null}));
+        t.follow("a:1", &json!({"leader": 1, "leader_admin_http": ""}));
         assert_eq!(all(&mut t), vec!["b:2", "c:3"]);
+    }
+
+    #[test]
+    fn a_leader_named_by_a_node_over_https_is_tried_over_https() {
+        let mut t = Targets::new(&["https://a:1".to_owned()]);
+        t.next();
+        t.follow("https://a:1", &json!({"leader_admin_http": "c:3"}));
+        assert_eq!(all(&mut t), vec!["https://c:3"]);
     }
 
     #[test]
     fn followed_leaders_are_capped() {
         let mut t = Targets::new(&["a:1".to_owned()]);
         for i in 0..100 {
-            t.follow(&json!({ "leader_admin_http": format!("n:{i}") }));
+            t.follow("a:1", &json!({ "leader_admin_http": format!("n:{i}") }));
         }
         assert_eq!(all(&mut t).len(), 1 + Targets::MAX_FOLLOWED);
     }
