@@ -185,7 +185,8 @@ fn announce(out: Out, plan: &Plan, dir: &Path, cluster: &Cluster) {
          dashboard: http://{first}/ (live, in a browser; any node's admin HTTP serves it)\n  \
          coordinators' admin HTTP: {} (/v1/status; `allot status --coordinator {first}`)\n  \
          limit {DOMAIN}/tenant={TENANT}: {QUOTA_UNITS} per {WINDOW_SECS} s worldwide, \
-         default share {WEIGHT} of it per region",
+         default share {WEIGHT} of it per region\n  \
+         {}",
         cluster::NODES,
         REGIONS.join(", "),
         plan.duration.as_secs(),
@@ -196,6 +197,13 @@ fn announce(out: Out, plan: &Plan, dir: &Path, cluster: &Cluster) {
             "plaintext (--plaintext)"
         },
         nodes.join(" "),
+        match plan.kill_leader_at_secs {
+            Some(at) => format!(
+                "the leader is killed at {at} s and restarted {} s later                  (--kill-leader-at SECONDS|none)",
+                plan.restart_after_secs
+            ),
+            None => "no leader kill (--kill-leader-at none)".to_owned(),
+        },
     ));
 }
 

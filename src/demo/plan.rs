@@ -22,10 +22,11 @@ pub struct DemoArgs {
     /// files).
     #[arg(long, default_value = "60s")]
     duration: String,
-    /// SIGKILL the coordinator's leader this many seconds into the run; it is started again
-    /// `--restart-after` seconds later, so the cluster returns to three nodes.
-    #[arg(long, value_name = "SECONDS")]
-    kill_leader_at: Option<u64>,
+    /// SIGKILL the coordinator's leader this many seconds into the run (by default half way
+    /// through; `none`: never); it is started again `--restart-after` seconds later, so the
+    /// cluster returns to three nodes.
+    #[arg(long, value_name = "SECONDS|none")]
+    kill_leader_at: Option<String>,
     /// Seconds the killed leader stays down before it is started again (with
     /// `--kill-leader-at`; 0: at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 3)]
@@ -82,7 +83,8 @@ impl Plan {
             ));
         }
         let secs = duration.as_secs();
-        if let Some(at) = args.kill_leader_at
+        let kill_leader_at_secs = kill_at(args.kill_leader_at.as_deref(), secs)?;
+        if let Some(at) = kill_leader_at_secs
             && at >= secs
         {
             return Err(format!(
@@ -96,13 +98,27 @@ impl Plan {
             .transpose()?;
         Ok(Plan {
             duration,
-            kill_leader_at_secs: args.kill_leader_at,
+            kill_leader_at_secs,
             restart_after_secs: args.restart_after,
             partition,
             json: args.json,
             keep: args.keep,
             tls: !args.plaintext,
         })
+    }
+}
+
+/// `--kill-leader-at`: not given, the middle of a run of `run_secs` (a first run shows a
+/// leader dying and the cluster going on); `none`, no kill.
+fn kill_at(given: Option<&str>, run_secs: u64) -> Result<Option<u64>, String> {
+    match given {
+        None => Ok(Some(run_secs / 2)),
+        Some("none") => Ok(None),
+        Some(text) => {
+            text.trim().parse::<u64>().map(Some).map_err(|_| {
+                format!("--kill-leader-at '{text}': a whole number of seconds, or none")
+            })
+        }
     }
 }
 
@@ -149,7 +165,7 @@ mod tests {
     fn args(duration: &str, kill: Option<u64>, partition: Option<&str>) -> DemoArgs {
         DemoArgs {
             duration: duration.to_owned(),
-            kill_leader_at: kill,
+            kill_leader_at: Some(kill.map_or("none".to_owned(), |k| k.to_string())),
             restart_after: 3,
             partition: partition.map(str::to_owned),
             json: false,
@@ -180,6 +196,21 @@ mod tests {
             let err = Plan::from_args(&args(bad, None, None)).expect_err(bad);
             assert!(err.starts_with("--duration"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_leader_dies_half_way_unless_told_otherwise() {
+        let mut a = args("1m", None, None);
+        a.kill_leader_at = None;
+        assert_eq!(
+            Plan::from_args(&a).expect("ok").kill_leader_at_secs,
+            Some(30)
+        );
+        a.kill_leader_at = Some("none".to_owned());
+        assert_eq!(Plan::from_args(&a).expect("ok").kill_leader_at_secs, None);
+        a.kill_leader_at = Some("soon".to_owned());
+        let err = Plan::from_args(&a).expect_err("not a number");
+        assert!(err.contains("--kill-leader-at 'soon'"), "{err}");
     }
 
     #[test]
