@@ -157,9 +157,10 @@ async fn the_dashboard_on_a_follower_shows_the_leaders_figures_through_a_leader_
     demo.finish();
 }
 
-/// A cluster started with a read token (D63): the page given the token as `#token=TOKEN` reads
-/// the status with it and takes it out of the address bar; a window opened without it says
-/// the token is needed instead of showing a network error.
+/// A cluster started with a read token (D63): the page of a follower, given the token as
+/// `#token=TOKEN`, reads its own node's status and the leader's through it (a cross-origin read
+/// with the token, after the browser's preflight) and takes the token out of the address bar;
+/// a window opened without it says the token is needed instead of showing a network error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_reads_with_the_token_given_in_its_address() {
     if !slow_tier() || !browser_here() {
@@ -167,9 +168,49 @@ async fn the_dashboard_reads_with_the_token_given_in_its_address() {
     }
     const TOKEN: &str = "read-5be0a1";
     let dir = support::scratch("dashboard", "read_token", Some(TOKEN_LIMITS));
-    let mut cmd = support::coordinator_cmd(&dir);
-    cmd.args(["--read-token-sha256", &support::sha256_hex(TOKEN)]);
-    let node = support::Process::start(cmd, "coordinator");
+    let addrs: Vec<(String, String)> = (0..3)
+        .map(|_| {
+            let port = || format!("127.0.0.1:{}", free_port());
+            (port(), port())
+        })
+        .collect();
+    let peers: Vec<String> = (1..=3)
+        .map(|id| format!("{id}={}", addrs[id - 1].0))
+        .collect();
+    let nodes: Vec<support::Process> = (1..=3_usize)
+        .map(|id| {
+            let (grpc, http) = &addrs[id - 1];
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+            cmd.arg("coordinator")
+                .args(["--id", &id.to_string(), "--grpc", grpc, "--http", http])
+                .args(["--peers", &peers.join(",")])
+                .args(["--read-token-sha256", &support::sha256_hex(TOKEN)])
+                .arg("--data")
+                .arg(dir.join(format!("node-{id}")))
+                .arg("--limits")
+                .arg(dir.join("limits.yaml"));
+            support::Process::start(cmd, "coordinator")
+        })
+        .collect();
+    let follower = support::eventually(
+        "a leader whose probes named it to a follower",
+        || {
+            nodes.iter().find_map(|n| {
+                let (_, status) = support::http_request(
+                    &n.http,
+                    "GET",
+                    "/v1/status",
+                    &support::bearer_header(Some(TOKEN)),
+                    "",
+                );
+                (status["state"] == "follower" && status["leader_admin_http"].is_string())
+                    .then(|| n.http.clone())
+            })
+        },
+        Option::is_some,
+    )
+    .await
+    .expect("checked");
     let driver = ChromeDriver::start();
     let browser = driver.session().await;
     let shown = |browser: &Client| {
@@ -187,7 +228,7 @@ async fn the_dashboard_reads_with_the_token_given_in_its_address() {
         }
     };
     browser
-        .goto(&format!("http://{}/#token={TOKEN}", node.http))
+        .goto(&format!("http://{follower}/#token={TOKEN}"))
         .await
         .expect("the page loads");
     let with = wait_for(&browser, &shown, |v| !v["term"].is_null()).await;
@@ -200,7 +241,7 @@ async fn the_dashboard_reads_with_the_token_given_in_its_address() {
     let without = browser.new_window(false).await.expect("a window").handle;
     browser.switch_to_window(without).await.expect("to it");
     browser
-        .goto(&format!("http://{}/", node.http))
+        .goto(&format!("http://{follower}/"))
         .await
         .expect("the page loads");
     let refused = wait_for(&browser, &shown, |v| !v["error"].is_null()).await;
