@@ -130,6 +130,12 @@ fn a_coordinator_s_reads_need_the_read_or_admin_token() {
     assert!(out.status.success(), "{out:?}");
     let out = allot_with(&both, &status);
     assert!(out.status.success(), "{out:?}");
+    let out = allot_with(&[("ALLOT_READ_TOKEN", "two words")], &status);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("ALLOT_READ_TOKEN must be printable ASCII"),
+        "{out:?}"
+    );
 }
 
 #[test]
