@@ -116,6 +116,11 @@ pub struct Measure {
     /// after its true window ended, so the true window's end does not say when the
     /// statements covering the index arrive.
     local_raised_at: Vec<Vec<u64>>,
+    /// Per key and window index on the regions' clocks: the earliest and latest true time of
+    /// an admission counted in it. A region whose clock is ahead admits in an index before its
+    /// true window starts, so a reload between the two puts the index's units under two
+    /// quotas: it is judged against the larger, as a window a rollout overlaps is.
+    local_admitted_span: Vec<Vec<(u64, u64)>>,
     /// Windows ending after this, or raised by a settle after it, are not judged: the
     /// statements that would cover them may not have arrived before the run ended.
     judge_until_nanos: u64,
@@ -186,6 +191,10 @@ impl Measure {
             })
             .collect();
         let local_raised_at = local_windows.iter().map(|t| vec![0; t.windows]).collect();
+        let local_admitted_span = local_windows
+            .iter()
+            .map(|t| vec![(u64::MAX, 0); t.windows])
+            .collect();
         let judge_until_nanos = end.saturating_sub(duration_nanos(report_lag(scenario)));
         let bucket_nanos = duration_nanos(scenario.measure.sample_interval);
         let buckets = (end - start).div_ceil(bucket_nanos) as usize;
@@ -194,6 +203,7 @@ impl Measure {
             overage_settled_at,
             sliding_estimate,
             local_raised_at,
+            local_admitted_span,
             judge_until_nanos,
             start_nanos: start,
             end_nanos: end,
@@ -285,6 +295,8 @@ impl Measure {
         local_table.admitted_total[local_row] += units;
         let raised = &mut self.local_raised_at[key][local_row];
         *raised = (*raised).max(t);
+        let span = &mut self.local_admitted_span[key][local_row];
+        *span = (span.0.min(t), span.1.max(t));
         self.bucket(key, region, t).admitted_units += units;
     }
 
@@ -504,6 +516,7 @@ impl Measure {
             admitted_units: admitted,
             admitted_units_per_region: cells.iter().map(|c| c.admitted_units).collect(),
             admitted_units_on_region_clocks: on_region_clocks,
+            quota_units_on_region_clocks: self.local_quota_units(k, index),
             demand_units: demand,
             overshoot_units: estimate.unwrap_or(admitted).saturating_sub(quota),
             estimate_units: estimate,
@@ -522,6 +535,24 @@ impl Measure {
         }
     }
 
+    /// The quota a window index on the regions' clocks is judged against: the index's own, or
+    /// the larger quota in force when its units were admitted (a region ahead admitted in it
+    /// before a reload that cut the quota: docs/bound.md, reload).
+    fn local_quota_units(&self, k: usize, index: u64) -> u64 {
+        let limit = &self.limits[self.keys[k].limit_index];
+        let window_nanos = self.local_windows[k].window_nanos;
+        let quota = limit.quota_units_in(index * window_nanos, (index + 1) * window_nanos);
+        let span = index
+            .checked_sub(self.local_windows[k].first_index)
+            .and_then(|row| self.local_admitted_span[k].get(row as usize));
+        match span {
+            Some(&(first, last)) if first <= last => {
+                quota.max(limit.quota_units_in(first, last + 1))
+            }
+            _ => quota,
+        }
+    }
+
     /// Windows on each region's own clock where the sum over regions is above the quota plus
     /// the skew-free part of the bound: (limit, key, window index, admitted, allowed). An index
     /// whose true window is unbounded or cut off is not judged, nor one whose use was raised
@@ -536,8 +567,7 @@ impl Measure {
                 let admitted = table.admitted_total[row];
                 let index = table.first_index + row as u64;
                 // Windows of a region's clock, judged against the quota of the same index.
-                let quota = self.limits[meta.limit_index]
-                    .quota_units_in(index * table.window_nanos, (index + 1) * table.window_nanos);
+                let quota = self.local_quota_units(k, index);
                 // The same index on a region's clock uses the bound stated for that index.
                 // An index that ended before the run on the true clock is judged against what
                 // the coordinator stated for it during the run (it does state those windows),
@@ -672,6 +702,9 @@ pub struct WindowReport {
     /// Admitted in the window of the same index as each region's own clock counts it: the sum
     /// the strict invariant holds exactly, whatever the skew.
     pub admitted_units_on_region_clocks: u64,
+    /// The quota those are judged against: `quota_units`, or the larger quota in force when
+    /// a region whose clock is ahead admitted in this index before a reload cut it.
+    pub quota_units_on_region_clocks: u64,
     pub demand_units: u64,
     /// `max(0, admitted - quota)`; for a sliding-window limit `max(0, estimate - quota)`.
     pub overshoot_units: u64,

@@ -378,7 +378,7 @@ fn is_judged(w: &WindowReport) -> bool {
 /// Admitted above the quota per window index on the regions' own clocks.
 fn region_clock_overshoot(w: &WindowReport) -> u64 {
     w.admitted_units_on_region_clocks
-        .saturating_sub(w.quota_units)
+        .saturating_sub(w.quota_units_on_region_clocks)
 }
 
 fn utilizations(windows: &[WindowReport]) -> Vec<f64> {

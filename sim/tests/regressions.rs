@@ -2700,3 +2700,24 @@ fn a_settle_is_weighed_from_the_settle_on() {
 const SWARM_66: &str = include_str!(
     "../swarm-findings/seed-66-overshoot-above-bound-sliding-estimate-after-settles.yaml"
 );
+
+/// Swarm seed 3001161 (`sim/swarm-findings/seed-3001161-region-clocks-ahead-of-a-reload-removed-unheard.yaml`):
+/// r1's clock is 64 s ahead (46 s windows); it admitted 6,349 units in window 38417949 on its
+/// own clock while the true clock was still before a reload that cut the quota from 19,436
+/// to 6,758, and was removed during a leader outage. The measurement judged that index on the
+/// regions' clocks against the new quota (8,556 above 6,758); units admitted before a reload
+/// count against the quota then in force, as a window a rollout overlaps does, and now are.
+/// And the new leader, which never heard r1 (its syncs refused while removed), counted it at
+/// the table's version: a leader now states no bound while a region removed before it heard
+/// it stays removed (`a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded`).
+#[test]
+fn a_region_ahead_admitting_before_a_reload_is_judged_against_the_quota_then() {
+    assert_no_violation(&run(
+        &parsed("swarm-3001161.yaml", SWARM_3001161),
+        3001161..3001162,
+    ));
+}
+
+const SWARM_3001161: &str = include_str!(
+    "../swarm-findings/seed-3001161-region-clocks-ahead-of-a-reload-removed-unheard.yaml"
+);

@@ -3017,6 +3017,41 @@ fn under_floor_a_removed_region_s_share_stays_stranded() {
     }
 }
 
+/// A leader that never heard a removed region (its syncs are refused) does not know which
+/// version it enforces, nor what it holds there: no bound is stated until it is heard again
+/// (swarm seed 3001161).
+#[test]
+fn a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded() {
+    let limit = weighted(spec(), 300_000, 300_000);
+    let b = RegionId::from("b");
+    let mut table = table_with(&limit);
+    let remove = TableCommand::RemoveRegion {
+        region: b.clone(),
+        at: at_ms(0),
+    };
+    assert!(table.apply(remove).is_applied());
+    // A later leader, which heard `a` and never `b` (refused while removed).
+    let mut c = Coordinator::new(config(), table, at_ms(1_000), 2);
+    let mut up_a = up_with("a", 1, &[], 0);
+    up_a.config_version = c.table().config_version();
+    c.handle_sync_up(at_ms(1_010), up_a).unwrap();
+    let window = WindowIndex(START_MS / 10_000 + 1);
+    let bound = c.bound(at_ms(1_020), &LimitId::from("l"), window).unwrap();
+    let why = bound.unbounded.expect("unbounded");
+    assert!(
+        why.contains("b was removed before this leader heard it"),
+        "{why}"
+    );
+    // Added back and heard at the table's version: bounded again.
+    let restore = TableCommand::RestoreRegion { region: b };
+    assert!(c.handle_committed(at_ms(2_000), &restore).is_applied());
+    let mut up_b = up_with("b", 1, &[], 0);
+    up_b.config_version = c.table().config_version();
+    c.handle_sync_up(at_ms(2_010), up_b).unwrap();
+    let bound = c.bound(at_ms(2_020), &LimitId::from("l"), window).unwrap();
+    assert_eq!(bound.unbounded, None);
+}
+
 /// A removed region never syncs again: heard last on version 1, it does not hold up the
 /// planning of the others after a change to version 2 (a region still a live member on an old
 /// version does, D19).

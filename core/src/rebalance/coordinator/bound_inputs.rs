@@ -154,6 +154,9 @@ impl Coordinator {
         window: WindowIndex,
         inputs: &mut BoundInputs,
     ) -> Option<String> {
+        if let Some(why) = self.removed_unheard() {
+            return Some(why);
+        }
         let under_previous: Vec<Option<u64>> = self
             .table
             .regions()
@@ -189,6 +192,24 @@ impl Coordinator {
             inputs.reload_held_units.insert(r.clone(), units);
         }
         None
+    }
+
+    /// Why no bound can be stated while a region removed before this leader heard it stays
+    /// removed: its syncs are refused, so this leader never learns the version it enforces,
+    /// which may be one replaced before this leader started, whose holdings are not kept here
+    /// (the kept configurations are leader soft state). It may admit up to its default there.
+    /// Swarm seed 3001161: a region 64 s ahead, removed during an outage, on the version a
+    /// reload replaced, admitted 6,349 in a window the new leader bounded at 0 above the new
+    /// quota (`a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded`).
+    fn removed_unheard(&self) -> Option<String> {
+        let region =
+            self.table.regions().iter().find(|r| {
+                self.table.is_removed(r) && self.region_view(r).config_version.is_none()
+            })?;
+        Some(format!(
+            "{region} was removed before this leader heard it: the configuration version it \
+             enforces is not known here"
+        ))
     }
 
     /// The version `region` enforced before its current one, if its clock may have put
