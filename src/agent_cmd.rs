@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::certs_cmd::{TlsArgs, tls_flags};
+use crate::certs_cmd::{TlsArgs, digest_flag, tls_flags};
 
 /// Time to connect to an agent, and to wait for its answer, from the debugging commands.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -155,13 +155,8 @@ async fn serve(args: AgentArgs) -> Result<(), String> {
     settings.gateway_tls = args.gateway_tls;
     settings.http_tls = args.http_tls;
     settings.max_in_flight_calls = args.max_in_flight_calls;
-    settings.read_token_sha256 = args
-        .read_token_sha256
-        .as_deref()
-        .map(|h| {
-            allot_proto::tls::parse_sha256_hex(h).map_err(|e| format!("--read-token-sha256: {e}"))
-        })
-        .transpose()?;
+    settings.read_token_sha256 =
+        digest_flag("--read-token-sha256", args.read_token_sha256.as_deref())?;
     if let Some(path) = &args.callers {
         let callers = Callers::load(path).map_err(|e| e.to_string())?;
         settings.callers = Some(Arc::new(callers));

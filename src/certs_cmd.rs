@@ -242,6 +242,13 @@ pub struct TlsArgs {
     tls_ca: Option<PathBuf>,
 }
 
+/// A `--*-sha256 HEX` flag (a token's digest, D60, D63): `None` when not given, the flag
+/// named in the error when it is not 64 hex digits.
+pub fn digest_flag(flag: &str, hex: Option<&str>) -> Result<Option<[u8; 32]>, String> {
+    hex.map(|h| allot_proto::tls::parse_sha256_hex(h).map_err(|e| format!("{flag}: {e}")))
+        .transpose()
+}
+
 /// The loaded TLS material the flags name; `None` when they name none.
 pub fn tls_flags(args: &TlsArgs) -> Result<Option<Tls>, String> {
     let files = TlsFiles::from_flags(

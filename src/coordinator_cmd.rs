@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::certs_cmd::{TlsArgs, tls_flags};
+use crate::certs_cmd::{TlsArgs, digest_flag, tls_flags};
 use allot_agent::logging;
 use allot_coordinator::daemon::{Daemon, DaemonSettings, limits, parse_peers};
 use allot_coordinator::raft_config::raft_config;
@@ -117,22 +117,11 @@ fn settings(args: &CoordinatorArgs) -> Result<DaemonSettings, String> {
         rebalance: CoordinatorConfig::default(),
         limits,
         tls: tls_flags(&args.tls)?,
-        admin_token_sha256: args
-            .admin_token_sha256
-            .as_deref()
-            .map(|h| {
-                allot_proto::tls::parse_sha256_hex(h)
-                    .map_err(|e| format!("--admin-token-sha256: {e}"))
-            })
-            .transpose()?,
-        read_token_sha256: args
-            .read_token_sha256
-            .as_deref()
-            .map(|h| {
-                allot_proto::tls::parse_sha256_hex(h)
-                    .map_err(|e| format!("--read-token-sha256: {e}"))
-            })
-            .transpose()?,
+        admin_token_sha256: digest_flag(
+            "--admin-token-sha256",
+            args.admin_token_sha256.as_deref(),
+        )?,
+        read_token_sha256: digest_flag("--read-token-sha256", args.read_token_sha256.as_deref())?,
         admin_tls: args.admin_tls,
     })
 }

@@ -43,7 +43,7 @@ pub struct ClockFrames {
     /// With no frame in the log a leader records one at once (D56); otherwise at its first
     /// tick, its probes of the other nodes taking no time here.
     next_at: Timestamp,
-    /// Per earlier term, the probe of that leader's clock this leader took (drawn).
+    /// Draws the probe of each earlier leader's clock this leader took (`hop`).
     seed: u64,
     probe_round_trip: Duration,
 }
