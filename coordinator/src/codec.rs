@@ -25,6 +25,10 @@ pub const FORMAT_V3: u8 = 0x03;
 /// (`ClusterState::clock_source`); format 3, 2 and 1 states still read.
 pub const FORMAT_V4: u8 = 0x04;
 
+/// The snapshot state's layout since the table records the version each region was heard on
+/// (`AllowanceTable::recorded_version`); formats 4 to 1 still read.
+pub const FORMAT_V5: u8 = 0x05;
+
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>> {
     encode_as(FORMAT_V1, what, value)
 }

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use allot_core::ids::RegionId;
 use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
 use allot_core::rebalance::{
-    AllowanceTable, AllowanceTableV1, ApplyOutcome, MAX_PROPOSALS_PER_POLL, RejectReason,
-    TableCommand,
+    AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_PROPOSALS_PER_POLL,
+    RejectReason, TableCommand,
 };
 use allot_core::sync::{ClockSample, ConfigFiles};
 use allot_core::time::Timestamp;
@@ -210,11 +210,36 @@ pub struct ClusterState {
     clock_source: Option<ClockSource>,
 }
 
+/// The snapshot layout before the table recorded the regions' versions (format 4): read,
+/// never written.
+#[derive(Deserialize)]
+pub(crate) struct ClusterStateV4 {
+    table: AllowanceTableV2,
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+    config_files: Option<ConfigFiles>,
+    clock_source: Option<ClockSource>,
+}
+
+impl From<ClusterStateV4> for ClusterState {
+    fn from(v4: ClusterStateV4) -> Self {
+        ClusterState {
+            table: v4.table.into(),
+            limits: v4.limits,
+            regions: v4.regions,
+            clocks: v4.clocks,
+            config_files: v4.config_files,
+            clock_source: v4.clock_source,
+        }
+    }
+}
+
 /// The snapshot layout before the clock samples named their clock (format 3): read, never
 /// written.
 #[derive(Deserialize)]
 pub(crate) struct ClusterStateV3 {
-    table: AllowanceTable,
+    table: AllowanceTableV2,
     limits: Vec<LimitSpec>,
     regions: BTreeMap<RegionId, RegionMember>,
     clocks: BTreeMap<RegionId, RegionClock>,
@@ -224,7 +249,7 @@ pub(crate) struct ClusterStateV3 {
 impl From<ClusterStateV3> for ClusterState {
     fn from(v3: ClusterStateV3) -> Self {
         ClusterState {
-            table: v3.table,
+            table: v3.table.into(),
             limits: v3.limits,
             regions: v3.regions,
             clocks: v3.clocks,

@@ -18,11 +18,13 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
 use crate::codec::{
-    FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, decode_body, encode_as, split_format,
+    FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, FORMAT_V5, decode_body, encode_as, split_format,
     unknown_format,
 };
 use crate::error::Error;
-use crate::state::{ClusterState, ClusterStateV1, ClusterStateV2, ClusterStateV3, CommandOutcome};
+use crate::state::{
+    ClusterState, ClusterStateV1, ClusterStateV2, ClusterStateV3, ClusterStateV4, CommandOutcome,
+};
 use crate::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -86,7 +88,8 @@ impl StateMachineStore {
 fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
     const WHAT: &str = "snapshot state";
     let state: ClusterState = match split_format(WHAT, data)? {
-        (FORMAT_V4, body) => decode_body(WHAT, body)?,
+        (FORMAT_V5, body) => decode_body(WHAT, body)?,
+        (FORMAT_V4, body) => decode_body::<ClusterStateV4>(WHAT, body)?.into(),
         (FORMAT_V3, body) => decode_body::<ClusterStateV3>(WHAT, body)?.into(),
         (FORMAT_V2, body) => decode_body::<ClusterStateV2>(WHAT, body)?.into(),
         (FORMAT_V1, body) => decode_body::<ClusterStateV1>(WHAT, body)?.into(),
@@ -110,7 +113,7 @@ fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
 
 /// The state as a snapshot carries it (format 4).
 pub(crate) fn encode_state(state: &ClusterState) -> Result<Vec<u8>, Error> {
-    encode_as(FORMAT_V4, "snapshot state", state)
+    encode_as(FORMAT_V5, "snapshot state", state)
 }
 
 fn read_lock(lock: &RwLock<Applied>) -> RwLockReadGuard<'_, Applied> {

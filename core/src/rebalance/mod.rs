@@ -32,6 +32,6 @@ pub use coordinator::{
     Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL, RELEASE_HANDOFF_SYNC_INTERVALS,
 };
 pub use table::{
-    AllowanceRow, AllowanceTable, AllowanceTableV1, ApplyOutcome, MAX_TABLE_ROWS, PendingRelease,
-    Reclaim, RejectReason, Removal, TableCommand,
+    AllowanceRow, AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_TABLE_ROWS,
+    PendingRelease, Reclaim, RejectReason, Removal, TableCommand,
 };

@@ -83,6 +83,11 @@ impl KeptConfigs {
         }
     }
 
+    /// Whether `version` is one of the replaced configurations kept here.
+    pub fn knows(&self, version: u64) -> bool {
+        self.configs.iter().any(|c| c.version == version)
+    }
+
     /// Whether a region on the replaced configuration `version` closes itself when its view
     /// expires (the limit strict there, with the closed partition policy): only then may the
     /// leader reclaim its floor while it is silent. An unknown version does not.

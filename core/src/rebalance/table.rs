@@ -120,6 +120,11 @@ pub enum TableCommand {
     RemoveRegion { region: RegionId, at: Timestamp },
     /// The operator adds a removed region back: it is planned for again once it is heard.
     RestoreRegion { region: RegionId },
+    /// The leader heard `region` enforce configuration `version`: recorded so that a later
+    /// leader, which has not heard it yet, knows which version it may still enforce (a region
+    /// cut off through a reload and a leader change). Last variant: entries written before it
+    /// decode.
+    RecordVersion { region: RegionId, version: u64 },
 }
 
 impl TableCommand {
@@ -136,7 +141,8 @@ impl TableCommand {
             | TableCommand::EndReclaim { .. }
             | TableCommand::CollectGarbage { .. }
             | TableCommand::RemoveRegion { .. }
-            | TableCommand::RestoreRegion { .. } => None,
+            | TableCommand::RestoreRegion { .. }
+            | TableCommand::RecordVersion { .. } => None,
         }
     }
 }
@@ -178,6 +184,11 @@ pub enum RejectReason {
     RegionRemoved(RegionId),
     /// A restore of a region that is not removed.
     NotRemoved(RegionId),
+    /// A region recorded on a version the table never had.
+    FutureVersion {
+        version: u64,
+        current_version: u64,
+    },
 }
 
 impl fmt::Display for RejectReason {
@@ -228,9 +239,46 @@ pub struct AllowanceTable {
     epoch_floor: BTreeMap<LimitId, Epoch>,
     next_release_id: u64,
     row_count: usize,
-    /// Regions the operator removed (members still). Last field: snapshots written before it
-    /// read through [`AllowanceTableV1`].
+    /// Regions the operator removed (members still). Snapshots written before it read through
+    /// [`AllowanceTableV1`].
     removed: BTreeMap<RegionId, Removal>,
+    /// Per member, the configuration version a leader last heard it enforce
+    /// ([`TableCommand::RecordVersion`]). Last field: snapshots written before it read through
+    /// [`AllowanceTableV2`].
+    recorded_versions: BTreeMap<RegionId, u64>,
+}
+
+/// The table's layout before recorded versions (postcard keeps no field names).
+#[derive(Deserialize)]
+pub struct AllowanceTableV2 {
+    config_version: u64,
+    limits: BTreeMap<LimitId, LimitSpec>,
+    regions: Vec<RegionId>,
+    counters: OrderedMap<CounterRef, BTreeMap<RegionId, AllowanceRow>>,
+    reclaims: BTreeMap<(LimitId, RegionId), Reclaim>,
+    collected_below: BTreeMap<LimitId, WindowIndex>,
+    epoch_floor: BTreeMap<LimitId, Epoch>,
+    next_release_id: u64,
+    row_count: usize,
+    removed: BTreeMap<RegionId, Removal>,
+}
+
+impl From<AllowanceTableV2> for AllowanceTable {
+    fn from(v2: AllowanceTableV2) -> Self {
+        AllowanceTable {
+            config_version: v2.config_version,
+            limits: v2.limits,
+            regions: v2.regions,
+            counters: v2.counters,
+            reclaims: v2.reclaims,
+            collected_below: v2.collected_below,
+            epoch_floor: v2.epoch_floor,
+            next_release_id: v2.next_release_id,
+            row_count: v2.row_count,
+            removed: v2.removed,
+            recorded_versions: BTreeMap::new(),
+        }
+    }
 }
 
 /// The table's layout before removals, for snapshots written before them (postcard keeps no
@@ -261,6 +309,7 @@ impl From<AllowanceTableV1> for AllowanceTable {
             next_release_id: v1.next_release_id,
             row_count: v1.row_count,
             removed: BTreeMap::new(),
+            recorded_versions: BTreeMap::new(),
         }
     }
 }
@@ -338,6 +387,11 @@ impl AllowanceTable {
     /// Regions the operator removed, with when.
     pub fn removed(&self) -> &BTreeMap<RegionId, Removal> {
         &self.removed
+    }
+
+    /// The configuration version a leader last heard `region` enforce, if one was recorded.
+    pub fn recorded_version(&self, region: &RegionId) -> Option<u64> {
+        self.recorded_versions.get(region).copied()
     }
 
     pub fn is_removed(&self, region: &RegionId) -> bool {
@@ -531,6 +585,7 @@ impl AllowanceTable {
             }
             TableCommand::RemoveRegion { region, at } => self.remove_region(region, at),
             TableCommand::RestoreRegion { region } => self.restore_region(&region),
+            TableCommand::RecordVersion { region, version } => self.record_version(region, version),
         };
         match result {
             Ok(()) => ApplyOutcome::Applied,
@@ -841,6 +896,20 @@ impl AllowanceTable {
         Ok(())
     }
 
+    fn record_version(&mut self, region: RegionId, version: u64) -> Result<(), RejectReason> {
+        if self.regions.binary_search(&region).is_err() {
+            return Err(RejectReason::UnknownRegion(region));
+        }
+        if version > self.config_version {
+            return Err(RejectReason::FutureVersion {
+                version,
+                current_version: self.config_version,
+            });
+        }
+        self.recorded_versions.insert(region, version);
+        Ok(())
+    }
+
     fn collect_garbage(&mut self, limit: LimitId, before_window: WindowIndex) {
         let doomed: Vec<CounterRef> = self
             .counters
@@ -874,6 +943,8 @@ impl AllowanceTable {
         next.config_version = version;
         next.limits = limits.into_iter().map(|l| (l.id.clone(), l)).collect();
         let members_changed = next.regions != regions;
+        next.recorded_versions
+            .retain(|r, _| regions.binary_search(r).is_ok());
         next.regions = regions;
         next.drop_rows_of_changed_limits(&self.limits, members_changed);
         // Only rows of unchanged limits and members are left, and they fit as they did: a

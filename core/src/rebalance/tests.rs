@@ -50,7 +50,19 @@ fn counter(window: u64) -> CounterRef {
     }
 }
 
+/// The table at version 1 with both regions recorded on it, as a leader that heard them
+/// leaves it: the leader under test then proposes no records for regions on version 1.
 fn table_with(spec: &LimitSpec) -> AllowanceTable {
+    let mut t = unrecorded_table_with(spec);
+    for region in regions() {
+        let outcome = t.apply(TableCommand::RecordVersion { region, version: 1 });
+        assert!(outcome.is_applied(), "{outcome:?}");
+    }
+    t
+}
+
+/// The table at version 1, before any leader heard a region.
+fn unrecorded_table_with(spec: &LimitSpec) -> AllowanceTable {
     let mut t = AllowanceTable::new();
     let outcome = t.apply(TableCommand::SetConfig {
         version: 1,
@@ -2532,8 +2544,14 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
     let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
     assert_eq!(reload.units, 80 + 50 - 100, "{}", reload.detail);
     assert!(b.unbounded.is_none());
-    assert!(
-        c.poll_proposals(at_ms(20)).is_empty(),
+    let plans = |cmds: Vec<TableCommand>| {
+        cmds.into_iter()
+            .filter(|c| !matches!(c, TableCommand::RecordVersion { .. }))
+            .count()
+    };
+    assert_eq!(
+        plans(c.poll_proposals(at_ms(20))),
+        0,
         "no plan while the versions disagree"
     );
     up_b.seq = 2;
@@ -2548,7 +2566,7 @@ fn a_rollout_is_stated_in_the_reload_term_and_planning_waits_for_it() {
     let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
     assert_eq!(reload.units, 0);
     assert!(
-        !c.poll_proposals(at_ms(60)).is_empty(),
+        plans(c.poll_proposals(at_ms(60))) > 0,
         "one version again: b's demand is planned"
     );
 }
@@ -2591,8 +2609,12 @@ fn a_reload_reaches_as_far_as_the_clock_was_ahead_when_the_region_switched() {
     assert!(c.handle_committed(at_ms(20), &set).is_applied());
     sync(&mut c, 1_000, 2, 2, ahead(25));
     sync(&mut c, 30_000, 3, 2, ahead(1));
+    // `b` was recorded on version 1 (`table_with`) and is first heard on 2: it switched at a
+    // moment unknown here, so its clock's reach counts too; measured in step with ours.
     let b = SyncUp {
         config_version: 2,
+        clock: ahead(0),
+        clock_leader_term: 1,
         ..up_with("b", 1, &[], 0)
     };
     c.handle_sync_up(at_ms(30_000), b).unwrap();
@@ -3024,7 +3046,14 @@ fn under_floor_a_removed_region_s_share_stays_stranded() {
 fn a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded() {
     let limit = weighted(spec(), 300_000, 300_000);
     let b = RegionId::from("b");
-    let mut table = table_with(&limit);
+    let mut table = unrecorded_table_with(&limit);
+    // A reload to version 2 that `b`, cut off, may not have taken: no leader recorded it.
+    let reload = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![weighted(spec(), 400_000, 200_000)],
+        regions: regions(),
+    };
+    assert!(table.apply(reload).is_applied());
     let remove = TableCommand::RemoveRegion {
         region: b.clone(),
         at: at_ms(0),
@@ -3039,7 +3068,7 @@ fn a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded() {
     let bound = c.bound(at_ms(1_020), &LimitId::from("l"), window).unwrap();
     let why = bound.unbounded.expect("unbounded");
     assert!(
-        why.contains("b was removed before this leader heard it"),
+        why.contains("b is not heard by this leader and no version of it is recorded"),
         "{why}"
     );
     // Added back and heard at the table's version: bounded again.
@@ -3050,6 +3079,135 @@ fn a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded() {
     c.handle_sync_up(at_ms(2_010), up_b).unwrap();
     let bound = c.bound(at_ms(2_020), &LimitId::from("l"), window).unwrap();
     assert_eq!(bound.unbounded, None);
+}
+
+/// The leader records the version each region it hears enforces, once per change: a later
+/// leader reads it before it hears the region.
+#[test]
+fn the_leader_records_each_regions_version_once_per_change() {
+    let limit = weighted(spec(), 300_000, 300_000);
+    let mut c = Coordinator::new(config(), unrecorded_table_with(&limit), at_ms(0), 1);
+    c.handle_sync_up(at_ms(10), up_with("a", 1, &[], 0))
+        .unwrap();
+    let records = |cmds: &[TableCommand]| -> Vec<TableCommand> {
+        cmds.iter()
+            .filter(|c| matches!(c, TableCommand::RecordVersion { .. }))
+            .cloned()
+            .collect()
+    };
+    let first = records(&c.poll_proposals(at_ms(20)));
+    let want = TableCommand::RecordVersion {
+        region: RegionId::from("a"),
+        version: 1,
+    };
+    assert_eq!(first, vec![want.clone()]);
+    // In flight: not proposed twice.
+    assert!(records(&c.poll_proposals(at_ms(30))).is_empty());
+    assert!(c.handle_committed(at_ms(40), &want).is_applied());
+    assert_eq!(c.table().recorded_version(&RegionId::from("a")), Some(1));
+    c.handle_sync_up(at_ms(50), up_with("a", 2, &[], 0))
+        .unwrap();
+    assert!(records(&c.poll_proposals(at_ms(60))).is_empty());
+    // A version the table never had is not recorded (the table refuses it too).
+    let mut ahead = up_with("b", 1, &[], 0);
+    ahead.config_version = 7;
+    c.handle_sync_up(at_ms(70), ahead).unwrap();
+    assert!(records(&c.poll_proposals(at_ms(80))).is_empty());
+    let refused = c.handle_committed(
+        at_ms(90),
+        &TableCommand::RecordVersion {
+            region: RegionId::from("b"),
+            version: 7,
+        },
+    );
+    assert!(!refused.is_applied(), "{refused:?}");
+    // A membership change forgets the records of regions that left.
+    let mut t = c.table().clone();
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![spec()],
+        regions: vec![RegionId::from("b")],
+    };
+    assert!(t.apply(set).is_applied());
+    assert_eq!(t.recorded_version(&RegionId::from("a")), None);
+}
+
+/// The gap docs/bound.md named under reload: `b` is cut off through a reload made by one
+/// leader and then a leader change. The next leader never heard `b`, which may still enforce
+/// version 1 (its default 50 of L = 100, the reload cut it to 20 while `a` went to 80): it
+/// must not count `b` at the table's version. Before versions were recorded it stated
+/// `reload = 0` here while `a` at 80 and `b` at 50 could admit 130.
+#[test]
+fn a_region_cut_off_through_a_reload_and_a_leader_change_leaves_the_window_unbounded() {
+    let old = weighted(spec(), 500_000, 500_000);
+    let new = weighted(spec(), 800_000, 200_000);
+    let (a, b) = (RegionId::from("a"), RegionId::from("b"));
+    let mut first = Coordinator::new(config(), unrecorded_table_with(&old), at_ms(0), 1);
+    for r in ["a", "b"] {
+        first
+            .handle_sync_up(at_ms(10), up_with(r, 1, &[], 0))
+            .unwrap();
+    }
+    for cmd in first.poll_proposals(at_ms(20)) {
+        assert!(
+            first.handle_committed(at_ms(30), &cmd).is_applied(),
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(first.table().recorded_version(&b), Some(1));
+    let reload = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![new.clone()],
+        regions: regions(),
+    };
+    assert!(first.handle_committed(at_ms(1_000), &reload).is_applied());
+    let mut up_a = up_with("a", 2, &[], 0);
+    up_a.config_version = 2;
+    first.handle_sync_up(at_ms(1_100), up_a).unwrap();
+    for cmd in first.poll_proposals(at_ms(1_200)) {
+        assert!(
+            first.handle_committed(at_ms(1_300), &cmd).is_applied(),
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(first.table().recorded_version(&a), Some(2));
+    // The first leader, which kept version 1, counts `b` under it.
+    let window = WindowIndex(START_MS / 10_000 + 1);
+    let l = LimitId::from("l");
+    let stated = first.bound(at_ms(1_400), &l, window).unwrap();
+    assert_eq!(stated.unbounded, None);
+    assert!(stated.total_units >= 30, "{stated:?}");
+
+    // The leader changes; the next one starts from the replicated table and hears only `a`.
+    let mut second = Coordinator::new(config(), first.table().clone(), at_ms(2_000), 2);
+    let mut up_a = up_with("a", 3, &[], 0);
+    up_a.config_version = 2;
+    second.handle_sync_up(at_ms(2_100), up_a).unwrap();
+    let stated = second.bound(at_ms(2_200), &l, window).unwrap();
+    let why = stated.unbounded.expect("b may still enforce version 1");
+    assert!(
+        why.contains("b is not heard by this leader and was last recorded on version 1"),
+        "{why}"
+    );
+    // Nor does it plan while `b` may hold version 1's share (D19), as the first leader did not.
+    let grows = second
+        .poll_proposals(at_ms(2_300))
+        .into_iter()
+        .filter(|c| matches!(c, TableCommand::Grow { .. }))
+        .count();
+    assert_eq!(grows, 0);
+
+    // `b` is heard on version 2: every window its clock (unknown here: the full reach) may
+    // have reached while it could still be on version 1 stays unbounded (version 1 is not
+    // known here), later ones are bounded.
+    let mut up_b = up_with("b", 2, &[], 0);
+    up_b.config_version = 2;
+    second.handle_sync_up(at_ms(2_400), up_b).unwrap();
+    let stated = second.bound(at_ms(2_500), &l, window).unwrap();
+    assert!(stated.unbounded.is_some(), "{stated:?}");
+    let later = WindowIndex(START_MS / 10_000 + 2 + coordinator::MAX_SKEW_REACH_WINDOWS);
+    let stated = second.bound(at_ms(2_500), &l, later).unwrap();
+    assert_eq!(stated.unbounded, None, "{stated:?}");
 }
 
 /// A removed region never syncs again: heard last on version 1, it does not hold up the

@@ -154,7 +154,7 @@ impl Coordinator {
         window: WindowIndex,
         inputs: &mut BoundInputs,
     ) -> Option<String> {
-        if let Some(why) = self.removed_unheard() {
+        if let Some(why) = self.unheard_on_unknown_version() {
             return Some(why);
         }
         let under_previous: Vec<Option<u64>> = self
@@ -171,7 +171,7 @@ impl Coordinator {
             .finite_window(limit)
             .and_then(|w| self.kept_configs.quota_units_at(limit, w, w.start(window)));
         for (r, previous) in self.table.regions().iter().zip(under_previous) {
-            let version = self.region_view(r).config_version.unwrap_or(current);
+            let version = self.version_of(r).unwrap_or(current);
             let mut units = 0u64;
             for v in std::iter::once(version).chain(previous) {
                 let held = if v == current {
@@ -194,22 +194,41 @@ impl Coordinator {
         None
     }
 
-    /// Why no bound can be stated while a region removed before this leader heard it stays
-    /// removed: its syncs are refused, so this leader never learns the version it enforces,
-    /// which may be one replaced before this leader started, whose holdings are not kept here
-    /// (the kept configurations are leader soft state). It may admit up to its default there.
-    /// Swarm seed 3001161: a region 64 s ahead, removed during an outage, on the version a
-    /// reload replaced, admitted 6,349 in a window the new leader bounded at 0 above the new
-    /// quota (`a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded`).
-    fn removed_unheard(&self) -> Option<String> {
-        let region =
-            self.table.regions().iter().find(|r| {
-                self.table.is_removed(r) && self.region_view(r).config_version.is_none()
-            })?;
-        Some(format!(
-            "{region} was removed before this leader heard it: the configuration version it \
-             enforces is not known here"
-        ))
+    /// Why no bound can be stated while a member this leader has not heard may enforce a
+    /// version it does not know. Its version is the one an earlier leader recorded
+    /// (`TableCommand::RecordVersion`); with none recorded and the table past its first
+    /// version, it may be on any earlier one. A recorded version other than the table's is
+    /// one a reload replaced before this leader started, whose holdings are not kept here
+    /// (the kept configurations are leader soft state): it may admit up to its default there.
+    /// A removed region is never heard again (its syncs are refused), so this lasts until it
+    /// is added back. Swarm seed 3001161: a region 64 s ahead, removed during an outage, on
+    /// the version a reload replaced, admitted 6,349 in a window the new leader bounded at 0
+    /// above the new quota (`a_region_removed_before_the_leader_heard_it_leaves_the_window_unbounded`,
+    /// `a_region_cut_off_through_a_reload_and_a_leader_change_leaves_the_window_unbounded`).
+    fn unheard_on_unknown_version(&self) -> Option<String> {
+        let current = self.table.config_version();
+        self.table.regions().iter().find_map(|r| {
+            let heard = self
+                .regions
+                .get(r)
+                .is_some_and(|v| v.config_version.is_some());
+            if heard {
+                return None;
+            }
+            match self.table.recorded_version(r) {
+                Some(v) if v == current => None,
+                Some(v) if self.kept_configs.knows(v) => None,
+                Some(v) => Some(format!(
+                    "{r} is not heard by this leader and was last recorded on version {v}, \
+                     unknown here"
+                )),
+                None if current > 1 => Some(format!(
+                    "{r} is not heard by this leader and no version of it is recorded: it may \
+                     enforce one replaced before this leader started"
+                )),
+                None => None,
+            }
+        })
     }
 
     /// The version `region` enforced before its current one, if its clock may have put

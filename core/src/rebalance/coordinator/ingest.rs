@@ -34,6 +34,7 @@ impl Coordinator {
         let started_at = self.started_at;
         let known = self.known_before(&msg);
         let sample = self.on_my_clock(msg.clock, msg.clock_leader_term);
+        let recorded = self.table.recorded_version(&msg.region);
         let view = self
             .regions
             .entry(msg.region.clone())
@@ -64,6 +65,19 @@ impl Coordinator {
             if let Some(old) = view.config_version
                 && old != msg.config_version
             {
+                view.previous_version = Some(PreviousVersion {
+                    version: old,
+                    switched_at: now,
+                    uncertainty_at_switch: view.clock_uncertainty(),
+                });
+            } else if let Some(old) = recorded
+                && view.config_version.is_none()
+                && old != msg.config_version
+            {
+                // An earlier leader heard it on `old`; it switched since, at a moment unknown
+                // here but before now: every window its clock may have reached by now counts
+                // under `old` too, its clock's reach taken as it is measured now (as for a
+                // switch this leader hears as it happens).
                 view.previous_version = Some(PreviousVersion {
                     version: old,
                     switched_at: now,
@@ -471,7 +485,9 @@ impl Coordinator {
                     self.gc_checked.remove(&counter.limit);
                 }
             }
-            TableCommand::CollectGarbage { .. } => {}
+            // A record changes no plan: this leader reads the versions of the regions it
+            // heard from their views.
+            TableCommand::CollectGarbage { .. } | TableCommand::RecordVersion { .. } => {}
             TableCommand::SetConfig { .. }
             | TableCommand::Reclaim { .. }
             | TableCommand::EndReclaim { .. }

@@ -105,6 +105,7 @@ enum ProposalKey {
     StartReclaim(LimitId, RegionId),
     EndReclaim(LimitId, RegionId),
     Gc(LimitId),
+    Version(RegionId),
 }
 
 fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
@@ -121,6 +122,7 @@ fn proposal_key(cmd: &TableCommand) -> Option<ProposalKey> {
             Some(ProposalKey::EndReclaim(limit.clone(), region.clone()))
         }
         TableCommand::CollectGarbage { limit, .. } => Some(ProposalKey::Gc(limit.clone())),
+        TableCommand::RecordVersion { region, .. } => Some(ProposalKey::Version(region.clone())),
         // Configuration and the operator's removals are not the rebalancer's proposals.
         TableCommand::SetConfig { .. }
         | TableCommand::RemoveRegion { .. }
@@ -263,11 +265,24 @@ impl Coordinator {
         // A removed region never syncs again, so it would hold planning up for good; it is
         // frozen (the plan counts it at what the table holds), and what it may still enforce
         // under an older version is in the bound's reload term, which counts every member.
+        // A member this leader has not heard yet is on the version an earlier leader heard
+        // it on, as far as is known: one cut off through a reload and a leader change holds
+        // planning up as it did under the leader that made the reload.
         let current = self.table.config_version();
-        self.regions
+        self.table
+            .regions()
             .iter()
-            .filter(|(r, _)| !self.table.is_removed(r))
-            .all(|(_, v)| v.config_version.is_none_or(|c| c == current))
+            .filter(|r| !self.table.is_removed(r))
+            .all(|r| self.version_of(r).is_none_or(|c| c == current))
+    }
+
+    /// The configuration version `region` enforces as far as this leader knows: the one it
+    /// last reported here, else the one an earlier leader recorded; `None` if neither.
+    fn version_of(&self, region: &RegionId) -> Option<u64> {
+        self.regions
+            .get(region)
+            .and_then(|v| v.config_version)
+            .or_else(|| self.table.recorded_version(region))
     }
 
     /// The leader's view of a row, made if it has none.

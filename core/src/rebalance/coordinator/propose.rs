@@ -44,6 +44,8 @@ impl Coordinator {
         self.forget_ended(now);
         self.pre_issue(now);
         let mut out = Vec::new();
+        // First: at most one per member, and never left out by the cap below.
+        self.propose_version_records(&mut out);
         self.propose_completions(&mut out);
         self.propose_reclaims(now, &mut out);
         self.propose_rebalance(now, &mut out);
@@ -64,6 +66,27 @@ impl Coordinator {
 
     fn is_in_flight(&self, key: &ProposalKey) -> bool {
         self.in_flight.contains_key(key)
+    }
+
+    /// Record the version each heard region enforces where the table's record differs, so a
+    /// later leader knows it before it hears the region (docs/bound.md, reload).
+    fn propose_version_records(&self, out: &mut Vec<TableCommand>) {
+        let current = self.table.config_version();
+        for (region, view) in &self.regions {
+            let Some(version) = view.config_version else {
+                continue;
+            };
+            let due = version <= current
+                && self.table.recorded_version(region) != Some(version)
+                && self.table.regions().binary_search(region).is_ok()
+                && !self.is_in_flight(&ProposalKey::Version(region.clone()));
+            if due {
+                out.push(TableCommand::RecordVersion {
+                    region: region.clone(),
+                    version,
+                });
+            }
+        }
     }
 
     fn propose_completions(&self, out: &mut Vec<TableCommand>) {
