@@ -34,6 +34,7 @@ pub const CONFIG_VERSION: &str = "allot_config_version";
 pub const INVALID_REQUESTS: &str = "allot_invalid_requests_total";
 pub const REFUSED_CALLERS: &str = "allot_refused_callers_total";
 pub const SHED_CALLS: &str = "allot_shed_calls_total";
+pub const SHED_OVER_SHARE: &str = "allot_shed_over_fair_share_total";
 pub const CALLERS_RELOADS: &str = "allot_callers_reloads_total";
 pub const STORE_BATCHES: &str = "allot_store_batches_total";
 pub const STORE_RECORDS: &str = "allot_store_records_total";
@@ -130,6 +131,10 @@ fn describe() {
     describe_counter!(
         SHED_CALLS,
         "Gateway calls answered at once with RESOURCE_EXHAUSTED (gRPC) or 503 (HTTP) because --max-in-flight-calls were running, by server: grpc, http."
+    );
+    describe_counter!(
+        SHED_OVER_SHARE,
+        "Of the shed calls, those of a caller already running its fair share of --max-in-flight-calls while more than half were in use (service::shed), by server: grpc, http."
     );
     describe_counter!(
         REFUSED_CALLERS,
@@ -331,6 +336,10 @@ pub fn callers_reload(ok: bool) {
 
 pub fn shed_call(server: &'static str) {
     counter!(SHED_CALLS, "server" => server).increment(1);
+}
+
+pub fn shed_over_share(server: &'static str) {
+    counter!(SHED_OVER_SHARE, "server" => server).increment(1);
 }
 
 pub fn refused_caller(kind: &'static str) {

@@ -204,16 +204,20 @@ async fn shed_past_the_cap(
     request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    let Some(permit) = shed.try_enter("http") else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            Json(error_json(Code::ResourceExhausted, &shed.message())),
-        )
-            .into_response();
+    let key = shed.caller_key(request.headers(), request.extensions());
+    let entered = match shed.try_enter("http", key) {
+        Ok(entered) => entered,
+        Err(why) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                Json(error_json(Code::ResourceExhausted, &shed.message(why))),
+            )
+                .into_response();
+        }
     };
     let answer = next.run(request).await;
-    drop(permit);
+    drop(entered);
     answer
 }
 
