@@ -387,6 +387,20 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
     .await;
     let status = http_get(nodes[&first].http_addr(), "/v1/status");
     assert!(status.contains("\"node_clocks\":[{\"node\":"), "{status}");
+    // The version the leader heard `a` on is replicated (D64): a follower holds it, and
+    // states it, before it ever leads.
+    wait_for("a's version recorded on a follower", || {
+        state(&nodes[&follower])
+            .table()
+            .recorded_version(&RegionId::from("a"))
+            == Some(1)
+    })
+    .await;
+    let status = http_get(nodes[&follower].http_addr(), "/v1/status");
+    assert!(
+        status.contains("\"removed\":false,\"recorded_version\":1"),
+        "{status}"
+    );
     let source = state(&nodes[&follower])
         .clock_source()
         .cloned()

@@ -392,20 +392,18 @@ impl NodeFactory for CoreFactory {
             regions: self.regions.clone(),
         });
         debug_assert!(outcome.is_applied(), "{outcome:?}");
-        let mut coordinator =
-            Coordinator::new(self.coordinator.clone(), table, now, setup.leader_term);
-        // Every leader of a run reads the one true clock, and knows every earlier leader's by
-        // a probe whose error is drawn (`clock_frame`): samples regions measured with an
-        // earlier leader's answers carry over by it, and so does the last clock frame
-        // replayed from the log.
         let frames = ClockFrames::new(
             derive_seed(setup.seed, setup.leader_term),
             setup.scenario.coordinator.commit_latency,
             now,
         );
-        for earlier in 0..setup.leader_term {
-            coordinator.adopt_clocks(earlier, frames.hop(earlier), Vec::new());
-        }
+        let coordinator = leader(
+            self.coordinator.clone(),
+            table,
+            now,
+            setup.leader_term,
+            &frames,
+        );
         CoreCoordinator {
             frames,
             tick: self.coordinator.sync_interval,
@@ -900,6 +898,30 @@ impl CoordinatorNode for CoreCoordinator {
         out
     }
 
+    /// As the daemon's new leader starts (`coordinator/src/daemon/leader.rs`): from the
+    /// replicated table, with none of an earlier leader's soft state. Replaying the log through
+    /// `handle_committed` would rebuild some of it (the configurations a reload replaced, with
+    /// the largest rows then), which the daemon's leader never has: a region cut off through a
+    /// reload and a leader change was bounded here and not there (D64).
+    fn restore(&mut self, now: Timestamp, log: &[Replicated]) {
+        let mut table = self.coordinator.table().clone();
+        for cmd in log {
+            match cmd {
+                Replicated::Table(cmd) => {
+                    if !table.apply(cmd.clone()).is_applied() {
+                        self.rejected_commands += 1;
+                    } else if let TableCommand::SetConfig { limits, .. } = cmd {
+                        self.limits = limits.clone();
+                    }
+                }
+                Replicated::ClockFrame { .. } => self.handle_committed(now, cmd),
+            }
+        }
+        let term = self.coordinator.leader_term();
+        let cfg = self.coordinator.config().clone();
+        self.coordinator = leader(cfg, table, now, term, &self.frames);
+    }
+
     fn handle_committed(&mut self, now: Timestamp, cmd: &Replicated) {
         let cmd = match cmd {
             Replicated::Table(cmd) => cmd,
@@ -1234,4 +1256,22 @@ traffic:
         );
         assert_eq!(f.max_use_units(&LimitId::from("unknown"), 7), 7);
     }
+}
+
+/// A leader on `table`. Every leader of a run reads the one true clock, and knows every earlier
+/// leader's by a probe whose error is drawn (`clock_frame`): samples regions measured with an
+/// earlier leader's answers carry over by it, and so does the last clock frame replayed from
+/// the log.
+fn leader(
+    cfg: CoordinatorConfig,
+    table: AllowanceTable,
+    now: Timestamp,
+    leader_term: u64,
+    frames: &ClockFrames,
+) -> Coordinator {
+    let mut coordinator = Coordinator::new(cfg, table, now, leader_term);
+    for earlier in 0..leader_term {
+        coordinator.adopt_clocks(earlier, frames.hop(earlier), Vec::new());
+    }
+    coordinator
 }

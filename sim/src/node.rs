@@ -196,6 +196,13 @@ pub trait CoordinatorNode: Send {
     /// (after the scenario's commit latency, if the leader is still up).
     fn poll_proposals(&mut self, now: Timestamp) -> Vec<Self::Command>;
     fn handle_committed(&mut self, now: Timestamp, cmd: &Self::Command);
+    /// A new leader's start from the committed log, before any input: by default each entry as
+    /// if it had just committed.
+    fn restore(&mut self, now: Timestamp, log: &[Self::Command]) {
+        for cmd in log {
+            self.handle_committed(now, cmd);
+        }
+    }
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
 

@@ -2721,3 +2721,59 @@ fn a_region_ahead_admitting_before_a_reload_is_judged_against_the_quota_then() {
 const SWARM_3001161: &str = include_str!(
     "../swarm-findings/seed-3001161-region-clocks-ahead-of-a-reload-removed-unheard.yaml"
 );
+
+/// A region cut off through a reload and a leader change (D64): `r1` is cut off from the
+/// coordinator at 15 s, before a reload at 20 s moves its share to `r0` (0.5/0.5 to 0.8/0.2
+/// of L = 1,000 a 10 s window), and takes the reload only at 65 s (the rollout reaches it
+/// late), so it keeps admitting its old 500 while `r0` admits its new 800; the leader that
+/// made the reload is lost at 25 s. The next leader starts from the replicated table alone
+/// (as the daemon's does; the simulator used to replay the log into it, which rebuilt the
+/// replaced configuration it never has) and, before versions were recorded, counted the
+/// unheard `r1` at the table's version: 1,300 admitted in window 176722563 against a bound of
+/// 200 above the quota, on every seed. It now reads `r1`'s recorded version 1, which it does not
+/// know, and states those windows unbounded.
+#[test]
+fn a_region_cut_off_through_a_reload_and_a_leader_change_is_never_bounded_at_the_new_version() {
+    let r = run(&parsed("cut-through-reload", CUT_THROUGH_RELOAD), 0..4);
+    assert_no_violation(&r);
+    assert!(r.figures.windows_unbounded > 0, "{:?}", r.figures);
+}
+
+const CUT_THROUGH_RELOAD: &str = r#"
+name: cut-through-reload-and-leader-change
+duration: 90s
+sync_interval: 250ms
+coordinator: {commit_latency: 10ms}
+lease: {initial_units: 10, max_units: 50, ttl: 2s}
+regions:
+  - {id: r0, weight: 0.5, latency: 5ms, gateways: 1}
+  - {id: r1, weight: 0.5, latency: 5ms, gateways: 1}
+limits: |
+  domain: d
+  descriptors:
+    - key: k
+      rate_limit: {requests_per_unit: 1000}
+      allot:
+        window: 10s
+        consistency: strict
+        partition_policy: floor
+traffic:
+  - {region: r0, limit: d/k, key: k=1, rate: {constant_per_sec: 300}}
+  - {region: r1, limit: d/k, key: k=1, rate: {constant_per_sec: 300}}
+faults:
+  - partition: {region: r1, start: 15s, end: 70s}
+  - config_reload:
+      at: 20s
+      stagger: {r1: 45s}
+      limits: |
+        domain: d
+        descriptors:
+          - key: k
+            rate_limit: {requests_per_unit: 1000}
+            allot:
+              window: 10s
+              consistency: strict
+              partition_policy: floor
+              weights: {r0: 0.8, r1: 0.2}
+  - coordinator_outage: {start: 25s, end: 28s}
+"#;

@@ -236,6 +236,9 @@ struct RegionStatus {
     weight_ppm: Option<u32>,
     /// Removed by the operator (`/v1/regions`): its syncs are refused.
     removed: bool,
+    /// The configuration version a leader last recorded it on (D64), on every node: a leader
+    /// that has not heard the region counts it on this one.
+    recorded_version: Option<u64>,
     /// As the leader last heard it (absent on a follower, or before the region syncs).
     #[serde(flatten)]
     heard: Option<HeardStatus>,
@@ -384,6 +387,7 @@ fn raft_status(admin: &Admin) -> Status {
                 region: r.clone(),
                 weight_ppm: member.weight_ppm,
                 removed: a.state.table().is_removed(r),
+                recorded_version: a.state.table().recorded_version(r),
                 heard: None,
             })
             .collect();

@@ -91,9 +91,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let mut node = self
             .factory
             .coordinator(&self.coordinator_setup(), self.now);
-        for cmd in &self.coordinator.log {
-            node.handle_committed(self.now, cmd);
-        }
+        node.restore(self.now, &self.coordinator.log);
         self.coordinator.node = Some(node);
         self.after_coordinator_input()
     }
