@@ -863,6 +863,7 @@ fn sim_bound(b: &allot_core::rebalance::Bound) -> Bound {
             .collect(),
         total_units: b.total_units,
         unbounded: b.unbounded.is_some(),
+        unwatched: b.unwatched,
     }
 }
 

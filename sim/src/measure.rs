@@ -1075,6 +1075,7 @@ traffic:
             }],
             total_units: units,
             unbounded: false,
+            unwatched: false,
         }
     }
 
@@ -1107,6 +1108,7 @@ traffic:
                 .collect(),
             total_units: terms.iter().map(|(_, u)| u).sum(),
             unbounded: false,
+            unwatched: false,
         };
         // In window 2: a partition term of 40 while eu-west is cut, later none; the settle
         // overage grows from 5 to 12, the last figure arriving after the window ended. The
@@ -1159,8 +1161,11 @@ traffic:
         // Window 0: stated while in progress. Window 1: stated, then a leader is lost in it and
         // none states it again. Window 2: the leader is lost, a new one states it while it is
         // still in progress. Window 3: stated only after it ended (a new leader's late terms),
-        // after time without a leader. Window 4: only statements that say "unbounded" and one
-        // that bounds it (its earlier leader watched it). Window 5: nothing stated.
+        // after time without a leader. Window 4: only statements that say "unbounded" because
+        // their leader did not watch it and one that bounds it (its earlier leader watched
+        // it). Window 5: nothing stated. Window 6: bounded early, then a leader states it
+        // unbounded for a cause it knows of (a region on a version it does not know): that
+        // cause came after the early statement, which does not bound it.
         m.bound_sample(&api, window_of(&s, 0), &zero, at(&s, 500));
         m.bound_sample(&api, window_of(&s, 1_000), &zero, at(&s, 1_200));
         m.leaderless(at(&s, 1_500));
@@ -1168,13 +1173,21 @@ traffic:
         m.bound_sample(&api, window_of(&s, 2_000), &zero, at(&s, 2_500));
         m.leaderless(at(&s, 3_500));
         m.bound_sample(&api, window_of(&s, 3_000), &zero, at(&s, 4_100));
-        let unbounded = Bound {
+        let unwatched = Bound {
+            unbounded: true,
+            unwatched: true,
+            ..Bound::default()
+        };
+        let known_cause = Bound {
             unbounded: true,
             ..Bound::default()
         };
         m.bound_sample(&api, window_of(&s, 4_000), &zero, at(&s, 4_500));
-        m.bound_sample(&api, window_of(&s, 4_000), &unbounded, at(&s, 5_500));
-        for i in 6..10 {
+        m.bound_sample(&api, window_of(&s, 4_000), &unwatched, at(&s, 5_500));
+        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_010));
+        m.bound_sample(&api, window_of(&s, 6_000), &known_cause, at(&s, 6_500));
+        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_600));
+        for i in 7..10 {
             m.bound_sample(
                 &api,
                 window_of(&s, i * 1_000),
@@ -1187,7 +1200,7 @@ traffic:
         assert_eq!(
             flags,
             [
-                false, true, false, true, false, true, false, false, false, false
+                false, true, false, true, false, true, true, false, false, false
             ]
         );
         assert_eq!(w[1].bound_units, None, "never a bound of 0 for lack of one");

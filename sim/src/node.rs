@@ -272,6 +272,10 @@ pub struct Bound {
     /// The coordinator could state no bound for the window (no leader watched part of it).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unbounded: bool,
+    /// With `unbounded`: only because the stating leader did not watch the window, which an
+    /// earlier leader's statement may bound (`allot_core::rebalance::Bound::unwatched`).
+    #[serde(skip)]
+    pub unwatched: bool,
 }
 
 /// The term of the bound that windows judged on each region's own clock do not need.
@@ -284,9 +288,16 @@ impl Bound {
     /// window is unbounded while no statement bounded it: a leader that started after the
     /// window ended states it unbounded (it did not see it) though its predecessor may have
     /// bounded it; whether some part of the window had no leader at all is for the
-    /// measurement to tell (`Measure::leaderless`).
+    /// measurement to tell (`Measure::leaderless`). And it is unbounded once any statement
+    /// says so for a cause it knows of (`unwatched` false): a statement made earlier in the
+    /// window, before that cause, does not bound what the cause let in. (A leader that made a
+    /// reload and was lost before it stated its term left a bounded statement from just
+    /// before; the next leader, which knew the region on the old version, said unbounded.)
     pub fn merge(&mut self, other: &Bound) {
-        self.unbounded &= other.unbounded;
+        let known_cause = |b: &Bound| b.unbounded && !b.unwatched;
+        let sticky = known_cause(self) || known_cause(other);
+        self.unbounded = sticky || (self.unbounded && other.unbounded);
+        self.unwatched = self.unbounded && !sticky;
         for t in &other.terms {
             match self.terms.iter_mut().find(|m| m.name == t.name) {
                 Some(m) => {

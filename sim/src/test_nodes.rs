@@ -323,6 +323,7 @@ impl CoordinatorNode for TestCoordinator {
                     }],
                     total_units: units,
                     unbounded: false,
+                    unwatched: false,
                 };
                 (l.id.clone(), l.window.index(now), bound)
             })

@@ -2739,6 +2739,24 @@ fn a_region_cut_off_through_a_reload_and_a_leader_change_is_never_bounded_at_the
     assert!(r.figures.windows_unbounded > 0, "{:?}", r.figures);
 }
 
+/// The same, the leader lost just as the reload commits (10 ms after it, the commit latency):
+/// its last statement of the window the reload falls in was made before the reload, with no
+/// reload term, and the next leader stated that window unbounded (it knew `r1` on a version it
+/// does not know). A window's statements merged each term at its largest and called the window
+/// unbounded only if every statement did, so the early one bounded it: 1,300 admitted against
+/// 1,000 on the regions' clocks, on every seed. A statement unbounded for a cause its leader
+/// knows of (not merely a window it did not watch) now leaves the window unbounded.
+#[test]
+fn a_leader_lost_as_its_reload_commits_leaves_no_earlier_statement_bounding_the_window() {
+    let yaml = CUT_THROUGH_RELOAD.replace(
+        "coordinator_outage: {start: 25s, end: 28s}",
+        "coordinator_outage: {start: 20010ms, end: 21s}",
+    );
+    let r = run(&parsed("cut-through-reload-lost-at-commit", &yaml), 0..4);
+    assert_no_violation(&r);
+    assert!(r.figures.windows_unbounded > 0, "{:?}", r.figures);
+}
+
 const CUT_THROUGH_RELOAD: &str = r#"
 name: cut-through-reload-and-leader-change
 duration: 90s
@@ -2777,3 +2795,23 @@ faults:
               weights: {r0: 0.8, r1: 0.2}
   - coordinator_outage: {start: 25s, end: 28s}
 "#;
+
+/// Swarm seed 3009566 (`sim/swarm-findings/seed-3009566-region-allowance-above-table-silent-through-two-reloads.yaml`):
+/// `r2`, last heard on version 1 (strict, closed), went down and was then removed while two
+/// reloads passed: to version 2 (eventual, open policy) and back to strict and closed in 3. It
+/// restarted under version 2 and admitted there (its syncs refused, as a removed region's).
+/// The leader judged whether it closes itself on version 1 alone, reclaimed its floor under
+/// 3, and `r2` enforced the 19 units it had admitted where the table gave it 0. A silent
+/// region now closes itself only if every version it may have reached since it was last heard
+/// does (`a_region_closes_only_if_every_version_it_may_have_reached_closes`).
+#[test]
+fn a_region_silent_through_a_reload_to_eventual_keeps_its_floor() {
+    assert_no_violation(&run(
+        &parsed("swarm-3009566.yaml", SWARM_3009566),
+        3009566..3009567,
+    ));
+}
+
+const SWARM_3009566: &str = include_str!(
+    "../swarm-findings/seed-3009566-region-allowance-above-table-silent-through-two-reloads.yaml"
+);

@@ -114,6 +114,13 @@ pub struct Bound {
     /// Set, with the reason, when no bound can be stated for the window (no leader watched
     /// part of it): the window is unbounded, never bounded by 0 for lack of information.
     pub unbounded: Option<String>,
+    /// With `unbounded`: only because this leader did not watch the window (it ended before
+    /// the leader started, or it is a sliding window's and the window before did), so an
+    /// earlier leader that watched it may have bounded it. Otherwise the leader knows of a
+    /// cause no term covers (a version it does not know, units charged nowhere): no other
+    /// statement of the window bounds it.
+    #[serde(default)]
+    pub unwatched: bool,
 }
 
 /// The bound for `limit` in `window`. An unlimited or disabled limit admits everything by
@@ -135,6 +142,7 @@ pub fn bound(limit: &LimitSpec, window: WindowIndex, inputs: &BoundInputs) -> Bo
         terms,
         total_units,
         unbounded: None,
+        unwatched: false,
     }
 }
 

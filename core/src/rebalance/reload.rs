@@ -88,17 +88,21 @@ impl KeptConfigs {
         self.configs.iter().any(|c| c.version == version)
     }
 
-    /// Whether a region on the replaced configuration `version` closes itself when its view
-    /// expires (the limit strict there, with the closed partition policy): only then may the
-    /// leader reclaim its floor while it is silent. An unknown version does not.
+    /// Whether a region last known on the replaced configuration `version` closes itself when
+    /// its view expires, on that version and on every one replaced since (a rollout may have
+    /// taken it to any of them while it was silent): the limit strict with the closed
+    /// partition policy in each. Only then may the leader reclaim its floor while it is
+    /// silent. A version not kept here, or one after it forgotten, does not.
     pub fn closes_when_silent(&self, version: u64, limit: &LimitId) -> bool {
-        let Some(c) = self.configs.iter().rev().find(|c| c.version == version) else {
+        let Some(from) = self.configs.iter().rposition(|c| c.version == version) else {
             return false;
         };
-        c.limits.get(limit).is_some_and(|spec| {
-            spec.enabled
-                && spec.consistency == Consistency::Strict
-                && spec.partition_policy == PartitionPolicy::Closed
+        self.configs.iter().skip(from).all(|c| {
+            c.limits.get(limit).is_some_and(|spec| {
+                spec.enabled
+                    && spec.consistency == Consistency::Strict
+                    && spec.partition_policy == PartitionPolicy::Closed
+            })
         })
     }
 
@@ -216,5 +220,60 @@ mod tests {
             ..LimitSpec::simple("api", 268, Duration::from_secs(3))
         });
         assert!(!eventual_closed.closes_when_silent(1, &api));
+    }
+
+    /// Swarm seed 3009566: `r2`, last heard on version 1 (strict, closed), was silent (down,
+    /// then removed) through a reload to 2 (eventual, open policy) and one to 3 (strict,
+    /// closed again); it restarted under 2 and admitted there. Judged on version 1 alone, its
+    /// floor was reclaimed under 3 while it held what it had admitted under 2: 19 units
+    /// enforced where the table gave it 0.
+    #[test]
+    fn a_region_closes_only_if_every_version_it_may_have_reached_closes() {
+        let api = LimitId::from("api");
+        let closed = LimitSpec {
+            partition_policy: PartitionPolicy::Closed,
+            ..LimitSpec::simple("api", 268, Duration::from_secs(3))
+        };
+        let eventual = LimitSpec {
+            consistency: Consistency::Eventual,
+            ..closed.clone()
+        };
+        let regions: Vec<RegionId> = ["a", "b"].into_iter().map(RegionId::from).collect();
+        let mut table = AllowanceTable::new();
+        let mut kept = KeptConfigs::default();
+        for (version, spec) in [(1, &closed), (2, &eventual), (3, &closed)] {
+            if version > 1 {
+                kept.remember(
+                    &table,
+                    Timestamp::from_unix_nanos(version * REPLACED_AT_NANOS),
+                );
+            }
+            let set = TableCommand::SetConfig {
+                version,
+                limits: vec![spec.clone()],
+                regions: regions.clone(),
+            };
+            assert!(table.apply(set).is_applied());
+        }
+        assert!(!kept.closes_when_silent(1, &api), "version 2 came since");
+        assert!(!kept.closes_when_silent(2, &api));
+        // Without the eventual version between, it closes.
+        let mut plain = KeptConfigs::default();
+        let mut table = AllowanceTable::new();
+        for version in 1..=3 {
+            if version > 1 {
+                plain.remember(
+                    &table,
+                    Timestamp::from_unix_nanos(version * REPLACED_AT_NANOS),
+                );
+            }
+            let set = TableCommand::SetConfig {
+                version,
+                limits: vec![closed.clone()],
+                regions: regions.clone(),
+            };
+            assert!(table.apply(set).is_applied());
+        }
+        assert!(plain.closes_when_silent(1, &api));
     }
 }

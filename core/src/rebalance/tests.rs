@@ -1550,6 +1550,7 @@ fn a_new_leader_is_conservative_about_what_it_did_not_see() {
     w.coord = Coordinator::new(config(), table_with(&spec), at_ms(4_000), 2);
     let before = w.coord.bound(at_ms(4_000), &l, WindowIndex(99)).unwrap();
     assert!(before.unbounded.is_some());
+    assert!(before.unwatched, "an earlier leader may have bounded it");
     let now = w.coord.bound(at_ms(4_000), &l, WindowIndex(100)).unwrap();
     assert!(now.unbounded.is_none());
     assert_eq!(term(&now, "partition_floor").units, 50 + 50);
@@ -3184,7 +3185,13 @@ fn a_region_cut_off_through_a_reload_and_a_leader_change_leaves_the_window_unbou
     up_a.config_version = 2;
     second.handle_sync_up(at_ms(2_100), up_a).unwrap();
     let stated = second.bound(at_ms(2_200), &l, window).unwrap();
-    let why = stated.unbounded.expect("b may still enforce version 1");
+    let why = stated
+        .unbounded
+        .clone()
+        .expect("b may still enforce version 1");
+    // A cause this leader knows of, not a window it did not watch: no earlier statement of
+    // the window bounds it.
+    assert!(!stated.unwatched);
     assert!(
         why.contains("b is not heard by this leader and was last recorded on version 1"),
         "{why}"

@@ -32,11 +32,13 @@ impl Coordinator {
         let excess = previous.as_ref().map(Bound::excess_units);
         let mut b = self.window_bound(now, limit, window, excess)?;
         if b.unbounded.is_none() {
-            b.unbounded = match previous {
-                Some(p) => p
-                    .unbounded
-                    .map(|why| format!("the window before is unbounded: {why}")),
-                None => Some("the window before is not known".to_string()),
+            (b.unbounded, b.unwatched) = match previous {
+                Some(p) => (
+                    p.unbounded
+                        .map(|why| format!("the window before is unbounded: {why}")),
+                    p.unwatched,
+                ),
+                None => (Some("the window before is not known".to_string()), true),
             };
         }
         Some(b)
@@ -66,6 +68,7 @@ impl Coordinator {
                 "the window ended before this leader started (at {:?})",
                 self.started_at
             ));
+            b.unwatched = true;
         }
         Some(b)
     }

@@ -154,14 +154,14 @@ impl Coordinator {
         }
     }
 
-    /// The region was last heard on a version under which `limit` is strict with the closed
-    /// policy (the table's, which the caller checked, or a kept one): it closes itself when its
-    /// view expires. A region silent since before a reload to the closed policy may still be
+    /// The region was last heard (or recorded, D64) on a version under which `limit` is strict
+    /// with the closed policy, as on every version since (the table's, which the caller
+    /// checked, and the kept ones): it closes itself when its view expires. A region silent since before a reload to the closed policy may still be
     /// admitting under the old version's policy (floor, open, eventual) for as long as the
     /// reload takes to reach it, which the leader cannot know: its floor is not reclaimed.
     fn closes_when_silent(&self, limit: &LimitId, region: &RegionId) -> bool {
         let current = self.table.config_version();
-        match self.region_view(region).config_version {
+        match self.version_of(region) {
             Some(v) if v != current => self.kept_configs.closes_when_silent(v, limit),
             _ => true,
         }
