@@ -1003,6 +1003,24 @@ impl CoordinatorNode for CoreCoordinator {
     }
 }
 
+/// A leader on `table`. Every leader of a run reads the one true clock, and knows every earlier
+/// leader's by a probe whose error is drawn (`clock_frame`): samples regions measured with an
+/// earlier leader's answers carry over by it, and so does the last clock frame replayed from
+/// the log.
+fn leader(
+    cfg: CoordinatorConfig,
+    table: AllowanceTable,
+    now: Timestamp,
+    leader_term: u64,
+    frames: &ClockFrames,
+) -> Coordinator {
+    let mut coordinator = Coordinator::new(cfg, table, now, leader_term);
+    for earlier in 0..leader_term {
+        coordinator.adopt_clocks(earlier, frames.hop(earlier), Vec::new());
+    }
+    coordinator
+}
+
 #[cfg(test)]
 mod tests {
     use allot_core::ids::KeyId;
@@ -1257,22 +1275,4 @@ traffic:
         );
         assert_eq!(f.max_use_units(&LimitId::from("unknown"), 7), 7);
     }
-}
-
-/// A leader on `table`. Every leader of a run reads the one true clock, and knows every earlier
-/// leader's by a probe whose error is drawn (`clock_frame`): samples regions measured with an
-/// earlier leader's answers carry over by it, and so does the last clock frame replayed from
-/// the log.
-fn leader(
-    cfg: CoordinatorConfig,
-    table: AllowanceTable,
-    now: Timestamp,
-    leader_term: u64,
-    frames: &ClockFrames,
-) -> Coordinator {
-    let mut coordinator = Coordinator::new(cfg, table, now, leader_term);
-    for earlier in 0..leader_term {
-        coordinator.adopt_clocks(earlier, frames.hop(earlier), Vec::new());
-    }
-    coordinator
 }
