@@ -2815,3 +2815,25 @@ fn a_region_silent_through_a_reload_to_eventual_keeps_its_floor() {
 const SWARM_3009566: &str = include_str!(
     "../swarm-findings/seed-3009566-region-allowance-above-table-silent-through-two-reloads.yaml"
 );
+
+/// Swarm seed 3013168 (`sim/swarm-findings/seed-3013168-region-allowance-above-table-restart-cut-off-with-a-release-pending.yaml`):
+/// `r1`, whose answers were lost (a one-way partition) as it acked a release of the next
+/// window's counter, started again from a copy older than the release. Three gaps let it
+/// enforce its default after the heal where the table gave it 27,379: the lost copy's ack
+/// confirmed the lowered row for the new boot; a demand report of the row before it was
+/// lowered still counted as a confirmation after; and the row before a pending request went
+/// once per restart, into the lost answers. A completion now leaves a lowered row
+/// unconfirmed, an ack of an earlier boot confirms nothing, and the row before a request goes
+/// with every answer until the region shows it holds at most it
+/// (`an_ack_of_a_boot_before_a_restart_confirms_nothing`).
+#[test]
+fn a_region_restarted_while_its_answers_are_lost_gets_its_lowered_row() {
+    assert_no_violation(&run(
+        &parsed("swarm-3013168.yaml", SWARM_3013168),
+        3013168..3013169,
+    ));
+}
+
+const SWARM_3013168: &str = include_str!(
+    "../swarm-findings/seed-3013168-region-allowance-above-table-restart-cut-off-with-a-release-pending.yaml"
+);

@@ -101,6 +101,10 @@ pub(crate) struct RowView {
     pub confirmed: bool,
     /// The region's ack of the row's pending release, waiting to be committed.
     pub ack: Option<ReleaseAck>,
+    /// The ack came from a boot before the region's current one: its completion still
+    /// commits (the release happened), but it confirms nothing, since the region now runs on
+    /// a state that may predate it (a restart from an old copy).
+    pub ack_of_earlier_boot: bool,
 }
 
 /// A region's latest demand report for one counter.

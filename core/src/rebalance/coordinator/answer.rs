@@ -78,11 +78,14 @@ impl Coordinator {
                     epoch: p.epoch,
                 });
                 // The row as it was just before the request (a request changes only the
-                // epoch), unless sent: after a restart from an old copy of its state the
-                // region must release from the row, not from an allowance it held earlier.
-                // It leads the answer, so it is never cut while its release goes.
+                // epoch), unless sent and since confirmed: after a restart from an old copy
+                // of its state the region must release from the row, not from an allowance it
+                // held earlier, and an answer lost on the way (a region cut off as it
+                // restarted) must not leave the request to go alone. It leads the answer, so
+                // it is never cut while its release goes (swarm seed 3013168).
                 let before = Epoch(p.epoch.0.saturating_sub(1));
-                if before > floor && sent.is_none_or(|(e, _)| e < before) {
+                let confirmed = view.is_some_and(|v| v.confirmed);
+                if before > floor && (!confirmed || sent.is_none_or(|(e, _)| e < before)) {
                     below_default.push(AllowanceGrant {
                         counter: counter.clone(),
                         region: region.clone(),

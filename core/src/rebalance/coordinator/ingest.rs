@@ -236,6 +236,7 @@ impl Coordinator {
                 view.sent = None;
                 view.confirmed = false;
                 view.resend = false;
+                view.ack_of_earlier_boot = view.ack.is_some();
             }
         }
         let rows: Vec<CounterRef> = self
@@ -365,7 +366,9 @@ impl Coordinator {
             .and_then(|row| row.pending.as_ref());
         // Duplicated or late acks (the release already completed) match nothing and vanish.
         if pending.is_some_and(|p| p.id == ack.id) {
-            self.row_view_mut(&ack.counter, region).ack = Some(ack.clone());
+            let view = self.row_view_mut(&ack.counter, region);
+            view.ack = Some(ack.clone());
+            view.ack_of_earlier_boot = false;
             self.acked.insert((ack.counter.clone(), region.clone()));
         }
     }
@@ -434,12 +437,19 @@ impl Coordinator {
             } => {
                 let key = (counter.clone(), region.clone());
                 self.acked.remove(&key);
-                self.rows.get_mut(&key).and_then(|v| v.ack.take())
+                // An ack of an earlier boot completes the release but confirms nothing.
+                self.rows
+                    .get_mut(&key)
+                    .and_then(|v| v.ack.take().filter(|_| !v.ack_of_earlier_boot))
             }
             _ => None,
         };
         let before = matches!(cmd, TableCommand::SetConfig { .. }).then(|| self.table.clone());
+        let confirmed = self.confirmed_rows(cmd);
         let outcome = self.table.apply(cmd.clone());
+        if outcome.is_applied() {
+            self.unconfirm_lowered(confirmed);
+        }
         if let (Some(ack), true) = (ack, outcome.is_applied()) {
             self.confirm_from_ack(&ack, cmd);
         }
@@ -508,6 +518,47 @@ impl Coordinator {
         let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
         self.rows.retain(|k, _| kept(k));
         self.acked.retain(kept);
+    }
+
+    /// The confirmed rows `cmd` may lower, with their allowances before it: a confirmation
+    /// says the region enforces at most the row as it was, not as a command leaves it.
+    fn confirmed_rows(&self, cmd: &TableCommand) -> Vec<((CounterRef, RegionId), u64)> {
+        let confirmed_allowance = |key: &(CounterRef, RegionId)| {
+            self.rows.get(key).filter(|v| v.confirmed)?;
+            Some((key.clone(), self.table.allowance(&key.0, &key.1)))
+        };
+        match cmd {
+            TableCommand::Grow {
+                counter, region, ..
+            }
+            | TableCommand::RequestRelease {
+                counter, region, ..
+            }
+            | TableCommand::CompleteRelease {
+                counter, region, ..
+            } => confirmed_allowance(&(counter.clone(), region.clone()))
+                .into_iter()
+                .collect(),
+            TableCommand::CollectGarbage { .. } | TableCommand::RecordVersion { .. } => Vec::new(),
+            // Rare, and they may touch any row.
+            TableCommand::SetConfig { .. }
+            | TableCommand::Reclaim { .. }
+            | TableCommand::EndReclaim { .. }
+            | TableCommand::RemoveRegion { .. }
+            | TableCommand::RestoreRegion { .. } => {
+                self.rows.keys().filter_map(confirmed_allowance).collect()
+            }
+        }
+    }
+
+    fn unconfirm_lowered(&mut self, confirmed: Vec<((CounterRef, RegionId), u64)>) {
+        for (key, was_units) in confirmed {
+            if self.table.allowance(&key.0, &key.1) < was_units
+                && let Some(view) = self.rows.get_mut(&key)
+            {
+                view.confirmed = false;
+            }
+        }
     }
 
     fn confirm_from_ack(&mut self, ack: &ReleaseAck, cmd: &TableCommand) {
