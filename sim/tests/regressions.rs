@@ -2837,3 +2837,21 @@ fn a_region_restarted_while_its_answers_are_lost_gets_its_lowered_row() {
 const SWARM_3013168: &str = include_str!(
     "../swarm-findings/seed-3013168-region-allowance-above-table-restart-cut-off-with-a-release-pending.yaml"
 );
+
+/// Swarm seed 3019340 (`sim/swarm-findings/seed-3019340-panic-reload-drops-a-reclaimed-zero.yaml`):
+/// a reload dropped a counter's rows and kept the others' but not a reclaimed region's
+/// explicit zero; once the others were grown into its floor again and its reclaim ended, it
+/// had its default back beside them, above the quota, and the table's invariant assertion
+/// stopped the coordinator on the next command of that counter. A counter left with rows now
+/// keeps a zero for every region a reclaim covers there
+/// (`a_reload_keeps_a_reclaimed_regions_zero_beside_the_rows_grown_into_it`).
+#[test]
+fn a_reload_keeps_a_reclaimed_regions_zero() {
+    assert_no_violation(&run(
+        &parsed("swarm-3019340.yaml", SWARM_3019340),
+        3019340..3019341,
+    ));
+}
+
+const SWARM_3019340: &str =
+    include_str!("../swarm-findings/seed-3019340-panic-reload-drops-a-reclaimed-zero.yaml");

@@ -1037,7 +1037,13 @@ impl AllowanceTable {
     /// each row stays, cut to the region's new configured default (the defaults' sum fits
     /// the new quota): in a window a reclaim already covers, to what the old row held as
     /// well, since the region there is closed and holds at most what it used of the row.
+    ///
+    /// A counter left with rows holds an explicit zero for every region a reclaim covers
+    /// there, as one created under the reclaim does (`rows_to_create`): without it, the
+    /// reclaim's end would give the region its default back beside the others' rows grown
+    /// into it, above the quota (swarm seed 3019340).
     fn keep_dropped_rows(&mut self, rows: Vec<(CounterRef, RegionId, u64)>) {
+        let mut kept: Vec<CounterRef> = Vec::new();
         for (counter, region, units) in rows {
             let default = self.configured_default(&counter, &region);
             let units = if self.reclaims_window(&counter, &region) {
@@ -1055,6 +1061,24 @@ impl AllowanceTable {
             };
             self.counters.entry_or_default(&counter).insert(region, row);
             self.row_count += 1;
+            if kept.last() != Some(&counter) {
+                kept.push(counter);
+            }
+        }
+        for counter in kept {
+            let unrowed: Vec<RegionId> = self
+                .reclaims
+                .iter()
+                .filter(|((limit, r), rc)| {
+                    *limit == counter.limit
+                        && counter.window >= rc.from_window
+                        && self.row(&counter, r).is_none()
+                })
+                .map(|((_, r), _)| r.clone())
+                .collect();
+            for region in unrowed {
+                self.insert_zero_row(&counter, &region);
+            }
         }
     }
 
