@@ -2855,3 +2855,20 @@ fn a_reload_keeps_a_reclaimed_regions_zero() {
 
 const SWARM_3019340: &str =
     include_str!("../swarm-findings/seed-3019340-panic-reload-drops-a-reclaimed-zero.yaml");
+
+/// Swarm seed 3021624 (`sim/swarm-findings/seed-3021624-eventual-open-policy-floor-unseen.yaml`):
+/// an eventual limit under `open { rate }`; the busier region, removed mid-window, admitted
+/// its default share unseen once its view expired (the open policy admits the default before
+/// its rate), while the bound counted only the rate: 2,786 admitted against 1,664 plus 898.
+/// `partition_floor` now counts under `open` too (D67,
+/// `an_open_eventual_partition_counts_the_floor_before_the_rate`).
+#[test]
+fn an_open_eventual_partition_counts_its_unseen_floor() {
+    assert_no_violation(&run(
+        &parsed("swarm-3021624.yaml", SWARM_3021624),
+        3021624..3021625,
+    ));
+}
+
+const SWARM_3021624: &str =
+    include_str!("../swarm-findings/seed-3021624-eventual-open-policy-floor-unseen.yaml");

@@ -515,14 +515,16 @@ impl Ctx<'_> {
         }
     }
 
-    /// Eventual mode, floor policy: a partitioned region may admit up to its default while
-    /// the others still count its last seen use: `sum_j (d_j - n_j_last_seen)+`.
+    /// Eventual mode, floor or open policy: a partitioned region may admit up to its default
+    /// while the others still count its last seen use: `sum_j (d_j - n_j_last_seen)+`. Under
+    /// `open` it admits its default first and only then at the open rate (`budget::admit`),
+    /// which `fail_open` counts beside this (swarm seed 3021624).
     fn partition_floor(&self) -> BoundTerm {
-        if !self.eventual_mode() || self.spec.partition_policy != PartitionPolicy::Floor {
+        if !self.eventual_mode() || self.spec.partition_policy == PartitionPolicy::Closed {
             return term(
                 "partition_floor",
                 0,
-                "only eventual mode under the floor policy".to_string(),
+                "only eventual mode under the floor or open policy".to_string(),
             );
         }
         let mut total = 0u64;

@@ -1659,6 +1659,37 @@ fn eventual_bound_counts_view_lag_and_partitioned_floors() {
     assert_eq!(b.total_units, 110 + 30 + 20);
 }
 
+/// Under `open { rate }` an eventual region whose view expired admits its default first and
+/// only then at the rate (`budget::admit`), so its floor counts as under `floor`, beside
+/// `fail_open`; under `closed` it admits nothing more. Swarm seed 3021624: a busy region
+/// removed mid-window admitted its default unseen while the bound counted only its rate.
+#[test]
+fn an_open_eventual_partition_counts_the_floor_before_the_rate() {
+    let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
+    inputs.partitioned.insert(RegionId::from("b"), 20);
+    let with = |policy| LimitSpec {
+        consistency: Consistency::Eventual,
+        ..with_policy(policy)
+    };
+    let open = PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    };
+    let floor_units = |policy| {
+        term(
+            &bound(&with(policy), WindowIndex(100), &inputs),
+            "partition_floor",
+        )
+        .units
+    };
+    assert_eq!(floor_units(open), 50 - 20);
+    assert_eq!(floor_units(PartitionPolicy::Floor), 50 - 20);
+    assert_eq!(floor_units(PartitionPolicy::Closed), 0);
+}
+
 #[test]
 fn an_uncapped_eventual_limit_is_bounded_by_l_per_region() {
     // No rate cap: each region's unseen admissions are at most L = 100 (its own use counts
