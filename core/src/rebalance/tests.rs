@@ -2534,13 +2534,11 @@ fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
     );
 }
 
-#[test]
-fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_it() {
-    // Defaults 50 and 50. a was grown to 80 (epoch 1) out of b's idle share (b released 30
-    // first), then asked to release 20 (epoch 2).
+/// Defaults 50 and 50 of `L = 100`: `b` released 30 of its idle share, `a` was grown to 80
+/// (epoch 1) into it, then asked to release `units` (epoch 2).
+fn a_grown_to_80_then_asked_to_release(units: u64) -> AllowanceTable {
     let mut table = table_with(&spec());
-    let b = RegionId::from("b");
-    let a = RegionId::from("a");
+    let (a, b) = (RegionId::from("a"), RegionId::from("b"));
     let cmds = [
         TableCommand::RequestRelease {
             counter: counter(100),
@@ -2564,13 +2562,22 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
             counter: counter(100),
             region: a.clone(),
             expected_epoch: Epoch(1),
-            units: 20,
+            units: units,
         },
     ];
     for c in cmds {
         let outcome = table.apply(c);
         assert!(outcome.is_applied(), "{outcome:?}");
     }
+    table
+}
+
+#[test]
+fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_it() {
+    // Defaults 50 and 50. a was grown to 80 (epoch 1) out of b's idle share (b released 30
+    // first), then asked to release 20 (epoch 2).
+    let table = a_grown_to_80_then_asked_to_release(20);
+    let a = RegionId::from("a");
     let mut coord = Coordinator::new(config(), table, at_ms(0), 1);
     coord
         .handle_sync_up(at_ms(0), up_with("a", 1, &[], 0))
@@ -2629,38 +2636,8 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
 fn an_ack_of_a_boot_before_a_restart_confirms_nothing() {
     // Defaults 50 and 50. a was grown to 80 (epoch 1) out of b's idle share, then asked to
     // release 40 (epoch 2): its row will be 40, below its default.
-    let mut table = table_with(&spec());
-    let (a, b) = (RegionId::from("a"), RegionId::from("b"));
-    let cmds = [
-        TableCommand::RequestRelease {
-            counter: counter(100),
-            region: b.clone(),
-            expected_epoch: Epoch(0),
-            units: 30,
-        },
-        TableCommand::CompleteRelease {
-            counter: counter(100),
-            region: b.clone(),
-            id: 1,
-            released_units: 30,
-        },
-        TableCommand::Grow {
-            counter: counter(100),
-            region: a.clone(),
-            expected_epoch: Epoch(0),
-            allowance_units: 80,
-        },
-        TableCommand::RequestRelease {
-            counter: counter(100),
-            region: a.clone(),
-            expected_epoch: Epoch(1),
-            units: 40,
-        },
-    ];
-    for c in cmds {
-        let outcome = table.apply(c);
-        assert!(outcome.is_applied(), "{outcome:?}");
-    }
+    let table = a_grown_to_80_then_asked_to_release(40);
+    let a = RegionId::from("a");
     let id = table
         .row(&counter(100), &a)
         .unwrap()
