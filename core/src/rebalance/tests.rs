@@ -2562,7 +2562,7 @@ fn a_grown_to_80_then_asked_to_release(units: u64) -> AllowanceTable {
             counter: counter(100),
             region: a.clone(),
             expected_epoch: Epoch(1),
-            units: units,
+            units,
         },
     ];
     for c in cmds {
