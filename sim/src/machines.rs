@@ -712,6 +712,12 @@ impl RegionNode for CoreRegion {
             let net = k.granted_units.saturating_sub(k.refunded_units);
             let admitted_before_reload = if k.restore_closed {
                 Some(admitted_before_reload.unwrap_or(0).max(net))
+            } else if k.restore_awaiting && !strict {
+                // Awaiting its boot's first answer, an eventual region holds at its own count,
+                // which the answer's entries may have raised to what the lost copy admitted
+                // under an earlier, larger quota: the copy kept no record of that reload
+                // (swarm seed 3037612). It is judged at what it enforces, its own count.
+                Some(admitted_before_reload.unwrap_or(0).max(k.allowance_units))
             } else {
                 admitted_before_reload
             };

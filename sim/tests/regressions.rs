@@ -2872,3 +2872,20 @@ fn an_open_eventual_partition_counts_its_unseen_floor() {
 
 const SWARM_3021624: &str =
     include_str!("../swarm-findings/seed-3021624-eventual-open-policy-floor-unseen.yaml");
+
+/// Swarm seed 3037612 (`sim/swarm-findings/seed-3037612-net-use-above-allowance-restore-after-reload.yaml`):
+/// an eventual region restored from an empty copy after a reload lowered the quota below what
+/// it had admitted gets its count back from the coordinator and, awaiting its first answer,
+/// holds at it (admitting nothing). The check judged that count against the new quota; it now
+/// judges an awaiting eventual region at what it enforces, its own count.
+#[test]
+fn an_eventual_region_restored_after_a_lowering_reload_is_judged_at_its_own_count() {
+    assert_no_violation(&run(
+        &parsed("swarm-3037612.yaml", SWARM_3037612),
+        3037612..3037613,
+    ));
+}
+
+const SWARM_3037612: &str = include_str!(
+    "../swarm-findings/seed-3037612-net-use-above-allowance-restore-after-reload.yaml"
+);
