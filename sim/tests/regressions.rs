@@ -2889,3 +2889,20 @@ fn an_eventual_region_restored_after_a_lowering_reload_is_judged_at_its_own_coun
 const SWARM_3037612: &str = include_str!(
     "../swarm-findings/seed-3037612-net-use-above-allowance-restore-after-reload.yaml"
 );
+
+/// Swarm seed 3031785 (`sim/swarm-findings/seed-3031785-eventual-view-lapse-between-sends.yaml`):
+/// a view TTL equal to the sync interval lets each view lapse for about a round trip before
+/// every answer, between two sends, so no SyncUp said the view had expired while the region
+/// admitted by its floor: 443 of `L = 391` against a bound of 49. It failed on all 20 seeds
+/// below on the build before; the flag now reports a lapse at any moment since the last answered SyncUp
+/// (`a_lapse_between_sends_is_reported_until_a_later_sync_up_is_answered`).
+#[test]
+fn a_view_that_lapses_between_sends_counts_its_floor() {
+    assert_no_violation(&run(
+        &parsed("swarm-3031785.yaml", SWARM_3031785),
+        3031780..3031800,
+    ));
+}
+
+const SWARM_3031785: &str =
+    include_str!("../swarm-findings/seed-3031785-eventual-view-lapse-between-sends.yaml");

@@ -238,7 +238,7 @@ impl RegionBudget {
             clock: self.view.clock(),
             clock_leader_term: self.view.clock_term(),
             stats: self.collect_stats(),
-            view_expired: self.view.is_expired(now),
+            view_expired: self.view.expired_since_reported(now),
             clock_guard: self.view.guard(),
         };
         let carried = self.collect_reported(now, &mut up);

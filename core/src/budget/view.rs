@@ -38,6 +38,12 @@ pub(crate) struct View {
     /// as if the view had expired until that answer (swarm seed 954). Not persisted: a
     /// restart starts with no contact, which holds them the same way.
     pub version_unheard: bool,
+    /// When an answer found the view expired (it had lapsed since the answer before), until
+    /// an answer to a SyncUp sent after that comes back: the lapse is reported in every
+    /// SyncUp until then. A view whose TTL is near the sync interval lapses for about a round
+    /// trip between answers, between two sends, where `is_expired` at the send never sees
+    /// it, while the region admits by its partition policy (swarm seed 3031785).
+    lapsed_at: Option<Timestamp>,
 }
 
 impl View {
@@ -54,6 +60,7 @@ impl View {
             open_accounted_until: None,
             restore: Restore::default(),
             version_unheard: false,
+            lapsed_at: None,
         }
     }
 
@@ -75,6 +82,12 @@ impl View {
             .map(|c| c + self.ttl + Duration::from_nanos(1))
     }
 
+    /// Expired now, or lapsed since the last SyncUp the coordinator answered: what a SyncUp
+    /// reports as `view_expired`.
+    pub fn expired_since_reported(&self, now: Timestamp) -> bool {
+        self.is_expired(now) || self.lapsed_at.is_some()
+    }
+
     pub fn contact_at(&self) -> Option<Timestamp> {
         self.contact_at
     }
@@ -91,6 +104,12 @@ impl View {
     /// the SyncUp it answers, and the clock sample describes that leader's clock.
     pub fn on_answer(&mut self, rt: RoundTrip, leader_term: u64) {
         let t0 = rt.sent_at;
+        if self.lapsed_at.is_some_and(|at| t0 > at) {
+            self.lapsed_at = None;
+        }
+        if self.contact_at.is_some() && self.is_expired(rt.returned_at) {
+            self.lapsed_at = Some(rt.returned_at);
+        }
         self.contact_at = Some(self.contact_at.map_or(t0, |c| c.max(t0)));
         self.clock = Some(rt.clock_sample());
         self.clock_term = leader_term;
@@ -186,6 +205,32 @@ mod tests {
             answered_at: ms(t2),
             returned_at: ms(t3),
         }
+    }
+
+    /// TTL 100 ms, answers every 100 ms after a 30 ms round trip: between `send + 100 ms`
+    /// and the next answer the view has lapsed, though at every send it is (just) fresh. The
+    /// lapse is reported until an answer to a SyncUp sent after it comes back.
+    #[test]
+    fn a_lapse_between_sends_is_reported_until_a_later_sync_up_is_answered() {
+        let mut v = View::new(Duration::from_millis(100));
+        v.on_answer(rt(0, 0, 0, 30), 1);
+        assert!(!v.expired_since_reported(ms(100)), "fresh at the next send");
+        // The answer to the send at 100 comes at 130: the view lapsed from 100 to 130.
+        v.on_answer(rt(100, 100, 100, 130), 1);
+        assert!(!v.is_expired(ms(200)));
+        assert!(
+            v.expired_since_reported(ms(200)),
+            "the lapse rides the next SyncUp"
+        );
+        // The answer to the send at 200 (after the lapse) clears it, but it lapsed again.
+        v.on_answer(rt(200, 200, 200, 230), 1);
+        assert!(v.expired_since_reported(ms(300)));
+        // Answers that come in time report nothing.
+        let mut v = View::new(Duration::from_millis(100));
+        v.on_answer(rt(0, 0, 0, 30), 1);
+        v.on_answer(rt(90, 90, 90, 95), 1);
+        v.on_answer(rt(180, 180, 180, 185), 1);
+        assert!(!v.expired_since_reported(ms(270)));
     }
 
     #[test]
