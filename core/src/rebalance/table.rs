@@ -651,19 +651,21 @@ impl AllowanceTable {
         let mut new_rows = Vec::new();
         let rows = self.counters.get(counter);
         if rows.is_none() {
-            new_rows.extend(
-                self.reclaims
-                    .iter()
-                    .filter(|((limit, r), rc)| {
-                        *limit == counter.limit && r != region && counter.window >= rc.from_window
-                    })
-                    .map(|((_, r), _)| r.clone()),
-            );
+            new_rows.extend(self.reclaimed_in(counter).filter(|r| *r != region).cloned());
         }
         if rows.is_none_or(|rows| !rows.contains_key(region)) {
             new_rows.push(region.clone());
         }
         new_rows
+    }
+
+    /// The regions a reclaim covers in `counter`'s window: each holds an explicit zero in a
+    /// counter that has rows.
+    fn reclaimed_in<'a>(&'a self, counter: &'a CounterRef) -> impl Iterator<Item = &'a RegionId> {
+        self.reclaims
+            .iter()
+            .filter(|((limit, _), rc)| *limit == counter.limit && counter.window >= rc.from_window)
+            .map(|((_, r), _)| r)
     }
 
     /// The row for (`counter`, `region`), created at its default (and any reclaimed zeroes)
@@ -1067,14 +1069,9 @@ impl AllowanceTable {
         }
         for counter in kept {
             let unrowed: Vec<RegionId> = self
-                .reclaims
-                .iter()
-                .filter(|((limit, r), rc)| {
-                    *limit == counter.limit
-                        && counter.window >= rc.from_window
-                        && self.row(&counter, r).is_none()
-                })
-                .map(|((_, r), _)| r.clone())
+                .reclaimed_in(&counter)
+                .filter(|r| self.row(&counter, r).is_none())
+                .cloned()
                 .collect();
             for region in unrowed {
                 self.insert_zero_row(&counter, &region);
