@@ -711,6 +711,57 @@ async fn the_http_port_over_tls_takes_tokens_encrypted() {
     assert!(!resp.starts_with("HTTP/"), "{resp}");
 }
 
+/// Calls refused before their body is read (an unknown token, a caller past its rate) do not
+/// cost the connection they came on: 100,000 refusals on one connection, and every call on it,
+/// the capped caller's admitted ones included, is answered or refused, never cut off. With the
+/// bodies left unread, h2 closed such a connection (GOAWAY `ENHANCE_YOUR_CALM`) after a few
+/// thousand (agent/src/service/drain.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_body_is_read_do_not_close_the_callers_connection() {
+    const TASKS: usize = 32;
+    const REFUSALS: u64 = 100_000;
+    if !support::slow_tier() {
+        return;
+    }
+    let s = start("refused_flood");
+    let channel = s.anonymous().await;
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let admitted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (channel, refused, admitted) = (channel.clone(), refused.clone(), admitted.clone());
+            let token = if i % 2 == 0 {
+                CAPPED_TOKEN
+            } else {
+                "no-such-token"
+            };
+            tokio::spawn(async move {
+                use std::sync::atomic::Ordering::Relaxed;
+                while refused.load(Relaxed) < REFUSALS {
+                    match acquire(&channel, Some(token), "llm").await {
+                        Ok(_) => admitted.fetch_add(1, Relaxed),
+                        Err(e)
+                            if matches!(
+                                e.code(),
+                                Code::ResourceExhausted | Code::Unauthenticated
+                            ) =>
+                        {
+                            refused.fetch_add(1, Relaxed)
+                        }
+                        Err(e) => panic!("neither an answer nor a refusal: {e:?}"),
+                    };
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("every call answered or refused");
+    }
+    let admitted = admitted.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(admitted >= CAPPED_PER_SEC, "{admitted} admitted");
+    assert!(acquire(&channel, Some(PY_TOKEN), "llm").await.is_ok());
+}
+
 /// A caller past its `max_calls_per_sec` is refused at once (`RESOURCE_EXHAUSTED`, HTTP 429)
 /// before its call is read; a caller without a cap is answered all along.
 #[tokio::test]

@@ -28,7 +28,7 @@ use crate::service::Authenticate;
 use crate::service::lease::LeaseApi;
 use crate::service::rls::Rls;
 use crate::service::shed::Shed;
-use crate::settings::{MAX_MESSAGE_BYTES, Settings};
+use crate::settings::{MAX_MESSAGE_BYTES, MAX_STREAMS_PER_CONNECTION, Settings};
 use crate::state::Agent;
 use crate::store::{SledStore, Store};
 use crate::sync_link::NoCoordinator;
@@ -178,6 +178,7 @@ fn serve_grpc(
 ) -> tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>> {
     let auth = Authenticate { callers };
     let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .layer(shed)
         .add_service(InterceptedService::new(
             LeaseServiceServer::new(LeaseApi::new(agent.clone()))

@@ -18,6 +18,10 @@ use crate::store::Durability;
 
 /// Largest gRPC message the agent decodes; a larger one is refused before it is read whole.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Most HTTP/2 streams one gateway connection may hold open at once: its calls in flight,
+/// its RLQS streams, and the refused calls whose bodies are still being drained (D68). A
+/// gateway past it opens another connection or waits, as HTTP/2 clients do.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// Default most gateway calls running at once before the agent sheds (`--max-in-flight-calls`).
 pub const DEFAULT_MAX_IN_FLIGHT_CALLS: usize = 4_096;
 /// Descriptors in one ShouldRateLimit request.

@@ -25,6 +25,7 @@ use tonic::{Code, Request, Status};
 
 use std::sync::Arc;
 
+use super::drain::DrainOnDrop;
 use super::lease::LeaseApi;
 use super::shed::Shed;
 use crate::callers::{Caller, LiveCallers, Refusal};
@@ -48,7 +49,13 @@ pub fn router(api: LeaseApi, callers: Arc<LiveCallers>, shed: Shed) -> Router {
         .route_layer(middleware::from_fn_with_state(callers, authenticate))
         .route_layer(middleware::from_fn_with_state(shed, shed_past_the_cap))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
+        .layer(middleware::map_request(drain_unread))
         .with_state(api)
+}
+
+/// Every call's body read to its end even when it is answered without it (`drain.rs`).
+async fn drain_unread(request: axum::extract::Request) -> axum::extract::Request {
+    request.map(|body| axum::body::Body::new(DrainOnDrop::new(body)))
 }
 
 #[derive(Deserialize)]

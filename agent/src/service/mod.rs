@@ -4,6 +4,7 @@
 //! them: [`Authenticate`] names each call's caller (D59), and `shed.rs` refuses calls past the
 //! in-flight cap (D61). The only place `tonic::Status` is built (RLQS builds its stream's own).
 
+pub mod drain;
 pub mod headers;
 pub mod http;
 pub mod lease;

@@ -13,6 +13,11 @@
 //! (gRPC); anonymous HTTP callers are one caller. The key is hashed with a per-process random
 //! key, so nobody can pick a token that lands on another caller's count.
 //!
+//! A refused call's request body is still read to its end, after the refusal has gone out
+//! (`drain.rs` says why): every call's body is wrapped in [`DrainOnDrop`] here, so a call
+//! refused by this layer, by the interceptor that names callers, or by tonic itself does not
+//! cost its connection.
+//!
 //! The same layer reads tonic's answer to a message it could not decode (invalid UTF-8 in a
 //! string, a malformed field): tonic says `INTERNAL`, which reads as the agent failing; it is
 //! the caller's bad input, so the answer says `INVALID_ARGUMENT`, counted as the other
@@ -26,10 +31,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use http_body::Body;
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
+use super::drain::DrainOnDrop;
 use crate::metrics;
 
 /// The agent's permits for gateway calls, shared by both servers.
@@ -169,8 +177,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> tower::Service<http::Request<B>> for ShedService<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<http::Request<DrainOnDrop<B>>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
+    B: Body + Send + Unpin + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -186,7 +195,7 @@ where
             .caller_key(request.headers(), request.extensions());
         match self.shed.try_enter("grpc", key) {
             Ok(entered) => {
-                let answer = self.inner.call(request);
+                let answer = self.inner.call(request.map(DrainOnDrop::new));
                 Box::pin(async move {
                     let answer = answer.await;
                     drop(entered);
@@ -195,6 +204,8 @@ where
             }
             Err(why) => {
                 let refused = Status::resource_exhausted(self.shed.message(why)).into_http();
+                // Dropped unread: drained in the background (`drain.rs`).
+                drop(DrainOnDrop::new(request.into_body()));
                 Box::pin(async move { Ok(refused) })
             }
         }
