@@ -12,6 +12,7 @@ use allot_proto::envoy::rlqs::rate_limit_quota_service_client::RateLimitQuotaSer
 use allot_proto::envoy::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use allot_proto::envoy::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use allot_proto::envoy::types::rate_limit_strategy::{BlanketRule, Strategy};
+use serde_json::Value;
 use support::{Process, scratch, slow_tier};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -341,6 +342,116 @@ descriptors:
     );
 }
 
+/// A coordinator and region `a`'s agent, synced, over `limits`.
+async fn coordinated(name: &str, limits: &str) -> (Process, Process) {
+    let dir = scratch("rlqs_wire", name, Some(limits));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_allot"));
+    let (grpc, http) = (support::free_port(), support::free_port());
+    cmd.current_dir(&dir)
+        .arg("coordinator")
+        .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--data", "coordinator", "--limits", "limits.yaml"]);
+    let coordinator = Process::start(cmd, "coordinator");
+    let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
+    agent.synced().await;
+    (coordinator, agent)
+}
+
+/// A report of key `k`'s bucket with `allowed` requests.
+fn k(allowed: u64) -> RateLimitQuotaUsageReports {
+    let mut u = usage(bucket(&[("api_key", "k")]));
+    u.num_requests_allowed = allowed;
+    reports(vec![u])
+}
+
+/// The coordinator's statement of `window` of the only limit, once it has one.
+async fn bound_of(coordinator: &Process, window: u64, ok: impl Fn(&Value) -> bool) -> Value {
+    let status = support::eventually(
+        "the coordinator's bound of the window",
+        || coordinator.json("/v1/status"),
+        |s| {
+            s["limits"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|l| l["bound"]["window"] == window && ok(&l["bound"]))
+        },
+    )
+    .await;
+    status["limits"][0]["bound"].clone()
+}
+
+/// A rule that states Envoy's fallback (`rlqs_fallback_units`, D69): usage reported beyond
+/// every lease is charged to that allowance and covered by the bound's `rlqs_fallback` term
+/// (2 regions x 300), so the window keeps a finite bound; more than the allowance in the
+/// same window and key breaks the statement, and the coordinator states it unbounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stated_fallback_is_a_term_and_fallback_past_it_unbounds_the_window() {
+    const STATED: &str = "\
+domain: wire
+descriptors:
+  - key: api_key
+    rate_limit: {requests_per_unit: 100}
+    allot: {window: 20s, weights: {a: 0.5, b: 0.5}, rlqs_fallback_units: 300}
+";
+    let (coordinator, agent) = coordinated("stated_fallback", STATED).await;
+    // A window that begins after the agent first ran: one begun before has no allowance
+    // (the agent cannot know what an earlier start charged in it).
+    let window = support::next_window_start(Duration::from_secs(20)).await;
+    let mut stream = Stream::open(&agent).await;
+    stream.send(k(1)).await;
+    let first = stream.next().await.expect("an answer");
+    assert_eq!(assigned(&first).len(), 1, "{first:?}");
+    // Inside the reassign gap: counted beyond the lease (a's share is 50), not answered.
+    stream.send(k(150)).await;
+    support::eventually(
+        "the report counted",
+        || agent.metric("allot_rlqs_bucket_reports_total"),
+        |n| *n >= 2.0,
+    )
+    .await;
+    drop(stream);
+    let within = support::eventually(
+        "the usage beyond the lease charged to the allowance",
+        || agent.metric("allot_rlqs_fallback_units_total"),
+        |n| *n > 0.0,
+    )
+    .await;
+    assert!((101.0..=150.0).contains(&within), "{within}");
+    assert_eq!(agent.metric("allot_rlqs_uncharged_units_total"), 0.0);
+    let bound = bound_of(&coordinator, window, |b| {
+        b["terms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "rlqs_fallback" && t["units"] == 600)
+    })
+    .await;
+    assert!(bound["unbounded"].is_null(), "{bound}");
+    // The same key and window again, past what is left of its 300.
+    let mut stream = Stream::open(&agent).await;
+    stream.send(k(400)).await;
+    stream.next().await.expect("an answer");
+    drop(stream);
+    let beyond = support::eventually(
+        "the usage past the allowance charged nowhere",
+        || agent.metric("allot_rlqs_uncharged_units_total"),
+        |n| *n > 0.0,
+    )
+    .await;
+    let total = agent.metric("allot_rlqs_fallback_units_total");
+    assert_eq!(total, 300.0, "the allowance is used up, no more");
+    assert!(beyond >= 400.0 - (300.0 - within) - 50.0, "{beyond}");
+    let bound = bound_of(&coordinator, window, |b| b["unbounded"].is_string()).await;
+    assert!(
+        bound["unbounded"]
+            .as_str()
+            .is_some_and(|why| why.contains("a's gateways reported")),
+        "{bound}"
+    );
+}
+
 /// Envoy's fallback admissions beyond every lease, reported and then charged nowhere (the
 /// stream ends before a lease could be settled with them), make the coordinator state the
 /// window unbounded, naming the region's gateways: the bound never stays finite over
@@ -355,23 +466,8 @@ descriptors:
     allot: {weights: {a: 0.5, b: 0.5}}
 ";
     support::clear_of_the_day_boundary().await;
-    let dir = scratch("rlqs_wire", "charged_nowhere", Some(COORDINATED));
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_allot"));
-    let (grpc, http) = (support::free_port(), support::free_port());
-    cmd.current_dir(&dir)
-        .arg("coordinator")
-        .args(["--grpc", &format!("127.0.0.1:{grpc}")])
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .args(["--data", "coordinator", "--limits", "limits.yaml"]);
-    let coordinator = Process::start(cmd, "coordinator");
-    let agent = Process::agent(&dir, "a", Some(&coordinator.grpc));
-    agent.synced().await;
+    let (coordinator, agent) = coordinated("charged_nowhere", COORDINATED).await;
     let mut stream = Stream::open(&agent).await;
-    let k = |allowed: u64| {
-        let mut u = usage(bucket(&[("api_key", "k")]));
-        u.num_requests_allowed = allowed;
-        reports(vec![u])
-    };
     stream.send(k(1)).await;
     let first = stream.next().await.expect("an answer");
     assert_eq!(assigned(&first).len(), 1, "{first:?}");

@@ -137,6 +137,11 @@ mod tests {
         want.replaces = vec!["m".into()];
         want.max_settle_overage_ppm = 7;
         assert_eq!(read, vec![want.clone()]);
+        assert_eq!(
+            encode("limits", &vec![want.clone()]).expect("encodes"),
+            bytes,
+            "a limit without an RLQS fallback allowance keeps the old layout (D69)"
+        );
         // A sliding limit goes through the same layout and comes back sliding.
         let sliding = LimitSpec {
             algorithm: Algorithm::SlidingWindow,
@@ -144,6 +149,14 @@ mod tests {
         };
         let bytes = encode("limits", &vec![sliding.clone(), sliding.clone()]).expect("encodes");
         let read: Vec<LimitSpec> = decode("limits", &bytes).expect("reads");
-        assert_eq!(read, vec![sliding.clone(), sliding]);
+        assert_eq!(read, vec![sliding.clone(), sliding.clone()]);
+        // An RLQS fallback allowance (D69) comes back with its algorithm.
+        let with_fallback = LimitSpec {
+            rlqs_fallback_units: 12,
+            ..sliding
+        };
+        let bytes = encode("limits", &vec![with_fallback.clone()]).expect("encodes");
+        let read: Vec<LimitSpec> = decode("limits", &bytes).expect("reads");
+        assert_eq!(read, vec![with_fallback]);
     }
 }

@@ -47,6 +47,13 @@ pub struct LimitSpec {
     /// Stored inside the quota's encoding ([`LimitSpecWire`]), so that limits written before
     /// the field existed read as fixed windows.
     pub algorithm: Algorithm,
+    /// Most units the Envoys of one region admit of one key in one window outside the
+    /// assignments the agent sent them (their RLQS fallback behaviours), as the operator
+    /// states it from Envoy's configuration: the bound's `rlqs_fallback` term per region
+    /// (docs/bound.md, D69). Checked against what Envoy reports; 0, the default, states that
+    /// Envoy admits nothing on its own (`DENY_ALL` for both behaviours). Stored inside the
+    /// quota's encoding, as `algorithm` is.
+    pub rlqs_fallback_units: u64,
 }
 
 /// The counting algorithm of a rule (`allot.algorithm`).
@@ -98,12 +105,28 @@ enum QuotaWire {
         units: u64,
         window: Window,
     },
+    /// Added after the others: a quota with an RLQS fallback allowance (D69), written only
+    /// when that allowance is above 0, so that every other limit keeps its layout.
+    WithFallback {
+        units: u64,
+        window: Window,
+        algorithm: Algorithm,
+        rlqs_fallback_units: u64,
+    },
 }
 
 impl From<LimitSpec> for LimitSpecWire {
     fn from(s: LimitSpec) -> Self {
         let quota = match (s.quota, s.algorithm) {
             (Quota::Unlimited, _) => QuotaWire::Unlimited,
+            (Quota::Units { units, window }, algorithm) if s.rlqs_fallback_units > 0 => {
+                QuotaWire::WithFallback {
+                    units,
+                    window,
+                    algorithm,
+                    rlqs_fallback_units: s.rlqs_fallback_units,
+                }
+            }
             (Quota::Units { units, window }, Algorithm::FixedWindow) => {
                 QuotaWire::Units { units, window }
             }
@@ -132,14 +155,24 @@ impl From<LimitSpec> for LimitSpecWire {
 
 impl From<LimitSpecWire> for LimitSpec {
     fn from(w: LimitSpecWire) -> Self {
-        let (quota, algorithm) = match w.quota {
-            QuotaWire::Unlimited => (Quota::Unlimited, Algorithm::FixedWindow),
+        let (quota, algorithm, rlqs_fallback_units) = match w.quota {
+            QuotaWire::Unlimited => (Quota::Unlimited, Algorithm::FixedWindow, 0),
             QuotaWire::Units { units, window } => {
-                (Quota::Units { units, window }, Algorithm::FixedWindow)
+                (Quota::Units { units, window }, Algorithm::FixedWindow, 0)
             }
             QuotaWire::SlidingUnits { units, window } => {
-                (Quota::Units { units, window }, Algorithm::SlidingWindow)
+                (Quota::Units { units, window }, Algorithm::SlidingWindow, 0)
             }
+            QuotaWire::WithFallback {
+                units,
+                window,
+                algorithm,
+                rlqs_fallback_units,
+            } => (
+                Quota::Units { units, window },
+                algorithm,
+                rlqs_fallback_units,
+            ),
         };
         LimitSpec {
             id: w.id,
@@ -157,6 +190,7 @@ impl From<LimitSpecWire> for LimitSpec {
             replaces: w.replaces,
             max_settle_overage_ppm: w.max_settle_overage_ppm,
             algorithm,
+            rlqs_fallback_units,
         }
     }
 }
@@ -183,6 +217,7 @@ impl LimitSpec {
             replaces: Vec::new(),
             max_settle_overage_ppm: 0,
             algorithm: Algorithm::FixedWindow,
+            rlqs_fallback_units: 0,
         }
     }
 

@@ -289,6 +289,20 @@ mod process {
 
     /// Waits past the end of the day if it is less than two minutes away: the counters are
     /// of the day's window and must not roll over mid-test.
+    /// Waits for the next window of `len` (aligned to the Unix epoch) to begin, and a
+    /// little more; its index.
+    pub async fn next_window_start(len: Duration) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_millis();
+        let len_ms = len.as_millis();
+        let next = now / len_ms + 1;
+        let wait_ms = next * len_ms - now + 100;
+        tokio::time::sleep(Duration::from_millis(wait_ms as u64)).await;
+        next as u64
+    }
+
     pub async fn clear_of_the_day_boundary() {
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)

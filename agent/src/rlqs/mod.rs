@@ -92,6 +92,7 @@ pub mod metrics {
     pub const BUCKETS: &str = "allot_rlqs_buckets";
     pub const OVERAGE_UNITS: &str = "allot_rlqs_overage_units_total";
     pub const UNCHARGED_UNITS: &str = "allot_rlqs_uncharged_units_total";
+    pub const FALLBACK_UNITS: &str = "allot_rlqs_fallback_units_total";
     pub const BUCKETS_DROPPED: &str = "allot_rlqs_buckets_dropped_total";
     pub const SHORT_WINDOW: &str = "allot_rlqs_short_window_denials_total";
 
@@ -133,14 +134,24 @@ pub mod metrics {
         gauge!(BUCKETS).set(n as f64);
     }
 
-    /// Usage Envoy reported above the leases behind its assignments (settled as overage).
+    /// Usage Envoy reported above the units of the lease it was charged to.
     pub fn overage(units: u64) {
         counter!(OVERAGE_UNITS).increment(units);
     }
 
-    /// Of that overage, what the settle cap (`max_settle_overage`) or an expired lease left
-    /// uncharged.
+    /// Usage Envoy reported beyond every lease (its fallback behaviours) within the rule's
+    /// `rlqs_fallback_units` (D69).
+    pub fn fallback(units: u64) {
+        if units > 0 {
+            counter!(FALLBACK_UNITS).increment(units);
+        }
+    }
+
+    /// Usage Envoy reported beyond every lease and past the rule's `rlqs_fallback_units`:
+    /// charged nowhere, its window stated unbounded.
     pub fn uncharged(units: u64) {
-        counter!(UNCHARGED_UNITS).increment(units);
+        if units > 0 {
+            counter!(UNCHARGED_UNITS).increment(units);
+        }
     }
 }

@@ -113,12 +113,12 @@ pub struct Shared {
 impl Drop for Session {
     fn drop(&mut self) {
         // Leases stay with their expiry (charged whole); what was reported beyond them, or
-        // waits for a lease, is charged nowhere.
+        // waits for a lease, is Envoy's fallback: charged to the rule's allowance for it.
         let now = self.agent.now();
         for b in self.buckets.values() {
             if let Some(limit) = b.counted_by() {
                 for (at, units) in b.uncharged_if_forgotten(now) {
-                    self.uncharged(limit, at, units);
+                    self.fallback(limit, &b.target, at, units);
                 }
             }
         }
@@ -276,8 +276,9 @@ impl Session {
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
         let beyond_expired = b.drop_expired(self.agent.now());
         if let Some(limit) = b.counted_by().cloned() {
+            let target = b.target.clone();
             for (at, units) in beyond_expired {
-                self.uncharged(&limit, at, units);
+                self.fallback(&limit, &target, at, units);
             }
         }
         let Some(b) = self.buckets.get_mut(&key) else {
@@ -404,7 +405,7 @@ impl Session {
             (b.target.clone(), b.take_superseded())
         };
         let limit = self.buckets.get(key).and_then(|b| b.counted_by().cloned());
-        let mut returns = self.end_leases(done, false, limit.as_ref()).await;
+        let mut returns = self.end_leases(done, false, limit.as_ref(), &target);
         let action = match self
             .extend(key, &target, demand, timing, &mut returns)
             .await
@@ -621,7 +622,7 @@ impl Session {
             b.assigned = assigned;
         }
         if let Some((limit, at, units)) = earlier_window {
-            self.uncharged(&limit, at, units);
+            self.fallback(&limit, target, at, units);
         }
         Some(action)
     }
@@ -652,20 +653,17 @@ impl Session {
         }
     }
 
-    /// Reported admissions of `limit` no lease will be charged with, admitted in the window
-    /// of `at`: counted, and recorded for the bound (that window is stated unbounded).
-    fn uncharged(&self, limit: &LimitId, at: Timestamp, units: u64) {
-        if units > 0 {
-            metrics::uncharged(units);
-            self.agent.record_uncharged(limit, at, units);
+    /// Reported admissions of `target` under `limit` that no lease holds, admitted in the
+    /// window of `at`: Envoy's fallback. Charged to the rule's `rlqs_fallback_units` (the
+    /// bound's `rlqs_fallback` term); past it, recorded as charged nowhere (that window is
+    /// stated unbounded). Both counted (D69).
+    fn fallback(&self, limit: &LimitId, target: &Target, at: Timestamp, units: u64) {
+        if units == 0 {
+            return;
         }
-    }
-
-    fn uncharged_if_counted(&self, limit: Option<&LimitId>, at: Timestamp, units: u64) {
-        match limit {
-            Some(limit) => self.uncharged(limit, at, units),
-            None => metrics::uncharged(units),
-        }
+        let charge = self.agent.record_gateway_fallback(limit, target, at, units);
+        metrics::fallback(charge.within_units);
+        metrics::uncharged(charge.beyond_units);
     }
 
     /// Ends leases with nothing to charge beyond their use.
@@ -679,14 +677,17 @@ impl Session {
         }
     }
 
-    /// Settles the leases that used more than they held; returns the others for the next
-    /// lease call to release (one call per bucket and report). `in_flight`: Envoy may still
-    /// admit under them, unreported ([`Held::ending_in_flight`]).
-    async fn end_leases(
+    /// Returns the leases for the next lease call to release (one call per bucket and
+    /// report): what they did not use goes back. A lease used beyond its units is returned
+    /// spent whole, and the usage beyond it is Envoy's fallback ([`Session::fallback`]).
+    /// `in_flight`: Envoy may still admit under them, unreported
+    /// ([`Held::ending_in_flight`]).
+    fn end_leases(
         &self,
         done: Vec<Held>,
         in_flight: bool,
         limit: Option<&LimitId>,
+        target: &Target,
     ) -> Vec<LeaseReturn> {
         let mut returns = Vec::new();
         for h in done {
@@ -707,20 +708,15 @@ impl Session {
                     lease,
                     actual_units,
                 } => {
-                    metrics::overage(actual_units - h.units);
-                    match self.agent.settle(lease, actual_units, None).await {
-                        Ok(out) if out.clamped_units > 0 => {
-                            metrics::uncharged(out.clamped_units);
-                        }
-                        Ok(_) => {}
-                        // Expired: counted as spent whole; the excess above it is not.
-                        Err(Error::Core(allot_core::Error::UnknownLease(_))) => {
-                            self.uncharged_if_counted(limit, h.in_window(), actual_units - h.units);
-                        }
-                        Err(e) => {
-                            self.uncharged_if_counted(limit, h.in_window(), actual_units - h.units);
-                            tracing::warn!(error = %e, "RLQS settle failed");
-                        }
+                    let beyond = actual_units - h.units;
+                    metrics::overage(beyond);
+                    returns.push(LeaseReturn {
+                        lease,
+                        unused_units: 0,
+                    });
+                    match limit {
+                        Some(limit) => self.fallback(limit, target, h.in_window(), beyond),
+                        None => metrics::uncharged(beyond),
                     }
                 }
             }
@@ -765,13 +761,11 @@ impl Session {
         let in_flight = why != WhyDropped::Reload;
         let limit = b.counted_by().cloned();
         if let Some(limit) = &limit {
-            // Usage still waiting for a lease is charged nowhere now.
+            // Usage still waiting for a lease will have none now.
             let since = b.unbacked_since.unwrap_or_else(|| self.agent.now());
-            self.uncharged(limit, since, b.unbacked_units);
+            self.fallback(limit, &b.target, since, b.unbacked_units);
         }
-        let returns = self
-            .end_leases(b.take_all(), in_flight, limit.as_ref())
-            .await;
+        let returns = self.end_leases(b.take_all(), in_flight, limit.as_ref(), &b.target);
         self.release_all(returns).await;
         metrics::assignment("abandon");
         metrics::dropped(why.name());

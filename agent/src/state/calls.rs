@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use allot_core::algo::concurrency::SlotId;
 use allot_core::budget::{
-    AcquireRequest, Decision, LeaseOutcome, LeaseRequest, Reason, RegionBudget, ReleaseOutcome,
-    RenewOutcome, SettleOutcome, SlotOutcome,
+    AcquireRequest, Decision, FallbackCharge, LeaseOutcome, LeaseRequest, Reason, RegionBudget,
+    ReleaseOutcome, RenewOutcome, SettleOutcome, SlotOutcome,
 };
 use allot_core::ids::{KeyId, LeaseId, LimitId, RequestId};
 use allot_core::limit::FailureMode;
@@ -310,6 +310,34 @@ impl Agent {
     /// `at` names the window they were admitted in.
     pub fn record_uncharged(&self, limit: &LimitId, at: Timestamp, units: u64) {
         self.lock().record_uncharged(at, limit, units);
+    }
+
+    /// A gateway reported `units` of `target` admitted at `at` beyond every lease it held
+    /// (Envoy's fallback behaviours): charged against the rule's `rlqs_fallback_units`
+    /// (`RegionBudget::record_gateway_fallback`, D69). A target that no longer matches
+    /// `limit` (a reload) has no allowance: all of it is charged nowhere.
+    pub fn record_gateway_fallback(
+        &self,
+        limit: &LimitId,
+        target: &Target,
+        at: Timestamp,
+        units: u64,
+    ) -> FallbackCharge {
+        let key = self
+            .matched(target)
+            .filter(|(rule, _)| &rule.id == limit)
+            .map(|(_, key)| key);
+        let mut budget = self.lock();
+        match key {
+            Some(key) => budget.record_gateway_fallback(limit, &key, at, units),
+            None => {
+                budget.record_uncharged(at, limit, units);
+                FallbackCharge {
+                    within_units: 0,
+                    beyond_units: units,
+                }
+            }
+        }
     }
 
     /// The limit of a live or recently ended lease; `None` for one unknown.

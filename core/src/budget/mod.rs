@@ -25,6 +25,7 @@
 mod admit;
 pub mod api;
 pub mod config;
+mod fallback;
 mod idempotency;
 pub mod inspect;
 mod key;
@@ -54,6 +55,7 @@ pub use api::{
     SettleOutcome, SlotOutcome,
 };
 pub use config::BudgetConfig;
+pub use fallback::{FallbackCharge, MAX_FALLBACK_KEYS};
 pub use persist::PersistRecord;
 pub use restore::RestoreStart;
 pub use stats::{LimitStats, RegionStats, WindowStats};
@@ -95,6 +97,8 @@ pub struct RegionBudget {
     coordinator_config_version: Option<u64>,
     /// Latest `now` seen by `handle_timeout`, so past deadlines are not asked for again.
     last_timeout: Timestamp,
+    /// Gateways' fallback admissions charged against their rules' allowances (D69).
+    fallback: fallback::FallbackTally,
 }
 
 /// A key's own counter entries, as the region holds them.
@@ -160,6 +164,7 @@ impl RegionBudget {
             config_version: 0,
             coordinator_config_version: None,
             last_timeout: Timestamp::ZERO,
+            fallback: fallback::FallbackTally::default(),
         };
         // The parameters every limit starts under, so a start under others can tell.
         let ids: Vec<LimitId> = b.limits.keys().cloned().collect();
@@ -211,6 +216,7 @@ impl RegionBudget {
         for id in old.into_keys() {
             self.forget_limit(&id);
         }
+        self.refit_fallback_tallies();
     }
 
     /// Forget what the coordinator gave a limit's keys under parameters that changed; keep

@@ -43,6 +43,7 @@ impl RegionBudget {
 
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.last_timeout = self.last_timeout.max(now);
+        self.fallback.note_running(now);
         self.account_open_time(now);
         self.leases.next_expiry();
         for id in self.leases.due(now) {

@@ -44,6 +44,9 @@ pub const DEFAULT_MAX_SETTLE_OVERAGE_PPM: u64 = 0;
 /// Largest `max_settle_overage` accepted: a settle may charge 100 times its reservation.
 pub const MAX_SETTLE_OVERAGE_PPM: u64 = 100 * WEIGHT_SCALE_PPM;
 
+/// Largest `rlqs_fallback_units` accepted (a typo of many digits is refused, not believed).
+pub const MAX_RLQS_FALLBACK_UNITS: u64 = 1_000_000_000_000;
+
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -71,6 +74,7 @@ const ALLOT_KEYS: &[&str] = &[
     "enabled",
     "max_settle_overage",
     "algorithm",
+    "rlqs_fallback_units",
 ];
 /// `allot` settings that still mean something on an unlimited rule.
 const ALLOT_KEYS_FOR_UNLIMITED: &[&str] = &["failure_mode", "enabled"];
@@ -453,6 +457,7 @@ impl Walk<'_> {
             replaces: replaces_at.iter().map(|(n, _, _)| n.clone()).collect(),
             max_settle_overage_ppm: s.max_settle_overage_ppm,
             algorithm: s.algorithm,
+            rlqs_fallback_units: s.rlqs_fallback_units,
         };
         Some(RuleDef {
             spec,
@@ -619,6 +624,7 @@ struct Settings {
     enabled: bool,
     max_settle_overage_ppm: u64,
     algorithm: Algorithm,
+    rlqs_fallback_units: u64,
 }
 
 impl Walk<'_> {
@@ -652,6 +658,9 @@ impl Walk<'_> {
         let algorithm = allot
             .get("algorithm")
             .and_then(|f| self.algorithm(f, consistency.unwrap_or_default()));
+        let rlqs_fallback_units = allot
+            .get("rlqs_fallback_units")
+            .and_then(|f| self.rlqs_fallback_units(f));
         Settings {
             window,
             consistency: consistency.unwrap_or_default(),
@@ -664,7 +673,20 @@ impl Walk<'_> {
             max_settle_overage_ppm: max_settle_overage_ppm
                 .unwrap_or(DEFAULT_MAX_SETTLE_OVERAGE_PPM),
             algorithm: algorithm.unwrap_or_default(),
+            rlqs_fallback_units: rlqs_fallback_units.unwrap_or(0),
         }
+    }
+
+    /// `rlqs_fallback_units: 20`: the most the Envoys of one region admit of one key in one
+    /// window outside their assignments (D69), a whole number of units.
+    fn rlqs_fallback_units(&mut self, f: &Field<'_>) -> Option<u64> {
+        let units = self.whole(f, 0)?;
+        if units > MAX_RLQS_FALLBACK_UNITS {
+            let message = format!("rlqs_fallback_units {units} is above {MAX_RLQS_FALLBACK_UNITS}");
+            self.err(f.value.pos, &f.path, message);
+            return None;
+        }
+        Some(units)
     }
 
     /// `algorithm: fixed_window | sliding_window`. The sliding window needs strict mode: a

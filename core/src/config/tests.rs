@@ -1294,6 +1294,7 @@ mod properties {
         "enabled",
         "max_settle_overage",
         "algorithm",
+        "rlqs_fallback_units",
         "fixed_window",
         "sliding_window",
         "open",
@@ -1381,6 +1382,7 @@ mod properties {
             ("enabled", Y::Plain("false")),
             ("max_settle_overage", Y::Plain("0.5")),
             ("algorithm", Y::Plain("fixed_window")),
+            ("rlqs_fallback_units", Y::Plain("20")),
         ];
         let len = options.len();
         proptest::sample::subsequence(options, 0..=len).prop_map(Y::Map)
@@ -1614,6 +1616,36 @@ descriptors:
         ),
         "limits.yaml:6:7: descriptors[0].allot.algorithm: allot.algorithm has no effect on an \
          unlimited rule"
+    );
+}
+
+#[test]
+fn rlqs_fallback_units_is_a_whole_number_of_units_defaulting_to_none() {
+    let text = "\
+domain: gw
+descriptors:
+  - key: api_key
+    rate_limit: {requests_per_unit: 1000, unit: minute}
+    allot:
+      rlqs_fallback_units: 20
+  - key: team
+    rate_limit: {requests_per_unit: 1000, unit: minute}
+";
+    let config = load_ok(text);
+    assert_eq!(spec(&config, "gw/api_key").rlqs_fallback_units, 20);
+    assert_eq!(spec(&config, "gw/team").rlqs_fallback_units, 0);
+    let bad = |value: &str| {
+        only_error(&format!(
+            "domain: gw\ndescriptors:\n  - key: t\n    rate_limit: {{requests_per_unit: 1, \
+             unit: second}}\n    allot:\n      rlqs_fallback_units: {value}\n"
+        ))
+    };
+    assert!(bad("-1").contains("rlqs_fallback_units"), "{}", bad("-1"));
+    assert!(bad("1.5").contains("rlqs_fallback_units"), "{}", bad("1.5"));
+    assert_eq!(
+        bad("1000000000001"),
+        "limits.yaml:6:28: descriptors[0].allot.rlqs_fallback_units: rlqs_fallback_units \
+         1000000000001 is above 1000000000000"
     );
 }
 

@@ -232,6 +232,7 @@ impl Ctx<'_> {
         terms.push(self.settle_overage(others));
         terms.push(floor);
         terms.push(self.reload());
+        terms.push(self.rlqs_fallback());
         if self.spec.is_sliding() {
             terms.push(self.previous_window());
             terms.push(self.sliding_clock());
@@ -513,6 +514,24 @@ impl Ctx<'_> {
             measured_units: Some(measured),
             ..term("settle_overage", units, detail)
         }
+    }
+
+    /// `sum_j F`, `F` the limit's `rlqs_fallback_units`: what one region's Envoys may admit
+    /// of the key in the window outside their assignments (their fallback behaviours), as the
+    /// operator stated it. Every region may serve Envoys, so each counts. A region charges
+    /// what Envoy reports beyond its leases against `F` and says so when reports pass it
+    /// (`RegionBudget::record_gateway_fallback`; the window is then unbounded), so the
+    /// statement is checked for every admission Envoy reports (docs/bound.md, D69).
+    fn rlqs_fallback(&self) -> BoundTerm {
+        let per_region = self.spec.rlqs_fallback_units;
+        let regions = self.inputs.regions.len() as u64;
+        let units = per_region.saturating_mul(regions);
+        let detail = if per_region == 0 {
+            "rlqs_fallback_units 0: Envoy admits nothing outside its assignments".to_string()
+        } else {
+            format!("{regions} regions * rlqs_fallback_units {per_region} = {units}")
+        };
+        term("rlqs_fallback", units, detail)
     }
 
     /// Eventual mode, floor or open policy: a partitioned region may admit up to its default

@@ -1492,6 +1492,35 @@ fn strict_bound_is_skew_plus_the_settle_cap() {
     );
 }
 
+/// Envoy's fallback allowance counts once per region, in either mode, and is 0 unless a
+/// rule states one (D69). Strict, two regions, every clock measured exactly: only the
+/// fallback term is left, 2 * 15.
+#[test]
+fn the_rlqs_fallback_term_counts_each_regions_stated_allowance() {
+    let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
+    for r in ["a", "b"] {
+        inputs.allowance_units.insert(RegionId::from(r), 50);
+        inputs.clock_offset_nanos.insert(RegionId::from(r), 0);
+        inputs.round_trip_nanos.insert(RegionId::from(r), 0);
+    }
+    let b = bound(&capped(spec()), WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "rlqs_fallback").units, 0);
+    let fallback = LimitSpec {
+        rlqs_fallback_units: 15,
+        ..capped(spec())
+    };
+    let b = bound(&fallback, WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "rlqs_fallback").units, 30);
+    assert_eq!(b.total_units, 30 + term(&b, "skew").units, "{:?}", b.terms);
+    assert!(term(&b, "rlqs_fallback").detail.contains("2 regions"));
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..fallback
+    };
+    let b = bound(&eventual, WindowIndex(100), &inputs);
+    assert_eq!(term(&b, "rlqs_fallback").units, 30, "eventual mode too");
+}
+
 /// A sliding window adds the window before's excess and the weight's clock error; a fixed
 /// window's bound is what it was (D54). L = 100 per 10 s, a = 60 and b = 40; a's clock is
 /// off by 1 s plus half of a 200 ms round trip: ceil(60 * 1.1 / 10) = 7; b has no sample: 40

@@ -1,6 +1,7 @@
 //! Unit tests of the budget machine, one file per concern, and its property tests.
 
 mod acquire;
+mod fallback;
 mod keys;
 mod lease;
 mod partition;
