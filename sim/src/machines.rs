@@ -24,7 +24,7 @@ use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::gateway::{
     LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted, SettleDelta,
 };
-use allot_core::ids::{LeaseId, LimitId, RegionId};
+use allot_core::ids::{KeyId, LeaseId, LimitId, RegionId};
 use allot_core::limit::{Consistency, FailureMode, LimitSpec, Quota, RegionWeights};
 use allot_core::rebalance::{AllowanceTable, Coordinator, CoordinatorConfig, TableCommand};
 use allot_core::sync::{CounterRef, SyncDown, SyncUp};
@@ -609,6 +609,17 @@ impl RegionNode for CoreRegion {
         {
             self.refused_calls += 1;
         }
+    }
+
+    fn handle_gateway_fallback(
+        &mut self,
+        now: Timestamp,
+        limit: &LimitId,
+        key: &KeyId,
+        units: u64,
+    ) {
+        let now = self.saw(now);
+        self.budget.record_gateway_fallback(limit, key, now, units);
     }
 
     fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle) {

@@ -11,7 +11,7 @@
 //! itself, and hands the messages it emits to the region's node.
 
 use allot_core::gateway::{LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted};
-use allot_core::ids::{LeaseId, LimitId, RegionId};
+use allot_core::ids::{KeyId, LeaseId, LimitId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{CounterEntry, CounterRef, SyncDown, SyncUp};
 use allot_core::time::{Timestamp, WindowIndex};
@@ -140,6 +140,17 @@ pub trait RegionNode: Send {
     fn handle_lease_wanted(&mut self, now: Timestamp, want: &LeaseWanted) -> LeaseAnswer;
     fn handle_release(&mut self, now: Timestamp, release: &LeaseRelease);
     fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle);
+    /// A gateway reports `units` of `key` it admitted on its own, beyond every lease (Envoy's
+    /// fallback, `regions[].envoy_fallback_units`): `RegionBudget::record_gateway_fallback`.
+    fn handle_gateway_fallback(
+        &mut self,
+        now: Timestamp,
+        limit: &LimitId,
+        key: &KeyId,
+        units: u64,
+    ) {
+        let _ = (now, limit, key, units);
+    }
     fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown);
     fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp>;
     fn poll_timeout(&self) -> Option<Timestamp>;

@@ -90,6 +90,7 @@ fn drawn_worlds_vary() {
         "clock_drift",
         "gateway_clock_offset",
         "gateway_clock_drift",
+        "envoy_fallback",
         "reload:quota",
         "reload:consistency",
         "reload:policy",
@@ -193,6 +194,7 @@ fn fails_open_through_an_agent_crash() -> World {
         drift_ppm: 0,
         gateway_offset_ms: 0,
         gateway_drift_ppm: 0,
+        envoy_fallback_units: 0,
     };
     let limit = |key: &str, consistency| LimitDraw {
         key: key.to_string(),
@@ -203,6 +205,7 @@ fn fails_open_through_an_agent_crash() -> World {
         rate_cap: None,
         failure_closed: false,
         sliding: false,
+        rlqs_fallback_units: 0,
     };
     let source = |region, limit, key, per_sec| SourceDraw {
         region,

@@ -50,6 +50,10 @@ impl GatewayClock {
     }
 }
 
+/// Fallback tallies a gateway keeps before forgetting those of windows a report can no
+/// longer fall in.
+const FALLBACK_TALLIES_KEPT: usize = 4_096;
+
 /// Lease readings kept per region before those of leases granted long ago are forgotten.
 const LEASE_READINGS_KEPT: usize = 65_536;
 
@@ -211,6 +215,13 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             Spend::Denied { retry_after } => Served::Denied {
                 retry_after: Some(retry_after),
             },
+            Spend::Unavailable if self.envoy_fallback(region, g, key, local, units) => {
+                Served::Admitted {
+                    gateway: g,
+                    receipt: None,
+                    local,
+                }
+            }
             Spend::Unavailable if self.failure_modes[key] == FailureMode::Open => {
                 self.stats.fail_open_admits += 1;
                 Served::Admitted {
@@ -223,6 +234,62 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 Served::Denied { retry_after: None }
             }
         })
+    }
+
+    /// Envoy's fallback (`regions[].envoy_fallback_units`): a gateway with no lease whose
+    /// agent is down admits up to that many units of a key in a window (on the agent's clock,
+    /// the one admissions are judged on) on its own, and tells its agent once it is back
+    /// ([`Engine::report_fallback`]). A model of the operator's statement kept exactly: the
+    /// rule's `rlqs_fallback_units` is what the scenario states for it.
+    fn envoy_fallback(
+        &mut self,
+        region: usize,
+        g: usize,
+        key: usize,
+        local: Timestamp,
+        units: u64,
+    ) -> bool {
+        let allowance = self.scenario.regions[region].envoy_fallback_units;
+        if allowance == 0 {
+            return false;
+        }
+        let limit = &self.scenario.limits.limits[self.measure.keys[key].limit_index];
+        let window = limit.window.index(local);
+        let rt = &mut self.regions[region].gateways[g];
+        if rt.fallback_used.len() >= FALLBACK_TALLIES_KEPT {
+            // Only the windows a report can still fall in matter.
+            rt.fallback_used.retain(|(_, w), _| w.0 + 1 >= window.0);
+        }
+        let used = rt.fallback_used.entry((key, window)).or_insert(0);
+        if used.saturating_add(units) > allowance {
+            return false;
+        }
+        *used += units;
+        *rt.fallback_unreported.entry(key).or_insert(0) += units;
+        self.stats.envoy_fallback_admits += 1;
+        true
+    }
+
+    /// Gateway `g` tells its agent, up again, what it admitted on its own while it was down:
+    /// the agent charges it in the window of the report, as the daemon does with the usage
+    /// an RLQS stream reports after it reconnects.
+    /// Whether it told its agent anything.
+    fn report_fallback(&mut self, region: usize, g: usize, local: Timestamp) -> bool {
+        let r = &mut self.regions[region];
+        let Some(node) = r.node.as_mut() else {
+            return false;
+        };
+        let reports = std::mem::take(&mut r.gateways[g].fallback_unreported);
+        if reports.is_empty() {
+            return false;
+        }
+        for (key, units) in reports {
+            let meta = &self.measure.keys[key];
+            node.handle_gateway_fallback(local, &meta.limit, &meta.key, units);
+            self.stats.envoy_fallback_units_reported += units;
+        }
+        persist(node, &mut r.store, r.keeps_store);
+        true
     }
 
     /// One spend at gateway `g` at `local` on the gateway's clock, looking the key up (again)
@@ -263,12 +330,13 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     /// Delivers gateway `g`'s messages to its agent and the answers back. `local` is the
     /// agent's clock; the gateway reads its own.
     pub(super) fn pump_gateway(&mut self, region: usize, g: usize, local: Timestamp) -> Result<()> {
+        let reported = self.report_fallback(region, g, local);
         let r = &mut self.regions[region];
         let at_gateway = r.gateway_clock.local(self.now);
         let Some(gateway) = r.gateways[g].gateway.as_mut() else {
             return Ok(());
         };
-        let mut touched = false;
+        let mut touched = reported;
         while let Some(msg) = gateway.poll_transmit(at_gateway) {
             touched |= r.node.is_some();
             match (msg, r.node.as_mut()) {

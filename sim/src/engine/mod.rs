@@ -17,14 +17,14 @@
 //! (measurement and judgement).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use allot_core::gateway::{Gateway, KeyHandle, SpendReceipt};
 use allot_core::ids::{LeaseId, RegionId};
 use allot_core::limit::FailureMode;
 use allot_core::sync::{SyncDown, SyncUp};
-use allot_core::time::Timestamp;
+use allot_core::time::{Timestamp, WindowIndex};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -85,6 +85,13 @@ pub struct RunStats {
     pub unserved: u64,
     /// Requests admitted by the limit's open failure mode while the agent was unreachable.
     pub fail_open_admits: u64,
+    /// Requests a gateway admitted on its own by Envoy's fallback
+    /// (`regions[].envoy_fallback_units`) while it held no lease and its agent was down.
+    pub envoy_fallback_admits: u64,
+    /// Of those units, reported to the agent once it was back, and lost with a gateway that
+    /// crashed before it could report them.
+    pub envoy_fallback_units_reported: u64,
+    pub envoy_fallback_units_lost: u64,
     pub lease_requests: u64,
     /// Lease requests the agent answered by adding to the gateway's live lease (`top_up`).
     pub lease_refills: u64,
@@ -204,6 +211,10 @@ struct GatewayRt {
     /// The armed sweep, on the true clock and as the gateway asked for it (its own clock).
     timer: Option<Timestamp>,
     timer_local: Option<Timestamp>,
+    /// Envoy's fallback (`regions[].envoy_fallback_units`): units admitted on its own per key
+    /// and window (on the agent's clock), and those its agent has not been told of yet.
+    fallback_used: HashMap<(usize, WindowIndex), u64>,
+    fallback_unreported: BTreeMap<usize, u64>,
 }
 
 struct RegionRt<R: RegionNode> {
@@ -397,6 +408,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 g.handles.iter_mut().for_each(|h| *h = None);
                 g.timer = None;
                 g.timer_local = None;
+                // An Envoy that exits takes what it had not reported with it.
+                self.stats.envoy_fallback_units_lost += g.fallback_unreported.values().sum::<u64>();
+                g.fallback_unreported.clear();
+                g.fallback_used.clear();
                 Ok(())
             }
             Event::GatewayRestart { region, gateway } => {

@@ -2,7 +2,7 @@
 //! events.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use allot_core::gateway::{Gateway, GatewayConfig};
@@ -170,6 +170,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         handles: vec![None; key_count],
                         timer: None,
                         timer_local: None,
+                        fallback_used: HashMap::new(),
+                        fallback_unreported: BTreeMap::new(),
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;

@@ -30,6 +30,8 @@ pub const MAX_REGIONS: usize = 64;
 pub const DEFAULT_MAX_CLOCK_UNCERTAINTY: Duration = Duration::from_millis(250);
 /// Most gateways per region.
 pub const MAX_GATEWAYS_PER_REGION: u32 = 256;
+/// Largest `regions[].envoy_fallback_units`.
+pub const MAX_ENVOY_FALLBACK_UNITS: u64 = 1_000_000_000;
 /// Most traffic sources per scenario.
 pub const MAX_SOURCES: usize = 10_000;
 /// Most faults per scenario.
@@ -120,6 +122,10 @@ pub struct RegionSpec {
     /// read from the agent's clock as the agent's is from the true clock. Default: the same.
     pub gateway_clock: ClockSpec,
     pub gateways: u32,
+    /// `regions[].envoy_fallback_units`: what each of the region's gateways admits of one key
+    /// in one window on its own while it holds no lease and cannot reach its agent, as
+    /// Envoy's RLQS fallback does; reported to the agent once it is back (0: none).
+    pub envoy_fallback_units: u64,
 }
 
 /// The `limits:` section: envoyproxy/ratelimit YAML (plus allot's `allot:` blocks), kept as

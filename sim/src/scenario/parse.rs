@@ -11,8 +11,8 @@ use super::limits::QuotaReload;
 use super::yaml::{Map, Node, Source};
 use super::{
     ArrivalProcess, CoordinatorSettings, Direction, Fault, LeaseSettings, LimitsSection,
-    MAX_FAULTS, MAX_GATEWAYS_PER_REGION, MAX_REGIONS, MAX_SOURCES, MeasureSettings, RegionSel,
-    RegionSpec, Scenario, SourceSpec, limits,
+    MAX_ENVOY_FALLBACK_UNITS, MAX_FAULTS, MAX_GATEWAYS_PER_REGION, MAX_REGIONS, MAX_SOURCES,
+    MeasureSettings, RegionSel, RegionSpec, Scenario, SourceSpec, limits,
 };
 use crate::clock::{ClockSpec, MAX_DRIFT_PPM};
 use crate::error::{ScenarioError, SimError};
@@ -337,6 +337,16 @@ fn read_regions(node: &Node<'_, '_>) -> Result<Vec<RegionSpec>, ScenarioError> {
             }
             None => 1,
         };
+        let envoy_fallback_units = match m.opt("envoy_fallback_units") {
+            Some(n) => {
+                let units = n.as_u64()?;
+                if units > MAX_ENVOY_FALLBACK_UNITS {
+                    return Err(n.err(format!("expected at most {MAX_ENVOY_FALLBACK_UNITS}")));
+                }
+                units
+            }
+            None => 0,
+        };
         regions.push(RegionSpec {
             id,
             weight_ppm: weight.map_or(0, |w| (w * WEIGHT_SCALE_PPM as f64).round() as u32),
@@ -344,6 +354,7 @@ fn read_regions(node: &Node<'_, '_>) -> Result<Vec<RegionSpec>, ScenarioError> {
             clock: read_clock(&m, "clock")?,
             gateway_clock: read_clock(&m, "gateway_clock")?,
             gateways,
+            envoy_fallback_units,
         });
         m.finish()?;
     }
@@ -914,6 +925,28 @@ traffic:
         assert_eq!(s.regions[0].gateway_clock, expected);
         assert_eq!(s.regions[0].clock.offset_nanos, 1_000_000_000);
         assert_eq!(s.regions[1].gateway_clock, ClockSpec::default());
+    }
+
+    #[test]
+    fn envoy_fallback_units_default_to_none_and_are_checked() {
+        let s = parse("gateway-clocks.yaml", GATEWAY_CLOCKS).unwrap();
+        assert_eq!(s.regions[0].envoy_fallback_units, 0);
+        let with = GATEWAY_CLOCKS.replace(
+            "  - {id: b, latency: 5ms}",
+            "  - {id: b, latency: 5ms, envoy_fallback_units: 40}",
+        );
+        assert_eq!(
+            parse("f.yaml", &with).unwrap().regions[1].envoy_fallback_units,
+            40
+        );
+        for bad in ["-1", "lots", "1000000001"] {
+            let text = GATEWAY_CLOCKS.replace(
+                "  - {id: b, latency: 5ms}",
+                &format!("  - {{id: b, latency: 5ms, envoy_fallback_units: {bad}}}"),
+            );
+            let e = parse("f.yaml", &text).unwrap_err();
+            assert_eq!(e.field, "regions[1].envoy_fallback_units", "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -93,7 +93,32 @@ pub fn world(seed: u64) -> World {
         world.lease.refill_in_place = Some(false);
     }
     draw_algorithms(d, &mut world);
+    draw_envoy_fallback(d, &mut world);
     world
+}
+
+/// Drawn after everything else: a quarter of the worlds give each region's gateways Envoy's
+/// fallback (1 to 100 units a key and window each, or none in a region), and state it on every
+/// limit as the operator would, `rlqs_fallback_units` the most one region's gateways admit
+/// together (D69).
+fn draw_envoy_fallback(d: &mut Dice, w: &mut World) {
+    if !d.chance(0.25) {
+        return;
+    }
+    for r in &mut w.regions {
+        if d.chance(0.8) {
+            r.envoy_fallback_units = d.log(1.0, 100.0).round() as u64;
+        }
+    }
+    let stated = w
+        .regions
+        .iter()
+        .map(|r| u64::from(r.gateways) * r.envoy_fallback_units)
+        .max()
+        .unwrap_or(0);
+    for l in &mut w.limits {
+        l.rlqs_fallback_units = stated;
+    }
 }
 
 /// Drawn after everything else (so every earlier draw of a seed stays as it was): a quarter of
@@ -157,6 +182,7 @@ fn limit_shape(d: &mut Dice, i: u64) -> LimitDraw {
         rate_cap: None,
         failure_closed: d.chance(0.5),
         sliding: false,
+        rlqs_fallback_units: 0,
     }
 }
 
@@ -202,6 +228,7 @@ fn draw_regions(d: &mut Dice, shortest_ms: u64) -> Vec<RegionDraw> {
                 drift_ppm,
                 gateway_offset_ms: 0,
                 gateway_drift_ppm: 0,
+                envoy_fallback_units: 0,
             }
         })
         .collect();

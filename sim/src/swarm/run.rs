@@ -70,7 +70,7 @@ pub fn replay_command(seed: u64) -> String {
 
 /// What a world is made of, as words a summary counts: `strict`, `eventual`,
 /// `sliding_window`, `floor`, `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
-/// `gateway_clock_offset`, `gateway_clock_drift`, `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
+/// `gateway_clock_offset`, `gateway_clock_drift`, `envoy_fallback`, `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
 /// `fault:<kind>` for each fault kind present.
 pub fn features(w: &World) -> BTreeSet<String> {
     let mut f = BTreeSet::new();
@@ -124,6 +124,9 @@ pub fn features(w: &World) -> BTreeSet<String> {
     }
     if w.regions.iter().any(|r| r.gateway_drift_ppm != 0) {
         add("gateway_clock_drift");
+    }
+    if w.regions.iter().any(|r| r.envoy_fallback_units > 0) {
+        add("envoy_fallback");
     }
     if w.regions.iter().any(|r| r.weight_ppm.is_some()) {
         add("weights");

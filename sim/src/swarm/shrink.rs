@@ -2,7 +2,8 @@
 //!
 //! Greedy, one simplification at a time: shorten the run, remove a fault (a reload or a
 //! restore among them), a traffic source, a region or a limit, set a clock right or halve its
-//! offset, put a region's gateways on their agent's clock, roll a reload out everywhere at
+//! offset, put a region's gateways on their agent's clock, take a region's gateways' Envoy
+//! fallback away (the statement stays), roll a reload out everywhere at
 //! once (no stagger), drop a rate cap, make a partition policy `floor`, put the view and lease timings back to their defaults, make a
 //! source's rate constant without retries. A simplification is kept when the
 //! world still shows the violation kind it is shrunk for; the passes repeat until none is
@@ -130,6 +131,11 @@ fn simplification(w: &World, step: usize) -> Option<World> {
         let mut c = w.clone();
         c.regions[i].gateway_offset_ms = 0;
         c.regions[i].gateway_drift_ppm = 0;
+        return Some(c);
+    }
+    if let Some(i) = take(w.regions.len()) {
+        let mut c = w.clone();
+        c.regions[i].envoy_fallback_units = 0;
         return Some(c);
     }
     if let Some(i) = take(w.faults.len()) {

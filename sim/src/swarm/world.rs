@@ -52,6 +52,9 @@ pub struct RegionDraw {
     /// The gateways' clock against their agent's (`gateway_clock`); 0 and 0: the agent's.
     pub gateway_offset_ms: i64,
     pub gateway_drift_ppm: i64,
+    /// Envoy's fallback (`envoy_fallback_units`): what each gateway admits of a key in a
+    /// window on its own while its agent is down; 0: none.
+    pub envoy_fallback_units: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +94,8 @@ pub struct LimitDraw {
     /// `algorithm: sliding_window`: only for a limit strict here and in every reload (the
     /// loader refuses it with eventual consistency, D54).
     pub sliding: bool,
+    /// `rlqs_fallback_units`: what the operator states the regions' fallback to be (D69).
+    pub rlqs_fallback_units: u64,
 }
 
 impl LimitDraw {
@@ -413,6 +418,9 @@ impl World {
                     r.drift_ppm
                 )?;
             }
+            if r.envoy_fallback_units > 0 {
+                write!(y, ", envoy_fallback_units: {}", r.envoy_fallback_units)?;
+            }
             if r.gateway_offset_ms != 0 || r.gateway_drift_ppm != 0 {
                 let sign = if r.gateway_offset_ms < 0 { "-" } else { "" };
                 write!(
@@ -478,6 +486,13 @@ impl World {
             }
             let mode = if l.failure_closed { "closed" } else { "open" };
             writeln!(y, "{indent}      failure_mode: {mode}")?;
+            if l.rlqs_fallback_units > 0 {
+                writeln!(
+                    y,
+                    "{indent}      rlqs_fallback_units: {}",
+                    l.rlqs_fallback_units
+                )?;
+            }
             if let Some(weights) = weights.filter(|w| !w.is_empty()) {
                 let items: Vec<String> = weights
                     .iter()
