@@ -740,12 +740,22 @@ impl RegionNode for CoreRegion {
             // could admit more.
             let held_at_own_count =
                 k.restore_awaiting && k.allowance_units <= net.saturating_sub(k.excess_units);
+            // Held at what it had admitted when the last reload reached it: it admits nothing
+            // more, and what it admitted was judged against the table of its version then.
+            // The table's rows for the new version may give it less (a removed region's floor
+            // reclaimed under it while the region holds at its use under the closed policy),
+            // an overlap the bound's `reload` term counts (swarm seed 3127231).
+            let held_at_reload_use = self
+                .used_at_reload
+                .get(&k.counter)
+                .is_some_and(|used| k.allowance_units <= *used);
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance
                     .max(admitted_before_reload.unwrap_or(0))
                     .saturating_add(k.excess_units),
-                strict_allowance_units: (strict && !held_at_own_count).then_some(k.allowance_units),
+                strict_allowance_units: (strict && !held_at_own_count && !held_at_reload_use)
+                    .then_some(k.allowance_units),
                 counter: k.counter,
             });
         }

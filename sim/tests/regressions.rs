@@ -2906,3 +2906,26 @@ fn a_view_that_lapses_between_sends_counts_its_floor() {
 
 const SWARM_3031785: &str =
     include_str!("../swarm-findings/seed-3031785-eventual-view-lapse-between-sends.yaml");
+
+/// Swarm seed 3127231 (`sim/swarm-findings/seed-3127231-region-allowance-above-table-removed-region-held-through-two-reloads.yaml`,
+/// shrunk): two regions, strict and closed, `r1`'s clock 8.9 s ahead with 8 s windows (so the
+/// table holds rows of `r1`'s next window early), `r0` removed at 1.93 s. `r0` spent 93 units
+/// of the window from 8 s under a grant made before its removal; reloads at 11.3 s (eventual)
+/// and 12.6 s (strict, new weights) dropped that grant on both sides, the leader reclaimed the
+/// silent region's floor under the new version, and `r0`, closed, held at its use of 93
+/// while the table gave it 0: 6 violations of `region_allowance_above_table`, where `r0`
+/// admitted nothing more (the window admitted 261 of 409; the overlap is the `reload` term's,
+/// `r0` being counted on the version it was last heard on). The check's error: a region held
+/// at what it had admitted when the last reload reached it is no longer judged against the
+/// new version's rows. Seed 3127231 and 19 neighbours.
+#[test]
+fn a_removed_region_held_at_its_use_through_two_reloads_is_not_judged_against_new_rows() {
+    assert_no_violation(&run(
+        &parsed("swarm-3127231.yaml", SWARM_3127231),
+        3127225..3127245,
+    ));
+}
+
+const SWARM_3127231: &str = include_str!(
+    "../swarm-findings/seed-3127231-region-allowance-above-table-removed-region-held-through-two-reloads.yaml"
+);
