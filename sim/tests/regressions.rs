@@ -2929,3 +2929,21 @@ fn a_removed_region_held_at_its_use_through_two_reloads_is_not_judged_against_ne
 const SWARM_3127231: &str = include_str!(
     "../swarm-findings/seed-3127231-region-allowance-above-table-removed-region-held-through-two-reloads.yaml"
 );
+
+/// Swarm seed 3132762 (`sim/swarm-findings/seed-3132762-strict-region-clocks-restore-twice-offsets-both-ways.yaml`,
+/// shrunk): `r1`, 585 ms behind, restored from a copy taken before its first clock sample,
+/// while its lost copy had corrected its clock and admitted in the next window. The first
+/// answer of the restored boot carried a release of that window's row, taken before the
+/// sample moved the restore's start: `r0` spent it, 10 against 9 on the regions' clocks. The
+/// start now moves by the answer's offset before its releases are weighed.
+#[test]
+fn a_restore_moves_its_start_by_its_first_answers_offset_before_releasing() {
+    assert_no_violation(&run(
+        &parsed("swarm-3132762.yaml", SWARM_3132762),
+        3132752..3132772,
+    ));
+}
+
+const SWARM_3132762: &str = include_str!(
+    "../swarm-findings/seed-3132762-strict-region-clocks-restore-twice-offsets-both-ways.yaml"
+);

@@ -137,6 +137,14 @@ impl Restore {
         }
     }
 
+    /// The start of a restore still awaiting its first answer.
+    pub fn awaiting_since(&self) -> Option<Timestamp> {
+        match *self {
+            Restore::Awaiting { started_at, .. } => Some(started_at),
+            Restore::Normal | Restore::Closed { .. } => None,
+        }
+    }
+
     pub fn is_awaiting(&self) -> bool {
         matches!(self, Restore::Awaiting { .. })
     }

@@ -357,6 +357,27 @@ impl RegionBudget {
         carried
     }
 
+    /// A restored start's first answer measures its clock against the coordinator's. The
+    /// lost copy may have read its windows on a clock corrected by about that much (from
+    /// samples this copy never stored), so a window that begins before the start on that
+    /// clock may hold what it admitted: the start moves later by the offset's upper bound
+    /// (`offset + rtt / 2`), before this answer's release requests are weighed. The timebase
+    /// moves it the same way once it takes the sample (`restore_started_no_earlier_than`),
+    /// but only after the answer: a release taken in between let another region spend what
+    /// the lost copy had (swarm seed 3132762).
+    fn restore_start_by_answer_offset(&mut self) {
+        let (Some(sample), Some(start)) = (self.view.clock(), self.view.restore.awaiting_since())
+        else {
+            return;
+        };
+        let half_rtt = i64::try_from(sample.round_trip_nanos / 2).unwrap_or(i64::MAX);
+        let ahead = sample.offset_nanos.saturating_add(half_rtt);
+        if let Ok(ahead) = u64::try_from(ahead) {
+            let moved = start.saturating_add(std::time::Duration::from_nanos(ahead));
+            self.view.restore.start_no_earlier_than(moved);
+        }
+    }
+
     /// Merge an answer from the coordinator: confirm what the answered SyncUp carried, take
     /// the clock sample, merge counter entries (by max), apply grants and release requests
     /// (by epoch). An answer to an unknown or forgotten SyncUp is still merged, but refreshes
@@ -400,6 +421,7 @@ impl RegionBudget {
         // its wait; every SyncUp in flight was sent by this boot. Grants are applied below,
         // in this same call, before anything is admitted again.
         if first_answer {
+            self.restore_start_by_answer_offset();
             self.view.restore = self.view.restore.on_first_answer(msg.known_region);
             if self.view.restore.closed_before().is_some() {
                 self.dirty.mark(Dirty::Restore);
