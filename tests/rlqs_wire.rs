@@ -365,6 +365,25 @@ fn k(allowed: u64) -> RateLimitQuotaUsageReports {
     reports(vec![u])
 }
 
+/// On a new stream: key `k`'s first report (answered with its first assignment, on a lease),
+/// then a report of `allowed` more inside the reassign gap (counted beyond the lease, not
+/// answered); the stream then ends, so what the lease did not hold is Envoy's fallback.
+async fn report_beyond_a_first_lease(agent: &Process, allowed: u64) {
+    let mut stream = Stream::open(agent).await;
+    stream.send(k(1)).await;
+    let first = stream.next().await.expect("an answer");
+    assert_eq!(assigned(&first).len(), 1, "{first:?}");
+    let reports_before = agent.metric("allot_rlqs_bucket_reports_total");
+    stream.send(k(allowed)).await;
+    support::eventually(
+        "the report counted",
+        || agent.metric("allot_rlqs_bucket_reports_total"),
+        |n| *n > reports_before,
+    )
+    .await;
+    drop(stream);
+}
+
 /// The coordinator's statement of `window` of the only limit, once it has one.
 async fn bound_of(coordinator: &Process, window: u64, ok: impl Fn(&Value) -> bool) -> Value {
     let status = support::eventually(
@@ -399,19 +418,8 @@ descriptors:
     // A window that begins after the agent first ran: one begun before has no allowance
     // (the agent cannot know what an earlier start charged in it).
     let window = support::next_window_start(Duration::from_secs(20)).await;
-    let mut stream = Stream::open(&agent).await;
-    stream.send(k(1)).await;
-    let first = stream.next().await.expect("an answer");
-    assert_eq!(assigned(&first).len(), 1, "{first:?}");
-    // Inside the reassign gap: counted beyond the lease (a's share is 50), not answered.
-    stream.send(k(150)).await;
-    support::eventually(
-        "the report counted",
-        || agent.metric("allot_rlqs_bucket_reports_total"),
-        |n| *n >= 2.0,
-    )
-    .await;
-    drop(stream);
+    // A first lease of at most a's share, 50, and 150 reported beyond it.
+    report_beyond_a_first_lease(&agent, 150).await;
     let within = support::eventually(
         "the usage beyond the lease charged to the allowance",
         || agent.metric("allot_rlqs_fallback_units_total"),
@@ -467,19 +475,7 @@ descriptors:
 ";
     support::clear_of_the_day_boundary().await;
     let (coordinator, agent) = coordinated("charged_nowhere", COORDINATED).await;
-    let mut stream = Stream::open(&agent).await;
-    stream.send(k(1)).await;
-    let first = stream.next().await.expect("an answer");
-    assert_eq!(assigned(&first).len(), 1, "{first:?}");
-    // Inside the reassign gap: counted, charged to the lease beyond its units, not answered.
-    stream.send(k(500)).await;
-    support::eventually(
-        "the report counted",
-        || agent.metric("allot_rlqs_bucket_reports_total"),
-        |n| *n >= 2.0,
-    )
-    .await;
-    drop(stream);
+    report_beyond_a_first_lease(&agent, 500).await;
     support::eventually(
         "the usage beyond the lease charged nowhere",
         || agent.metric("allot_rlqs_uncharged_units_total"),
