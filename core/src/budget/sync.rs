@@ -364,8 +364,13 @@ impl RegionBudget {
     /// (`offset + rtt / 2`), before this answer's release requests are weighed. The timebase
     /// moves it the same way once it takes the sample (`restore_started_no_earlier_than`),
     /// but only after the answer: a release taken in between let another region spend what
-    /// the lost copy had (swarm seed 3132762).
+    /// the lost copy had (swarm seed 3132762). A region with no timebase (`max_edge_band`
+    /// `None`) reads its windows on its own clock in every copy: nothing moves, or a region
+    /// minutes behind would shut minutes of windows it never reached.
     fn restore_start_by_answer_offset(&mut self) {
+        if self.cfg.max_edge_band.is_none() {
+            return;
+        }
         let (Some(sample), Some(start)) = (self.view.clock(), self.view.restore.awaiting_since())
         else {
             return;

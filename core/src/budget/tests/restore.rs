@@ -233,28 +233,37 @@ fn a_restored_start_on_a_clock_behind_still_gets_a_larger_boot() {
 /// lost copy, corrected by samples this copy never stored, may already have been in the next
 /// minute and spent there. A release of that minute in the same answer releases nothing,
 /// where on the uncorrected clock the minute had not begun (swarm seed 3132762: the row went
-/// to another region while the lost copy had admitted from it).
+/// to another region while the lost copy had admitted from it). Measured on time or ahead,
+/// or without a timebase (every copy on its own clock), the release is taken as usual.
 #[test]
 fn a_restored_start_measured_behind_releases_nothing_of_a_window_its_lost_copy_reached() {
-    let mut b = restored(RestoreStart::Declared);
-    let up = b.poll_transmit(at(30_000)).expect("sync");
-    let mut down = answer(&up, at(75_000));
-    down.sent_at = at(75_000);
-    down.release_requests = vec![release_req(7, "api", "k", minute_window(60_000), 60, 1)];
-    b.handle_sync_down(at(30_000), down);
-    let up = b.poll_transmit(at(30_300)).expect("sync");
-    let ack = up.release_acks.first().expect("an ack");
+    let with_timebase = BudgetConfig {
+        max_edge_band: Some(Duration::from_millis(250)),
+        ..cfg()
+    };
+    let released = |cfg: BudgetConfig, coordinator_ms: u64| {
+        let mut b = budget(vec![per_minute("api", 400)]);
+        assert!(acquire(&mut b, at(1_000), "api", "k", 10).allowed);
+        let mut r = RegionBudget::restore(cfg, vec![per_minute("api", 400)], b.drain_dirty())
+            .expect("restore");
+        r.start_restored(at(30_000), RestoreStart::Declared);
+        let up = r.poll_transmit(at(30_000)).expect("sync");
+        let mut down = answer(&up, at(coordinator_ms));
+        down.release_requests = vec![release_req(7, "api", "k", minute_window(60_000), 60, 1)];
+        r.handle_sync_down(at(30_000), down);
+        let up = r.poll_transmit(at(30_300)).expect("sync");
+        up.release_acks.first().expect("an ack").released_units
+    };
     assert_eq!(
-        ack.released_units, 0,
+        released(with_timebase.clone(), 75_000),
+        0,
         "the next minute began before the start on the coordinator's clock"
     );
-    // Measured on time, the same release of the next minute is taken as usual.
-    let mut b = restored(RestoreStart::Declared);
-    let up = b.poll_transmit(at(30_000)).expect("sync");
-    let mut down = answer(&up, at(30_000));
-    down.release_requests = vec![release_req(7, "api", "k", minute_window(60_000), 60, 1)];
-    b.handle_sync_down(at(30_000), down);
-    let up = b.poll_transmit(at(30_300)).expect("sync");
-    let ack = up.release_acks.first().expect("an ack");
-    assert_eq!(ack.released_units, 60);
+    assert_eq!(released(with_timebase.clone(), 30_000), 60, "on time");
+    assert_eq!(
+        released(with_timebase, 1_000),
+        60,
+        "ahead: no earlier window"
+    );
+    assert_eq!(released(cfg(), 75_000), 60, "no timebase: its own clock");
 }
