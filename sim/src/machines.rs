@@ -619,7 +619,8 @@ impl RegionNode for CoreRegion {
         units: u64,
     ) {
         let now = self.saw(now);
-        self.budget.record_gateway_fallback(limit, key, now, units);
+        self.budget
+            .record_gateway_fallback(limit, Some(key), now, units);
     }
 
     fn handle_settle(&mut self, now: Timestamp, settle: &LeaseSettle) {

@@ -327,17 +327,8 @@ impl Agent {
             .matched(target)
             .filter(|(rule, _)| &rule.id == limit)
             .map(|(_, key)| key);
-        let mut budget = self.lock();
-        match key {
-            Some(key) => budget.record_gateway_fallback(limit, &key, at, units),
-            None => {
-                budget.record_uncharged(at, limit, units);
-                FallbackCharge {
-                    within_units: 0,
-                    beyond_units: units,
-                }
-            }
-        }
+        self.lock()
+            .record_gateway_fallback(limit, key.as_ref(), at, units)
     }
 
     /// The limit of a live or recently ended lease; `None` for one unknown.

@@ -50,11 +50,12 @@ impl RegionBudget {
     /// A gateway reported `units` of `key` admitted at `at` beyond every lease it held (its
     /// fallback behaviour). Charged against the rule's `rlqs_fallback_units` for the window
     /// of `at`; the rest is recorded as charged nowhere ([`RegionBudget::record_uncharged`]).
-    /// An unknown limit (removed by a reload) counts nowhere.
+    /// `None` for a key the gateway's target no longer maps to under `limit` (a reload): no
+    /// allowance. An unknown limit (removed by a reload) counts nowhere.
     pub fn record_gateway_fallback(
         &mut self,
         limit: &LimitId,
-        key: &KeyId,
+        key: Option<&KeyId>,
         at: Timestamp,
         units: u64,
     ) -> FallbackCharge {
@@ -68,10 +69,11 @@ impl RegionBudget {
         let window = lim.params.window_index(at);
         let window_start = lim.params.window_start(window);
         let started = self.fallback.started_at.is_some_and(|s| window_start >= s);
-        let within = if started && allowance > 0 && units > 0 {
-            self.charge_fallback(limit, key, window, allowance, units)
-        } else {
-            0
+        let within = match key {
+            Some(key) if started && allowance > 0 && units > 0 => {
+                self.charge_fallback(limit, key, window, allowance, units)
+            }
+            _ => 0,
         };
         let beyond = units - within;
         self.record_uncharged(at, limit, beyond);
@@ -115,27 +117,22 @@ impl RegionBudget {
     /// (forgotten once their windows end, as any), so the rule configured again within the
     /// window does not find its allowance whole.
     pub(super) fn refit_fallback_tallies(&mut self) {
-        let mut above: Vec<(LimitId, WindowIndex, u64)> = Vec::new();
-        let limits = &self.limits;
-        self.fallback.used.retain(|(limit, _), (window, used)| {
-            let Some(lim) = limits.get(limit) else {
-                return true;
+        let mut above: Vec<(LimitId, Timestamp, u64)> = Vec::new();
+        for ((limit, _), (window, used)) in &mut self.fallback.used {
+            let Some(lim) = self.limits.get(limit) else {
+                continue;
             };
             let allowance = lim.params.spec.rlqs_fallback_units;
             if *used > allowance {
-                above.push((limit.clone(), *window, *used - allowance));
+                above.push((
+                    limit.clone(),
+                    lim.params.window_start(*window),
+                    *used - allowance,
+                ));
                 *used = allowance;
             }
-            true
-        });
-        for (limit, window, units) in above {
-            let Some(at) = self
-                .limits
-                .get(&limit)
-                .map(|l| l.params.window_start(window))
-            else {
-                continue;
-            };
+        }
+        for (limit, at, units) in above {
             self.record_uncharged(at, &limit, units);
         }
     }

@@ -1493,8 +1493,8 @@ fn strict_bound_is_skew_plus_the_settle_cap() {
 }
 
 /// Envoy's fallback allowance counts once per region, in either mode, and is 0 unless a
-/// rule states one (D69). Strict, two regions, every clock measured exactly: only the
-/// fallback term is left, 2 * 15.
+/// rule states one (D69). Strict, two regions, every clock measured exactly: the bound is
+/// the fallback term, 2 * 15, on top of the rate cap's bursts in the skew term.
 #[test]
 fn the_rlqs_fallback_term_counts_each_regions_stated_allowance() {
     let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));

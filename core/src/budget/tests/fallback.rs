@@ -31,11 +31,11 @@ fn fallback_within_the_allowance_is_covered_and_the_rest_charged_nowhere() {
     b.handle_timeout(at(500));
     // The window of 61 s began after the machine first ran: its allowance is whole.
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(61_000), 4),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(61_000), 4),
         charge(4, 0)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(62_000), 9),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(62_000), 9),
         charge(6, 3),
         "10 a key and window: 4 + 6, and 3 past it"
     );
@@ -46,17 +46,17 @@ fn fallback_within_the_allowance_is_covered_and_the_rest_charged_nowhere() {
     );
     // Another key has its own allowance, and the next window a fresh one.
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("j"), at(62_000), 10),
+        b.record_gateway_fallback(&lim("api"), Some(&key("j")), at(62_000), 10),
         charge(10, 0)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(121_000), 10),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(121_000), 10),
         charge(10, 0)
     );
     // A late report of the window before, now that a newer one is tallied: its tally is
     // gone, so nothing is taken on trust.
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(119_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(119_000), 1),
         charge(0, 1)
     );
     assert_eq!(uncharged_in(&b, 61_000), 4);
@@ -72,25 +72,30 @@ fn fallback_within_the_allowance_is_covered_and_the_rest_charged_nowhere() {
 fn a_window_that_began_before_the_machine_ran_has_no_allowance() {
     let mut b = budget(vec![with_fallback(10)]);
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(61_000), 2),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(61_000), 2),
         charge(0, 2),
         "not yet run"
     );
     b.handle_timeout(at(61_500));
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(62_000), 2),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(62_000), 2),
         charge(0, 2),
         "the window of its start"
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(120_000), 2),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(120_000), 2),
         charge(2, 0),
         "the next window begins after it"
+    );
+    // A target that no longer maps to a key of the rule (a reload) has no allowance.
+    assert_eq!(
+        b.record_gateway_fallback(&lim("api"), None, at(121_000), 2),
+        charge(0, 2)
     );
     // An earlier instant of a later timeout does not move the start.
     b.handle_timeout(at(10_000));
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("j"), at(61_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("j")), at(61_000), 1),
         charge(0, 1)
     );
 }
@@ -100,16 +105,16 @@ fn no_allowance_and_an_unknown_limit_cover_nothing() {
     let mut b = budget(vec![per_minute("api", 400)]);
     b.handle_timeout(at(0));
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(1_000), 3),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(1_000), 3),
         charge(0, 3)
     );
     assert_eq!(uncharged_in(&b, 1_000), 3);
     assert_eq!(
-        b.record_gateway_fallback(&lim("gone"), &key("k"), at(1_000), 3),
+        b.record_gateway_fallback(&lim("gone"), Some(&key("k")), at(1_000), 3),
         charge(0, 3)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(1_000), 0),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(1_000), 0),
         charge(0, 0)
     );
 }
@@ -123,23 +128,23 @@ fn the_tally_is_bounded_and_forgets_windows_that_ended() {
     for i in 0..MAX_FALLBACK_KEYS {
         let k = key(&format!("k{i}"));
         assert_eq!(
-            b.record_gateway_fallback(&lim("api"), &k, at(1_000), 1),
+            b.record_gateway_fallback(&lim("api"), Some(&k), at(1_000), 1),
             charge(1, 0)
         );
     }
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("new"), at(2_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("new")), at(2_000), 1),
         charge(0, 1),
         "full, and every window still open"
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k0"), at(61_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k0")), at(61_000), 1),
         charge(1, 0),
         "a tallied key keeps its place"
     );
     b.handle_timeout(at(61_000));
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("new"), at(61_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("new")), at(61_000), 1),
         charge(1, 0),
         "the ended windows' tallies are forgotten"
     );
@@ -153,21 +158,21 @@ fn a_reload_that_shrinks_the_allowance_unbounds_the_window_that_used_more() {
     let mut b = budget(vec![with_fallback(10)]);
     b.handle_timeout(at(0));
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(61_000), 8),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(61_000), 8),
         charge(8, 0)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("j"), at(61_000), 2),
+        b.record_gateway_fallback(&lim("api"), Some(&key("j")), at(61_000), 2),
         charge(2, 0)
     );
     b.set_limits(at(62_000), vec![with_fallback(3)]);
     assert_eq!(uncharged_in(&b, 61_000), 5, "k took 8 of what is now 3");
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(63_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(63_000), 1),
         charge(0, 1)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("j"), at(63_000), 2),
+        b.record_gateway_fallback(&lim("api"), Some(&key("j")), at(63_000), 2),
         charge(1, 1),
         "j keeps what is left of the new 3"
     );
@@ -176,11 +181,11 @@ fn a_reload_that_shrinks_the_allowance_unbounds_the_window_that_used_more() {
     b.set_limits(at(64_000), vec![per_minute("other", 10)]);
     b.set_limits(at(65_000), vec![with_fallback(3)]);
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("j"), at(66_000), 1),
+        b.record_gateway_fallback(&lim("api"), Some(&key("j")), at(66_000), 1),
         charge(0, 1)
     );
     assert_eq!(
-        b.record_gateway_fallback(&lim("api"), &key("k"), at(121_000), 3),
+        b.record_gateway_fallback(&lim("api"), Some(&key("k")), at(121_000), 3),
         charge(3, 0)
     );
 }
