@@ -2947,3 +2947,24 @@ fn a_restore_moves_its_start_by_its_first_answers_offset_before_releasing() {
 const SWARM_3132762: &str = include_str!(
     "../swarm-findings/seed-3132762-strict-region-clocks-restore-twice-offsets-both-ways.yaml"
 );
+
+/// Swarm seed 3001260 (`sim/swarm-findings/seed-3001260-region-allowance-above-table-crash-restart-into-a-staggered-reload.yaml`,
+/// shrunk): two regions, strict and closed; `r0` is idle, so the table gave its share of the
+/// window from 9 s to `r1` while `r0` was down (6.89 s to 9.41 s). `r0` came back on version
+/// 1; the answer to its first SyncUp was at version 2 (the reload reached the leader at 8.67 s
+/// and `r0` only at 9.44 s), so it ignored the zero in it, which the leader counted as sent.
+/// On version 2 it held closed until an answer at that version, and reported that hold, 0,
+/// as its allowance: the leader took it as the zero confirmed and stopped sending it, and the
+/// next answer lifted the hold to the default share, 76, where the table gave it 0. A region
+/// now reports what it holds without that hold, as it already did for an expired view.
+#[test]
+fn a_region_holding_closed_for_an_unheard_version_does_not_confirm_a_zero_it_never_got() {
+    assert_no_violation(&run(
+        &parsed("swarm-3001260.yaml", SWARM_3001260),
+        3001250..3001270,
+    ));
+}
+
+const SWARM_3001260: &str = include_str!(
+    "../swarm-findings/seed-3001260-region-allowance-above-table-crash-restart-into-a-staggered-reload.yaml"
+);

@@ -812,9 +812,14 @@ fn report_key(
     if demand_due {
         // The allowance held with contact: the coordinator takes a report at or below its row
         // as proof the region holds no more, and an expired view's closed-policy allowance
-        // ends with the next answer, when the region falls back to what it holds.
+        // ends with the next answer, when the region falls back to what it holds. So does
+        // the hold of a version not yet heard: reported, it would confirm a row below the
+        // default that the region never got (a grant sent before it switched is ignored),
+        // and the coordinator would stop sending it just as the region came to rely on the
+        // next answer to bring it (swarm seed 3001260).
         let held = Ctx {
             view_expired: false,
+            version_unheard: false,
             restore: Default::default(),
             ..*ctx
         };

@@ -304,3 +304,47 @@ fn a_floor_region_that_switches_versions_keeps_its_default() {
     assert_eq!(allowance(&b, at(20), "api", "k"), 100);
     assert!(acquire(&mut b, at(20), "api", "k", 1).allowed);
 }
+
+/// Swarm seed 3001260: a closed region holding closed until an answer at its new version
+/// reports what it will hold once that answer comes, not the hold itself. Reported, the hold
+/// (at most any row) would confirm a zero the region never got, the coordinator would stop
+/// sending it, and the next answer at the version would lift the hold to the default.
+#[test]
+fn the_hold_of_an_unheard_version_is_not_reported_as_the_allowance() {
+    let closed = |units| LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..per_minute("api", units)
+    };
+    let mut b = in_contact_at_version_1(closed(400));
+    let w = minute_window(0);
+    acquire(&mut b, at(30_000), "api", "k", 5);
+    let up = b.poll_transmit(at(30_000)).expect("sync");
+    let mut down = answer(&up, at(30_000));
+    down.config_version = 1;
+    down.grants = vec![grant("api", "k", w, 120, 1)];
+    b.handle_sync_down(at(30_010), down);
+    // A new quota: the grant is dropped, and the region holds closed until version 2 answers.
+    b.set_limits(at(30_100), vec![closed(300)]);
+    b.set_config_version(2);
+    assert_eq!(
+        allowance(&b, at(30_100), "api", "k"),
+        0,
+        "closed until an answer at version 2"
+    );
+    assert!(!acquire(&mut b, at(30_100), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(30_300)).expect("sync");
+    let reported: Vec<_> = up
+        .demand
+        .iter()
+        .map(|d| (d.counter.clone(), d.allowance_units))
+        .collect();
+    assert_eq!(
+        reported,
+        vec![(counter("api", "k", w), 75)],
+        "the default share it falls back to, which no zero row takes as confirmed"
+    );
+    let mut down = answer(&up, at(30_300));
+    down.config_version = 2;
+    b.handle_sync_down(at(30_310), down);
+    assert_eq!(allowance(&b, at(30_310), "api", "k"), 75);
+}
