@@ -1095,3 +1095,27 @@ async fn past_the_key_cap_the_rules_failure_mode_decides() {
         Some(1.0)
     );
 }
+
+/// A declared restore waits for its coordinator's first answer, which cannot come here
+/// (nothing listens at the address). Killed and started again without `--restored`, it reads
+/// the store its restored boot wrote, which still lacks what the lost copy admitted: it must
+/// wait again, not take that store for its own latest state and admit its share a second
+/// time (swarm seeds 3145780 and 3144582).
+#[tokio::test]
+async fn a_restore_killed_before_its_first_answer_still_waits_after_a_restart() {
+    let dir = scratch("restore_killed_unanswered");
+    write_config(&dir, TWO_REGIONS);
+    let args = ["--coordinator", "127.0.0.1:1", "--region", "eu"];
+    let restored = Agent::start(&dir, &[&args[..], &["--restored"]].concat());
+    let mut c = restored.lease_api().await;
+    let d = acquire(&mut c, "shop", &[("tenant", "t1")], 1, "").await;
+    assert!(!d.allowed, "{d:?}");
+    assert_eq!(d.reason, "restoring", "{d:?}");
+    drop(c);
+    drop(restored); // SIGKILL
+    let again = Agent::start(&dir, &args);
+    let mut c = again.lease_api().await;
+    let d = acquire(&mut c, "shop", &[("tenant", "t1")], 1, "").await;
+    assert!(!d.allowed, "the restart admitted before any answer: {d:?}");
+    assert_eq!(d.reason, "restoring", "{d:?}");
+}

@@ -2968,3 +2968,40 @@ fn a_region_holding_closed_for_an_unheard_version_does_not_confirm_a_zero_it_nev
 const SWARM_3001260: &str = include_str!(
     "../swarm-findings/seed-3001260-region-allowance-above-table-crash-restart-into-a-staggered-reload.yaml"
 );
+
+/// Swarm seed 3145780 (`sim/swarm-findings/seed-3145780-strict-region-clocks-restore-down-again-before-its-first-answer.yaml`,
+/// shrunk): one region, strict, L = 615 per 6 s window, the coordinator out from 12 ms to
+/// 2.37 s. The agent restarts at 235 ms from an empty store (a lost disk) and waits for its
+/// first answer, which cannot come; it crashes at 601 ms and restarts at 1.44 s from the store
+/// the restored boot wrote. The wait was not in it: the restart took that store for its own
+/// latest state and admitted the window's allowance again, 714 against 615. The wait is now
+/// stored (`RestoreAwaiting`) and a restart before the answer waits again.
+#[test]
+fn a_restore_down_again_before_its_first_answer_waits_again() {
+    assert_no_violation(&run(
+        &parsed("swarm-3145780.yaml", SWARM_3145780),
+        3145770..3145800,
+    ));
+}
+
+const SWARM_3145780: &str = include_str!(
+    "../swarm-findings/seed-3145780-strict-region-clocks-restore-down-again-before-its-first-answer.yaml"
+);
+
+/// Swarm seed 3144582 (`sim/swarm-findings/seed-3144582-strict-region-clocks-restore-of-a-removed-region-down-again-unanswered.yaml`,
+/// shrunk): the same through a removal: `r1`, removed from 11.58 s to 16.99 s (the leader
+/// refuses its SyncUps), restored at 12.54 s from its store at 10.52 s, crashes at 14.18 s
+/// before any answer and restarts at 15.61 s from the restored boot's store, taking it for
+/// its own latest state: 3,021 against 2,955 on the regions' clocks, and an allowance of 1,477
+/// where the table gave it about 300.
+#[test]
+fn a_removed_region_restored_and_down_again_unanswered_waits_again() {
+    assert_no_violation(&run(
+        &parsed("swarm-3144582.yaml", SWARM_3144582),
+        3144570..3144600,
+    ));
+}
+
+const SWARM_3144582: &str = include_str!(
+    "../swarm-findings/seed-3144582-strict-region-clocks-restore-of-a-removed-region-down-again-unanswered.yaml"
+);

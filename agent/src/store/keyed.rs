@@ -104,7 +104,9 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         }
         PersistRecord::StatsForgotten { limit, window } => stats_key(limit, *window),
         PersistRecord::Allocation(a) => kind_limit_prefix(ALLOCATION, &a.limit),
-        PersistRecord::RestoredBefore { .. } => RESTORED.to_vec(),
+        PersistRecord::RestoredBefore { .. } | PersistRecord::RestoreAwaiting { .. } => {
+            RESTORED.to_vec()
+        }
         PersistRecord::ClockCorrection(_) => CLOCK_CORRECTION.to_vec(),
     })
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use allot_core::budget::{
     AcquireRequest, BudgetConfig, LeaseOutcome, LeaseRequest, PersistRecord, RegionBudget,
-    SlotOutcome,
+    RestoreStart, SlotOutcome,
 };
 use allot_core::ids::{KeyId, LimitId, RegionId, RequestId};
 use allot_core::limit::{ConcurrencyCap, LimitSpec};
@@ -265,6 +265,39 @@ fn the_last_state_of_each_item_survives_a_checkpoint(o: &mut dyn Opener) {
     assert_eq!(back.lease_count(), 0, "the released lease stays ended");
 }
 
+/// A restored start's wait survives a restart (so the restart waits again), and the closing
+/// written once it is answered replaces it: one store key for both.
+fn a_restore_wait_survives_reopening_and_its_closing_replaces_it(o: &mut dyn Opener) {
+    let coordinated = BudgetConfig {
+        coordinated: true,
+        ..cfg()
+    };
+    let mut b = RegionBudget::new(coordinated.clone(), limits()).expect("budget");
+    b.start_restored(at(0), RestoreStart::EmptyStore);
+    let store = o.open();
+    persist(&mut b, &*store);
+    store.checkpoint().expect("checkpoint");
+    drop(store);
+    let store = o.open();
+    let back =
+        RegionBudget::restore(coordinated, limits(), store.load().expect("load")).expect("restore");
+    assert_eq!(back.snapshot(), b.snapshot());
+    let waits = |records: &[PersistRecord]| {
+        records
+            .iter()
+            .filter(|r| matches!(r, PersistRecord::RestoreAwaiting { .. }))
+            .count()
+    };
+    assert_eq!(waits(&back.snapshot()), 1, "the restart still waits");
+    let closing = PersistRecord::RestoredBefore { before: at(0) };
+    store.write(std::slice::from_ref(&closing)).expect("write");
+    store.checkpoint().expect("checkpoint");
+    drop(store);
+    let loaded = o.open().load().expect("load");
+    assert_eq!(waits(&loaded), 0, "{loaded:?}");
+    assert!(loaded.contains(&closing));
+}
+
 fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
     assert!(o.open().load().expect("load").is_empty());
 }
@@ -297,6 +330,11 @@ macro_rules! conformance {
             #[test]
             fn the_last_state_of_each_item_survives_a_checkpoint() {
                 super::the_last_state_of_each_item_survives_a_checkpoint(&mut $opener);
+            }
+
+            #[test]
+            fn a_restore_wait_survives_reopening_and_its_closing_replaces_it() {
+                super::a_restore_wait_survives_reopening_and_its_closing_replaces_it(&mut $opener);
             }
 
             #[test]

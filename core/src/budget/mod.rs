@@ -272,9 +272,11 @@ impl RegionBudget {
         self.slots.next_id = self.slots.next_id.max(floor);
         let start = now + self.cfg.max_edge_band.unwrap_or_default();
         self.view.restore = restore::Restore::start(start, why, self.cfg.coordinated);
-        if self.view.restore.closed_before().is_some() {
-            self.dirty.mark(Dirty::Restore);
-        }
+        // Persisted whatever it is: a restart before the first answer reads the restored
+        // copy again, and must wait again rather than take it for its own latest state, and
+        // hand out ids above the floor (a restart does not take it again).
+        self.dirty.mark(Dirty::Restore);
+        self.dirty.mark(Dirty::Meta);
     }
 
     /// The version of the limits configuration now in force (reported in SyncUps).

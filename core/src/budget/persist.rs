@@ -11,7 +11,8 @@
 //! Each record names one store key: `Meta`; `Key`/`KeyEvicted` by (limit, key); `Lease`/
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
 //! request id; `Idempotency`/`IdempotencyUnfingerprinted`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
-//! (limit, window); `Allocation` by limit; `RestoredBefore` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
+//! (limit, window); `Allocation` by limit; `RestoredBefore` and `RestoreAwaiting` alone (one
+//! store key). `Reset` clears everything but `Meta`; `LimitRemoved`
 //! clears a limit's keys, leases, slots, stats and allocation.
 //!
 //! A limit's `Allocation` record holds the parameters its grants were made under. A region
@@ -117,6 +118,16 @@ pub enum PersistRecord {
         stats: StatsRecord,
         settle_clamped_units: u64,
         uncharged_units: u64,
+    },
+    /// A restored start still waiting for its boot's first answer (`started_at` on its clock;
+    /// `declared` by the operator, else an empty store): a restart before that answer comes
+    /// back from the restored copy, not from the region's own latest state, so it waits again
+    /// and closes the same windows once answered. Replaced by `RestoredBefore` (under the same
+    /// store key) when answered. Last, so that the layouts written before it existed still
+    /// read (they hold none).
+    RestoreAwaiting {
+        started_at: Timestamp,
+        declared: bool,
     },
 }
 
@@ -297,8 +308,12 @@ impl RegionBudget {
                 &lim.params.spec,
             )));
         }
-        if let Some(before) = self.view.restore.closed_before() {
-            out.push(PersistRecord::RestoredBefore { before });
+        match self.view.restore.record() {
+            Ok(_) => out.push(self.record_of(Dirty::Restore)),
+            Err(before) if before > Timestamp::ZERO => {
+                out.push(PersistRecord::RestoredBefore { before })
+            }
+            Err(_) => {}
         }
         if let Some(c) = self.view.clock_correction() {
             out.push(PersistRecord::ClockCorrection(c));
@@ -398,9 +413,14 @@ impl RegionBudget {
     fn record_of(&self, d: Dirty) -> PersistRecord {
         match d {
             Dirty::Meta => PersistRecord::Meta(self.meta()),
-            // Marked only once a restore closed windows: the mark and the state go together.
-            Dirty::Restore => PersistRecord::RestoredBefore {
-                before: self.view.restore.closed_before().unwrap_or(Timestamp::ZERO),
+            // A closing at zero closes nothing: a start the coordinator did not know, which
+            // replaces its wait.
+            Dirty::Restore => match self.view.restore.record() {
+                Ok((started_at, declared)) => PersistRecord::RestoreAwaiting {
+                    started_at,
+                    declared,
+                },
+                Err(before) => PersistRecord::RestoredBefore { before },
             },
             // Marked only once a correction was set.
             Dirty::Clock => PersistRecord::ClockCorrection(self.view.clock_correction().unwrap_or(
@@ -552,6 +572,10 @@ impl RegionBudget {
             // Compared with the configuration in force once every record is in (`restore`).
             PersistRecord::Allocation(_) => {}
             PersistRecord::RestoredBefore { before } => self.view.restore.keep_closed(before),
+            PersistRecord::RestoreAwaiting {
+                started_at,
+                declared,
+            } => self.view.restore.keep_awaiting(started_at, declared),
             PersistRecord::ClockCorrection(c) => {
                 self.view.set_clock_correction(c);
             }

@@ -104,9 +104,38 @@ impl Restore {
     }
 
     /// A closing read back from the store: kept across the restart, unless a later one holds.
+    /// It ends a wait read before it: the restore it recorded was answered. `before` at zero
+    /// closes nothing (a start the coordinator did not know).
     pub fn keep_closed(&mut self, before: Timestamp) {
-        if self.closed_before().is_none_or(|b| b < before) && !self.is_awaiting() {
+        if self.is_awaiting() {
+            *self = Restore::Normal;
+        }
+        if before > Timestamp::ZERO && self.closed_before().is_none_or(|b| b < before) {
             *self = Restore::Closed { before };
+        }
+    }
+
+    /// A wait read back from the store: the restored start was not answered before the
+    /// region went down again, so the store still holds the restored copy, not the region's
+    /// own latest state, and the restart waits for its own first answer as that start would
+    /// have, closing the same windows once answered.
+    pub fn keep_awaiting(&mut self, started_at: Timestamp, declared: bool) {
+        *self = Restore::Awaiting {
+            started_at,
+            declared,
+        };
+    }
+
+    /// What the store keeps of it: `(started_at, declared)` of a wait, else the closing
+    /// (zero when nothing is closed).
+    pub fn record(&self) -> Result<(Timestamp, bool), Timestamp> {
+        match *self {
+            Restore::Awaiting {
+                started_at,
+                declared,
+            } => Ok((started_at, declared)),
+            Restore::Normal => Err(Timestamp::ZERO),
+            Restore::Closed { before } => Err(before),
         }
     }
 
@@ -122,18 +151,18 @@ impl Restore {
     }
 
     /// The start was dated on a clock since corrected to read `start` then: it moves later,
-    /// never earlier. Returns whether a closing moved (it must be persisted).
+    /// never earlier. Returns whether it moved (it must be persisted).
     pub fn start_no_earlier_than(&mut self, start: Timestamp) -> bool {
         match self {
-            Restore::Awaiting { started_at, .. } => {
-                *started_at = (*started_at).max(start);
-                false
+            Restore::Awaiting { started_at, .. } if *started_at < start => {
+                *started_at = start;
+                true
             }
             Restore::Closed { before } if *before < start => {
                 *before = start;
                 true
             }
-            Restore::Normal | Restore::Closed { .. } => false,
+            Restore::Normal | Restore::Awaiting { .. } | Restore::Closed { .. } => false,
         }
     }
 

@@ -428,9 +428,8 @@ impl RegionBudget {
         if first_answer {
             self.restore_start_by_answer_offset();
             self.view.restore = self.view.restore.on_first_answer(msg.known_region);
-            if self.view.restore.closed_before().is_some() {
-                self.dirty.mark(Dirty::Restore);
-            }
+            // Replaces the wait in the store, with the closing or with nothing closed.
+            self.dirty.mark(Dirty::Restore);
         }
         // Grants and release requests were computed under the coordinator's configuration:
         // under another one they mean nothing here. A request not applied is not acked, so

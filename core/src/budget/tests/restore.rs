@@ -1,7 +1,7 @@
 //! Restores: a start that may have lost what an earlier copy of the state admitted.
 
 use super::*;
-use crate::budget::{Reason, RestoreStart};
+use crate::budget::{PersistRecord, Reason, RestoreStart};
 
 /// Region `eu` restored at 30 s into window 0 (60 s windows), 10 units already back in its
 /// counter (what its old copy held).
@@ -122,6 +122,87 @@ fn the_windows_a_restore_closed_stay_closed_after_a_crash() {
     let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
     assert!(!acquire(&mut r, at(40_000), "api", "k", 1).allowed);
     assert!(acquire(&mut r, at(60_000), "api", "k", 1).allowed);
+}
+
+/// Swarm seeds 3145780 and 3144582: a restored start that goes down again before its first
+/// answer (the coordinator out, or the region removed) comes back from the restored copy, not
+/// from its own latest state: it waits again, and closes the windows that began before the
+/// first restored start, whatever its store says now. Before, the wait was not stored and
+/// the restart took the restored copy for its own state: it admitted again what the lost
+/// copy had admitted (714 against L = 615).
+#[test]
+fn a_restore_that_goes_down_before_its_first_answer_waits_again_after_the_restart() {
+    for why in [RestoreStart::Declared, RestoreStart::EmptyStore] {
+        // The store as the agent writes it: the old copy's records, then the restored boot's.
+        let mut old = budget(vec![per_minute("api", 400)]);
+        assert!(acquire(&mut old, at(1_000), "api", "k", 10).allowed);
+        let mut log = old.drain_dirty();
+        let mut b = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log.clone())
+            .expect("restore");
+        b.start_restored(at(30_000), why);
+        assert!(!acquire(&mut b, at(30_000), "api", "k", 1).allowed);
+        log.extend(b.drain_dirty());
+        let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log.clone())
+            .expect("restore");
+        let floor = crate::budget::restore::id_floor(at(30_000));
+        let meta = r.snapshot().into_iter().find_map(|p| match p {
+            PersistRecord::Meta(m) => Some(m),
+            _ => None,
+        });
+        assert!(
+            meta.is_some_and(|m| m.next_lease_id >= floor && m.next_slot_id >= floor),
+            "{why:?}: ids stay above the restored start's floor"
+        );
+        let d = acquire(&mut r, at(40_000), "api", "k", 1);
+        assert!(!d.allowed, "{why:?}: still waiting for a first answer");
+        assert_eq!(d.reason, Reason::Restoring);
+        let up = answer_with(&mut r, at(40_100), true);
+        assert!(up.restored, "{why:?}: the new boot says it is restored");
+        assert!(
+            !acquire(&mut r, at(40_200), "api", "k", 1).allowed,
+            "{why:?}: the window of the first restored start stays closed"
+        );
+        // Answered, the wait is replaced in the store: a crash now restarts closed, not waiting.
+        log.extend(r.drain_dirty());
+        assert!(
+            acquire(&mut r, at(60_000), "api", "k", 1).allowed,
+            "{why:?}"
+        );
+        let mut again =
+            RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+        assert!(!acquire(&mut again, at(50_000), "api", "k", 1).allowed);
+        assert!(acquire(&mut again, at(60_000), "api", "k", 1).allowed);
+        assert!(!again.poll_transmit(at(60_100)).expect("sync").restored);
+    }
+}
+
+/// An empty store the coordinator did not know is a first start: once answered, its store
+/// holds no wait and closes nothing, so a crash restarts as any crash does.
+#[test]
+fn a_first_start_answered_leaves_no_wait_in_its_store() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.start_restored(at(30_000), RestoreStart::EmptyStore);
+    let mut log = b.drain_dirty();
+    assert!(
+        log.contains(&PersistRecord::RestoreAwaiting {
+            started_at: at(30_000),
+            declared: false
+        }),
+        "{log:?}"
+    );
+    answer_with(&mut b, at(30_100), false);
+    assert!(acquire(&mut b, at(30_200), "api", "k", 1).allowed);
+    log.extend(b.drain_dirty());
+    let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], log).expect("restore");
+    assert!(acquire(&mut r, at(40_000), "api", "k", 1).allowed);
+    assert!(!r.poll_transmit(at(40_100)).expect("sync").restored);
+    assert!(
+        !r.snapshot().iter().any(|p| matches!(
+            p,
+            PersistRecord::RestoreAwaiting { .. } | PersistRecord::RestoredBefore { .. }
+        )),
+        "nothing closed, nothing awaited"
+    );
 }
 
 #[test]
