@@ -3005,3 +3005,23 @@ fn a_removed_region_restored_and_down_again_unanswered_waits_again() {
 const SWARM_3144582: &str = include_str!(
     "../swarm-findings/seed-3144582-strict-region-clocks-restore-of-a-removed-region-down-again-unanswered.yaml"
 );
+
+/// Swarm seed 3158568 (`sim/swarm-findings/seed-3158568-strict-region-clocks-restore-open-policy-on-an-unknown-clock.yaml`,
+/// shrunk): one region, strict, the open policy at 54 per 7 s window, its clock 20.4 s behind
+/// the coordinator's (almost three windows), removed at 4 s for good, so no answer ever comes
+/// again. Its agent, restored from an empty store at 13.5 s, read its own clock (no correction
+/// known) while waiting for its first answer, and the open policy admitted in the windows it
+/// took for ones after its start: indexes its lost copy had used on the corrected clock, 233
+/// in one against 151 plus a bound of 59 without skew. A waiting restore on a timebase with no
+/// correction known now admits nothing under the open policy.
+#[test]
+fn a_waiting_restore_on_an_unknown_clock_admits_nothing_open() {
+    assert_no_violation(&run(
+        &parsed("swarm-3158568.yaml", SWARM_3158568),
+        3158558..3158588,
+    ));
+}
+
+const SWARM_3158568: &str = include_str!(
+    "../swarm-findings/seed-3158568-strict-region-clocks-restore-open-policy-on-an-unknown-clock.yaml"
+);

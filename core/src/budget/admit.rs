@@ -41,6 +41,10 @@ pub(crate) struct Ctx {
     /// ([`super::view::View::version_unheard`]): a closed strict key holds as if its view
     /// had expired.
     pub version_unheard: bool,
+    /// The region reads windows on a timebase and knows no correction of its clock (none read
+    /// back from its store, none measured since): where its clock stands against the one an
+    /// earlier copy of its state read windows on is unknown.
+    pub clock_unknown: bool,
 }
 
 /// The allowance `a_r` in force for a key, and where it comes from.
@@ -104,7 +108,8 @@ pub(crate) struct Admission {
 /// its grants are back: the lost copy of its state may have admitted the rest. Before its
 /// first answer that use may be above what it holds (its own entries can come back first,
 /// its grants not yet): it was admitted under an allowance at least as large. A window it
-/// closes for good is not reopened by the open partition policy either.
+/// closes for good is not reopened by the open partition policy either, nor, while it waits,
+/// is a window the lost copy may have used (`RestoreGate::opens`).
 pub(crate) fn allowance(
     p: &LimitParams,
     ks: &KeyState,
@@ -131,7 +136,7 @@ pub(crate) fn allowance(
     Allowance {
         units,
         reason: Reason::Restoring,
-        open: a.open && !ctx.restore.closes(start),
+        open: a.open && ctx.restore.opens(start, ctx.clock_unknown),
     }
 }
 

@@ -52,6 +52,8 @@ pub(crate) enum Restore {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RestoreGate {
     pub awaiting: bool,
+    /// The start of a restore still awaiting its first answer.
+    pub awaiting_since: Option<Timestamp>,
     pub closed_before: Option<Timestamp>,
 }
 
@@ -59,6 +61,19 @@ impl RestoreGate {
     /// Whether the window starting at `window_start` admits from its allowance.
     pub fn shuts(&self, window_start: Timestamp) -> bool {
         self.awaiting || self.closes(window_start)
+    }
+
+    /// Whether the open partition policy may admit in the window starting at `window_start`.
+    /// Not in a window closed for good, nor, while the start awaits its first answer, in one
+    /// that began before it (the lost copy may have taken that window's open budget too), nor
+    /// in any window while the region reads a timebase with no correction known (`clock_unknown`):
+    /// its own clock may be any distance behind the one the lost copy read windows on, so a
+    /// window it takes for one after its start may be one the copy used (swarm seed 3158568).
+    pub fn opens(&self, window_start: Timestamp, clock_unknown: bool) -> bool {
+        let awaiting_allows = self
+            .awaiting_since
+            .is_none_or(|since| window_start >= since && !clock_unknown);
+        !self.closes(window_start) && awaiting_allows
     }
 
     /// Whether the window starting at `window_start` is closed for good (no partition policy
@@ -181,12 +196,14 @@ impl Restore {
     pub fn gate(&self) -> RestoreGate {
         match *self {
             Restore::Normal => RestoreGate::default(),
-            Restore::Awaiting { .. } => RestoreGate {
+            Restore::Awaiting { started_at, .. } => RestoreGate {
                 awaiting: true,
+                awaiting_since: Some(started_at),
                 closed_before: None,
             },
             Restore::Closed { before } => RestoreGate {
                 awaiting: false,
+                awaiting_since: None,
                 closed_before: Some(before),
             },
         }

@@ -14,6 +14,20 @@ fn restored(why: RestoreStart) -> RegionBudget {
     r
 }
 
+/// `api`, `units` a minute, under the open policy at 100 a second (burst 100).
+fn open_per_minute(units: u64) -> LimitSpec {
+    LimitSpec {
+        partition_policy: crate::limit::PartitionPolicy::Open {
+            rate: crate::limit::RateCap {
+                units: 100,
+                per: Duration::from_secs(1),
+                burst: 100,
+            },
+        },
+        ..per_minute("api", units)
+    }
+}
+
 fn answer_with(b: &mut RegionBudget, now: Timestamp, known_region: bool) -> SyncUp {
     let up = b.poll_transmit(now).expect("sync");
     let down = SyncDown {
@@ -64,19 +78,49 @@ fn an_empty_store_the_coordinator_knew_is_a_lost_one() {
     assert!(acquire(&mut b, at(60_000), "api", "k", 1).allowed);
 }
 
+/// While it waits for its first answer, a restored start under the open policy admits at
+/// its rate only in windows that began after its start: the lost copy may have taken the open
+/// rate's budget of the window in progress too.
+#[test]
+fn the_open_policy_admits_nothing_in_a_window_before_the_start_while_awaiting() {
+    let mut b = budget(vec![open_per_minute(400)]);
+    b.start_restored(at(30_000), RestoreStart::Declared);
+    assert!(b.is_view_expired(at(50_000)));
+    assert!(!acquire(&mut b, at(50_000), "api", "k", 1).allowed);
+    assert!(
+        acquire(&mut b, at(60_000), "api", "k", 1).allowed,
+        "a window after the start: the open policy's rate"
+    );
+}
+
+/// Swarm seed 3158568: on a timebase with no correction known (an empty store), a restored
+/// start's own clock may be any distance behind the one its lost copy read windows on (20 s
+/// there, with 7 s windows), so a window it takes for one after its start may be one the
+/// copy used: while it waits, the open policy admits nothing. With a correction read back
+/// from its store it admits in windows after its start, as without a timebase.
+#[test]
+fn on_a_timebase_with_no_correction_known_a_waiting_restore_admits_nothing_open() {
+    let on_timebase = BudgetConfig {
+        max_edge_band: Some(Duration::from_millis(250)),
+        ..cfg()
+    };
+    let mut b = RegionBudget::new(on_timebase.clone(), vec![open_per_minute(400)]).expect("budget");
+    b.start_restored(at(30_000), RestoreStart::EmptyStore);
+    assert!(b.is_view_expired(at(70_000)));
+    assert!(!acquire(&mut b, at(70_000), "api", "k", 1).allowed);
+    let mut b = RegionBudget::new(on_timebase, vec![open_per_minute(400)]).expect("budget");
+    b.set_clock_correction(crate::budget::ClockCorrection {
+        correction_nanos: 0,
+        slowed_from: None,
+    });
+    b.start_restored(at(30_000), RestoreStart::Declared);
+    assert!(!acquire(&mut b, at(50_000), "api", "k", 1).allowed);
+    assert!(acquire(&mut b, at(70_000), "api", "k", 1).allowed);
+}
+
 #[test]
 fn the_open_policy_does_not_reopen_a_closed_window() {
-    let open = LimitSpec {
-        partition_policy: crate::limit::PartitionPolicy::Open {
-            rate: crate::limit::RateCap {
-                units: 100,
-                per: Duration::from_secs(1),
-                burst: 100,
-            },
-        },
-        ..per_minute("api", 400)
-    };
-    let mut b = budget(vec![open]);
+    let mut b = budget(vec![open_per_minute(400)]);
     b.start_restored(at(30_000), RestoreStart::Declared);
     answer_with(&mut b, at(30_100), false);
     // Long after contact: the view has expired, and the open policy would admit.
