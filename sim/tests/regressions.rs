@@ -3025,3 +3025,24 @@ fn a_waiting_restore_on_an_unknown_clock_admits_nothing_open() {
 const SWARM_3158568: &str = include_str!(
     "../swarm-findings/seed-3158568-strict-region-clocks-restore-open-policy-on-an-unknown-clock.yaml"
 );
+
+/// Swarm seed 3164930 (`sim/swarm-findings/seed-3164930-region-allowance-above-table-reload-keeps-a-reclaimed-row-below-the-new-default.yaml`,
+/// shrunk; every agent on its own clock): two regions, strict and closed, traffic at `r4`
+/// only; every SyncUp lost from 3.37 s to 4.75 s, so the leader reclaimed the silent `r0`'s
+/// floor, and `r0` had released its row of the window from 4 s down to 87. A reload at 4.03 s
+/// (new weights) kept that row, cut to `r0`'s new default, 1,625: 87, at the limit's new epoch
+/// floor, which marks a row that is no news to its region; and the leader kept `r0`'s old
+/// confirmation of it. `r0`, which had dropped its grant with the reload, was never sent the
+/// 87 and enforced 1,625. A kept row below the region's new default now sits above the floor,
+/// and what was sent or confirmed of a row under changed parameters is forgotten.
+#[test]
+fn a_reload_sends_a_kept_row_below_the_new_default() {
+    assert_no_violation(&run(
+        &parsed("swarm-3164930.yaml", SWARM_3164930),
+        3164920..3164950,
+    ));
+}
+
+const SWARM_3164930: &str = include_str!(
+    "../swarm-findings/seed-3164930-region-allowance-above-table-reload-keeps-a-reclaimed-row-below-the-new-default.yaml"
+);

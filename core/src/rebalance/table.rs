@@ -1056,9 +1056,19 @@ impl AllowanceTable {
             if units == 0 {
                 continue;
             }
+            // A row at the floor is no news to the region (it holds its default without a
+            // grant); one cut below the default is, as a zero row is: above the floor, so the
+            // answers carry it (swarm seed 3164930: a row of 87 left at the floor was never
+            // sent, and the region enforced its new default, 1,625).
+            let floor = self.epoch_floor(&counter.limit);
+            let epoch = if units < default {
+                Epoch(floor.0 + 1)
+            } else {
+                floor
+            };
             let row = AllowanceRow {
                 allowance_units: units,
-                epoch: self.epoch_floor(&counter.limit),
+                epoch,
                 pending: None,
             };
             self.counters.entry_or_default(&counter).insert(region, row);

@@ -1191,10 +1191,22 @@ fn a_reload_keeps_what_a_reclaimed_region_was_granted_in_its_reclaimed_windows()
         t.epoch_of(&counter(100), &b) > Epoch(1),
         "above the old row's epoch"
     );
+    assert_eq!(
+        t.epoch_of(&counter(100), &b),
+        t.epoch_floor(&LimitId::from("l")),
+        "at its default: no news to b, which holds its default without a grant"
+    );
     // A larger default keeps the whole grant.
     let mut t = reclaimed_with_grant();
     reload(&mut t, closed(100_000, 600_000));
     assert_eq!(t.allowance(&counter(100), &b), 60);
+    // A default above the grant: the row is below it, news to b (without a grant it would
+    // hold its default), so above the limit's floor, which the answers carry (swarm seed
+    // 3164930: a row of 87 left at the floor was never sent; its region enforced 1,625).
+    let mut t = reclaimed_with_grant();
+    reload(&mut t, closed(100_000, 800_000));
+    assert_eq!(t.allowance(&counter(100), &b), 60);
+    assert!(t.epoch_of(&counter(100), &b) > t.epoch_floor(&LimitId::from("l")));
 
     // No longer closed: the reclaim goes, and b's default holds in full with no row.
     let mut t = reclaimed_with_grant();

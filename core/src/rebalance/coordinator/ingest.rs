@@ -4,7 +4,7 @@
 use crate::budget::config::STATS_WINDOWS_KEPT;
 use crate::error::{Error, Result};
 use crate::ids::{LimitId, RegionId};
-use crate::rebalance::table::{AllowanceRow, ApplyOutcome, TableCommand};
+use crate::rebalance::table::{AllowanceRow, AllowanceTable, ApplyOutcome, TableCommand};
 use crate::rebalance::views::{CounterView, DemandView, PreviousVersion, RegionView};
 use crate::sync::{
     CounterEntry, CounterRef, LimitWindowStats, MAX_ITEMS_PER_MESSAGE, ReleaseAck, SyncUp,
@@ -455,7 +455,7 @@ impl Coordinator {
         }
         if let (Some(before), true) = (before, outcome.is_applied()) {
             self.kept_configs.remember(&before, now);
-            self.forget_dropped_rows();
+            self.forget_dropped_rows(&before);
         }
         if outcome.is_applied() {
             self.note_applied(cmd);
@@ -512,10 +512,14 @@ impl Coordinator {
     }
 
     /// After a configuration change: what was sent, confirmed or acked for rows the table
-    /// dropped belongs to the old parameters.
-    fn forget_dropped_rows(&mut self) {
+    /// dropped belongs to the old parameters, and so does what was for a row it kept under a
+    /// limit whose allocation changed (its epoch floor moved): regions dropped their grants
+    /// of it too, so a confirmation of the old row says nothing of what they hold now.
+    fn forget_dropped_rows(&mut self, before: &AllowanceTable) {
         let table = &self.table;
-        let kept = |(c, r): &(CounterRef, RegionId)| table.row(c, r).is_some();
+        let kept = |(c, r): &(CounterRef, RegionId)| {
+            table.row(c, r).is_some() && table.epoch_floor(&c.limit) == before.epoch_floor(&c.limit)
+        };
         self.rows.retain(|k, _| kept(k));
         self.acked.retain(kept);
     }
