@@ -3046,3 +3046,22 @@ fn a_reload_sends_a_kept_row_below_the_new_default() {
 const SWARM_3164930: &str = include_str!(
     "../swarm-findings/seed-3164930-region-allowance-above-table-reload-keeps-a-reclaimed-row-below-the-new-default.yaml"
 );
+
+/// Swarm seed 3161221 (`sim/swarm-findings/seed-3161221-region-allowance-above-table-removed-region-through-eventual-and-back.yaml`,
+/// shrunk; every agent on its own clock): four regions, strict and closed, `r0` 12.75 s ahead
+/// (so the table held rows of its window early), `r2` removed at 1.59 s with a grant of 2,961
+/// for the window from 10 s. A reload to eventual (version 2, staggered) and back to strict
+/// (version 3, the first one's parameters) dropped the rows on the table's side and left `r2`
+/// 0; `r2` got version 3 first, skipped 2, and held its grant at its default (3,177), above
+/// the row. A closed region that skips a version now drops its grants.
+#[test]
+fn a_closed_region_that_skips_a_version_keeps_no_grant_above_the_table() {
+    assert_no_violation(&run(
+        &parsed("swarm-3161221.yaml", SWARM_3161221),
+        3161211..3161241,
+    ));
+}
+
+const SWARM_3161221: &str = include_str!(
+    "../swarm-findings/seed-3161221-region-allowance-above-table-removed-region-through-eventual-and-back.yaml"
+);

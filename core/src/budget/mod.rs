@@ -74,7 +74,7 @@ use view::View;
 
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId, RegionId, RequestId};
-use crate::limit::LimitSpec;
+use crate::limit::{LimitSpec, PartitionPolicy};
 use crate::rebalance::table::allocation_changed;
 use crate::sync::{ClockSample, CounterRef};
 use crate::time::{Timestamp, WindowIndex};
@@ -286,7 +286,8 @@ impl RegionBudget {
     /// (`set_limits` compares only the two versions it sees): every grant is then held at no
     /// more than the default share. That is at most the table's row whether it kept the row
     /// or dropped it, and the coordinator grants more again at a newer epoch (swarm seeds
-    /// 800739, 800740).
+    /// 800739, 800740), unless a reclaim put the row below the default: under the closed
+    /// policy the grants are dropped instead (swarm seed 3161221).
     pub fn set_config_version(&mut self, version: u64) {
         let skipped = self.config_version != 0
             && version != self.config_version
@@ -300,12 +301,24 @@ impl RegionBudget {
         }
     }
 
+    /// Under the closed policy the grants go altogether: the table may have reclaimed the
+    /// region's floor at a version it skipped (removed, or silent), and kept its rows only as
+    /// low as they were there, so the default may be above the row (swarm seed 3161221: a
+    /// removed region kept a grant of 2,961 through a version that dropped it, where the
+    /// table gave it 0). Without a grant a closed region holds what it used until an answer
+    /// at the new version brings its rows.
     fn hold_grants_at_defaults(&mut self) {
         for (id, lim) in self.limits.iter_mut() {
+            let closed = lim.params.spec.partition_policy == PartitionPolicy::Closed;
             let default = lim.params.default_units;
             for (name, ks) in lim.keys.iter_mut() {
                 let Some(hot) = ks.hot.as_mut() else { continue };
                 let mut held = false;
+                if closed && (hot.allowance.is_some() || !hot.future.is_empty()) {
+                    hot.allowance = None;
+                    hot.future.clear();
+                    held = true;
+                }
                 if hot.allowance.is_some_and(|u| u > default) {
                     hot.allowance = Some(default);
                     held = true;

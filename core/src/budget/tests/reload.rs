@@ -348,3 +348,46 @@ fn the_hold_of_an_unheard_version_is_not_reported_as_the_allowance() {
     b.handle_sync_down(at(30_310), down);
     assert_eq!(allowance(&b, at(30_310), "api", "k"), 75);
 }
+
+/// Swarm seed 3161221: under the closed policy a region that skips a version drops its grants
+/// rather than hold them at its default: the table may have reclaimed its floor at the version
+/// it skipped (removed, or silent) and kept its rows only as low as they were there. A removed
+/// region kept a grant of 2,961 through a version that dropped it, where the table gave it 0.
+/// With its view expired it now holds what it used; an answer at the new version brings the
+/// rows (a zero, at an epoch above the old ones).
+#[test]
+fn a_closed_region_that_skips_a_version_drops_its_grants() {
+    let closed = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..per_minute("api", 400)
+    };
+    let mut b = budget(vec![closed]);
+    let w = minute_window(0);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.grants = vec![grant("api", "k", w, 250, 2)];
+    b.handle_sync_down(at(10), down);
+    assert!(acquire(&mut b, at(20), "api", "k", 50).allowed);
+    b.set_config_version(1);
+    b.set_config_version(2);
+    assert_eq!(
+        allowance(&b, at(1_000), "api", "k"),
+        250,
+        "the next version"
+    );
+    b.set_config_version(4);
+    assert!(b.is_view_expired(at(5_000)));
+    assert_eq!(
+        allowance(&b, at(5_000), "api", "k"),
+        50,
+        "no grant: closed, it holds what it used, not its default (100)"
+    );
+    assert!(!acquire(&mut b, at(5_000), "api", "k", 1).allowed);
+    assert_eq!(net(&b, "api", "k"), 50, "nothing used is forgotten");
+    let up = b.poll_transmit(at(6_000)).expect("sync");
+    let mut down = answer(&up, at(6_000));
+    down.config_version = 4;
+    down.grants = vec![grant("api", "k", w, 0, 5)];
+    b.handle_sync_down(at(6_010), down);
+    assert_eq!(allowance(&b, at(6_010), "api", "k"), 0, "the zero, applied");
+}
