@@ -128,7 +128,7 @@ pub(crate) fn allowance(
     };
     // Until the first answer what it holds is the old copy's (its grants come back with the
     // answer, its own entries may come first); after it, what it holds is current.
-    let units = if ctx.restore.awaiting {
+    let units = if ctx.restore.is_awaiting() {
         used
     } else {
         used.min(a.units)

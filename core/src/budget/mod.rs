@@ -314,12 +314,11 @@ impl RegionBudget {
             for (name, ks) in lim.keys.iter_mut() {
                 let Some(hot) = ks.hot.as_mut() else { continue };
                 let mut held = false;
-                if closed && (hot.allowance.is_some() || !hot.future.is_empty()) {
+                if closed {
+                    held = hot.allowance.is_some() || !hot.future.is_empty();
                     hot.allowance = None;
                     hot.future.clear();
-                    held = true;
-                }
-                if hot.allowance.is_some_and(|u| u > default) {
+                } else if hot.allowance.is_some_and(|u| u > default) {
                     hot.allowance = Some(default);
                     held = true;
                 }
@@ -442,7 +441,7 @@ impl RegionBudget {
                     allowance_units: allowance.units,
                     excess_units: ks.hot.as_ref().map_or(0, |h| h.excess_units),
                     restore_closed: ctx.restore.closes(start),
-                    restore_awaiting: ctx.restore.awaiting,
+                    restore_awaiting: ctx.restore.is_awaiting(),
                     carry_units: ks.hot.as_ref().map_or(0, |h| h.carry_units),
                 });
             }

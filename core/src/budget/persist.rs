@@ -30,6 +30,7 @@ use super::idempotency::IdempotencyEntry;
 use super::key::{EpochRule, KeyState, WindowAllowance};
 use super::lease::Lease;
 use super::limits::LimitState;
+use super::restore::Restore;
 use super::shared::{Dirty, DirtySet, KeyRef};
 use super::slots::SlotHome;
 use super::stats::{LimitStats, WindowStats};
@@ -308,12 +309,12 @@ impl RegionBudget {
                 &lim.params.spec,
             )));
         }
-        match self.view.restore.record() {
-            Ok(_) => out.push(self.record_of(Dirty::Restore)),
-            Err(before) if before > Timestamp::ZERO => {
-                out.push(PersistRecord::RestoredBefore { before })
-            }
-            Err(_) => {}
+        match self.restore_record() {
+            // Closes nothing: the same as no record.
+            PersistRecord::RestoredBefore {
+                before: Timestamp::ZERO,
+            } => {}
+            r => out.push(r),
         }
         if let Some(c) = self.view.clock_correction() {
             out.push(PersistRecord::ClockCorrection(c));
@@ -410,18 +411,28 @@ impl RegionBudget {
         }
     }
 
+    /// What the store keeps of a restore: its wait, or its closing. A closing at zero closes
+    /// nothing (a normal start, or one the coordinator did not know, which replaces its wait).
+    fn restore_record(&self) -> PersistRecord {
+        match self.view.restore {
+            Restore::Awaiting {
+                started_at,
+                declared,
+            } => PersistRecord::RestoreAwaiting {
+                started_at,
+                declared,
+            },
+            Restore::Normal => PersistRecord::RestoredBefore {
+                before: Timestamp::ZERO,
+            },
+            Restore::Closed { before } => PersistRecord::RestoredBefore { before },
+        }
+    }
+
     fn record_of(&self, d: Dirty) -> PersistRecord {
         match d {
             Dirty::Meta => PersistRecord::Meta(self.meta()),
-            // A closing at zero closes nothing: a start the coordinator did not know, which
-            // replaces its wait.
-            Dirty::Restore => match self.view.restore.record() {
-                Ok((started_at, declared)) => PersistRecord::RestoreAwaiting {
-                    started_at,
-                    declared,
-                },
-                Err(before) => PersistRecord::RestoredBefore { before },
-            },
+            Dirty::Restore => self.restore_record(),
             // Marked only once a correction was set.
             Dirty::Clock => PersistRecord::ClockCorrection(self.view.clock_correction().unwrap_or(
                 ClockCorrection {

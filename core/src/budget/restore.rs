@@ -51,7 +51,6 @@ pub(crate) enum Restore {
 /// What admission reads of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RestoreGate {
-    pub awaiting: bool,
     /// The start of a restore still awaiting its first answer.
     pub awaiting_since: Option<Timestamp>,
     pub closed_before: Option<Timestamp>,
@@ -60,7 +59,12 @@ pub(crate) struct RestoreGate {
 impl RestoreGate {
     /// Whether the window starting at `window_start` admits from its allowance.
     pub fn shuts(&self, window_start: Timestamp) -> bool {
-        self.awaiting || self.closes(window_start)
+        self.is_awaiting() || self.closes(window_start)
+    }
+
+    /// Whether the start still awaits its first answer.
+    pub fn is_awaiting(&self) -> bool {
+        self.awaiting_since.is_some()
     }
 
     /// Whether the open partition policy may admit in the window starting at `window_start`.
@@ -141,19 +145,6 @@ impl Restore {
         };
     }
 
-    /// What the store keeps of it: `(started_at, declared)` of a wait, else the closing
-    /// (zero when nothing is closed).
-    pub fn record(&self) -> Result<(Timestamp, bool), Timestamp> {
-        match *self {
-            Restore::Awaiting {
-                started_at,
-                declared,
-            } => Ok((started_at, declared)),
-            Restore::Normal => Err(Timestamp::ZERO),
-            Restore::Closed { before } => Err(before),
-        }
-    }
-
     /// Whether the window starting at `window_start` began before a restored start (one
     /// that is closed, or will be once answered): the lost copy may have admitted up to what
     /// it held there, so none of it may be released to another region.
@@ -197,12 +188,10 @@ impl Restore {
         match *self {
             Restore::Normal => RestoreGate::default(),
             Restore::Awaiting { started_at, .. } => RestoreGate {
-                awaiting: true,
                 awaiting_since: Some(started_at),
                 closed_before: None,
             },
             Restore::Closed { before } => RestoreGate {
-                awaiting: false,
                 awaiting_since: None,
                 closed_before: Some(before),
             },
