@@ -3065,3 +3065,22 @@ fn a_closed_region_that_skips_a_version_keeps_no_grant_above_the_table() {
 const SWARM_3161221: &str = include_str!(
     "../swarm-findings/seed-3161221-region-allowance-above-table-removed-region-through-eventual-and-back.yaml"
 );
+
+/// Swarm seed 3187824 (`sim/swarm-findings/seed-3187824-region-allowance-above-table-restart-across-two-reloads.yaml`,
+/// shrunk): two regions, strict, traffic at `r1` only, which the table grew to the whole
+/// quota (1,119). `r1`'s agent is down across two reloads, version 2 (closed, new weights)
+/// and version 3 (version 1's parameters back); the table dropped the rows at both, so
+/// `r1`'s row is its default, 559. It restarted under version 3 from a store written under
+/// version 1 with the same parameters and kept 1,119: the store did not say which version its
+/// grants were made under. It does now, and a restart applies the skipped-version rule.
+#[test]
+fn a_restart_across_two_reloads_keeps_no_grant_of_the_first_version() {
+    assert_no_violation(&run(
+        &parsed("swarm-3187824.yaml", SWARM_3187824),
+        3187814..3187844,
+    ));
+}
+
+const SWARM_3187824: &str = include_str!(
+    "../swarm-findings/seed-3187824-region-allowance-above-table-restart-across-two-reloads.yaml"
+);

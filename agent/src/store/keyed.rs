@@ -2,9 +2,11 @@
 //! to any ordered key-value map, and how the map is read back as records.
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
-//! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key (then the limit id, length-prefixed, then the
-//! key), `l` lease, `m` meta, `r` the windows a restore closed, `s` slot, `t` bound figures (then the limit, then the window). Ids are big-endian so the map orders them. Values are
-//! the records themselves ([`super::codec`]).
+//! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key
+//! (then the limit id, length-prefixed, then the key), `l` lease, `m` meta, `o` the clock
+//! correction, `r` the windows a restore closed, `s` slot, `t` bound figures (then the limit,
+//! then the window), `v` the configuration version. Ids are big-endian so the map orders them.
+//! Values are the records themselves ([`super::codec`]).
 
 use allot_core::budget::PersistRecord;
 use allot_core::budget::persist::{LeaseRecord, SlotRecord};
@@ -22,6 +24,8 @@ const LEASE: u8 = b'l';
 const META: &[u8] = b"m";
 /// The timebase's correction (`PersistRecord::ClockCorrection`).
 const CLOCK_CORRECTION: &[u8] = b"o";
+/// The configuration version the state was written under (`PersistRecord::ConfigVersion`).
+const CONFIG_VERSION: &[u8] = b"v";
 const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
@@ -108,6 +112,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
             RESTORED.to_vec()
         }
         PersistRecord::ClockCorrection(_) => CLOCK_CORRECTION.to_vec(),
+        PersistRecord::ConfigVersion { .. } => CONFIG_VERSION.to_vec(),
     })
 }
 

@@ -298,6 +298,30 @@ fn a_restore_wait_survives_reopening_and_its_closing_replaces_it(o: &mut dyn Ope
     assert!(loaded.contains(&closing));
 }
 
+/// The configuration version the state was written under comes back with it, the latest
+/// one only (one store key): a restart compares the version it starts under with it.
+fn the_configuration_version_survives_reopening(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    b.set_config_version(3);
+    b.acquire(at(0), acquire("t=a", 5, None)).expect("acquire");
+    let store = o.open();
+    persist(&mut b, &*store);
+    store.checkpoint().expect("checkpoint");
+    b.set_config_version(4);
+    persist(&mut b, &*store);
+    drop(store);
+    let store = o.open();
+    let loaded = store.load().expect("load");
+    let versions: Vec<&PersistRecord> = loaded
+        .iter()
+        .filter(|r| matches!(r, PersistRecord::ConfigVersion { .. }))
+        .collect();
+    assert_eq!(versions, [&PersistRecord::ConfigVersion { version: 4 }]);
+    let back = restored(&*store);
+    assert_eq!(back.config_version(), 4);
+    assert_eq!(back.snapshot(), b.snapshot());
+}
+
 fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
     assert!(o.open().load().expect("load").is_empty());
 }
@@ -335,6 +359,11 @@ macro_rules! conformance {
             #[test]
             fn a_restore_wait_survives_reopening_and_its_closing_replaces_it() {
                 super::a_restore_wait_survives_reopening_and_its_closing_replaces_it(&mut $opener);
+            }
+
+            #[test]
+            fn the_configuration_version_survives_reopening() {
+                super::the_configuration_version_survives_reopening(&mut $opener);
             }
 
             #[test]

@@ -288,12 +288,19 @@ impl RegionBudget {
     /// or dropped it, and the coordinator grants more again at a newer epoch (swarm seeds
     /// 800739, 800740), unless a reclaim put the row below the default: under the closed
     /// policy the grants are dropped instead (swarm seed 3161221).
+    ///
+    /// A region restored from its store starts at the version stored with its grants
+    /// (`PersistRecord::ConfigVersion`), so the first call after a restart applies the same
+    /// rule to the versions it missed while down (swarm seed 3187824).
     pub fn set_config_version(&mut self, version: u64) {
         let skipped = self.config_version != 0
             && version != self.config_version
             && version != self.config_version.saturating_add(1);
         if self.config_version != 0 && version != self.config_version {
             self.view.version_unheard = true;
+        }
+        if version != self.config_version {
+            self.dirty.mark(Dirty::ConfigVersion);
         }
         self.config_version = version;
         if skipped {

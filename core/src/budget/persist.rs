@@ -12,7 +12,7 @@
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
 //! request id; `Idempotency`/`IdempotencyUnfingerprinted`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
 //! (limit, window); `Allocation` by limit; `RestoredBefore` and `RestoreAwaiting` alone (one
-//! store key). `Reset` clears everything but `Meta`; `LimitRemoved`
+//! store key); `ConfigVersion` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
 //! clears a limit's keys, leases, slots, stats and allocation.
 //!
 //! A limit's `Allocation` record holds the parameters its grants were made under. A region
@@ -129,6 +129,16 @@ pub enum PersistRecord {
     RestoreAwaiting {
         started_at: Timestamp,
         declared: bool,
+    },
+    /// The configuration version in force when the state was written, which the grants in
+    /// the store were made under: a start under a version that is neither it nor the next
+    /// applies the skipped-version rule (`RegionBudget::set_config_version`), since the table
+    /// may have dropped rows at a version the region never saw, even when the version it
+    /// starts under has the same parameters as the stored one (swarm seed 3187824). Last, so
+    /// that the layouts written before it existed still read (they hold none: no skip is
+    /// seen at their first start).
+    ConfigVersion {
+        version: u64,
     },
 }
 
@@ -319,6 +329,11 @@ impl RegionBudget {
         if let Some(c) = self.view.clock_correction() {
             out.push(PersistRecord::ClockCorrection(c));
         }
+        if self.config_version != 0 {
+            out.push(PersistRecord::ConfigVersion {
+                version: self.config_version,
+            });
+        }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
                 out.push(key_persist_record(lim, name, ks));
@@ -440,6 +455,9 @@ impl RegionBudget {
                     slowed_from: None,
                 },
             )),
+            Dirty::ConfigVersion => PersistRecord::ConfigVersion {
+                version: self.config_version,
+            },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
                 Some(lim) => PersistRecord::Allocation(AllocationRecord::of(&lim.params.spec)),
@@ -590,6 +608,8 @@ impl RegionBudget {
             PersistRecord::ClockCorrection(c) => {
                 self.view.set_clock_correction(c);
             }
+            // The version the caller then sets is compared with it (`set_config_version`).
+            PersistRecord::ConfigVersion { version } => self.config_version = version,
         }
     }
 

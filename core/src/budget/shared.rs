@@ -30,6 +30,7 @@ pub(crate) enum Dirty {
     Allocation(LimitId),
     Restore,
     Clock,
+    ConfigVersion,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -47,6 +48,7 @@ pub(crate) struct DirtySet {
     allocations: Vec<LimitId>,
     restore: bool,
     clock: bool,
+    config_version: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -70,6 +72,7 @@ impl DirtySet {
             Dirty::Allocation(l) => self.allocations.push(l),
             Dirty::Restore => self.restore = true,
             Dirty::Clock => self.clock = true,
+            Dirty::ConfigVersion => self.config_version = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -114,6 +117,9 @@ impl DirtySet {
         }
         if taken.clock {
             out.push(Dirty::Clock);
+        }
+        if taken.config_version {
+            out.push(Dirty::ConfigVersion);
         }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();
