@@ -442,3 +442,109 @@ fn in_progress_here() -> Reply {
 
 /// The lock that keeps one membership change at a time on a node.
 pub type ChangeLock = Arc<tokio::sync::Mutex<()>>;
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn parsed(body: &[u8]) -> Result<AddRequest, Reply> {
+        parse_add(Ok(Bytes::copy_from_slice(body)))
+    }
+
+    /// What `check_address` must accept, written out on its own.
+    fn valid_address(address: &str) -> bool {
+        let Some((host, port)) = address.rsplit_once(':') else {
+            return false;
+        };
+        address.len() <= MAX_ADDRESS_BYTES
+            && !host.is_empty()
+            && !host.chars().any(char::is_whitespace)
+            && port.parse::<u16>().is_ok()
+    }
+
+    fn address() -> impl Strategy<Value = String> {
+        let host = prop_oneof![
+            Just(String::new()),
+            "[a-z0-9.-]{1,20}",
+            "\\[[0-9a-f:]{2,20}\\]",
+            "[a-z]{1,5}[ \t\n][a-z]{1,5}",
+            "\\PC{1,10}",
+            "[a-z]{300}",
+        ];
+        let port = prop_oneof![
+            Just(String::new()),
+            (0u32..70_000).prop_map(|p| p.to_string()),
+            "[0-9]{6,12}",
+            "-[0-9]{1,4}",
+            "[a-z]{1,4}",
+        ];
+        (host, prop::option::of(port)).prop_map(|(h, p)| match p {
+            Some(p) => format!("{h}:{p}"),
+            None => h,
+        })
+    }
+
+    proptest! {
+        /// Any bytes: a request, or a 400 with an error body; never a panic.
+        #[test]
+        fn any_body_is_a_node_or_a_bad_request(body in prop::collection::vec(any::<u8>(), 0..300)) {
+            match parsed(&body) {
+                Ok(req) => prop_assert!(valid_address(&req.address), "{req:?}"),
+                Err((status, Json(v))) => {
+                    prop_assert_eq!(status, StatusCode::BAD_REQUEST);
+                    prop_assert!(v["error"].is_string());
+                }
+            }
+        }
+
+        /// Well-formed JSON around drawn ids and addresses: accepted exactly when the address
+        /// is `HOST:PORT` as documented, with the id and address unchanged.
+        #[test]
+        fn a_node_is_accepted_exactly_when_its_address_is_host_port(
+            id in any::<u64>(),
+            address in address(),
+            extra in prop::option::of("x_[a-z]{1,8}"),
+        ) {
+            let mut body = json!({ "id": id, "address": address });
+            if let Some(field) = &extra {
+                body[field.as_str()] = json!(1);
+            }
+            let known = extra.is_none();
+            match parsed(body.to_string().as_bytes()) {
+                Ok(req) => {
+                    prop_assert!(known && valid_address(&address));
+                    prop_assert_eq!(req.id, id);
+                    prop_assert_eq!(req.address, address);
+                }
+                Err((status, Json(v))) => {
+                    prop_assert!(!known || !valid_address(&address), "{v}");
+                    prop_assert_eq!(status, StatusCode::BAD_REQUEST);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_documented_shape_parses_and_near_misses_say_what_is_expected() {
+        let ok = parsed(br#"{"id": 4, "address": "10.0.0.4:7001"}"#).expect("a node");
+        assert_eq!((ok.id, ok.address.as_str()), (4, "10.0.0.4:7001"));
+        for bad in [
+            &br#"{"id": -1, "address": "h:1"}"#[..],
+            br#"{"id": 4}"#,
+            br#"{"id": 4, "address": "h:1", "voter": true}"#,
+            br#"{"id": 4, "address": "h"}"#,
+            br#"{"id": 4, "address": "h:65536"}"#,
+            br#"{"id": 4, "address": ":1"}"#,
+            b"\xff\xfe",
+        ] {
+            let Err((status, Json(v))) = parsed(bad) else {
+                panic!("accepted {:?}", String::from_utf8_lossy(bad));
+            };
+            assert_eq!(status, StatusCode::BAD_REQUEST);
+            let msg = v["error"].as_str().expect("an error");
+            assert!(msg.contains("HOST:PORT"), "{msg}");
+        }
+    }
+}
