@@ -23,6 +23,12 @@ use crate::time::{Timestamp, WindowIndex, duration_nanos};
 /// waits for the next interval. Bounds memory and message size whatever the key count.
 pub const MAX_ITEMS_PER_MESSAGE: usize = 4096;
 
+/// Fewest items a region or leader may be configured to put in one message
+/// (`BudgetConfig::message_items`, `CoordinatorConfig::message_items`): a limit's bound figures
+/// (at most `STATS_WINDOWS_KEPT` windows) go in one message, and a key's closing and current
+/// entries with room to spare.
+pub const MIN_ITEMS_PER_MESSAGE: usize = 4;
+
 /// Most files one limits configuration is made of.
 pub const MAX_CONFIG_FILES: usize = 64;
 

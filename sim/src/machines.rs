@@ -228,6 +228,14 @@ fn budget_config(scenario: &Scenario, region: &RegionId, gateways: u32) -> Budge
         lease_ttl_max: scenario.lease.ttl,
         max_leases_per_key: per_gateway * gateways as usize,
         max_edge_band: scenario.max_clock_uncertainty,
+        message_items: scenario
+            .caps
+            .message_items
+            .unwrap_or(defaults.message_items),
+        max_keys_per_limit: scenario
+            .caps
+            .max_keys_per_limit
+            .unwrap_or(defaults.max_keys_per_limit),
         ..defaults
     }
 }
@@ -237,6 +245,14 @@ fn coordinator_config(scenario: &Scenario) -> CoordinatorConfig {
     CoordinatorConfig {
         sync_interval: scenario.sync_interval,
         view_ttl: scenario.view_ttl,
+        message_items: scenario
+            .caps
+            .message_items
+            .unwrap_or(defaults.message_items),
+        max_tracked_counters: scenario
+            .caps
+            .max_tracked_counters
+            .unwrap_or(defaults.max_tracked_counters),
         ..defaults
     }
 }

@@ -8,8 +8,8 @@ use allot_sim::swarm::draw::{MAX_GATEWAY_DRIFT_PPM, MAX_OFFSET_WINDOWS};
 use allot_sim::swarm::faults::{FAULT_KINDS, LAST_PASS, MAX_DRAWN_FAULTS, MAX_LATER_FAULTS};
 use allot_sim::swarm::run::features;
 use allot_sim::swarm::world::{
-    Consistency, CostDraw, FaultSpec, FaultTime, LeaseDraw, LimitDraw, Param, PartitionPolicy,
-    RegionDraw, RetryDraw, Shape, SourceDraw, Target, World,
+    CapsDraw, Consistency, CostDraw, FaultSpec, FaultTime, LeaseDraw, LimitDraw, Param,
+    PartitionPolicy, RegionDraw, RetryDraw, Shape, SourceDraw, Target, World,
 };
 use allot_sim::swarm::{self, Summary, run_seeds, run_world, shrink};
 use allot_sim::{CoreFactory, scenario};
@@ -91,6 +91,9 @@ fn drawn_worlds_vary() {
         "gateway_clock_offset",
         "gateway_clock_drift",
         "envoy_fallback",
+        "caps:message_items",
+        "caps:max_keys_per_limit",
+        "caps:max_tracked_counters",
         "reload:quota",
         "reload:consistency",
         "reload:policy",
@@ -273,6 +276,7 @@ fn fails_open_through_an_agent_crash() -> World {
                 params: vec![("restart_after", Param::Ms(1_000))],
             },
         ],
+        caps: CapsDraw::default(),
     }
 }
 

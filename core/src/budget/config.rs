@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ids::RegionId;
-use crate::sync::MAX_ITEMS_PER_MESSAGE;
+use crate::sync::{MAX_ITEMS_PER_MESSAGE, MIN_ITEMS_PER_MESSAGE};
 
 /// Windows after the current one for which a key keeps pre-issued grants; grants for windows
 /// further ahead are dropped (the coordinator pre-issues only for the next window).
@@ -84,6 +84,11 @@ pub struct BudgetConfig {
     /// no timebase). A restored start also closes the windows that begin within it of the
     /// start: the lost copy's end band may have counted units against such a window too.
     pub max_edge_band: Option<Duration>,
+    /// Most items of each kind (entries, demand, acks, bound figures) one SyncUp carries,
+    /// from `MIN_ITEMS_PER_MESSAGE` to `MAX_ITEMS_PER_MESSAGE` (the default, what the wire
+    /// takes); the rest waits for the next interval. Below the default only to exercise the
+    /// cap with few keys (the simulator's `message_items`).
+    pub message_items: usize,
 }
 
 impl BudgetConfig {
@@ -101,6 +106,7 @@ impl BudgetConfig {
             idempotency_ttl: Duration::from_secs(300),
             coordinated: true,
             max_edge_band: None,
+            message_items: MAX_ITEMS_PER_MESSAGE,
         }
     }
 
@@ -134,6 +140,13 @@ impl BudgetConfig {
             if n == 0 {
                 problems.push(format!("budget: {name} must be at least 1"));
             }
+        }
+        if !(MIN_ITEMS_PER_MESSAGE..=MAX_ITEMS_PER_MESSAGE).contains(&self.message_items) {
+            problems.push(format!(
+                "budget: message_items must be from {MIN_ITEMS_PER_MESSAGE} to \
+                 {MAX_ITEMS_PER_MESSAGE}, not {}",
+                self.message_items
+            ));
         }
         if self.coordinated && !self.regions.contains(&self.region) {
             problems.push(format!(

@@ -207,7 +207,7 @@ impl SyncState {
 impl RegionBudget {
     /// The next SyncUp, when one is due (every `sync_interval`; the first at once). It carries
     /// the entries of reported counters not yet confirmed, demand of escalated ones, pending
-    /// release acks and the last clock sample, each list at most `MAX_ITEMS_PER_MESSAGE`;
+    /// release acks and the last clock sample, each list at most `cfg.message_items`;
     /// the rest goes next time, starting where this one stopped.
     ///
     /// The driver must write `drain_dirty()` to disk before sending it: release acks promise
@@ -246,11 +246,12 @@ impl RegionBudget {
             .sync
             .acks
             .pending_acks()
-            .take(MAX_ITEMS_PER_MESSAGE)
+            .take(self.cfg.message_items)
             .cloned()
             .collect();
-        debug_assert!(up.entries.len() <= MAX_ITEMS_PER_MESSAGE);
-        debug_assert!(up.demand.len() <= MAX_ITEMS_PER_MESSAGE);
+        debug_assert!(up.entries.len() <= self.cfg.message_items);
+        debug_assert!(up.demand.len() <= self.cfg.message_items);
+        debug_assert!(up.stats.len() <= self.cfg.message_items);
         debug_assert!(self.sync.acks.pending_len() <= MAX_PENDING_ACKS);
         if self.sync.inflight.len() >= MAX_INFLIGHT_SYNCS {
             self.sync.inflight.pop_front();
@@ -266,7 +267,7 @@ impl RegionBudget {
     }
 
     /// Bound figures not yet confirmed, limit by limit from the stats cursor (wrapping), at
-    /// most `MAX_ITEMS_PER_MESSAGE`.
+    /// most `cfg.message_items`.
     fn collect_stats(&mut self) -> Vec<LimitWindowStats> {
         let order: Vec<&LimitId> = match &self.sync.stats_cursor {
             Some(c) => self
@@ -291,7 +292,7 @@ impl RegionBudget {
                     })
                 })
                 .collect();
-            if out.len() + pending.len() > MAX_ITEMS_PER_MESSAGE {
+            if out.len() + pending.len() > self.cfg.message_items {
                 break;
             }
             if !pending.is_empty() {
@@ -316,8 +317,9 @@ impl RegionBudget {
                 continue;
             };
             let closing = ks.hot.as_ref().and_then(|h| h.closing);
-            let room = MAX_ITEMS_PER_MESSAGE - 1 - usize::from(closing.is_some());
-            if up.entries.len() > room || up.demand.len() >= MAX_ITEMS_PER_MESSAGE {
+            let cap = self.cfg.message_items;
+            let room = cap - 1 - usize::from(closing.is_some());
+            if up.entries.len() > room || up.demand.len() >= cap {
                 break;
             }
             if let Some(c) = closing {

@@ -3,7 +3,7 @@
 //! Common setup unless a test says otherwise: limit `l`, `L = 100` per 10 s window, regions
 //! `a` and `b`. Time starts 1000 s after the epoch, i.e. at the start of window 100.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -82,6 +82,7 @@ fn config() -> CoordinatorConfig {
         pre_issue_lead: Duration::from_secs(1),
         max_tracked_counters: 1024,
         proposal_timeout: Duration::from_secs(5),
+        message_items: crate::sync::MAX_ITEMS_PER_MESSAGE,
     }
 }
 
@@ -2573,6 +2574,38 @@ fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
         (down.entries[0].granted_units, down.entries[1].granted_units),
         (4, 7)
     );
+}
+
+/// Configured to a few items a message, the leader's answers stay within them and the
+/// round-robin still reaches every counter's entries.
+#[test]
+fn a_lowered_message_cap_bounds_answers_and_the_round_robin_reaches_every_counter() {
+    let cfg = CoordinatorConfig {
+        message_items: 4,
+        ..config()
+    };
+    let mut coord = Coordinator::new(cfg, table_with(&spec()), at_ms(0), 1);
+    let counters: Vec<CounterRef> = (0..7)
+        .map(|i| CounterRef {
+            key: KeyId::from(format!("k{i}").as_str()),
+            ..counter(100)
+        })
+        .collect();
+    coord
+        .handle_sync_up(at_ms(0), up_with("b", 1, &counters, 7))
+        .unwrap();
+    let mut seen = BTreeSet::new();
+    for seq in 1..=4 {
+        let now = at_ms(250 * seq);
+        coord
+            .handle_sync_up(now, up_with("a", seq, &[], 0))
+            .unwrap();
+        let down = coord.poll_sync_down(now, &RegionId::from("a"), seq);
+        let items = down.entries.len() + down.grants.len() + down.release_requests.len();
+        assert!(items <= 4, "{down:?}");
+        seen.extend(down.entries.iter().map(|e| e.counter.clone()));
+    }
+    assert_eq!(seen.len(), counters.len(), "{seen:?}");
 }
 
 /// Defaults 50 and 50 of `L = 100`: `b` released 30 of its idle share, `a` was grown to 80

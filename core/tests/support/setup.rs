@@ -94,5 +94,6 @@ pub fn coordinator_config() -> CoordinatorConfig {
         pre_issue_lead: Duration::from_secs(2),
         max_tracked_counters: 4096,
         proposal_timeout: Duration::from_secs(1),
+        ..CoordinatorConfig::default()
     }
 }

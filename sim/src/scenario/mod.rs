@@ -56,6 +56,8 @@ pub struct Scenario {
     pub max_clock_uncertainty: Option<Duration>,
     pub lease: LeaseSettings,
     pub coordinator: CoordinatorSettings,
+    /// The product's per-message and per-limit caps, lowered so that a few keys reach them.
+    pub caps: Caps,
     pub measure: MeasureSettings,
     pub regions: Vec<RegionSpec>,
     pub limits: LimitsSection,
@@ -95,6 +97,21 @@ pub struct LeaseSettings {
 pub struct CoordinatorSettings {
     /// Time for a proposal to commit through the replicated log.
     pub commit_latency: Duration,
+}
+
+/// The caps a region and the leader keep whatever the key count (`caps:`); `None` keeps the
+/// product's default. Lowered, they bind with the few keys a run can afford: a SyncUp or
+/// SyncDown that cannot carry every counter, a region that evicts or refuses keys, a leader
+/// that drops reports of counters past its cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// Items of each kind per SyncUp, and items per SyncDown (`BudgetConfig::message_items`,
+    /// `CoordinatorConfig::message_items`).
+    pub message_items: Option<usize>,
+    /// Keys a region tracks per limit (`BudgetConfig::max_keys_per_limit`).
+    pub max_keys_per_limit: Option<usize>,
+    /// Counters the leader keeps views of (`CoordinatorConfig::max_tracked_counters`).
+    pub max_tracked_counters: Option<usize>,
 }
 
 /// How a run is judged.

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use allot_core::ids::{KeyId, LimitId, RegionId};
 use allot_core::limit::WEIGHT_SCALE_PPM;
+use allot_core::sync::{MAX_ITEMS_PER_MESSAGE, MIN_ITEMS_PER_MESSAGE};
 use allot_core::time::Timestamp;
 
 use super::limits::QuotaReload;
 use super::yaml::{Map, Node, Source};
 use super::{
-    ArrivalProcess, CoordinatorSettings, Direction, Fault, LeaseSettings, LimitsSection,
+    ArrivalProcess, Caps, CoordinatorSettings, Direction, Fault, LeaseSettings, LimitsSection,
     MAX_ENVOY_FALLBACK_UNITS, MAX_FAULTS, MAX_GATEWAYS_PER_REGION, MAX_REGIONS, MAX_SOURCES,
     MeasureSettings, RegionSel, RegionSpec, Scenario, SourceSpec, limits,
 };
@@ -70,6 +71,7 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
     let max_clock_uncertainty = read_max_clock_uncertainty(map)?;
     let lease = read_lease(map)?;
     let coordinator = read_coordinator(map)?;
+    let caps = read_caps(map)?;
     let measure = read_measure(map, duration)?;
     let regions = read_regions(&map.req("regions")?)?;
     let limits = read_limits(&map.req("limits")?)?;
@@ -99,6 +101,7 @@ fn read_scenario(map: &Map<'_, '_>, file: &str) -> Result<Scenario, ScenarioErro
         max_clock_uncertainty,
         lease,
         coordinator,
+        caps,
         measure,
         regions,
         limits,
@@ -270,6 +273,30 @@ fn read_coordinator(map: &Map<'_, '_>) -> Result<CoordinatorSettings, ScenarioEr
         m.finish()?;
     }
     Ok(c)
+}
+
+/// `caps: {message_items, max_keys_per_limit, max_tracked_counters}`, each optional.
+fn read_caps(map: &Map<'_, '_>) -> Result<Caps, ScenarioError> {
+    let mut caps = Caps::default();
+    let Some(node) = map.opt("caps") else {
+        return Ok(caps);
+    };
+    let m = node.as_map()?;
+    if let Some(n) = m.opt("message_items") {
+        let items = n.as_u64()?;
+        let range = MIN_ITEMS_PER_MESSAGE as u64..=MAX_ITEMS_PER_MESSAGE as u64;
+        if !range.contains(&items) {
+            return Err(n.err(format!(
+                "message_items {items}: expected {MIN_ITEMS_PER_MESSAGE} to \
+                 {MAX_ITEMS_PER_MESSAGE}"
+            )));
+        }
+        caps.message_items = Some(items as usize);
+    }
+    caps.max_keys_per_limit = opt_positive_u64(&m, "max_keys_per_limit")?.map(|n| n as usize);
+    caps.max_tracked_counters = opt_positive_u64(&m, "max_tracked_counters")?.map(|n| n as usize);
+    m.finish()?;
+    Ok(caps)
 }
 
 fn read_measure(map: &Map<'_, '_>, duration: Duration) -> Result<MeasureSettings, ScenarioError> {

@@ -8,9 +8,10 @@
 use super::faults::{FAULT_KINDS, Frame, LAST_PASS, MAX_DRAWN_FAULTS, MAX_LATER_FAULTS};
 use super::rng::Dice;
 use super::world::{
-    Consistency, CostDraw, FaultTime, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw, RegionDraw,
-    RetryDraw, Shape, SourceDraw, World,
+    CapsDraw, Consistency, CostDraw, FaultTime, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw,
+    RegionDraw, RetryDraw, Shape, SourceDraw, World,
 };
+use allot_core::sync::MIN_ITEMS_PER_MESSAGE;
 
 /// Requests a world asks for at its drawn load, all sources together (flash crowds and
 /// diurnal peaks may add a few times that for their length).
@@ -21,6 +22,8 @@ pub const MAX_REGIONS: u64 = 5;
 pub const MAX_LIMITS: u64 = 2;
 /// Keys (counters) per limit that traffic uses.
 pub const MAX_KEYS_PER_LIMIT: u64 = 3;
+/// Keys a limit may gain in a world whose caps are lowered (`draw_caps`).
+pub const MAX_EXTRA_KEYS: u64 = 6;
 /// Window lengths: from one second to this.
 pub const MAX_WINDOW_SECS: f64 = 60.0;
 /// Windows of the longest window a run lasts: from 3 to this.
@@ -79,6 +82,7 @@ pub fn world(seed: u64) -> World {
         limits,
         sources: Vec::new(),
         faults: Vec::new(),
+        caps: CapsDraw::default(),
     };
     draw_traffic(d, &mut world);
     draw_faults(d, &mut world, shortest_ms);
@@ -94,7 +98,56 @@ pub fn world(seed: u64) -> World {
     }
     draw_algorithms(d, &mut world);
     draw_envoy_fallback(d, &mut world);
+    draw_caps(d, &mut world);
     world
+}
+
+/// Drawn after everything else: a quarter of the worlds lower the product's caps so that their
+/// few keys reach them (the scenario's `caps:`), with up to [`MAX_EXTRA_KEYS`] more keys a
+/// limit at lower rates: a SyncUp and a SyncDown of a few items ([`MIN_ITEMS_PER_MESSAGE`] to
+/// twice it), a region tracking a key or a few per limit, a leader keeping views of a few
+/// counters. Each cap is lowered in about half of those worlds.
+fn draw_caps(d: &mut Dice, w: &mut World) {
+    if !d.chance(0.25) {
+        return;
+    }
+    let min = MIN_ITEMS_PER_MESSAGE as u64;
+    if d.chance(0.6) {
+        w.caps.message_items = Some(d.int(min, 2 * min));
+    }
+    if d.chance(0.4) {
+        w.caps.max_keys_per_limit = Some(d.int(1, 4));
+    }
+    if d.chance(0.4) {
+        w.caps.max_tracked_counters = Some(d.int(1, 8));
+    }
+    for limit in 0..w.limits.len() {
+        let first = w
+            .sources
+            .iter()
+            .filter(|s| s.limit == limit)
+            .map(|s| s.key + 1)
+            .max()
+            .unwrap_or(0);
+        let Some(cost) = w
+            .sources
+            .iter()
+            .find(|s| s.limit == limit)
+            .map(|s| s.cost.clone())
+        else {
+            continue;
+        };
+        let mean_cost = match cost {
+            CostDraw::Units(u) => u as f64,
+            CostDraw::Llm { reserve_units, .. } => reserve_units as f64,
+        };
+        let l = &w.limits[limit];
+        let at_quota_per_sec = l.quota_units as f64 / (l.window_secs as f64 * mean_cost);
+        for key in first..first + d.int(0, MAX_EXTRA_KEYS) as u32 {
+            let demand_per_sec = at_quota_per_sec * d.log(0.05, 1.0);
+            draw_key_sources(d, w, limit, key, demand_per_sec, &cost);
+        }
+    }
 }
 
 /// Drawn after everything else: a quarter of the worlds give each region's gateways Envoy's

@@ -131,6 +131,15 @@ pub fn features(w: &World) -> BTreeSet<String> {
     if w.regions.iter().any(|r| r.weight_ppm.is_some()) {
         add("weights");
     }
+    if w.caps.message_items.is_some() {
+        add("caps:message_items");
+    }
+    if w.caps.max_keys_per_limit.is_some() {
+        add("caps:max_keys_per_limit");
+    }
+    if w.caps.max_tracked_counters.is_some() {
+        add("caps:max_tracked_counters");
+    }
     if w.view_ttl_ms.is_some() {
         add("view_ttl");
     }

@@ -25,6 +25,15 @@ pub struct World {
     pub limits: Vec<LimitDraw>,
     pub sources: Vec<SourceDraw>,
     pub faults: Vec<FaultSpec>,
+    /// The product's caps, lowered (the scenario's `caps:`); `None` keeps each default.
+    pub caps: CapsDraw,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapsDraw {
+    pub message_items: Option<u64>,
+    pub max_keys_per_limit: Option<u64>,
+    pub max_tracked_counters: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -369,6 +378,7 @@ impl World {
             "measure: {{sample_interval: {}}}",
             ms(self.sample_interval_ms)
         )?;
+        self.write_caps(y)?;
         let l = &self.lease;
         write!(
             y,
@@ -394,6 +404,22 @@ impl World {
         self.write_limits(y)?;
         self.write_traffic(y)?;
         self.write_faults(y)
+    }
+
+    fn write_caps(&self, y: &mut String) -> std::fmt::Result {
+        let c = &self.caps;
+        let caps: Vec<String> = [
+            ("message_items", c.message_items),
+            ("max_keys_per_limit", c.max_keys_per_limit),
+            ("max_tracked_counters", c.max_tracked_counters),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| Some(format!("{name}: {}", v?)))
+        .collect();
+        if caps.is_empty() {
+            return Ok(());
+        }
+        writeln!(y, "caps: {{{}}}", caps.join(", "))
     }
 
     fn write_regions(&self, y: &mut String) -> std::fmt::Result {

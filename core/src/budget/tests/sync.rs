@@ -164,6 +164,42 @@ fn a_long_list_of_reported_keys_is_spread_over_syncs_without_starving_any() {
     seen.clear();
 }
 
+/// Configured to a few items a message, a region spreads its keys over SyncUps from where the
+/// last one stopped, and every key is reported within the rounds that take.
+#[test]
+fn a_lowered_message_cap_spreads_the_keys_over_syncs_and_reaches_every_one() {
+    let capped = BudgetConfig {
+        message_items: 4,
+        ..cfg()
+    };
+    let mut b = RegionBudget::new(capped, vec![per_minute("api", 400)]).expect("budget");
+    let n = 10;
+    for i in 0..n {
+        let k = format!("k{i:02}");
+        acquire(&mut b, at(0), "api", &k, 100);
+        acquire(&mut b, at(0), "api", &k, 1); // refused: escalates
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..3 {
+        let up = b.poll_transmit(at(250 * round)).expect("sync");
+        assert!(up.entries.len() <= 4 && up.demand.len() <= 4, "{up:?}");
+        seen.extend(up.entries.iter().map(|e| e.counter.key.to_string()));
+    }
+    assert_eq!(seen.len(), n, "every key within three syncs of four");
+    let too_few = BudgetConfig {
+        message_items: 3,
+        ..cfg()
+    };
+    let Err(err) = RegionBudget::new(too_few, vec![per_minute("api", 400)]) else {
+        panic!("three items a message accepted");
+    };
+    assert!(
+        err.to_string()
+            .contains("message_items must be from 4 to 4096, not 3"),
+        "{err}"
+    );
+}
+
 #[test]
 fn grants_apply_in_epoch_order_only() {
     let mut b = budget(vec![per_minute("api", 400)]);

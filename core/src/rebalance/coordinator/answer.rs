@@ -5,9 +5,7 @@ use std::ops::Bound as RangeBound;
 use std::time::Duration;
 
 use crate::ids::{Epoch, RegionId};
-use crate::sync::{
-    AllowanceGrant, CounterEntry, CounterRef, MAX_ITEMS_PER_MESSAGE, ReleaseRequest, SyncDown,
-};
+use crate::sync::{AllowanceGrant, CounterEntry, CounterRef, ReleaseRequest, SyncDown};
 use crate::time::Timestamp;
 
 use super::{Coordinator, first_live};
@@ -15,7 +13,7 @@ use crate::rebalance::views::CounterView;
 
 impl Coordinator {
     /// The answer to `region`'s SyncUp `reply_to_seq`, from committed state only. Order of
-    /// precedence within `MAX_ITEMS_PER_MESSAGE`: unconfirmed grants below the region's default
+    /// precedence within `cfg.message_items`: unconfirmed grants below the region's default
     /// (reclaimed zeroes; repeated in every answer until confirmed, since a region that missed
     /// one would enforce its default), release requests, other grants, then other regions'
     /// entries (round-robin over counters across answers).
@@ -26,7 +24,7 @@ impl Coordinator {
         reply_to_seq: u64,
     ) -> SyncDown {
         let view = self.region_view(region);
-        let mut budget = MAX_ITEMS_PER_MESSAGE;
+        let mut budget = self.cfg.message_items;
         let (grants, release_requests) = self.grants_and_releases(now, region, &mut budget);
         for g in &grants {
             let row = self.row_view_mut(&g.counter, region);

@@ -30,7 +30,9 @@ use crate::rebalance::hashed::{HashedMap, OrderedMap, hashed_map};
 use crate::rebalance::reload::KeptConfigs;
 use crate::rebalance::table::{AllowanceRow, AllowanceTable, TableCommand};
 use crate::rebalance::views::{CounterView, RegionView, RowView};
-use crate::sync::{BoundFigures, ClockSample, CounterRef};
+use crate::sync::{
+    BoundFigures, ClockSample, CounterRef, MAX_ITEMS_PER_MESSAGE, MIN_ITEMS_PER_MESSAGE,
+};
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 
 mod answer;
@@ -79,6 +81,16 @@ pub struct CoordinatorConfig {
     /// A proposal neither committed nor abandoned after this long is forgotten, so the
     /// counter can be planned again.
     pub proposal_timeout: Duration,
+    /// Most items (grants, release requests and entries together) one SyncDown carries, from
+    /// `MIN_ITEMS_PER_MESSAGE` to `MAX_ITEMS_PER_MESSAGE` (the default, what the wire takes).
+    /// Below the default only to exercise the cap with few keys (the simulator's
+    /// `message_items`).
+    #[serde(default = "max_items_per_message")]
+    pub message_items: usize,
+}
+
+fn max_items_per_message() -> usize {
+    MAX_ITEMS_PER_MESSAGE
 }
 
 impl Default for CoordinatorConfig {
@@ -91,6 +103,7 @@ impl Default for CoordinatorConfig {
             pre_issue_lead: Duration::from_secs(1),
             max_tracked_counters: 65_536,
             proposal_timeout: Duration::from_secs(5),
+            message_items: MAX_ITEMS_PER_MESSAGE,
         }
     }
 }
@@ -155,7 +168,7 @@ pub struct Coordinator {
     /// after it, so no counter starves when there are more entries than fit.
     entry_cursor: BTreeMap<RegionId, CounterRef>,
     /// Per region, the counters its newest SyncUp carried (sorted, at most
-    /// `2 * MAX_ITEMS_PER_MESSAGE`): their entries lead the answer to it.
+    /// twice what one SyncUp may carry): their entries lead the answer to it.
     carried: BTreeMap<RegionId, Vec<CounterRef>>,
     /// What regions measured for the bound, per limit and window (their clocks), merged by
     /// max; the last `STATS_WINDOWS_KEPT` windows of each limit.
@@ -195,6 +208,11 @@ impl Coordinator {
         now: Timestamp,
         leader_term: u64,
     ) -> Self {
+        assert!(
+            (MIN_ITEMS_PER_MESSAGE..=MAX_ITEMS_PER_MESSAGE).contains(&cfg.message_items),
+            "message_items {} outside {MIN_ITEMS_PER_MESSAGE}..={MAX_ITEMS_PER_MESSAGE}",
+            cfg.message_items
+        );
         let seed = hash_seed(now, leader_term);
         let mut c = Coordinator {
             cfg,
