@@ -437,7 +437,10 @@ impl World {
             };
             self.commit_proposals(&mut inner);
             let answering = cpu_now();
-            let down = self.coord.poll_sync_down(self.now, &region, seq);
+            let down = self
+                .coord
+                .poll_sync_down(self.now, &region, seq)
+                .expect("no region is removed");
             inner.answer += since(answering);
             let encoding = cpu_now();
             let down_bytes = encode_sync_down(down.clone());

@@ -403,7 +403,10 @@ impl MemoryCoordinator {
         if rejected > 0 {
             *self.rejected.lock().unwrap_or_else(|p| p.into_inner()) += rejected;
         }
-        Answer::Down(down)
+        match down {
+            Ok(down) => Answer::Down(down),
+            Err(e) => Answer::Refused(e.to_string()),
+        }
     }
 }
 

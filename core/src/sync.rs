@@ -297,6 +297,13 @@ pub struct SyncDown {
     /// from a coordinator that holds limits without their files.
     #[serde(default)]
     pub config: Option<ConfigFiles>,
+    /// Rows below the region's default (the zeroes of a reclaim, rows cut by a reload) that
+    /// did not fit in this answer: they lead the next ones. Until an answer says none are
+    /// left, the region holds its strict keys as if closed, since it cannot tell which of its
+    /// counters they are (swarm seed 3216229: a removed region back with more zeroes than one
+    /// answer carries enforced its default under the ones still to come).
+    #[serde(default)]
+    pub below_default_left: bool,
 }
 
 /// A limits configuration as the files it was loaded from, so that every end loads the same

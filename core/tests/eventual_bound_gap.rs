@@ -96,7 +96,10 @@ fn a_region_on_its_floor_while_its_reports_arrive_stays_within_the_bound() {
                 for cmd in d.coordinator.poll_proposals(now) {
                     d.coordinator.handle_committed(now, &cmd);
                 }
-                let down = d.coordinator.poll_sync_down(now, id, seq);
+                let down = d
+                    .coordinator
+                    .poll_sync_down(now, id, seq)
+                    .expect("answered");
                 if !(answers_lost && i > 0) {
                     region.handle_sync_down(now, down);
                 }

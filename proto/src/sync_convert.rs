@@ -77,6 +77,7 @@ pub fn sync_down_to_wire(down: SyncDown) -> pb::SyncDown {
             .collect(),
         known_region: down.known_region,
         config: down.config.map(config_to_wire),
+        below_default_left: down.below_default_left,
     }
 }
 
@@ -215,6 +216,7 @@ pub fn sync_down_from_wire(down: pb::SyncDown) -> Result<SyncDown> {
         grants: list(down.grants, "grants", grant_from_wire)?,
         release_requests: list(down.release_requests, "release_requests", release_from_wire)?,
         known_region: down.known_region,
+        below_default_left: down.below_default_left,
         config: down
             .config
             .map(config_from_wire)

@@ -72,8 +72,13 @@ impl CoordinatorNode for NullCoordinator {
     fn handle_sync_up(&mut self, _: Timestamp, _: SyncUp) -> bool {
         true
     }
-    fn poll_sync_down(&mut self, now: Timestamp, _: &RegionId, reply_to_seq: u64) -> SyncDown {
-        SyncDown {
+    fn poll_sync_down(
+        &mut self,
+        now: Timestamp,
+        _: &RegionId,
+        reply_to_seq: u64,
+    ) -> Option<SyncDown> {
+        Some(SyncDown {
             reply_to_seq,
             leader_term: 0,
             received_at: now,
@@ -83,8 +88,9 @@ impl CoordinatorNode for NullCoordinator {
             grants: Vec::new(),
             release_requests: Vec::new(),
             known_region: false,
+            below_default_left: false,
             config: None,
-        }
+        })
     }
     fn poll_proposals(&mut self, _: Timestamp) -> Vec<()> {
         Vec::new()

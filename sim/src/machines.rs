@@ -928,8 +928,20 @@ impl CoordinatorNode for CoreCoordinator {
         }
     }
 
-    fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {
-        self.coordinator.poll_sync_down(now, region, reply_to_seq)
+    fn poll_sync_down(
+        &mut self,
+        now: Timestamp,
+        region: &RegionId,
+        reply_to_seq: u64,
+    ) -> Option<SyncDown> {
+        match self.coordinator.poll_sync_down(now, region, reply_to_seq) {
+            Ok(down) => Some(down),
+            Err(allot_core::Error::RegionRemoved(_)) => None,
+            Err(e) => {
+                debug_assert!(false, "an answer the deployment never refuses: {e}");
+                None
+            }
+        }
     }
 
     fn poll_proposals(&mut self, now: Timestamp) -> Vec<Replicated> {

@@ -201,8 +201,15 @@ pub trait CoordinatorNode: Send {
     /// Whether the SyncUp is answered: `false` when the coordinator refuses it (a removed
     /// region's), which the daemon does by ending the stream with an error.
     fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool;
-    /// The answer to the `SyncUp` numbered `reply_to_seq` just handled from `region`.
-    fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown;
+    /// The answer to the `SyncUp` numbered `reply_to_seq` just handled from `region`; `None`
+    /// when the coordinator refuses to answer it (a region removed since its SyncUp was
+    /// taken), which the daemon does by ending the stream with an error.
+    fn poll_sync_down(
+        &mut self,
+        now: Timestamp,
+        region: &RegionId,
+        reply_to_seq: u64,
+    ) -> Option<SyncDown>;
     /// Table changes to replicate; each comes back through `handle_committed` once committed
     /// (after the scenario's commit latency, if the leader is still up).
     fn poll_proposals(&mut self, now: Timestamp) -> Vec<Self::Command>;

@@ -263,12 +263,17 @@ impl CoordinatorNode for TestCoordinator {
         true
     }
 
-    fn poll_sync_down(&mut self, now: Timestamp, region: &RegionId, reply_to_seq: u64) -> SyncDown {
+    fn poll_sync_down(
+        &mut self,
+        now: Timestamp,
+        region: &RegionId,
+        reply_to_seq: u64,
+    ) -> Option<SyncDown> {
         assert_eq!(
             self.uncommitted, 0,
             "the driver answered while proposals were uncommitted"
         );
-        SyncDown {
+        Some(SyncDown {
             reply_to_seq,
             leader_term: 0,
             received_at: now,
@@ -283,8 +288,9 @@ impl CoordinatorNode for TestCoordinator {
             grants: Vec::new(),
             release_requests: Vec::new(),
             known_region: false,
+            below_default_left: false,
             config: None,
-        }
+        })
     }
 
     fn poll_proposals(&mut self, _now: Timestamp) -> Vec<u64> {

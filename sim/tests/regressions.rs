@@ -3084,3 +3084,40 @@ fn a_restart_across_two_reloads_keeps_no_grant_of_the_first_version() {
 const SWARM_3187824: &str = include_str!(
     "../swarm-findings/seed-3187824-region-allowance-above-table-restart-across-two-reloads.yaml"
 );
+
+/// Swarm seed 3219172 (`sim/swarm-findings/seed-3219172-region-allowance-above-table-removed-between-sync-up-and-answer.yaml`,
+/// shrunk): one region, strict and closed, cut off from 3.44 s to 6.10 s, so the leader
+/// reclaimed its floor from the window at 6 s. Its first SyncUp after the heal was taken at
+/// 6.32 s; the operator's removal of the region, proposed at 6.31 s, committed before the
+/// reclaim's end, which the table then refused; the answer still went out, made the region's
+/// view fresh with none of its zeroes, and it enforced its default (22) where the table gave
+/// it 0. A region removed since its SyncUp was taken is no longer answered.
+#[test]
+fn a_region_removed_between_its_sync_up_and_the_answer_is_not_answered() {
+    assert_no_violation(&run(
+        &parsed("swarm-3219172.yaml", SWARM_3219172),
+        3219162..3219192,
+    ));
+}
+
+const SWARM_3219172: &str = include_str!(
+    "../swarm-findings/seed-3219172-region-allowance-above-table-removed-between-sync-up-and-answer.yaml"
+);
+
+/// Swarm seed 3216229 (`sim/swarm-findings/seed-3216229-region-allowance-above-table-zeroes-past-one-answer.yaml`,
+/// shrunk; five items a message): four regions, strict and closed; `r2` removed from 8.8 s to
+/// 22.9 s while the others grew into its floor on six keys. Back, it was owed more zeroes than
+/// one answer carries; the first answer made its view fresh and it enforced its default (140)
+/// on a key whose zero was still to come. An answer now says when rows below the default are
+/// left for later ones, and the region holds its strict keys at their use until none are.
+#[test]
+fn zeroes_past_one_answer_hold_the_region_until_all_have_come() {
+    assert_no_violation(&run(
+        &parsed("swarm-3216229.yaml", SWARM_3216229),
+        3216219..3216249,
+    ));
+}
+
+const SWARM_3216229: &str = include_str!(
+    "../swarm-findings/seed-3216229-region-allowance-above-table-zeroes-past-one-answer.yaml"
+);

@@ -377,9 +377,18 @@ impl Leader {
             // contract's guard, never an answer past an uncommitted proposal.
             return Ok(Answer::Unanswered);
         }
-        let mut down = self
+        let mut down = match self
             .coordinator
-            .poll_sync_down(self.clock.now(), &region, seq);
+            .poll_sync_down(self.clock.now(), &region, seq)
+        {
+            Ok(down) => down,
+            // Removed since its SyncUp was taken (a removal committed by an earlier leader's
+            // entry, say): refused as its SyncUp would be now.
+            Err(e) => {
+                metrics::counter!(m::REMOVED_REGION_SYNC_UPS).increment(1);
+                return Ok(Answer::Refused(e.to_string()));
+            }
+        };
         if other_version {
             // The region takes the files of the version in force from this answer (D25); the
             // applied state holds the rebalancer's version, as every change goes through it.

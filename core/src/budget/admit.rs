@@ -41,6 +41,10 @@ pub(crate) struct Ctx {
     /// ([`super::view::View::version_unheard`]): a closed strict key holds as if its view
     /// had expired.
     pub version_unheard: bool,
+    /// The last answer left rows below the default for later ones
+    /// ([`super::view::View::below_default_left`]): every strict key holds as if closed, and
+    /// no higher than its explicit allowance, whatever its partition policy.
+    pub below_default_left: bool,
     /// The region reads windows on a timebase and knows no correction of its clock (none read
     /// back from its store, none measured since): where its clock stands against the one an
     /// earlier copy of its state read windows on is unknown.
@@ -155,8 +159,18 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
         };
     }
     if !p.is_eventual() {
+        let explicit = ks.explicit_allowance(window);
+        // A row below the default still to come may be any key's, in any window, and may
+        // be below a grant held from before (a reclaimed window's pre-issued grant).
+        if ctx.below_default_left {
+            let closed = closed_allowance(p, ks, window);
+            return Allowance {
+                units: explicit.map_or(closed.units, |e| e.min(closed.units)),
+                ..closed
+            };
+        }
         // Strict: an explicit grant holds whatever happens to contact.
-        if let Some(units) = ks.explicit_allowance(window) {
+        if let Some(units) = explicit {
             return Allowance { units, ..default };
         }
         // The table's rows for the new version may hold this region below its default (the

@@ -623,6 +623,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .map(|(from, _)| from),
         restore: view.restore.gate(),
         version_unheard: coordinated && view.version_unheard,
+        below_default_left: coordinated && view.below_default_left,
         clock_unknown: cfg.max_edge_band.is_some() && view.clock_correction().is_none(),
     }
 }

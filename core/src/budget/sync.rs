@@ -444,8 +444,10 @@ impl RegionBudget {
             self.apply_grant(now, g);
         }
         // The rows below the default lead every answer until confirmed, so this one brought
-        // them: an answer to any SyncUp will do, as long as it speaks this version.
+        // them, or says which are left for the next: an answer to any SyncUp will do, as long
+        // as it speaks this version.
         self.view.version_unheard = false;
+        self.view.below_default_left = msg.below_default_left;
         // A restored start awaiting its boot's first answer holds an old copy of its
         // allowances: a release taken from one (an answer to the lost copy's SyncUp) leaves it
         // above the row the coordinator lowers. Not applied, not acked: the first answer
@@ -817,10 +819,12 @@ fn report_key(
         // the hold of a version not yet heard: reported, it would confirm a row below the
         // default that the region never got (a grant sent before it switched is ignored),
         // and the coordinator would stop sending it just as the region came to rely on the
-        // next answer to bring it (swarm seed 3001260).
+        // next answer to bring it (swarm seed 3001260). The hold while rows below the default
+        // are left for later answers is the same kind.
         let held = Ctx {
             view_expired: false,
             version_unheard: false,
+            below_default_left: false,
             restore: Default::default(),
             ..*ctx
         };

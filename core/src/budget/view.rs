@@ -38,6 +38,11 @@ pub(crate) struct View {
     /// as if the view had expired until that answer (swarm seed 954). Not persisted: a
     /// restart starts with no contact, which holds them the same way.
     pub version_unheard: bool,
+    /// The last answer at this version left rows below the default for later answers
+    /// (`SyncDown::below_default_left`): strict keys hold as if closed until one says none
+    /// are left. Not persisted: a restart starts with no contact, which holds them the same
+    /// way, and the leader resends every row to a restarted region.
+    pub below_default_left: bool,
     /// When an answer found the view expired (it had lapsed since the answer before), until
     /// an answer to a SyncUp sent after that comes back: the lapse is reported in every
     /// SyncUp until then. A view whose TTL is near the sync interval lapses for about a round
@@ -60,6 +65,7 @@ impl View {
             open_accounted_until: None,
             restore: Restore::default(),
             version_unheard: false,
+            below_default_left: false,
             lapsed_at: None,
         }
     }

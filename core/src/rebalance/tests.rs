@@ -118,7 +118,9 @@ impl World {
     }
 
     fn down(&mut self, name: &str, now: Timestamp, seq: u64) -> SyncDown {
-        self.coord.poll_sync_down(now, &RegionId::from(name), seq)
+        self.coord
+            .poll_sync_down(now, &RegionId::from(name), seq)
+            .expect("answered")
     }
 
     fn deliver(&mut self, name: &str, msg: &SyncDown) {
@@ -720,6 +722,98 @@ fn floor_and_open_policies_never_reclaim() {
         let cmds = w.coord.poll_proposals(at_ms(60_000));
         assert!(reclaims(&cmds).is_empty(), "{policy:?}: {cmds:?}");
     }
+}
+
+/// Swarm seed 3219172: b comes back while its floor is reclaimed, and the operator's removal
+/// of b commits between its SyncUp and the end of the reclaim, which the table then refuses.
+/// An answer would make b's view fresh with none of its zeroes: it would enforce its default
+/// where the table gives it 0. It is refused, as b's SyncUp would be now.
+#[test]
+fn a_region_removed_after_its_sync_up_was_taken_is_not_answered() {
+    let mut w = silent_b(PartitionPolicy::Closed);
+    for c in w.coord.poll_proposals(at_ms(3_500)) {
+        w.coord.handle_committed(at_ms(3_500), &c);
+    }
+    let b = RegionId::from("b");
+    assert_eq!(w.coord.table().allowance(&counter(101), &b), 0);
+    let back = at_ms(9_500);
+    let seq = w.up("b", back);
+    let end = w.coord.poll_proposals(back);
+    assert!(
+        matches!(end[..], [TableCommand::EndReclaim { .. }]),
+        "{end:?}"
+    );
+    let removal = TableCommand::RemoveRegion {
+        region: b.clone(),
+        at: back,
+    };
+    assert!(w.coord.handle_committed(back, &removal).is_applied());
+    assert!(!w.coord.handle_committed(back, &end[0]).is_applied());
+    match w.coord.poll_sync_down(back, &b, seq) {
+        Err(crate::Error::RegionRemoved(r)) => assert_eq!(r, b),
+        other => panic!("answered a removed region: {other:?}"),
+    }
+    // Added back, it is answered again once its reclaim has ended: nobody grew into its
+    // floor, so the table gives it its default there again.
+    let restore = TableCommand::RestoreRegion { region: b.clone() };
+    assert!(w.coord.handle_committed(back, &restore).is_applied());
+    let later = at_ms(9_750);
+    let seq = w.up("b", later);
+    for c in w.coord.poll_proposals(later) {
+        assert!(w.coord.handle_committed(later, &c).is_applied(), "{c:?}");
+    }
+    assert!(w.coord.table().reclaim(&LimitId::from("l"), &b).is_none());
+    assert_eq!(w.coord.table().allowance(&counter(101), &b), 50);
+    assert!(w.coord.poll_sync_down(later, &b, seq).is_ok());
+}
+
+/// Swarm seed 3216229: b comes back with more reclaimed zeroes than one answer carries (four
+/// items a message here, 4,096 by default). The answer says some are left, and the next one,
+/// once b has confirmed the first, brings the rest and says none are.
+#[test]
+fn zeroes_that_do_not_fit_one_answer_are_said_to_be_left_until_all_have_gone() {
+    let spec = with_policy(PartitionPolicy::Closed);
+    let cfg = CoordinatorConfig {
+        message_items: 4,
+        ..config()
+    };
+    let mut w = World {
+        coord: Coordinator::new(cfg, table_with(&spec), at_ms(0), 1),
+        a: ModelRegion::new("a", &regions(), std::slice::from_ref(&spec)),
+        b: ModelRegion::new("b", &regions(), std::slice::from_ref(&spec)),
+    };
+    w.up("b", at_ms(0));
+    w.up_with_offset("b", at_ms(1_000), 0);
+    w.commit_all(at_ms(3_500));
+    let keyed = |i: usize, window: u64| CounterRef {
+        key: KeyId::from(format!("k{i}").as_str()),
+        ..counter(window)
+    };
+    // a is hot on six keys at the end of window 100: it grows into b's floor in 101.
+    for i in 0..6 {
+        w.a.set_demand(&keyed(i, 100), 10);
+    }
+    w.sync("a", at_ms(9_100));
+    let b = RegionId::from("b");
+    for i in 0..6 {
+        assert_eq!(w.coord.table().allowance(&keyed(i, 101), &b), 0, "k{i}");
+        // b uses none of them, and reports what it holds.
+        w.b.set_demand(&keyed(i, 101), 0);
+    }
+    let first = w.sync("b", at_ms(9_500));
+    assert_eq!(first.grants.len(), 4, "{first:?}");
+    assert!(first.grants.iter().all(|g| g.allowance_units == 0));
+    assert!(first.below_default_left, "two zeroes wait");
+    let second = w.sync("b", at_ms(9_750));
+    assert!(!second.below_default_left, "{second:?}");
+    let zeroes: BTreeSet<&CounterRef> = first
+        .grants
+        .iter()
+        .chain(&second.grants)
+        .filter(|g| g.allowance_units == 0)
+        .map(|g| &g.counter)
+        .collect();
+    assert_eq!(zeroes.len(), 6, "every zero came: {second:?}");
 }
 
 #[test]
@@ -2301,9 +2395,10 @@ impl Sim {
                     self.commits.extend(cmds);
                     self.commit_queued();
                 }
-                let answer =
-                    self.coord
-                        .poll_sync_down(self.now, &RegionId::from(SIM_REGIONS[r]), seq);
+                let answer = self
+                    .coord
+                    .poll_sync_down(self.now, &RegionId::from(SIM_REGIONS[r]), seq)
+                    .expect("answered");
                 self.down.push((r, answer));
             }
             Step::DeliverDown { pick, dup } if !self.down.is_empty() => {
@@ -2456,7 +2551,10 @@ fn demand_moves_quota_to_where_it_is_over_a_few_rounds() {
             for c in sim.coord.poll_proposals(sim.now) {
                 sim.coord.handle_committed(sim.now, &c);
             }
-            let down = sim.coord.poll_sync_down(sim.now, &region.id, seq);
+            let down = sim
+                .coord
+                .poll_sync_down(sim.now, &region.id, seq)
+                .expect("answered");
             region.handle_sync_down(&down);
         }
         sim.now = sim.now + Duration::from_millis(250);
@@ -2550,7 +2648,9 @@ fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
     coord
         .handle_sync_up(at_ms(0), up_with("a", 1, &counters, 3))
         .unwrap();
-    let down = coord.poll_sync_down(at_ms(0), &RegionId::from("a"), 1);
+    let down = coord
+        .poll_sync_down(at_ms(0), &RegionId::from("a"), 1)
+        .expect("answered");
     assert!(down.entries.len() <= MAX_ITEMS_PER_MESSAGE);
     // Every counter in the answer has both regions' entries, a's own included.
     let mut per_counter: BTreeMap<&CounterRef, Vec<&str>> = BTreeMap::new();
@@ -2568,7 +2668,9 @@ fn an_answer_carries_counters_whole_and_those_the_sync_up_carried_first() {
     coord
         .handle_sync_up(at_ms(250), up_with("a", 2, last, 4))
         .unwrap();
-    let down = coord.poll_sync_down(at_ms(250), &RegionId::from("a"), 2);
+    let down = coord
+        .poll_sync_down(at_ms(250), &RegionId::from("a"), 2)
+        .expect("answered");
     assert_eq!(down.entries[0].counter, last[0]);
     assert_eq!(
         (down.entries[0].granted_units, down.entries[1].granted_units),
@@ -2600,7 +2702,9 @@ fn a_lowered_message_cap_bounds_answers_and_the_round_robin_reaches_every_counte
         coord
             .handle_sync_up(now, up_with("a", seq, &[], 0))
             .unwrap();
-        let down = coord.poll_sync_down(now, &RegionId::from("a"), seq);
+        let down = coord
+            .poll_sync_down(now, &RegionId::from("a"), seq)
+            .expect("answered");
         let items = down.entries.len() + down.grants.len() + down.release_requests.len();
         assert!(items <= 4, "{down:?}");
         seen.extend(down.entries.iter().map(|e| e.counter.clone()));
@@ -2656,7 +2760,7 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
     coord
         .handle_sync_up(at_ms(0), up_with("a", 1, &[], 0))
         .unwrap();
-    let down = coord.poll_sync_down(at_ms(0), &a, 1);
+    let down = coord.poll_sync_down(at_ms(0), &a, 1).expect("answered");
     // The grant of the row as it was before the request leads, then the request.
     assert_eq!(
         down.grants
@@ -2671,7 +2775,14 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
     coord
         .handle_sync_up(at_ms(250), up_with("a", 2, &[], 0))
         .unwrap();
-    assert_eq!(coord.poll_sync_down(at_ms(250), &a, 2).grants.len(), 1);
+    assert_eq!(
+        coord
+            .poll_sync_down(at_ms(250), &a, 2)
+            .expect("answered")
+            .grants
+            .len(),
+        1
+    );
     // a reports 80: the next answer carries the request only.
     let holds = |seq: u64, boot: u64| {
         let mut up = up_with("a", seq, &[], 0);
@@ -2684,7 +2795,7 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
         up
     };
     coord.handle_sync_up(at_ms(500), holds(3, 1)).unwrap();
-    let down = coord.poll_sync_down(at_ms(500), &a, 3);
+    let down = coord.poll_sync_down(at_ms(500), &a, 3).expect("answered");
     assert!(down.grants.is_empty(), "{:?}", down.grants);
     assert_eq!(down.release_requests.len(), 1);
     // A restart (larger boot, older seq): the row goes again with the request, until the
@@ -2692,13 +2803,33 @@ fn a_pending_release_goes_with_the_row_it_is_taken_from_until_the_region_holds_i
     let mut up = up_with("a", 1, &[], 0);
     up.boot = 2;
     coord.handle_sync_up(at_ms(750), up).unwrap();
-    assert_eq!(coord.poll_sync_down(at_ms(750), &a, 1).grants.len(), 1);
+    assert_eq!(
+        coord
+            .poll_sync_down(at_ms(750), &a, 1)
+            .expect("answered")
+            .grants
+            .len(),
+        1
+    );
     let mut up = up_with("a", 2, &[], 0);
     up.boot = 2;
     coord.handle_sync_up(at_ms(800), up).unwrap();
-    assert_eq!(coord.poll_sync_down(at_ms(800), &a, 2).grants.len(), 1);
+    assert_eq!(
+        coord
+            .poll_sync_down(at_ms(800), &a, 2)
+            .expect("answered")
+            .grants
+            .len(),
+        1
+    );
     coord.handle_sync_up(at_ms(1_000), holds(3, 2)).unwrap();
-    assert!(coord.poll_sync_down(at_ms(1_000), &a, 3).grants.is_empty());
+    assert!(
+        coord
+            .poll_sync_down(at_ms(1_000), &a, 3)
+            .expect("answered")
+            .grants
+            .is_empty()
+    );
 }
 
 /// An ack from the boot before a restart completes the release, but the restarted region may
@@ -2730,7 +2861,7 @@ fn an_ack_of_a_boot_before_a_restart_confirms_nothing() {
     coord
         .handle_sync_up(at_ms(0), up_with("a", 1, &[], 0))
         .unwrap();
-    coord.poll_sync_down(at_ms(0), &a, 1);
+    coord.poll_sync_down(at_ms(0), &a, 1).expect("answered");
     // Boot 1 releases and acks; then a starts again from a copy older than the release
     // (boot 2, still at 80), and only then the completion commits.
     let mut acked = up_with("a", 2, &[], 0);
@@ -2762,7 +2893,7 @@ fn an_ack_of_a_boot_before_a_restart_confirms_nothing() {
         up.boot = 2;
         reports_80(&mut up);
         coord.handle_sync_up(at_ms(ms), up).unwrap();
-        let down = coord.poll_sync_down(at_ms(ms), &a, seq);
+        let down = coord.poll_sync_down(at_ms(ms), &a, seq).expect("answered");
         let grants: Vec<_> = down.grants.iter().map(|g| g.allowance_units).collect();
         assert_eq!(grants, vec![40], "answer at {ms} ms");
     }
@@ -2777,7 +2908,13 @@ fn an_ack_of_a_boot_before_a_restart_confirms_nothing() {
         allowance_units: 40,
     }];
     coord.handle_sync_up(at_ms(600), confirms).unwrap();
-    assert!(coord.poll_sync_down(at_ms(600), &a, 6).grants.is_empty());
+    assert!(
+        coord
+            .poll_sync_down(at_ms(600), &a, 6)
+            .expect("answered")
+            .grants
+            .is_empty()
+    );
 }
 
 // ---- configuration reload ------------------------------------------------------------------
@@ -2921,6 +3058,7 @@ fn the_answer_to_a_boot_says_whether_the_leader_knew_the_region_before_it() {
     assert!(
         !coord
             .poll_sync_down(at_ms(10), &RegionId::from("a"), 0)
+            .expect("answered")
             .known_region
     );
     // Later messages of the same boot keep the answer.
@@ -2932,6 +3070,7 @@ fn the_answer_to_a_boot_says_whether_the_leader_knew_the_region_before_it() {
     assert!(
         !coord
             .poll_sync_down(at_ms(20), &RegionId::from("a"), 1)
+            .expect("answered")
             .known_region
     );
     // A later boot (a restart, perhaps from a lost disk) was preceded by this one.
@@ -2944,6 +3083,7 @@ fn the_answer_to_a_boot_says_whether_the_leader_knew_the_region_before_it() {
     assert!(
         coord
             .poll_sync_down(at_ms(30), &RegionId::from("a"), 0)
+            .expect("answered")
             .known_region
     );
 }
@@ -3573,6 +3713,6 @@ fn an_answer_reads_only_rows_with_something_to_send() {
     }
     w.coord.handle_sync_up(later, msg).unwrap();
     assert_eq!(w.coord.rows_to_read(&a), 1);
-    let again = w.coord.poll_sync_down(later, &a, 0);
+    let again = w.coord.poll_sync_down(later, &a, 0).expect("answered");
     assert_eq!(again.grants, first.grants, "the lost grant goes again");
 }

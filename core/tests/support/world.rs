@@ -378,7 +378,8 @@ impl World {
                 prop_assert!(!self.leader.has_uncommitted_proposals());
                 let down = self
                     .leader
-                    .poll_sync_down(self.now, &Self::region_id(r), seq);
+                    .poll_sync_down(self.now, &Self::region_id(r), seq)
+                    .expect("answered");
                 self.observe_down(&down)?;
                 self.note(format!(
                     "leader answers {} {}",

@@ -156,8 +156,14 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
         vec(grant(), 0..LIST_ITEMS),
         vec(release(), 0..LIST_ITEMS),
     );
-    (head, lists, any::<bool>(), option::of(config_files())).prop_map(
-        |((seq, term, t1, t2, v), (entries, grants, release_requests), known_region, config)| {
+    let flags = (any::<bool>(), any::<bool>());
+    (head, lists, flags, option::of(config_files())).prop_map(
+        |(
+            (seq, term, t1, t2, v),
+            (entries, grants, release_requests),
+            (known_region, below_default_left),
+            config,
+        )| {
             SyncDown {
                 reply_to_seq: seq,
                 leader_term: term,
@@ -169,6 +175,7 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
                 release_requests,
                 known_region,
                 config,
+                below_default_left,
             }
         },
     )

@@ -23,8 +23,10 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             let Some(w) = c.waiting.pop_front() else {
                 return Ok(());
             };
-            let reply = node.poll_sync_down(self.now, &self.regions[w.region].id, w.seq);
-            self.send_down(w.region, reply)?;
+            // A region removed since its SyncUp was taken is not answered.
+            if let Some(reply) = node.poll_sync_down(self.now, &self.regions[w.region].id, w.seq) {
+                self.send_down(w.region, reply)?;
+            }
         }
     }
 

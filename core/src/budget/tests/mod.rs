@@ -163,6 +163,7 @@ pub(super) fn answer(up: &SyncUp, now: Timestamp) -> SyncDown {
         grants: Vec::new(),
         release_requests: Vec::new(),
         known_region: false,
+        below_default_left: false,
         config: None,
     }
 }

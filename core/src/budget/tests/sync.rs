@@ -200,6 +200,43 @@ fn a_lowered_message_cap_spreads_the_keys_over_syncs_and_reaches_every_one() {
     );
 }
 
+/// An answer that leaves rows below the default for later ones (more than one answer
+/// carries): every strict key holds at what it used, floor policy or not, and a grant held
+/// from before no higher; the demand report still states the allowance with contact. The
+/// next answer that leaves none lifts the hold.
+#[test]
+fn rows_below_the_default_left_for_later_answers_hold_strict_keys_at_their_use() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    let w = minute_window(0);
+    assert!(acquire(&mut b, at(0), "api", "used", 30).allowed);
+    let up = b.poll_transmit(at(0)).expect("sync");
+    let mut down = answer(&up, at(0));
+    down.grants = vec![grant("api", "granted", w, 250, 2)];
+    down.below_default_left = true;
+    b.handle_sync_down(at(10), down);
+    assert_eq!(allowance(&b, at(20), "api", "used"), 30, "what it used");
+    assert_eq!(allowance(&b, at(20), "api", "new"), 0);
+    assert_eq!(
+        allowance(&b, at(20), "api", "granted"),
+        0,
+        "used none of it"
+    );
+    assert!(!acquire(&mut b, at(20), "api", "used", 1).allowed);
+    assert!(!acquire(&mut b, at(20), "api", "new", 1).allowed);
+    let up = b.poll_transmit(at(250)).expect("sync");
+    assert!(!up.demand.is_empty(), "the refusals escalated");
+    assert!(
+        up.demand.iter().all(|d| d.allowance_units >= 100),
+        "reported with contact, not the hold: {:?}",
+        up.demand
+    );
+    let down = answer(&up, at(250));
+    b.handle_sync_down(at(260), down);
+    assert_eq!(allowance(&b, at(270), "api", "used"), 100, "the default");
+    assert_eq!(allowance(&b, at(270), "api", "granted"), 250);
+    assert!(acquire(&mut b, at(270), "api", "new", 1).allowed);
+}
+
 #[test]
 fn grants_apply_in_epoch_order_only() {
     let mut b = budget(vec![per_minute("api", 400)]);

@@ -4,6 +4,7 @@
 use std::ops::Bound as RangeBound;
 use std::time::Duration;
 
+use crate::error::{Error, Result};
 use crate::ids::{Epoch, RegionId};
 use crate::sync::{AllowanceGrant, CounterEntry, CounterRef, ReleaseRequest, SyncDown};
 use crate::time::Timestamp;
@@ -17,22 +18,32 @@ impl Coordinator {
     /// (reclaimed zeroes; repeated in every answer until confirmed, since a region that missed
     /// one would enforce its default), release requests, other grants, then other regions'
     /// entries (round-robin over counters across answers).
+    ///
+    /// A region removed since its SyncUp was taken is not answered (`RegionRemoved`, as its
+    /// SyncUp would be now): an answer makes its view fresh, and a reclaim of its floor can
+    /// no longer end (the table refuses the end for a removed region), so the answer would
+    /// carry none of the zeroes the table holds for it and it would enforce its default
+    /// under them (swarm seed 3219172, where the removal committed between the two).
     pub fn poll_sync_down(
         &mut self,
         now: Timestamp,
         region: &RegionId,
         reply_to_seq: u64,
-    ) -> SyncDown {
+    ) -> Result<SyncDown> {
+        if self.table.is_removed(region) {
+            return Err(Error::RegionRemoved(region.clone()));
+        }
         let view = self.region_view(region);
         let mut budget = self.cfg.message_items;
-        let (grants, release_requests) = self.grants_and_releases(now, region, &mut budget);
+        let (grants, release_requests, below_default_left) =
+            self.grants_and_releases(now, region, &mut budget);
         for g in &grants {
             let row = self.row_view_mut(&g.counter, region);
             row.resend = false;
             row.sent = Some((g.epoch, now));
         }
         let entries = self.entries_for(now, region, budget);
-        SyncDown {
+        Ok(SyncDown {
             reply_to_seq,
             leader_term: self.leader_term,
             received_at: view.last_received_at,
@@ -43,17 +54,19 @@ impl Coordinator {
             release_requests,
             known_region: view.known_before_boot,
             config: None,
-        }
+            below_default_left,
+        })
     }
 
     /// The grants and release requests `region`'s rows call for, read from the rows that may
     /// have something to send (`attention`); rows with nothing left to send are dropped from it.
+    /// Also whether rows below the default were left out for want of room.
     fn grants_and_releases(
         &mut self,
         now: Timestamp,
         region: &RegionId,
         budget: &mut usize,
-    ) -> (Vec<AllowanceGrant>, Vec<ReleaseRequest>) {
+    ) -> (Vec<AllowanceGrant>, Vec<ReleaseRequest>, bool) {
         let mut below_default = Vec::new();
         let mut releases = Vec::new();
         let mut grants = Vec::new();
@@ -122,6 +135,7 @@ impl Coordinator {
                 attention.remove(c);
             }
         }
+        let below_default_left = below_default.len() > *budget;
         below_default.truncate(*budget);
         *budget -= below_default.len();
         releases.truncate(*budget);
@@ -129,7 +143,7 @@ impl Coordinator {
         grants.truncate(*budget);
         *budget -= grants.len();
         below_default.extend(grants);
-        (below_default, releases)
+        (below_default, releases, below_default_left)
     }
 
     /// Every region's entries, `region`'s own included (it recovers them by max after a start
