@@ -3121,3 +3121,19 @@ fn zeroes_past_one_answer_hold_the_region_until_all_have_come() {
 const SWARM_3216229: &str = include_str!(
     "../swarm-findings/seed-3216229-region-allowance-above-table-zeroes-past-one-answer.yaml"
 );
+
+/// Swarm seed 3221920 (`sim/swarm-findings/seed-3221920-net-use-above-allowance-hold-below-use.yaml`,
+/// as drawn; four to eight items a message): the hold of rows below the default left for later
+/// answers was first written as the closed policy's, at most the default, so a key granted and
+/// used past its default was held below its own use (`net_use_above_allowance`). It holds at
+/// the use, within the grant.
+#[test]
+fn a_hold_for_rows_left_keeps_a_key_used_past_its_default_at_its_use() {
+    assert_no_violation(&run(
+        &parsed("swarm-3221920.yaml", SWARM_3221920),
+        3221910..3221940,
+    ));
+}
+
+const SWARM_3221920: &str =
+    include_str!("../swarm-findings/seed-3221920-net-use-above-allowance-hold-below-use.yaml");

@@ -161,11 +161,20 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
     if !p.is_eventual() {
         let explicit = ks.explicit_allowance(window);
         // A row below the default still to come may be any key's, in any window, and may
-        // be below a grant held from before (a reclaimed window's pre-issued grant).
+        // be below a grant held from before (a reclaimed window's pre-issued grant): every
+        // key holds at what it used, within its grant or else its default, and a later
+        // window at nothing.
         if ctx.below_default_left {
             let closed = closed_allowance(p, ks, window);
+            let held = |grant: u64| {
+                if ks.window == window {
+                    grant.min(ks.net_units())
+                } else {
+                    0
+                }
+            };
             return Allowance {
-                units: explicit.map_or(closed.units, |e| e.min(closed.units)),
+                units: explicit.map_or(closed.units, held),
                 ..closed
             };
         }

@@ -211,30 +211,43 @@ fn rows_below_the_default_left_for_later_answers_hold_strict_keys_at_their_use()
     assert!(acquire(&mut b, at(0), "api", "used", 30).allowed);
     let up = b.poll_transmit(at(0)).expect("sync");
     let mut down = answer(&up, at(0));
+    down.grants = vec![grant("api", "big", w, 250, 2)];
+    b.handle_sync_down(at(5), down);
+    assert!(
+        acquire(&mut b, at(6), "api", "big", 150).allowed,
+        "past the default"
+    );
+    let up = b.poll_transmit(at(250)).expect("sync");
+    let mut down = answer(&up, at(250));
     down.grants = vec![grant("api", "granted", w, 250, 2)];
     down.below_default_left = true;
-    b.handle_sync_down(at(10), down);
-    assert_eq!(allowance(&b, at(20), "api", "used"), 30, "what it used");
-    assert_eq!(allowance(&b, at(20), "api", "new"), 0);
+    b.handle_sync_down(at(260), down);
+    let now = at(270);
+    assert_eq!(allowance(&b, now, "api", "used"), 30, "what it used");
     assert_eq!(
-        allowance(&b, at(20), "api", "granted"),
-        0,
-        "used none of it"
+        allowance(&b, now, "api", "big"),
+        150,
+        "what it used, past its default, within its grant"
     );
-    assert!(!acquire(&mut b, at(20), "api", "used", 1).allowed);
-    assert!(!acquire(&mut b, at(20), "api", "new", 1).allowed);
-    let up = b.poll_transmit(at(250)).expect("sync");
+    assert_eq!(allowance(&b, now, "api", "new"), 0);
+    assert_eq!(allowance(&b, now, "api", "granted"), 0, "used none of it");
+    for key in ["used", "big", "new"] {
+        assert!(!acquire(&mut b, now, "api", key, 1).allowed, "{key}");
+    }
+    let up = b.poll_transmit(at(500)).expect("sync");
     assert!(!up.demand.is_empty(), "the refusals escalated");
     assert!(
         up.demand.iter().all(|d| d.allowance_units >= 100),
         "reported with contact, not the hold: {:?}",
         up.demand
     );
-    let down = answer(&up, at(250));
-    b.handle_sync_down(at(260), down);
-    assert_eq!(allowance(&b, at(270), "api", "used"), 100, "the default");
-    assert_eq!(allowance(&b, at(270), "api", "granted"), 250);
-    assert!(acquire(&mut b, at(270), "api", "new", 1).allowed);
+    let down = answer(&up, at(500));
+    b.handle_sync_down(at(510), down);
+    let now = at(520);
+    assert_eq!(allowance(&b, now, "api", "used"), 100, "the default");
+    assert_eq!(allowance(&b, now, "api", "big"), 250);
+    assert_eq!(allowance(&b, now, "api", "granted"), 250);
+    assert!(acquire(&mut b, now, "api", "new", 1).allowed);
 }
 
 #[test]
