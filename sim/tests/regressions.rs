@@ -3137,3 +3137,21 @@ fn a_hold_for_rows_left_keeps_a_key_used_past_its_default_at_its_use() {
 
 const SWARM_3221920: &str =
     include_str!("../swarm-findings/seed-3221920-net-use-above-allowance-hold-below-use.yaml");
+
+/// Swarm seed 3222577 (`sim/swarm-findings/seed-3222577-overshoot-above-bound-removed-region-on-an-eventual-version.yaml`,
+/// shrunk): two regions, eventual and floor; `r1` removed at 5.16 s for good; a reload to
+/// strict with weights at 15.13 s reaches `r1` 1.3 s later. In the window from 16 s `r1`
+/// still admitted its eventual default (18) where its strict one is 11, and the leader stated
+/// the window bounded at 0: the reload term skipped removed regions as planning does. It counts
+/// every member now.
+#[test]
+fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
+    assert_no_violation(&run(
+        &parsed("swarm-3222577.yaml", SWARM_3222577),
+        3222567..3222597,
+    ));
+}
+
+const SWARM_3222577: &str = include_str!(
+    "../swarm-findings/seed-3222577-overshoot-above-bound-removed-region-on-an-eventual-version.yaml"
+);

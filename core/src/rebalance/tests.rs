@@ -3658,6 +3658,53 @@ fn a_removed_region_on_an_old_version_does_not_hold_planning_up() {
     );
 }
 
+/// Swarm seed 3222577: b, last heard on version 1 (eventual), is removed; a reload makes the
+/// limit strict (version 2). Planning goes on without b, but b may still admit by version 1
+/// (its syncs are refused, so it never hears of version 2 here): the reload term counts it.
+#[test]
+fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
+    let eventual = LimitSpec {
+        consistency: Consistency::Eventual,
+        ..spec()
+    };
+    let mut c = Coordinator::new(config(), table_with(&eventual), at_ms(0), 1);
+    let sample = Some(ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: 0,
+    });
+    let mut up_b = up_with("b", 1, &[], 0);
+    up_b.config_version = 1;
+    up_b.clock = sample;
+    up_b.clock_leader_term = c.leader_term();
+    c.handle_sync_up(at_ms(0), up_b).unwrap();
+    let remove = TableCommand::RemoveRegion {
+        region: RegionId::from("b"),
+        at: at_ms(0),
+    };
+    assert!(c.handle_committed(at_ms(0), &remove).is_applied());
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![spec()],
+        regions: regions(),
+    };
+    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+    let mut up_a = up_with("a", 1, &[], 0);
+    up_a.config_version = 2;
+    up_a.clock = sample;
+    up_a.clock_leader_term = c.leader_term();
+    c.handle_sync_up(at_ms(20), up_a).unwrap();
+    // The window after: a's switch (20 ms, its clock known to the nanosecond) is out of reach.
+    let window = WindowIndex(START_MS / 10_000 + 1);
+    let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
+    let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
+    assert!(reload.units > 0, "{}", reload.detail);
+    assert!(
+        reload.detail.contains("b 100"),
+        "b at its eventual quota: {}",
+        reload.detail
+    );
+}
+
 // ---- what a round plans -------------------------------------------------------------------
 
 #[test]
