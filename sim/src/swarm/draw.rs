@@ -137,10 +137,7 @@ fn draw_caps(d: &mut Dice, w: &mut World) {
         else {
             continue;
         };
-        let mean_cost = match cost {
-            CostDraw::Units(u) => u as f64,
-            CostDraw::Llm { reserve_units, .. } => reserve_units as f64,
-        };
+        let mean_cost = mean_cost(&cost);
         let l = &w.limits[limit];
         let at_quota_per_sec = l.quota_units as f64 / (l.window_secs as f64 * mean_cost);
         for key in first..first + d.int(0, MAX_EXTRA_KEYS) as u32 {
@@ -343,10 +340,7 @@ fn draw_traffic(d: &mut Dice, w: &mut World) {
     let duration_secs = w.duration_ms as f64 / 1_000.0;
     for (limit, &limit_keys) in keys.iter().enumerate() {
         let cost = draw_cost(d, w.limits[limit].window_secs);
-        let mean_cost = match cost {
-            CostDraw::Units(u) => u as f64,
-            CostDraw::Llm { reserve_units, .. } => reserve_units as f64,
-        };
+        let mean_cost = mean_cost(&cost);
         let load = d.log(0.3, 4.0);
         let budget_per_sec = MAX_REQUESTS_PER_WORLD / (duration_secs * counters as f64 * load);
         let at_quota_per_sec = d.log(5.0, 1_000.0).min(budget_per_sec);
@@ -357,6 +351,14 @@ fn draw_traffic(d: &mut Dice, w: &mut World) {
             let demand_per_sec = load * at_quota_per_sec;
             draw_key_sources(d, w, limit, key as u32, demand_per_sec, &cost);
         }
+    }
+}
+
+/// The units a request of `cost` is counted at when a quota is sized from a rate.
+fn mean_cost(cost: &CostDraw) -> f64 {
+    match cost {
+        CostDraw::Units(u) => *u as f64,
+        CostDraw::Llm { reserve_units, .. } => *reserve_units as f64,
     }
 }
 

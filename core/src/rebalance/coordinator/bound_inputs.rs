@@ -166,19 +166,14 @@ impl Coordinator {
             .iter()
             .map(|r| self.admitted_under_previous(limit, window, r))
             .collect();
-        let current = self.table.config_version();
         // Every member, removed ones too: planning skips a removed region (it never syncs
         // again), but it may still enforce the version it was last heard on (swarm seed
         // 3222577: removed while eventual, it admitted its eventual default in a window a
         // reload to strict had bounded at 0).
-        let all_current = self
-            .table
-            .regions()
-            .iter()
-            .all(|r| self.version_of(r).is_none_or(|v| v == current));
-        if all_current && under_previous.iter().all(Option::is_none) {
+        if self.members_on_table_version(true) && under_previous.iter().all(Option::is_none) {
             return None;
         }
+        let current = self.table.config_version();
         inputs.reload_quota_units = self
             .finite_window(limit)
             .and_then(|w| self.kept_configs.quota_units_at(limit, w, w.start(window)));

@@ -286,11 +286,17 @@ impl Coordinator {
         // A member this leader has not heard yet is on the version an earlier leader heard
         // it on, as far as is known: one cut off through a reload and a leader change holds
         // planning up as it did under the leader that made the reload.
+        self.members_on_table_version(false)
+    }
+
+    /// Every member (removed ones too, with `removed`) is on the table's version as far as
+    /// this leader knows (`version_of`; one with none known counts as on it).
+    fn members_on_table_version(&self, removed: bool) -> bool {
         let current = self.table.config_version();
         self.table
             .regions()
             .iter()
-            .filter(|r| !self.table.is_removed(r))
+            .filter(|r| removed || !self.table.is_removed(r))
             .all(|r| self.version_of(r).is_none_or(|c| c == current))
     }
 
