@@ -3155,3 +3155,21 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
 const SWARM_3222577: &str = include_str!(
     "../swarm-findings/seed-3222577-overshoot-above-bound-removed-region-on-an-eventual-version.yaml"
 );
+
+/// Swarm seed 3234414 (`sim/swarm-findings/seed-3234414-region-allowance-above-table-sliding-skipped-version.yaml`,
+/// shrunk): four regions, one strict sliding-window limit under the closed policy; `r1` goes
+/// from version 1 to 3 (a staggered reload reaches it after the next). It had released part
+/// of its idle share, confirmed, to 8,814 below its default of 11,510; the skip dropped that
+/// grant, and the answer at version 3 (which does not resend a confirmed row) left it on its
+/// default. A closed skip now keeps the grants and holds at their use until that answer.
+#[test]
+fn a_closed_region_that_skips_a_version_keeps_its_confirmed_row_below_the_default() {
+    assert_no_violation(&run(
+        &parsed("swarm-3234414.yaml", SWARM_3234414),
+        3234404..3234434,
+    ));
+}
+
+const SWARM_3234414: &str = include_str!(
+    "../swarm-findings/seed-3234414-region-allowance-above-table-sliding-skipped-version.yaml"
+);

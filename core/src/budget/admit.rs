@@ -41,6 +41,10 @@ pub(crate) struct Ctx {
     /// ([`super::view::View::version_unheard`]): a closed strict key holds as if its view
     /// had expired.
     pub version_unheard: bool,
+    /// The last version change skipped one and no answer at the version now in force has
+    /// come ([`super::view::View::version_skipped_from`]): a closed strict key holds at its
+    /// use within its explicit allowance, or else its default.
+    pub version_skipped: bool,
     /// The last answer left rows below the default for later ones
     /// ([`super::view::View::below_default_left`]): every strict key holds as if closed, and
     /// no higher than its explicit allowance, whatever its partition policy.
@@ -163,8 +167,10 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
         // A row below the default still to come may be any key's, in any window, and may
         // be below a grant held from before (a reclaimed window's pre-issued grant): every
         // key holds at what it used, within its grant or else its default, and a later
-        // window at nothing.
-        if ctx.below_default_left {
+        // window at nothing. So does a closed key after a skipped version, whose rows the
+        // table may have lowered at the version the region never saw.
+        let closed_skip = ctx.version_skipped && p.spec.partition_policy == PartitionPolicy::Closed;
+        if ctx.below_default_left || closed_skip {
             let closed = closed_allowance(p, ks, window);
             let held = |grant: u64| {
                 if ks.window == window {

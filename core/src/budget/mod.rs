@@ -74,7 +74,7 @@ use view::View;
 
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId, RegionId, RequestId};
-use crate::limit::{LimitSpec, PartitionPolicy};
+use crate::limit::LimitSpec;
 use crate::rebalance::table::allocation_changed;
 use crate::sync::{ClockSample, CounterRef};
 use crate::time::{Timestamp, WindowIndex};
@@ -286,46 +286,45 @@ impl RegionBudget {
     /// (`set_limits` compares only the two versions it sees): every grant is then held at no
     /// more than the default share. That is at most the table's row whether it kept the row
     /// or dropped it, and the coordinator grants more again at a newer epoch (swarm seeds
-    /// 800739, 800740), unless a reclaim put the row below the default: under the closed
-    /// policy the grants are dropped instead (swarm seed 3161221).
+    /// 800739, 800740), unless a reclaim put the row below the default at the version
+    /// skipped. So under the closed policy a strict key also holds at its use within its
+    /// grant until an answer at the new version, which brings every row below the default
+    /// the region has not confirmed (swarm seed 3161221: a removed region kept a grant of
+    /// 2,961 through a version that gave it 0). The grants themselves stay: a row below the
+    /// default the region confirmed before the skip is not sent again, and without its grant
+    /// the region would enforce its default over it (swarm seed 3234414).
     ///
     /// A region restored from its store starts at the version stored with its grants
     /// (`PersistRecord::ConfigVersion`), so the first call after a restart applies the same
-    /// rule to the versions it missed while down (swarm seed 3187824).
+    /// rule to the versions it missed while down (swarm seed 3187824), and to a skip whose
+    /// answer had not come when it went down.
     pub fn set_config_version(&mut self, version: u64) {
-        let skipped = self.config_version != 0
-            && version != self.config_version
-            && version != self.config_version.saturating_add(1);
-        if self.config_version != 0 && version != self.config_version {
+        let old = self.config_version;
+        let skipped = old != 0 && version != old && version != old.saturating_add(1);
+        if old != 0 && version != old {
             self.view.version_unheard = true;
         }
-        if version != self.config_version {
+        if version != old {
             self.dirty.mark(Dirty::ConfigVersion);
         }
         self.config_version = version;
         if skipped {
+            if self.cfg.coordinated {
+                // An uncoordinated region has no answer to wait for, and no grants.
+                self.view.version_skipped_from.get_or_insert(old);
+            }
             self.hold_grants_at_defaults();
         }
     }
 
-    /// Under the closed policy the grants go altogether: the table may have reclaimed the
-    /// region's floor at a version it skipped (removed, or silent), and kept its rows only as
-    /// low as they were there, so the default may be above the row (swarm seed 3161221: a
-    /// removed region kept a grant of 2,961 through a version that dropped it, where the
-    /// table gave it 0). Without a grant a closed region holds what it used until an answer
-    /// at the new version brings its rows.
+    /// Every explicit allowance, current or pre-issued, held at no more than the default.
     fn hold_grants_at_defaults(&mut self) {
         for (id, lim) in self.limits.iter_mut() {
-            let closed = lim.params.spec.partition_policy == PartitionPolicy::Closed;
             let default = lim.params.default_units;
             for (name, ks) in lim.keys.iter_mut() {
                 let Some(hot) = ks.hot.as_mut() else { continue };
                 let mut held = false;
-                if closed {
-                    held = hot.allowance.is_some() || !hot.future.is_empty();
-                    hot.allowance = None;
-                    hot.future.clear();
-                } else if hot.allowance.is_some_and(|u| u > default) {
+                if hot.allowance.is_some_and(|u| u > default) {
                     hot.allowance = Some(default);
                     held = true;
                 }
@@ -343,6 +342,14 @@ impl RegionBudget {
                 }
             }
         }
+    }
+
+    /// The version the stored grants were made under: the one in force, or the one before a
+    /// skip no answer has yet followed.
+    pub(crate) fn stored_config_version(&self) -> u64 {
+        self.view
+            .version_skipped_from
+            .unwrap_or(self.config_version)
     }
 
     /// The configuration version in force here.
@@ -623,6 +630,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
             .map(|(from, _)| from),
         restore: view.restore.gate(),
         version_unheard: coordinated && view.version_unheard,
+        version_skipped: coordinated && view.version_skipped_from.is_some(),
         below_default_left: coordinated && view.below_default_left,
         clock_unknown: cfg.max_edge_band.is_some() && view.clock_correction().is_none(),
     }

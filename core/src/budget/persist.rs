@@ -136,7 +136,8 @@ pub enum PersistRecord {
     /// may have dropped rows at a version the region never saw, even when the version it
     /// starts under has the same parameters as the stored one (swarm seed 3187824). Last, so
     /// that the layouts written before it existed still read (they hold none: no skip is
-    /// seen at their first start).
+    /// seen at their first start). After a skip that no answer at the new version has yet
+    /// followed it is the version before the skip, so a restart then skips again.
     ConfigVersion {
         version: u64,
     },
@@ -331,7 +332,7 @@ impl RegionBudget {
         }
         if self.config_version != 0 {
             out.push(PersistRecord::ConfigVersion {
-                version: self.config_version,
+                version: self.stored_config_version(),
             });
         }
         for lim in self.limits.values() {
@@ -456,7 +457,7 @@ impl RegionBudget {
                 },
             )),
             Dirty::ConfigVersion => PersistRecord::ConfigVersion {
-                version: self.config_version,
+                version: self.stored_config_version(),
             },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {

@@ -447,6 +447,10 @@ impl RegionBudget {
         // them, or says which are left for the next: an answer to any SyncUp will do, as long
         // as it speaks this version.
         self.view.version_unheard = false;
+        if self.view.version_skipped_from.take().is_some() {
+            // The stored grants are now this version's.
+            self.dirty.mark(Dirty::ConfigVersion);
+        }
         self.view.below_default_left = msg.below_default_left;
         // A restored start awaiting its boot's first answer holds an old copy of its
         // allowances: a release taken from one (an answer to the lost copy's SyncUp) leaves it
@@ -824,6 +828,7 @@ fn report_key(
         let held = Ctx {
             view_expired: false,
             version_unheard: false,
+            version_skipped: false,
             below_default_left: false,
             restore: Default::default(),
             ..*ctx

@@ -38,6 +38,12 @@ pub(crate) struct View {
     /// as if the view had expired until that answer (swarm seed 954). Not persisted: a
     /// restart starts with no contact, which holds them the same way.
     pub version_unheard: bool,
+    /// The version in force before a change that skipped one, until an answer at the
+    /// version now in force: the table may have lowered this region's rows at the version
+    /// it skipped, so under the closed policy its strict keys hold at their use within their
+    /// grants (`RegionBudget::set_config_version`). Persisted as the version the stored
+    /// grants were made under, so a restart before that answer skips again.
+    pub version_skipped_from: Option<u64>,
     /// The last answer at this version left rows below the default for later answers
     /// (`SyncDown::below_default_left`): strict keys hold as if closed until one says none
     /// are left. Not persisted: a restart starts with no contact, which holds them the same
@@ -65,6 +71,7 @@ impl View {
             open_accounted_until: None,
             restore: Restore::default(),
             version_unheard: false,
+            version_skipped_from: None,
             below_default_left: false,
             lapsed_at: None,
         }

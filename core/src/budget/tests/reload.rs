@@ -408,14 +408,14 @@ fn the_hold_of_an_unheard_version_is_not_reported_as_the_allowance() {
     assert_eq!(allowance(&b, at(30_310), "api", "k"), 75);
 }
 
-/// Swarm seed 3161221: under the closed policy a region that skips a version drops its grants
-/// rather than hold them at its default: the table may have reclaimed its floor at the version
-/// it skipped (removed, or silent) and kept its rows only as low as they were there. A removed
-/// region kept a grant of 2,961 through a version that dropped it, where the table gave it 0.
-/// With its view expired it now holds what it used; an answer at the new version brings the
-/// rows (a zero, at an epoch above the old ones).
+/// Swarm seed 3161221: under the closed policy a region that skips a version holds each key
+/// at its use within its grant (held at the default) until an answer at the new version: the
+/// table may have reclaimed its floor at the version it skipped (removed, or silent) and kept
+/// its rows only as low as they were there. A removed region kept a grant of 2,961 through a
+/// version that dropped it, where the table gave it 0. The answer brings the rows (a zero, at
+/// an epoch above the old ones).
 #[test]
-fn a_closed_region_that_skips_a_version_drops_its_grants() {
+fn a_closed_region_that_skips_a_version_holds_at_its_use_until_an_answer() {
     let closed = LimitSpec {
         partition_policy: PartitionPolicy::Closed,
         ..per_minute("api", 400)
@@ -439,7 +439,7 @@ fn a_closed_region_that_skips_a_version_drops_its_grants() {
     assert_eq!(
         allowance(&b, at(5_000), "api", "k"),
         50,
-        "no grant: closed, it holds what it used, not its default (100)"
+        "closed, it holds what it used, not its grant held at the default (100)"
     );
     assert!(!acquire(&mut b, at(5_000), "api", "k", 1).allowed);
     assert_eq!(net(&b, "api", "k"), 50, "nothing used is forgotten");
@@ -449,4 +449,90 @@ fn a_closed_region_that_skips_a_version_drops_its_grants() {
     down.grants = vec![grant("api", "k", w, 0, 5)];
     b.handle_sync_down(at(6_010), down);
     assert_eq!(allowance(&b, at(6_010), "api", "k"), 0, "the zero, applied");
+}
+
+/// A closed region whose grant below the default is confirmed (a release of its idle share).
+/// Returns it in contact at version 1 holding 60 of its default 100, 10 used.
+fn holding_a_confirmed_row_below_the_default() -> RegionBudget {
+    let closed = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..per_minute("api", 400)
+    };
+    let mut b = in_contact_at_version_1(closed);
+    let w = minute_window(0);
+    assert!(acquire(&mut b, at(20), "api", "k", 10).allowed);
+    let up = b.poll_transmit(at(300)).expect("sync");
+    let mut down = answer(&up, at(300));
+    down.config_version = 1;
+    down.grants = vec![grant("api", "k", w, 60, 3)];
+    b.handle_sync_down(at(310), down);
+    assert_eq!(allowance(&b, at(310), "api", "k"), 60);
+    b
+}
+
+/// Swarm seed 3234414: a closed region holding a row below its default that the coordinator
+/// saw confirmed skips a version. The row is not sent again (sent and confirmed), so the
+/// region keeps its grant through the skip: held at its use until an answer at the new
+/// version, then the grant again, not its default (which would be above the table's row).
+#[test]
+fn a_closed_region_that_skips_a_version_keeps_a_confirmed_row_below_its_default() {
+    let mut b = holding_a_confirmed_row_below_the_default();
+    b.set_config_version(3);
+    assert_eq!(
+        allowance(&b, at(400), "api", "k"),
+        10,
+        "held at its use until an answer at version 3"
+    );
+    assert!(!acquire(&mut b, at(400), "api", "k", 1).allowed);
+    let up = b.poll_transmit(at(600)).expect("sync");
+    let reported: Vec<_> = up.demand.iter().map(|d| d.allowance_units).collect();
+    assert!(
+        reported.iter().all(|&u| u == 60),
+        "the grant it falls back to, not the hold, is reported: {reported:?}"
+    );
+    let mut down = answer(&up, at(600));
+    down.config_version = 3;
+    b.handle_sync_down(at(610), down);
+    assert_eq!(
+        allowance(&b, at(610), "api", "k"),
+        60,
+        "the grant, which the table's row still is"
+    );
+    assert!(acquire(&mut b, at(620), "api", "k", 50).allowed);
+    assert!(!acquire(&mut b, at(630), "api", "k", 1).allowed);
+}
+
+/// A restart after a skip and before the answer at the new version skips again: the store
+/// holds the version before the skip until that answer, then the new one.
+#[test]
+fn a_restart_before_the_answer_to_a_skip_holds_again() {
+    let closed = LimitSpec {
+        partition_policy: PartitionPolicy::Closed,
+        ..per_minute("api", 400)
+    };
+    let mut log = Vec::new();
+    let mut b = holding_a_confirmed_row_below_the_default();
+    b.set_config_version(3);
+    let mut r = restart_under(&mut b, &mut log, vec![closed.clone()]);
+    assert_eq!(
+        r.config_version(),
+        1,
+        "the version the stored grants were made under"
+    );
+    r.set_config_version(3);
+    assert_eq!(allowance(&r, at(400), "api", "k"), 10, "held again");
+    let snapshot = b.snapshot();
+    assert!(snapshot.contains(&PersistRecord::ConfigVersion { version: 1 }));
+    let up = b.poll_transmit(at(600)).expect("sync");
+    let mut down = answer(&up, at(600));
+    down.config_version = 3;
+    b.handle_sync_down(at(610), down);
+    let mut r = restart_under(&mut b, &mut log, vec![closed]);
+    assert_eq!(
+        r.config_version(),
+        3,
+        "answered: the stored grants are version 3's"
+    );
+    r.set_config_version(3);
+    assert_eq!(allowance(&r, at(700), "api", "k"), 60);
 }
