@@ -11,6 +11,7 @@
 //!   encoded.
 //! - [`network`]: raft between nodes over gRPC (`allot.raft.v1`); [`node`] wires one node.
 //! - [`sync_service`]: the agents' sync stream (`allot.sync.v1`) over a [`sync_service::SyncHandler`].
+//! - [`places`]: calls or streams held per named peer, under a cap each.
 //! - [`daemon`]: one node as `allot coordinator` runs it: raft and sync on one gRPC address,
 //!   the leader's rebalancer committing through raft, the admin HTTP API.
 
@@ -19,6 +20,7 @@ pub mod daemon;
 pub mod error;
 pub mod network;
 pub mod node;
+pub mod places;
 pub mod raft_config;
 pub mod state;
 pub mod store;

@@ -10,7 +10,6 @@
 //! named), when the handler refuses one (unknown region), or when the agent sends nothing for
 //! [`STREAM_IDLE_TIMEOUT`]. None of that touches the table.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::daemon::metrics::{MALFORMED_SYNC_UPS, REFUSED_PEERS, SHED};
-use crate::lock;
+use crate::places::{Place, Places};
 use crate::types::NodeId;
 
 /// Answers buffered per stream; past it the stream's task waits for the agent to read (only
@@ -87,56 +86,17 @@ pub struct SyncService<H> {
 }
 
 /// Streams open per region, up to [`MAX_SYNC_STREAMS_PER_REGION`] each.
-#[derive(Debug, Default)]
-pub struct RegionPlaces(Mutex<HashMap<RegionId, usize>>);
+pub type RegionPlaces = Places<RegionId>;
 
 /// One region's place, given back when dropped.
-#[derive(Debug)]
-pub struct RegionPlace {
-    places: Arc<RegionPlaces>,
-    region: RegionId,
-}
-
-impl RegionPlaces {
-    /// A place for one more stream of `region`, or `None` when it holds
-    /// [`MAX_SYNC_STREAMS_PER_REGION`].
-    pub fn take(self: &Arc<Self>, region: &RegionId) -> Option<RegionPlace> {
-        let mut open = lock(&self.0);
-        let n = open.entry(region.clone()).or_default();
-        if *n >= MAX_SYNC_STREAMS_PER_REGION {
-            return None;
-        }
-        *n += 1;
-        Some(RegionPlace {
-            places: self.clone(),
-            region: region.clone(),
-        })
-    }
-
-    pub fn open(&self, region: &RegionId) -> usize {
-        lock(&self.0).get(region).copied().unwrap_or(0)
-    }
-}
-
-impl Drop for RegionPlace {
-    fn drop(&mut self) {
-        let mut open = lock(&self.places.0);
-        if let Some(n) = open.get_mut(&self.region) {
-            *n -= 1;
-            // Regions with no stream leave no entry: the map holds open streams' regions only.
-            if *n == 0 {
-                open.remove(&self.region);
-            }
-        }
-    }
-}
+pub type RegionPlace = Place<RegionId>;
 
 impl<H: SyncHandler> SyncService<H> {
     pub fn new(handler: Arc<H>) -> Self {
         SyncService {
             handler,
             streams: Arc::new(Semaphore::new(MAX_SYNC_STREAMS)),
-            regions: Arc::default(),
+            regions: Arc::new(Places::new(MAX_SYNC_STREAMS_PER_REGION)),
         }
     }
 
@@ -428,20 +388,6 @@ mod tests {
     use super::*;
 
     const HOUR: Duration = Duration::from_secs(3600);
-
-    #[test]
-    fn a_region_holds_at_most_its_places_and_gets_them_back() {
-        let places = Arc::new(RegionPlaces::default());
-        let (a, b) = (RegionId::from("a"), RegionId::from("b"));
-        let mut held: Vec<RegionPlace> = (0..MAX_SYNC_STREAMS_PER_REGION)
-            .map(|_| places.take(&a).expect("a place"))
-            .collect();
-        assert!(places.take(&a).is_none(), "one more of a's");
-        assert!(places.take(&b).is_some(), "b has its own places");
-        drop(held.pop());
-        assert_eq!(places.open(&a), MAX_SYNC_STREAMS_PER_REGION - 1);
-        assert!(places.take(&a).is_some(), "a place came back");
-    }
 
     /// 1000 an hour, 30% each for `a` and `b`: 400 free for a grow.
     fn coordinator() -> MemoryCoordinator {

@@ -61,7 +61,7 @@ fn describe() {
     );
     describe_counter!(
         SHED,
-        "Calls refused at once past a fixed cap, by what: sync_stream (streams open at once, MAX_SYNC_STREAMS), sync_stream_region (streams of one region's certificate, MAX_SYNC_STREAMS_PER_REGION), admin_http (admin HTTP requests at once, MAX_ADMIN_CALLS_IN_FLIGHT)."
+        "Calls refused at once past a fixed cap, by what: sync_stream (streams open at once, MAX_SYNC_STREAMS), sync_stream_region (streams of one region's certificate, MAX_SYNC_STREAMS_PER_REGION), admin_http (admin HTTP requests at once, MAX_ADMIN_CALLS_IN_FLIGHT), raft_call (raft calls in flight on this node, MAX_RAFT_CALLS_IN_FLIGHT), raft_call_node (raft calls of one node's certificate, MAX_RAFT_CALLS_PER_NODE)."
     );
     describe_counter!(
         REFUSED_PEERS,
