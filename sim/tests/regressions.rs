@@ -3173,3 +3173,21 @@ fn a_closed_region_that_skips_a_version_keeps_its_confirmed_row_below_the_defaul
 const SWARM_3234414: &str = include_str!(
     "../swarm-findings/seed-3234414-region-allowance-above-table-sliding-skipped-version.yaml"
 );
+
+/// Swarm seed 3252896 (`sim/swarm-findings/seed-3252896-overshoot-above-bound-on-region-clocks-reload-open-to-closed.yaml`,
+/// shrunk): three regions, strict under the open partition policy; `r2` cut off from its
+/// answers from 0.09 s to 2.69 s; a reload to the closed policy at 2.345 s reaches the regions
+/// 0.8 to 1.5 s later. In the window from 2 s `r2`, still open, admitted its fail-open units
+/// (45 by its budget) and the leader stated no `fail_open` term: it read the table's policy,
+/// closed by then. The term counts each region at the open policies it may still enforce.
+#[test]
+fn a_region_still_on_an_open_version_after_a_reload_to_closed_keeps_its_fail_open_term() {
+    assert_no_violation(&run(
+        &parsed("swarm-3252896.yaml", SWARM_3252896),
+        3252896..3252926,
+    ));
+}
+
+const SWARM_3252896: &str = include_str!(
+    "../swarm-findings/seed-3252896-overshoot-above-bound-on-region-clocks-reload-open-to-closed.yaml"
+);

@@ -64,6 +64,11 @@ pub struct BoundInputs {
     /// `None`: the table's quota.
     #[serde(default)]
     pub reload_quota_units: Option<u64>,
+    /// While a reload rolls out: per region, the open partition policy's rate under each
+    /// older version it may enforce in the window. A region still on such a version admits
+    /// its fail-open units by that policy whatever the table's now is.
+    #[serde(default)]
+    pub reload_open_rates: BTreeMap<RegionId, Vec<RateCap>>,
     /// Sliding window (D54): the total of the window before's terms other than its own
     /// sliding ones (what it may have admitted beyond its allowances, which this window's
     /// estimate still weighs). `None` for a fixed-window limit; the caller states the window
@@ -88,6 +93,7 @@ impl BoundInputs {
             deferred_flush_interval: None,
             reload_held_units: BTreeMap::new(),
             reload_quota_units: None,
+            reload_open_rates: BTreeMap::new(),
             previous_window_units: None,
         }
     }
@@ -448,21 +454,33 @@ impl Ctx<'_> {
     }
 
     /// `sum_j ceil(rate * T_j) + burst` over regions open for `T_j > 0`: exactly the budget
-    /// each region holds its fail-open units of a window to (`budget::admit`).
+    /// each region holds its fail-open units of a window to (`budget::admit`). A region that
+    /// may enforce an older version in the window counts at the largest rate of the open
+    /// policies it may enforce, the table's included: a reload from open to closed leaves it
+    /// open until the reload reaches it (swarm seed 3252896).
     fn fail_open(&self) -> BoundTerm {
-        let PartitionPolicy::Open { rate } = self.spec.partition_policy else {
-            return term("fail_open", 0, "partition policy is not open".to_string());
+        let own = match self.spec.partition_policy {
+            PartitionPolicy::Open { rate } => Some(rate),
+            _ => None,
         };
+        if own.is_none() && self.inputs.reload_open_rates.is_empty() {
+            return term("fail_open", 0, "partition policy is not open".to_string());
+        }
         let mut total = 0u64;
-        let mut detail = format!(
-            "sum_j {}/{:?} * time_open_j + {}: ",
-            rate.units, rate.per, rate.burst
-        );
+        let mut detail = String::from("sum_j rate_j * time_open_j + burst_j: ");
         for (r, s) in &self.inputs.stats {
             if s.time_open.is_zero() {
                 continue;
             }
-            let units = rate.max_units_over(s.time_open);
+            let older = self.inputs.reload_open_rates.get(r).into_iter().flatten();
+            let Some(units) = own
+                .iter()
+                .chain(older)
+                .map(|rate| rate.max_units_over(s.time_open))
+                .max()
+            else {
+                continue;
+            };
             total = total.saturating_add(units);
             let _ = write!(detail, "{r}: {:?} -> {units}; ", s.time_open);
         }

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{LimitId, RegionId};
-use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RateCap};
 use crate::rebalance::table::AllowanceTable;
 use crate::time::{Timestamp, Window};
 
@@ -104,6 +104,16 @@ impl KeptConfigs {
                     && spec.partition_policy == PartitionPolicy::Closed
             })
         })
+    }
+
+    /// The open partition policy's rate of `limit` under the replaced configuration
+    /// `version`, if that policy is open there.
+    pub fn open_rate(&self, version: u64, limit: &LimitId) -> Option<RateCap> {
+        let c = self.configs.iter().rev().find(|c| c.version == version)?;
+        match c.limits.get(limit)?.partition_policy {
+            PartitionPolicy::Open { rate } => Some(rate),
+            _ => None,
+        }
     }
 
     /// What `region` may enforce for `limit` under the replaced configuration `version`: its

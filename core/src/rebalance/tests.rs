@@ -3705,6 +3705,60 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
     );
 }
 
+/// Swarm seed 3252896: a reload takes the limit from the open partition policy to the closed
+/// one (version 2) while b, partitioned, still enforces version 1 and admits its fail-open
+/// units there. The `fail_open` term counts b at version 1's rate, not at none because the
+/// table's policy is closed now.
+#[test]
+fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
+    let open = with_policy(PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    });
+    let mut c = Coordinator::new(config(), table_with(&open), at_ms(0), 1);
+    let window = WindowIndex(START_MS / 10_000);
+    let mut up_b = up_with("b", 1, &[], 0);
+    up_b.stats = vec![LimitWindowStats {
+        limit: LimitId::from("l"),
+        window,
+        figures: BoundFigures {
+            time_open: Duration::from_millis(4_500),
+            ..BoundFigures::default()
+        },
+    }];
+    c.handle_sync_up(at_ms(0), up_b).unwrap();
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![with_policy(PartitionPolicy::Closed)],
+        regions: regions(),
+    };
+    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+    let mut up_a = up_with("a", 1, &[], 0);
+    up_a.config_version = 2;
+    c.handle_sync_up(at_ms(20), up_a).unwrap();
+    let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
+    let fail_open = b.terms.iter().find(|t| t.name == "fail_open").unwrap();
+    assert_eq!(
+        fail_open.units, 12,
+        "b open 4.5 s at 2/s, burst 3: {}",
+        fail_open.detail
+    );
+    let mut up_b = up_with("b", 2, &[], 0);
+    up_b.config_version = 2;
+    c.handle_sync_up(at_ms(40), up_b).unwrap();
+    let next = WindowIndex(window.0 + 1);
+    let b = c.bound(at_ms(50), &LimitId::from("l"), next).unwrap();
+    let fail_open = b.terms.iter().find(|t| t.name == "fail_open").unwrap();
+    assert_eq!(
+        fail_open.units, 0,
+        "every region on the closed version, its switch out of reach: {}",
+        fail_open.detail
+    );
+}
+
 // ---- what a round plans -------------------------------------------------------------------
 
 #[test]

@@ -184,6 +184,13 @@ impl Coordinator {
                 let held = if v == current {
                     Held::Units(self.largest_allowance(limit, window, None, r))
                 } else {
+                    if let Some(rate) = self.kept_configs.open_rate(v, limit) {
+                        inputs
+                            .reload_open_rates
+                            .entry(r.clone())
+                            .or_default()
+                            .push(rate);
+                    }
                     self.kept_configs.held(v, limit, r)
                 };
                 match held {
