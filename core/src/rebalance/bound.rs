@@ -64,17 +64,39 @@ pub struct BoundInputs {
     /// `None`: the table's quota.
     #[serde(default)]
     pub reload_quota_units: Option<u64>,
-    /// While a reload rolls out: per region, the open partition policy's rate under each
-    /// older version it may enforce in the window. A region still on such a version admits
-    /// its fail-open units by that policy whatever the table's now is.
+    /// While a reload rolls out: per region, the terms of each older version it may enforce
+    /// in the window. A region still on such a version admits its fail-open units, settles
+    /// and Envoy fallback by that version's statement, whatever the table's is now.
     #[serde(default)]
-    pub reload_open_rates: BTreeMap<RegionId, Vec<RateCap>>,
+    pub reload_older_terms: BTreeMap<RegionId, Vec<OlderTerms>>,
     /// Sliding window (D54): the total of the window before's terms other than its own
     /// sliding ones (what it may have admitted beyond its allowances, which this window's
     /// estimate still weighs). `None` for a fixed-window limit; the caller states the window
     /// unbounded where the window before is.
     #[serde(default)]
     pub previous_window_units: Option<u64>,
+}
+
+/// What an older version states of a limit, for the terms a region still on it admits by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OlderTerms {
+    /// The open partition policy's rate, if the policy was open.
+    pub open_rate: Option<RateCap>,
+    pub max_settle_overage_ppm: u64,
+    pub rlqs_fallback_units: u64,
+}
+
+impl OlderTerms {
+    pub fn of(spec: &LimitSpec) -> OlderTerms {
+        OlderTerms {
+            open_rate: match spec.partition_policy {
+                PartitionPolicy::Open { rate } => Some(rate),
+                _ => None,
+            },
+            max_settle_overage_ppm: spec.max_settle_overage_ppm,
+            rlqs_fallback_units: spec.rlqs_fallback_units,
+        }
+    }
 }
 
 impl BoundInputs {
@@ -93,7 +115,7 @@ impl BoundInputs {
             deferred_flush_interval: None,
             reload_held_units: BTreeMap::new(),
             reload_quota_units: None,
-            reload_open_rates: BTreeMap::new(),
+            reload_older_terms: BTreeMap::new(),
             previous_window_units: None,
         }
     }
@@ -463,7 +485,7 @@ impl Ctx<'_> {
             PartitionPolicy::Open { rate } => Some(rate),
             _ => None,
         };
-        if own.is_none() && self.inputs.reload_open_rates.is_empty() {
+        if own.is_none() && self.inputs.reload_older_terms.is_empty() {
             return term("fail_open", 0, "partition policy is not open".to_string());
         }
         let mut total = 0u64;
@@ -472,9 +494,10 @@ impl Ctx<'_> {
             if s.time_open.is_zero() {
                 continue;
             }
-            let older = self.inputs.reload_open_rates.get(r).into_iter().flatten();
+            let older = self.older_terms(r).filter_map(|t| t.open_rate);
             let Some(units) = own
                 .iter()
+                .copied()
                 .chain(older)
                 .map(|rate| rate.max_units_over(s.time_open))
                 .max()
@@ -514,8 +537,16 @@ impl Ctx<'_> {
     /// the reservations that settle above are units the regions admitted and kept, at most
     /// `L` plus the other terms (docs/bound.md). The settles the regions measured are
     /// reported beside it (`measured_units`): they can arrive late or never, the cap cannot.
+    ///
+    /// While a reload rolls out, `ratio` is the largest any region may enforce in the window.
     fn settle_overage(&self, others_units: u64) -> BoundTerm {
-        let ratio_ppm = self.spec.max_settle_overage_ppm;
+        let ratio_ppm = self
+            .inputs
+            .reload_older_terms
+            .values()
+            .flatten()
+            .map(|t| t.max_settle_overage_ppm)
+            .fold(self.spec.max_settle_overage_ppm, u64::max);
         let kept_units = self.quota_units.saturating_add(others_units);
         let units = scale_ppm(kept_units, ratio_ppm);
         let measured = self
@@ -540,16 +571,40 @@ impl Ctx<'_> {
     /// what Envoy reports beyond its leases against `F` and says so when reports pass it
     /// (`RegionBudget::record_gateway_fallback`; the window is then unbounded), so the
     /// statement is checked for every admission Envoy reports (docs/bound.md, D69).
+    ///
+    /// A region still on an older version counts at the largest `F` of the versions it may
+    /// enforce in the window, the table's included: it charges Envoy's reports against its
+    /// own version's statement.
     fn rlqs_fallback(&self) -> BoundTerm {
-        let per_region = self.spec.rlqs_fallback_units;
-        let regions = self.inputs.regions.len() as u64;
-        let units = per_region.saturating_mul(regions);
-        let detail = if per_region == 0 {
+        let own = self.spec.rlqs_fallback_units;
+        let mut units = 0u64;
+        let mut older = String::new();
+        for r in &self.inputs.regions {
+            let f = self
+                .older_terms(r)
+                .map(|t| t.rlqs_fallback_units)
+                .fold(own, u64::max);
+            units = units.saturating_add(f);
+            if f != own {
+                let _ = write!(older, "; {r} on an older version: {f}");
+            }
+        }
+        let regions = self.inputs.regions.len();
+        let detail = if units == 0 {
             "rlqs_fallback_units 0: Envoy admits nothing outside its assignments".to_string()
         } else {
-            format!("{regions} regions * rlqs_fallback_units {per_region} = {units}")
+            format!("{regions} regions * rlqs_fallback_units {own}{older} = {units}")
         };
         term("rlqs_fallback", units, detail)
+    }
+
+    /// The terms of the older versions `region` may enforce in the window.
+    fn older_terms(&self, region: &RegionId) -> impl Iterator<Item = &OlderTerms> {
+        self.inputs
+            .reload_older_terms
+            .get(region)
+            .into_iter()
+            .flatten()
     }
 
     /// Eventual mode, floor or open policy: a partitioned region may admit up to its default

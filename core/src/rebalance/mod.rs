@@ -27,7 +27,7 @@ mod model;
 #[cfg(test)]
 mod tests;
 
-pub use bound::{Bound, BoundInputs, BoundTerm, RegionBoundStats, bound};
+pub use bound::{Bound, BoundInputs, BoundTerm, OlderTerms, RegionBoundStats, bound};
 pub use coordinator::{
     Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL, RELEASE_HANDOFF_SYNC_INTERVALS,
 };

@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{LimitId, RegionId};
-use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota, RateCap};
+use crate::limit::{Consistency, LimitSpec, PartitionPolicy, Quota};
+use crate::rebalance::bound::OlderTerms;
 use crate::rebalance::table::AllowanceTable;
 use crate::time::{Timestamp, Window};
 
@@ -106,14 +107,12 @@ impl KeptConfigs {
         })
     }
 
-    /// The open partition policy's rate of `limit` under the replaced configuration
-    /// `version`, if that policy is open there.
-    pub fn open_rate(&self, version: u64, limit: &LimitId) -> Option<RateCap> {
+    /// What the replaced configuration `version` states of `limit` for the terms a region
+    /// still on it admits by (fail-open, settles, Envoy's fallback); `None` if it is not kept
+    /// or had no such limit.
+    pub fn older_terms(&self, version: u64, limit: &LimitId) -> Option<OlderTerms> {
         let c = self.configs.iter().rev().find(|c| c.version == version)?;
-        match c.limits.get(limit)?.partition_policy {
-            PartitionPolicy::Open { rate } => Some(rate),
-            _ => None,
-        }
+        c.limits.get(limit).map(OlderTerms::of)
     }
 
     /// What `region` may enforce for `limit` under the replaced configuration `version`: its

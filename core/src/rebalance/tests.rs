@@ -3708,19 +3708,31 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
 /// Swarm seed 3252896: a reload takes the limit from the open partition policy to the closed
 /// one (version 2) while b, partitioned, still enforces version 1 and admits its fail-open
 /// units there. The `fail_open` term counts b at version 1's rate, not at none because the
-/// table's policy is closed now.
+/// table's policy is closed now. So do the settle overage and Envoy's fallback that version 1
+/// stated and version 2 takes away.
 #[test]
 fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
-    let open = with_policy(PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    });
+    let open = LimitSpec {
+        max_settle_overage_ppm: 500_000,
+        rlqs_fallback_units: 7,
+        ..with_policy(PartitionPolicy::Open {
+            rate: RateCap {
+                units: 2,
+                per: Duration::from_secs(1),
+                burst: 3,
+            },
+        })
+    };
     let mut c = Coordinator::new(config(), table_with(&open), at_ms(0), 1);
     let window = WindowIndex(START_MS / 10_000);
+    // Clocks known to the nanosecond: a switch reaches no further than the drift margin.
+    let sample = Some(ClockSample {
+        offset_nanos: 0,
+        round_trip_nanos: 0,
+    });
     let mut up_b = up_with("b", 1, &[], 0);
+    up_b.clock = sample;
+    up_b.clock_leader_term = c.leader_term();
     up_b.stats = vec![LimitWindowStats {
         limit: LimitId::from("l"),
         window,
@@ -3738,6 +3750,8 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
     assert!(c.handle_committed(at_ms(10), &set).is_applied());
     let mut up_a = up_with("a", 1, &[], 0);
     up_a.config_version = 2;
+    up_a.clock = sample;
+    up_a.clock_leader_term = c.leader_term();
     c.handle_sync_up(at_ms(20), up_a).unwrap();
     let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
     let fail_open = b.terms.iter().find(|t| t.name == "fail_open").unwrap();
@@ -3746,8 +3760,23 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
         "b open 4.5 s at 2/s, burst 3: {}",
         fail_open.detail
     );
+    let named = |b: &Bound, name: &str| b.terms.iter().find(|t| t.name == name).unwrap().clone();
+    let fallback = named(&b, "rlqs_fallback");
+    assert_eq!(
+        fallback.units, 14,
+        "version 1's F for both: b on it, a switched in this window: {}",
+        fallback.detail
+    );
+    let settle = named(&b, "settle_overage");
+    assert!(
+        settle.units >= 50,
+        "half of L and the other terms, version 1's ratio: {}",
+        settle.detail
+    );
     let mut up_b = up_with("b", 2, &[], 0);
     up_b.config_version = 2;
+    up_b.clock = sample;
+    up_b.clock_leader_term = c.leader_term();
     c.handle_sync_up(at_ms(40), up_b).unwrap();
     let next = WindowIndex(window.0 + 1);
     let b = c.bound(at_ms(50), &LimitId::from("l"), next).unwrap();
@@ -3757,6 +3786,8 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
         "every region on the closed version, its switch out of reach: {}",
         fail_open.detail
     );
+    assert_eq!(named(&b, "rlqs_fallback").units, 0);
+    assert_eq!(named(&b, "settle_overage").units, 0);
 }
 
 // ---- what a round plans -------------------------------------------------------------------

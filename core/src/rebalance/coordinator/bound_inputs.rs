@@ -184,12 +184,12 @@ impl Coordinator {
                 let held = if v == current {
                     Held::Units(self.largest_allowance(limit, window, None, r))
                 } else {
-                    if let Some(rate) = self.kept_configs.open_rate(v, limit) {
+                    if let Some(terms) = self.kept_configs.older_terms(v, limit) {
                         inputs
-                            .reload_open_rates
+                            .reload_older_terms
                             .entry(r.clone())
                             .or_default()
-                            .push(rate);
+                            .push(terms);
                     }
                     self.kept_configs.held(v, limit, r)
                 };
