@@ -209,6 +209,7 @@ fn fails_open_through_an_agent_crash() -> World {
         failure_closed: false,
         sliding: false,
         rlqs_fallback_units: 0,
+        settle_overage_percent: 0,
     };
     let source = |region, limit, key, per_sec| SourceDraw {
         region,

@@ -8,8 +8,8 @@
 use super::faults::{FAULT_KINDS, Frame, LAST_PASS, MAX_DRAWN_FAULTS, MAX_LATER_FAULTS};
 use super::rng::Dice;
 use super::world::{
-    CapsDraw, Consistency, CostDraw, FaultTime, LeaseDraw, LimitDraw, PartitionPolicy, RateDraw,
-    RegionDraw, RetryDraw, Shape, SourceDraw, World,
+    CapsDraw, Consistency, CostDraw, FaultTime, LeaseDraw, LimitDraw, Param, PartitionPolicy,
+    RateDraw, RegionDraw, RetryDraw, Shape, SourceDraw, World,
 };
 use allot_core::sync::MIN_ITEMS_PER_MESSAGE;
 
@@ -99,7 +99,38 @@ pub fn world(seed: u64) -> World {
     draw_algorithms(d, &mut world);
     draw_envoy_fallback(d, &mut world);
     draw_caps(d, &mut world);
+    draw_overage_statements(d, &mut world);
     world
+}
+
+/// Drawn after everything else: a third of the limits with reservations let a settle charge
+/// above its reservation (`max_settle_overage`, 5% to 100%), and a reload changes that ratio,
+/// or the fallback the operator states (`rlqs_fallback_units`, from none to twice it), about
+/// one time in three each: what a region still on the old version admits by.
+fn draw_overage_statements(d: &mut Dice, w: &mut World) {
+    for i in 0..w.limits.len() {
+        let reserves = w
+            .sources
+            .iter()
+            .any(|s| s.limit == i && matches!(s.cost, CostDraw::Llm { .. }));
+        if reserves && d.chance(1.0 / 3.0) {
+            w.limits[i].settle_overage_percent = d.int(5, 100);
+        }
+    }
+    for f in w.faults.iter_mut() {
+        for (_, p) in f.params.iter_mut() {
+            let Param::Limits(limits) = p else { continue };
+            for r in limits.iter_mut() {
+                if d.chance(1.0 / 3.0) {
+                    r.settle_overage_percent = Some(if d.chance(0.5) { 0 } else { d.int(5, 100) });
+                }
+                let stated = w.limits[r.limit].rlqs_fallback_units;
+                if stated > 0 && d.chance(1.0 / 3.0) {
+                    r.rlqs_fallback_units = Some(d.int(0, 2 * stated));
+                }
+            }
+        }
+    }
 }
 
 /// Drawn after everything else: a quarter of the worlds lower the product's caps so that their
@@ -233,6 +264,7 @@ fn limit_shape(d: &mut Dice, i: u64) -> LimitDraw {
         failure_closed: d.chance(0.5),
         sliding: false,
         rlqs_fallback_units: 0,
+        settle_overage_percent: 0,
     }
 }
 

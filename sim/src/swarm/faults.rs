@@ -292,6 +292,8 @@ fn reload_limit(dice: &mut Dice, i: usize, l: &LimitDraw, regions: usize) -> Rel
         policy: l.policy,
         rate_cap: l.rate_cap,
         weights_ppm: None,
+        rlqs_fallback_units: None,
+        settle_overage_percent: None,
     };
     if dice.chance(RELOAD_CHANGE) {
         let factor = dice.log(RELOAD_QUOTA_FACTOR, 1.0 / RELOAD_QUOTA_FACTOR);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::world::{Consistency, CostDraw, PartitionPolicy, RetryDraw, Shape, World};
+use super::world::{Consistency, CostDraw, Param, PartitionPolicy, RetryDraw, Shape, World};
 use crate::check::Violation;
 use crate::engine::{self, RunSpec};
 use crate::error::Result;
@@ -70,7 +70,8 @@ pub fn replay_command(seed: u64) -> String {
 
 /// What a world is made of, as words a summary counts: `strict`, `eventual`,
 /// `sliding_window`, `floor`, `closed`, `open`, `rate_cap`, `no_rate_cap`, `llm`, `clock_offset`, `clock_drift`,
-/// `gateway_clock_offset`, `gateway_clock_drift`, `envoy_fallback`, `weights`, `failure_open`, `retries`, `view_ttl`, `regions_N`, `shape:<rate shape>`, and
+/// `gateway_clock_offset`, `gateway_clock_drift`, `envoy_fallback`, `weights`, `failure_open`, `retries`, `view_ttl`, `settle_overage`,
+/// `reload:overage_restated`, `regions_N`, `shape:<rate shape>`, and
 /// `fault:<kind>` for each fault kind present.
 pub fn features(w: &World) -> BTreeSet<String> {
     let mut f = BTreeSet::new();
@@ -142,6 +143,17 @@ pub fn features(w: &World) -> BTreeSet<String> {
     }
     if w.view_ttl_ms.is_some() {
         add("view_ttl");
+    }
+    if w.limits.iter().any(|l| l.settle_overage_percent > 0) {
+        add("settle_overage");
+    }
+    let restated = w.faults.iter().flat_map(|f| &f.params).any(|(_, p)| {
+        matches!(p, Param::Limits(limits) if limits
+            .iter()
+            .any(|r| r.settle_overage_percent.is_some() || r.rlqs_fallback_units.is_some()))
+    });
+    if restated {
+        add("reload:overage_restated");
     }
     add(&format!("regions_{}", w.regions.len()));
     for fault in &w.faults {

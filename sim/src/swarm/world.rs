@@ -105,6 +105,8 @@ pub struct LimitDraw {
     pub sliding: bool,
     /// `rlqs_fallback_units`: what the operator states the regions' fallback to be (D69).
     pub rlqs_fallback_units: u64,
+    /// `max_settle_overage` in percent of the reservation (0: none, the loader's default).
+    pub settle_overage_percent: u64,
 }
 
 impl LimitDraw {
@@ -211,6 +213,10 @@ pub struct ReloadLimit {
     pub rate_cap: Option<RateDraw>,
     /// Region weights in parts per million, by region index; `None`: the regions' weights.
     pub weights_ppm: Option<Vec<(usize, u32)>>,
+    /// `rlqs_fallback_units` and `max_settle_overage` (percent) as the reload states them;
+    /// `None`: the world's limit's.
+    pub rlqs_fallback_units: Option<u64>,
+    pub settle_overage_percent: Option<u64>,
 }
 
 /// One fault of the scenario's `faults:` list, kind-agnostic, so that a new fault kind is a
@@ -519,6 +525,13 @@ impl World {
                     l.rlqs_fallback_units
                 )?;
             }
+            if l.settle_overage_percent > 0 {
+                writeln!(
+                    y,
+                    "{indent}      max_settle_overage: {}",
+                    num(l.settle_overage_percent as f64 / 100.0)
+                )?;
+            }
             if let Some(weights) = weights.filter(|w| !w.is_empty()) {
                 let items: Vec<String> = weights
                     .iter()
@@ -639,12 +652,15 @@ impl World {
 
     /// The world's limit a reload names, with the reload's terms.
     fn reloaded(&self, r: &ReloadLimit) -> LimitDraw {
+        let l = &self.limits[r.limit];
         LimitDraw {
             quota_units: r.quota_units,
             consistency: r.consistency,
             policy: r.policy,
             rate_cap: r.rate_cap,
-            ..self.limits[r.limit].clone()
+            rlqs_fallback_units: r.rlqs_fallback_units.unwrap_or(l.rlqs_fallback_units),
+            settle_overage_percent: r.settle_overage_percent.unwrap_or(l.settle_overage_percent),
+            ..l.clone()
         }
     }
 }
