@@ -3191,3 +3191,21 @@ fn a_region_still_on_an_open_version_after_a_reload_to_closed_keeps_its_fail_ope
 const SWARM_3252896: &str = include_str!(
     "../swarm-findings/seed-3252896-overshoot-above-bound-on-region-clocks-reload-open-to-closed.yaml"
 );
+
+/// Swarm seed 3273189 (`sim/swarm-findings/seed-3273189-net-use-above-allowance-zero-row-without-room-for-its-key.yaml`,
+/// shrunk; a caps world: one key per limit, answers of 5 items): `r2` restarts after a crash,
+/// and an answer brings a zero for `l1=k4` in the next window while `r2` has no room for that
+/// key. The key was made once another was evicted and admitted 3 units at its default before
+/// the zero came again. A row below the default that finds no room now holds the region as a
+/// row left out of the answer does.
+#[test]
+fn a_zero_row_with_no_room_for_its_key_holds_the_region() {
+    assert_no_violation(&run(
+        &parsed("swarm-3273189.yaml", SWARM_3273189),
+        3273189..3273219,
+    ));
+}
+
+const SWARM_3273189: &str = include_str!(
+    "../swarm-findings/seed-3273189-net-use-above-allowance-zero-row-without-room-for-its-key.yaml"
+);

@@ -440,18 +440,22 @@ impl RegionBudget {
             self.stats.sync_items_skipped += (msg.grants.len() + msg.release_requests.len()) as u64;
             return;
         }
+        let mut below_default_unapplied = false;
         for g in msg.grants.into_iter().take(MAX_ITEMS_PER_MESSAGE) {
-            self.apply_grant(now, g);
+            below_default_unapplied |= !self.apply_grant(now, g);
         }
         // The rows below the default lead every answer until confirmed, so this one brought
         // them, or says which are left for the next: an answer to any SyncUp will do, as long
-        // as it speaks this version.
+        // as it speaks this version. One it brought that found no room for its key is as good
+        // as left out: every strict key holds until one applies, or the row is gone (swarm
+        // seed 3273189: a zero for a key the region had no room for; the key was made after
+        // an eviction and admitted at its default).
         self.view.version_unheard = false;
         if self.view.version_skipped_from.take().is_some() {
             // The stored grants are now this version's.
             self.dirty.mark(Dirty::ConfigVersion);
         }
-        self.view.below_default_left = msg.below_default_left;
+        self.view.below_default_left = msg.below_default_left || below_default_unapplied;
         // A restored start awaiting its boot's first answer holds an old copy of its
         // allowances: a release taken from one (an answer to the lost copy's SyncUp) leaves it
         // above the row the coordinator lowers. Not applied, not acked: the first answer
@@ -578,20 +582,25 @@ impl RegionBudget {
 
     /// An allowance grant: absolute, applied only if its epoch is newer; for the current
     /// window or kept aside for a later one. Eventual limits take no grants.
-    fn apply_grant(&mut self, now: Timestamp, g: AllowanceGrant) {
+    ///
+    /// Returns false when a grant below the default share could not be applied for want of
+    /// room for its key (`max_keys_per_limit`): the key may be made later, when another is
+    /// evicted, and would start at its default above the row.
+    fn apply_grant(&mut self, now: Timestamp, g: AllowanceGrant) -> bool {
         if g.region != self.cfg.region {
-            return;
+            return true;
         }
         let Some(lim) = self.limits.get_mut(&g.counter.limit) else {
             self.stats.sync_items_skipped += 1;
-            return;
+            return true;
         };
         if lim.params.is_unmetered() || lim.params.is_eventual() {
-            return;
+            return true;
         }
         if g.counter.window < lim.params.window_index(now) {
-            return;
+            return true;
         }
+        let below_default = g.allowance_units < lim.params.default_units;
         let mut touched = Vec::new();
         let max_keys = self.cfg.max_keys_per_limit;
         let done = lim.with_key(now, &g.counter.key, max_keys, &mut touched, |_, ks, _| {
@@ -607,7 +616,9 @@ impl RegionBudget {
             };
             hot.apply_allowance(window, a, EpochRule::Newer);
         });
-        self.after_sync_item(done.is_ok(), &g.counter, touched);
+        let applied = done.is_ok();
+        self.after_sync_item(applied, &g.counter, touched);
+        applied || !below_default
     }
 
     /// A release request: lower the allowance by `min(units, a_r - n_r)` (never below net

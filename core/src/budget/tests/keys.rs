@@ -176,3 +176,35 @@ fn key_views_show_each_counter_against_its_allowance() {
     assert_eq!(a.counter.window, minute_window(0));
     assert_eq!((of("b").granted_units, of("b").excess_units), (5, 0));
 }
+
+/// Swarm seed 3273189: a row below the default for a key the region has no room for cannot be
+/// applied. The key may be made later (another evicted) and would start at its default above
+/// the row, so every strict key holds at its use until an answer applies it, as it does when
+/// an answer leaves such rows out.
+#[test]
+fn a_row_below_the_default_with_no_room_for_its_key_holds_like_a_row_left_out() {
+    let mut c = cfg();
+    c.max_keys_per_limit = 1;
+    let mut b = RegionBudget::new(c, vec![per_minute("api", 400)]).expect("valid");
+    let w = minute_window(0);
+    assert!(acquire(&mut b, at(0), "api", "a", 5).allowed);
+    let up = b.poll_transmit(at(300)).expect("sync");
+    let mut down = answer(&up, at(300));
+    down.grants = vec![grant("api", "b", w, 0, 2)];
+    b.handle_sync_down(at(310), down);
+    assert_eq!(
+        allowance(&b, at(320), "api", "a"),
+        5,
+        "held at its use: the zero for b found no room"
+    );
+    assert!(!acquire(&mut b, at(320), "api", "a", 1).allowed);
+    let up = b.poll_transmit(at(600)).expect("sync");
+    let mut down = answer(&up, at(600));
+    down.grants = vec![grant("api", "a", w, 150, 3)];
+    b.handle_sync_down(at(610), down);
+    assert_eq!(
+        allowance(&b, at(620), "api", "a"),
+        150,
+        "an answer with no such row lifts the hold"
+    );
+}
