@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::daemon::metrics::{MALFORMED_SYNC_UPS, REFUSED_PEERS, SHED};
-use crate::places::{Place, Places};
+use crate::places::Places;
 use crate::types::NodeId;
 
 /// Answers buffered per stream; past it the stream's task waits for the agent to read (only
@@ -87,9 +87,6 @@ pub struct SyncService<H> {
 
 /// Streams open per region, up to [`MAX_SYNC_STREAMS_PER_REGION`] each.
 pub type RegionPlaces = Places<RegionId>;
-
-/// One region's place, given back when dropped.
-pub type RegionPlace = Place<RegionId>;
 
 impl<H: SyncHandler> SyncService<H> {
     pub fn new(handler: Arc<H>) -> Self {

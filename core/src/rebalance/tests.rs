@@ -3658,6 +3658,16 @@ fn a_removed_region_on_an_old_version_does_not_hold_planning_up() {
     );
 }
 
+/// `region`'s SyncUp `seq` on configuration `version`, with a sample of a clock known to be
+/// the coordinator's: a version switch it reports reaches no further than the drift margin.
+fn clocked_up(c: &Coordinator, region: &str, seq: u64, version: u64) -> SyncUp {
+    let mut up = up_with(region, seq, &[], 0);
+    up.config_version = version;
+    up.clock = Some(ClockSample::SAME_CLOCK);
+    up.clock_leader_term = c.leader_term();
+    up
+}
+
 /// Swarm seed 3222577: b, last heard on version 1 (eventual), is removed; a reload makes the
 /// limit strict (version 2). Planning goes on without b, but b may still admit by version 1
 /// (its syncs are refused, so it never hears of version 2 here): the reload term counts it.
@@ -3668,15 +3678,8 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
         ..spec()
     };
     let mut c = Coordinator::new(config(), table_with(&eventual), at_ms(0), 1);
-    let sample = Some(ClockSample {
-        offset_nanos: 0,
-        round_trip_nanos: 0,
-    });
-    let mut up_b = up_with("b", 1, &[], 0);
-    up_b.config_version = 1;
-    up_b.clock = sample;
-    up_b.clock_leader_term = c.leader_term();
-    c.handle_sync_up(at_ms(0), up_b).unwrap();
+    c.handle_sync_up(at_ms(0), clocked_up(&c, "b", 1, 1))
+        .unwrap();
     let remove = TableCommand::RemoveRegion {
         region: RegionId::from("b"),
         at: at_ms(0),
@@ -3688,15 +3691,12 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
         regions: regions(),
     };
     assert!(c.handle_committed(at_ms(10), &set).is_applied());
-    let mut up_a = up_with("a", 1, &[], 0);
-    up_a.config_version = 2;
-    up_a.clock = sample;
-    up_a.clock_leader_term = c.leader_term();
-    c.handle_sync_up(at_ms(20), up_a).unwrap();
+    c.handle_sync_up(at_ms(20), clocked_up(&c, "a", 1, 2))
+        .unwrap();
     // The window after: a's switch (20 ms, its clock known to the nanosecond) is out of reach.
     let window = WindowIndex(START_MS / 10_000 + 1);
     let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
-    let reload = b.terms.iter().find(|t| t.name == "reload").unwrap();
+    let reload = term(&b, "reload");
     assert!(reload.units > 0, "{}", reload.detail);
     assert!(
         reload.detail.contains("b 100"),
@@ -3725,14 +3725,7 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
     };
     let mut c = Coordinator::new(config(), table_with(&open), at_ms(0), 1);
     let window = WindowIndex(START_MS / 10_000);
-    // Clocks known to the nanosecond: a switch reaches no further than the drift margin.
-    let sample = Some(ClockSample {
-        offset_nanos: 0,
-        round_trip_nanos: 0,
-    });
-    let mut up_b = up_with("b", 1, &[], 0);
-    up_b.clock = sample;
-    up_b.clock_leader_term = c.leader_term();
+    let mut up_b = clocked_up(&c, "b", 1, 1);
     up_b.stats = vec![LimitWindowStats {
         limit: LimitId::from("l"),
         window,
@@ -3748,46 +3741,39 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
         regions: regions(),
     };
     assert!(c.handle_committed(at_ms(10), &set).is_applied());
-    let mut up_a = up_with("a", 1, &[], 0);
-    up_a.config_version = 2;
-    up_a.clock = sample;
-    up_a.clock_leader_term = c.leader_term();
-    c.handle_sync_up(at_ms(20), up_a).unwrap();
+    c.handle_sync_up(at_ms(20), clocked_up(&c, "a", 1, 2))
+        .unwrap();
     let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
-    let fail_open = b.terms.iter().find(|t| t.name == "fail_open").unwrap();
+    let fail_open = term(&b, "fail_open");
     assert_eq!(
         fail_open.units, 12,
         "b open 4.5 s at 2/s, burst 3: {}",
         fail_open.detail
     );
-    let named = |b: &Bound, name: &str| b.terms.iter().find(|t| t.name == name).unwrap().clone();
-    let fallback = named(&b, "rlqs_fallback");
+    let fallback = term(&b, "rlqs_fallback");
     assert_eq!(
         fallback.units, 14,
         "version 1's F for both: b on it, a switched in this window: {}",
         fallback.detail
     );
-    let settle = named(&b, "settle_overage");
+    let settle = term(&b, "settle_overage");
     assert!(
         settle.units >= 50,
         "half of L and the other terms, version 1's ratio: {}",
         settle.detail
     );
-    let mut up_b = up_with("b", 2, &[], 0);
-    up_b.config_version = 2;
-    up_b.clock = sample;
-    up_b.clock_leader_term = c.leader_term();
-    c.handle_sync_up(at_ms(40), up_b).unwrap();
+    c.handle_sync_up(at_ms(40), clocked_up(&c, "b", 2, 2))
+        .unwrap();
     let next = WindowIndex(window.0 + 1);
     let b = c.bound(at_ms(50), &LimitId::from("l"), next).unwrap();
-    let fail_open = b.terms.iter().find(|t| t.name == "fail_open").unwrap();
+    let fail_open = term(&b, "fail_open");
     assert_eq!(
         fail_open.units, 0,
         "every region on the closed version, its switch out of reach: {}",
         fail_open.detail
     );
-    assert_eq!(named(&b, "rlqs_fallback").units, 0);
-    assert_eq!(named(&b, "settle_overage").units, 0);
+    assert_eq!(term(&b, "rlqs_fallback").units, 0);
+    assert_eq!(term(&b, "settle_overage").units, 0);
 }
 
 // ---- what a round plans -------------------------------------------------------------------

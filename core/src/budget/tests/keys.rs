@@ -188,20 +188,14 @@ fn a_row_below_the_default_with_no_room_for_its_key_holds_like_a_row_left_out() 
     let mut b = RegionBudget::new(c, vec![per_minute("api", 400)]).expect("valid");
     let w = minute_window(0);
     assert!(acquire(&mut b, at(0), "api", "a", 5).allowed);
-    let up = b.poll_transmit(at(300)).expect("sync");
-    let mut down = answer(&up, at(300));
-    down.grants = vec![grant("api", "b", w, 0, 2)];
-    b.handle_sync_down(at(310), down);
+    grant_at(&mut b, at(300), grant("api", "b", w, 0, 2));
     assert_eq!(
         allowance(&b, at(320), "api", "a"),
         5,
         "held at its use: the zero for b found no room"
     );
     assert!(!acquire(&mut b, at(320), "api", "a", 1).allowed);
-    let up = b.poll_transmit(at(600)).expect("sync");
-    let mut down = answer(&up, at(600));
-    down.grants = vec![grant("api", "a", w, 150, 3)];
-    b.handle_sync_down(at(610), down);
+    grant_at(&mut b, at(600), grant("api", "a", w, 150, 3));
     assert_eq!(
         allowance(&b, at(620), "api", "a"),
         150,

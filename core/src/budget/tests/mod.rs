@@ -205,3 +205,11 @@ pub(super) fn release_req(
         epoch: Epoch(epoch),
     }
 }
+
+/// A SyncUp at `now` answered at once with the one grant `g`.
+pub(super) fn grant_at(b: &mut RegionBudget, now: Timestamp, g: AllowanceGrant) {
+    let up = b.poll_transmit(now).expect("sync");
+    let mut down = answer(&up, now);
+    down.grants = vec![g];
+    b.handle_sync_down(now, down);
+}

@@ -16,13 +16,6 @@ fn granted_and_used(spec: LimitSpec) -> RegionBudget {
     b
 }
 
-fn grant_at(b: &mut RegionBudget, now: Timestamp, g: AllowanceGrant) {
-    let up = b.poll_transmit(now).expect("sync");
-    let mut down = answer(&up, now);
-    down.grants = vec![g];
-    b.handle_sync_down(now, down);
-}
-
 #[test]
 fn a_quota_cut_drops_the_grant_keeps_the_counter_and_takes_the_next_grant() {
     let mut b = granted_and_used(per_minute("api", 400));
