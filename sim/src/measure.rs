@@ -383,15 +383,17 @@ impl Measure {
     }
 
     /// A statement of the bound of `limit` for the window of index `window` (true clock),
-    /// collected at true time `at`: merged term by term into what was stated before
-    /// ([`Bound::merge`]). A statement of the window in progress by a leader covers the time
-    /// the window had no leader before it ([`Measure::leaderless`]).
+    /// collected at true time `at`, when the regions' window clocks read `region_clocks`:
+    /// merged term by term into what was stated before ([`Bound::merge`]). A statement by a
+    /// leader of a window still in progress, on the true clock or on some region's, covers
+    /// the time the window had no leader before it ([`Measure::leaderless`]).
     pub fn bound_sample(
         &mut self,
         limit: &LimitId,
         window: WindowIndex,
         bound: &Bound,
         at: Timestamp,
+        region_clocks: &[Timestamp],
     ) {
         let Some(i) = self.limits.iter().position(|l| &l.id == limit) else {
             return;
@@ -407,7 +409,9 @@ impl Measure {
                 None => *slot = Some(bound.clone()),
             }
         }
-        let in_progress = at.as_unix_nanos() / w == window.0;
+        let in_progress = std::iter::once(&at)
+            .chain(region_clocks)
+            .any(|t| t.as_unix_nanos() / w == window.0);
         if in_progress
             && !bound.unbounded
             && let Some(flag) = self.leaderless[i].get_mut(row)
@@ -416,15 +420,23 @@ impl Measure {
         }
     }
 
-    /// A sample at true time `t` found no coordinator leader: every limit's window in progress
-    /// is unbounded unless a leader states it later while it is still in progress.
-    pub fn leaderless(&mut self, t: Timestamp) {
-        let t = t.as_unix_nanos();
+    /// A sample at true time `t` found no coordinator leader, the regions' window clocks
+    /// reading `region_clocks`: every limit's window in progress, on the true clock or on any
+    /// region's, is unbounded unless a leader states it later while it is still in progress.
+    /// A region behind admits in a window that ended on the true clock: a leader gone before
+    /// the region's clock left it stated none of what the region admits after (swarm seed
+    /// 3328633, regions 5.4 s behind failing open in it).
+    pub fn leaderless(&mut self, t: Timestamp, region_clocks: &[Timestamp]) {
         for (i, limit) in self.limits.iter().enumerate() {
             let w = duration_nanos(limit.window.len());
-            let row = (t / w).saturating_sub(self.bounds_first_index[i]) as usize;
-            if let Some(flag) = self.leaderless[i].get_mut(row) {
-                *flag = true;
+            for reading in std::iter::once(&t).chain(region_clocks) {
+                let index = reading.as_unix_nanos() / w;
+                let Some(row) = index.checked_sub(self.bounds_first_index[i]) else {
+                    continue;
+                };
+                if let Some(flag) = self.leaderless[i].get_mut(row as usize) {
+                    *flag = true;
+                }
             }
         }
     }
@@ -962,7 +974,13 @@ traffic:
         m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
         m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
         let api = LimitId::from("api/t");
-        m.bound_sample(&api, window_of(&s, 1_200), &Bound::default(), at(&s, 1_200));
+        m.bound_sample(
+            &api,
+            window_of(&s, 1_200),
+            &Bound::default(),
+            at(&s, 1_200),
+            &[],
+        );
         assert!(m.windows().iter().all(|w| w.overshoot_units == 0));
         assert_eq!(m.windows()[1].admitted_units_on_region_clocks, 120);
         assert_eq!(m.windows()[0].admitted_units_on_region_clocks, 0);
@@ -980,6 +998,7 @@ traffic:
             window_of(&s, 1_200),
             &bound,
             at(&s, 1_200),
+            &[],
         );
         assert!(m.local_window_excess().is_empty());
     }
@@ -1024,6 +1043,7 @@ traffic:
             WindowIndex(index),
             &Bound::default(),
             at(&s, 300),
+            &[],
         );
         assert_eq!(m.region_clock_windows_unbounded(), 0);
         let excess = m.local_window_excess();
@@ -1044,7 +1064,13 @@ traffic:
         let judged = |true_ms: u64| {
             let (s, mut m) = measure();
             m.admitted(0, 1, at(&s, true_ms), at(&s, true_ms - 1_000), 150);
-            m.bound_sample(&api, window_of(&s, 8_000), &Bound::default(), at(&s, 8_500));
+            m.bound_sample(
+                &api,
+                window_of(&s, 8_000),
+                &Bound::default(),
+                at(&s, 8_500),
+                &[],
+            );
             assert!(!m.windows()[8].cut_off, "its true window ended in time");
             m.local_window_excess().len()
         };
@@ -1061,7 +1087,13 @@ traffic:
             150,
             at(&s, 9_500),
         );
-        m.bound_sample(&api, window_of(&s, 8_000), &Bound::default(), at(&s, 8_500));
+        m.bound_sample(
+            &api,
+            window_of(&s, 8_000),
+            &Bound::default(),
+            at(&s, 8_500),
+            &[],
+        );
         assert!(m.local_window_excess().is_empty());
     }
 
@@ -1090,6 +1122,7 @@ traffic:
             window_of(&s, 1_200),
             &bound,
             at(&s, 1_200),
+            &[],
         );
         assert_eq!(m.local_window_excess().len(), 1);
     }
@@ -1119,18 +1152,21 @@ traffic:
             w,
             &bound(&[("partition_floor", 40), ("settle_overage", 5)]),
             at(&s, 2_500),
+            &[],
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             w,
             &bound(&[("partition_floor", 0), ("settle_overage", 9)]),
             at(&s, 2_500),
+            &[],
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             w,
             &bound(&[("settle_overage", 12)]),
             at(&s, 2_500),
+            &[],
         );
         // A window before the run is ignored, one after its end too.
         m.bound_sample(
@@ -1138,12 +1174,14 @@ traffic:
             window_of(&s, 0).0.checked_sub(1).map(WindowIndex).unwrap(),
             &bound(&[("x", 1)]),
             at(&s, 2_500),
+            &[],
         );
         m.bound_sample(
             &LimitId::from("api/t"),
             window_of(&s, 60_000),
             &bound(&[("x", 1)]),
             at(&s, 2_500),
+            &[],
         );
         let windows = m.windows();
         assert_eq!(windows[2].bound_units, Some(52));
@@ -1166,13 +1204,13 @@ traffic:
         // it). Window 5: nothing stated. Window 6: bounded early, then a leader states it
         // unbounded for a cause it knows of (a region on a version it does not know): that
         // cause came after the early statement, which does not bound it.
-        m.bound_sample(&api, window_of(&s, 0), &zero, at(&s, 500));
-        m.bound_sample(&api, window_of(&s, 1_000), &zero, at(&s, 1_200));
-        m.leaderless(at(&s, 1_500));
-        m.leaderless(at(&s, 2_100));
-        m.bound_sample(&api, window_of(&s, 2_000), &zero, at(&s, 2_500));
-        m.leaderless(at(&s, 3_500));
-        m.bound_sample(&api, window_of(&s, 3_000), &zero, at(&s, 4_100));
+        m.bound_sample(&api, window_of(&s, 0), &zero, at(&s, 500), &[]);
+        m.bound_sample(&api, window_of(&s, 1_000), &zero, at(&s, 1_200), &[]);
+        m.leaderless(at(&s, 1_500), &[]);
+        m.leaderless(at(&s, 2_100), &[]);
+        m.bound_sample(&api, window_of(&s, 2_000), &zero, at(&s, 2_500), &[]);
+        m.leaderless(at(&s, 3_500), &[]);
+        m.bound_sample(&api, window_of(&s, 3_000), &zero, at(&s, 4_100), &[]);
         let unwatched = Bound {
             unbounded: true,
             unwatched: true,
@@ -1182,17 +1220,18 @@ traffic:
             unbounded: true,
             ..Bound::default()
         };
-        m.bound_sample(&api, window_of(&s, 4_000), &zero, at(&s, 4_500));
-        m.bound_sample(&api, window_of(&s, 4_000), &unwatched, at(&s, 5_500));
-        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_010));
-        m.bound_sample(&api, window_of(&s, 6_000), &known_cause, at(&s, 6_500));
-        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_600));
+        m.bound_sample(&api, window_of(&s, 4_000), &zero, at(&s, 4_500), &[]);
+        m.bound_sample(&api, window_of(&s, 4_000), &unwatched, at(&s, 5_500), &[]);
+        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_010), &[]);
+        m.bound_sample(&api, window_of(&s, 6_000), &known_cause, at(&s, 6_500), &[]);
+        m.bound_sample(&api, window_of(&s, 6_000), &zero, at(&s, 6_600), &[]);
         for i in 7..10 {
             m.bound_sample(
                 &api,
                 window_of(&s, i * 1_000),
                 &zero,
                 at(&s, i * 1_000 + 10),
+                &[],
             );
         }
         let w = m.windows();
@@ -1214,6 +1253,60 @@ traffic:
         assert!(m.windows()[7].cut_off);
         m.settled(0, 0, (at(&s, 6_100), at(&s, 6_100)), 10, 20, at(&s, 8_000));
         assert!(!m.windows()[6].cut_off);
+    }
+
+    /// A region 600 ms behind is still in a window after it ended on the true clock: time
+    /// without a leader then leaves that window unbounded, as for the true clock's window,
+    /// unless a leader states it while some region is still in it.
+    #[test]
+    fn time_without_a_leader_unbounds_the_windows_regions_behind_are_still_in() {
+        let (s, mut m) = measure();
+        let api = LimitId::from("api/t");
+        let zero = Bound::default();
+        let behind = |millis: u64| at(&s, millis) - Duration::from_millis(600);
+        for i in 0..10u64 {
+            m.admitted(0, 0, at(&s, i * 1_000 + 100), at(&s, i * 1_000 + 100), 150);
+        }
+        // Every window is stated at its middle, in time order with the losses below.
+        let state = |m: &mut Measure, t: u64| {
+            m.bound_sample(&api, window_of(&s, t), &zero, at(&s, t), &[behind(t)]);
+        };
+        (0..3).for_each(|i| state(&mut m, i * 1_000 + 500));
+        // Lost at 3.2 s, while the region reads 2.6 s: window 2 is unbounded (window 3 is
+        // stated at 3.5 s, while in progress).
+        m.leaderless(at(&s, 3_200), &[behind(3_200)]);
+        // Lost at 5.2 s; a leader states window 4, which the region is still in, at 5.4 s,
+        // and window 5 at 5.5 s: both covered.
+        (3..5).for_each(|i| state(&mut m, i * 1_000 + 500));
+        m.leaderless(at(&s, 5_200), &[behind(5_200)]);
+        m.bound_sample(
+            &api,
+            window_of(&s, 4_000),
+            &zero,
+            at(&s, 5_400),
+            &[behind(5_400)],
+        );
+        state(&mut m, 5_500);
+        // Lost at 7.2 s; window 6, which the region is in until 7.6 s, is stated again only at
+        // 7.7 s, after the region left it: not covered. Without the region's clock, windows 2
+        // and 6 would have been judged against statements that miss what it admitted later.
+        state(&mut m, 6_500);
+        m.leaderless(at(&s, 7_200), &[behind(7_200)]);
+        m.bound_sample(
+            &api,
+            window_of(&s, 6_000),
+            &zero,
+            at(&s, 7_700),
+            &[behind(7_700)],
+        );
+        (7..10).for_each(|i| state(&mut m, i * 1_000 + 500));
+        let flags: Vec<bool> = m.windows().iter().map(|w| w.unbounded).collect();
+        assert_eq!(
+            flags,
+            [
+                false, false, true, false, false, false, true, false, false, false
+            ]
+        );
     }
 
     #[test]

@@ -3209,3 +3209,21 @@ fn a_zero_row_with_no_room_for_its_key_holds_the_region() {
 const SWARM_3273189: &str = include_str!(
     "../swarm-findings/seed-3273189-net-use-above-allowance-zero-row-without-room-for-its-key.yaml"
 );
+
+/// Swarm seed 3328633 (`sim/swarm-findings/seed-3328633-overshoot-on-region-clocks-outage-while-regions-behind-in-window.yaml`,
+/// shrunk; each agent on its own clock): two regions 5.4 s behind, open policy, the
+/// coordinator out from 103.7 s to the end. The leader stated window 95 s..100 s while the
+/// regions were still in it on their clocks, then died; they failed open in it after. Time
+/// without a leader now leaves unbounded every window some region's clock is still in, and a
+/// live leader counts a silent region's time open to the window's end on its clock.
+#[test]
+fn a_window_regions_behind_are_still_in_is_unbounded_when_its_leader_dies() {
+    assert_no_violation(&run(
+        &parsed("swarm-3328633.yaml", SWARM_3328633),
+        3328633..3328663,
+    ));
+}
+
+const SWARM_3328633: &str = include_str!(
+    "../swarm-findings/seed-3328633-overshoot-on-region-clocks-outage-while-regions-behind-in-window.yaml"
+);

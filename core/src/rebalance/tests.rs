@@ -1988,8 +1988,10 @@ fn reported_peak_rates_show_how_tight_the_eventual_term_is() {
 
 #[test]
 fn time_open_grows_live_while_an_open_region_is_silent() {
-    // Open at 2/s burst 3. b was heard at 1 s with rtt 0; from 3 s it is silent (view_ttl
-    // 2 s). At 3.5 s it may have been open since 1 s: 2.5 s -> ceil(2 * 2.5) + 3 = 8.
+    // Open at 2/s burst 3; window 101 runs 10 s..20 s. b was heard at 11 s with rtt 0; from
+    // 13 s it is silent (view_ttl 2 s). At 13.5 s it may have been open since 11 s: 2.5 s ->
+    // ceil(2 * 2.5) + 3 = 8. (Both were heard long before the window began, on any clock
+    // within their uncertainty and the drift margin: nothing before counts.)
     let open = PartitionPolicy::Open {
         rate: RateCap {
             units: 2,
@@ -1997,24 +1999,68 @@ fn time_open_grows_live_while_an_open_region_is_silent() {
             burst: 3,
         },
     };
-    let mut w = silent_b(open);
+    let mut w = world(&with_policy(open));
     let l = LimitId::from("l");
+    for t in (0..=11_000).step_by(1_000) {
+        w.up_with_offset("b", at_ms(t), 0);
+    }
     // a stays in contact (a region this leader has not heard for view_ttl counts as silent).
-    for t in [0, 1_000, 2_000, 3_000] {
+    for t in (0..=13_000).step_by(1_000) {
         w.up("a", at_ms(t));
     }
-    let before = w.coord.bound(at_ms(2_000), &l, WindowIndex(100)).unwrap();
+    let before = w.coord.bound(at_ms(12_000), &l, WindowIndex(101)).unwrap();
     assert_eq!(term(&before, "fail_open").units, 0, "b is still in contact");
-    let during = w.coord.bound(at_ms(3_500), &l, WindowIndex(100)).unwrap();
+    let during = w.coord.bound(at_ms(13_500), &l, WindowIndex(101)).unwrap();
     assert_eq!(term(&during, "fail_open").units, 8);
-    // b is back at 4 s and reports 1.5 s open: ceil(2 * 1.5) + 3 = 6.
+    // b is back at 14 s and reports 1.5 s open: ceil(2 * 1.5) + 3 = 6.
     let figures = BoundFigures {
         time_open: Duration::from_millis(1_500),
         ..BoundFigures::default()
     };
-    report_figures(&mut w, "b", at_ms(4_000), 100, figures);
-    let after = w.coord.bound(at_ms(4_000), &l, WindowIndex(100)).unwrap();
+    report_figures(&mut w, "b", at_ms(14_000), 101, figures);
+    let after = w.coord.bound(at_ms(14_000), &l, WindowIndex(101)).unwrap();
     assert_eq!(term(&after, "fail_open").units, 6);
+}
+
+/// A region whose clock is 3 s behind is still in window 100 for 3 s after it ended on the
+/// leader's clock, and open in it while silent: its live time open runs to the window's end
+/// on its clock (plus the drift margin), not on ours. Swarm seed 3328633: regions 5.4 s behind
+/// failed open in a window the leader had already closed.
+#[test]
+fn live_time_open_runs_to_the_window_end_on_the_region_clock() {
+    // Open at 2/s burst 3, view_ttl 2 s, drift margin 0.5 s. b syncs every second until
+    // 19 s with a clock 3 s behind (rtt 0), then is silent; a stays in contact.
+    let open = PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    };
+    let mut w = world(&with_policy(open));
+    let l = LimitId::from("l");
+    for t in (0..=19_000).step_by(1_000) {
+        w.up_with_offset("b", at_ms(t), 3_000_000_000);
+    }
+    for t in (0..=45_000).step_by(1_000) {
+        w.up("a", at_ms(t));
+    }
+    let fail_open = |w: &World, now_ms, window| {
+        let b = w
+            .coord
+            .bound(at_ms(now_ms), &l, WindowIndex(window))
+            .unwrap();
+        term(&b, "fail_open").units
+    };
+    // Window 101 (10 s..20 s on ours). At 22.5 s b reads 19.5 s: open in it since 19 s,
+    // 3.5 s -> 7 + 3 = 10. Read on our clock, the window ended at 20 s: 1 s -> 5.
+    assert_eq!(fail_open(&w, 22_500, 101), 10);
+    // It stops growing past the window's end on b's clock plus the margin (23.5 s on ours):
+    // 4.5 s -> 9 + 3.
+    assert_eq!(fail_open(&w, 24_000, 101), 12);
+    assert_eq!(fail_open(&w, 30_000, 101), 12);
+    // Never more than a window: window 102 silent throughout counts 10 s -> 20 + 3.
+    assert_eq!(fail_open(&w, 45_000, 102), 23);
 }
 
 #[test]

@@ -424,7 +424,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             }
             Event::CoordinatorDown => {
                 if self.spec.policy == Policy::Rebalancing {
-                    self.measure.leaderless(self.now);
+                    let clocks = self.region_window_clocks();
+                    self.measure.leaderless(self.now, &clocks);
                 }
                 let c = &mut self.coordinator;
                 c.node = None;

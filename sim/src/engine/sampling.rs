@@ -54,6 +54,20 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             .as_millis() as u64
     }
 
+    /// What each region's window clock reads now: the clock its agent reads windows on (its
+    /// raw clock while the agent is down), on which its admissions are judged.
+    pub(super) fn region_window_clocks(&self) -> Vec<Timestamp> {
+        self.regions
+            .iter()
+            .map(|r| {
+                let local = r.clock.local(self.now);
+                r.node
+                    .as_ref()
+                    .map_or(local, |n| n.window_clock(local, None))
+            })
+            .collect()
+    }
+
     pub(super) fn sample(&mut self) -> Result<()> {
         let at_ms = self.offset_ms();
         let scenario = self.scenario;
@@ -95,11 +109,14 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             let mut obs = CoordinatorObservation::default();
             node.observe(self.now, &mut obs);
             self.checker.coordinator(at_ms, &obs);
+            let clocks = self.region_window_clocks();
             for (limit, window, bound) in &obs.bounds {
-                self.measure.bound_sample(limit, *window, bound, self.now);
+                self.measure
+                    .bound_sample(limit, *window, bound, self.now, &clocks);
             }
         } else if judge {
-            self.measure.leaderless(self.now);
+            let clocks = self.region_window_clocks();
+            self.measure.leaderless(self.now, &clocks);
         }
         if judge {
             self.judge_allocation(&allowances);

@@ -10,7 +10,7 @@ use crate::rebalance::bound::{Bound, BoundInputs, RegionBoundStats, bound, skew_
 use crate::rebalance::reload::Held;
 use crate::rebalance::views::RegionView;
 use crate::sync::CounterRef;
-use crate::time::{Timestamp, WindowIndex};
+use crate::time::{Timestamp, Window, WindowIndex};
 
 use super::{Coordinator, MAX_SKEW_REACH_WINDOWS};
 
@@ -381,6 +381,11 @@ impl Coordinator {
     /// while silent, since we last heard it less its round trip (a bound on the delay of that
     /// report, as docs/bound.md assumes; the view TTL before any sample), up to now; and from
     /// the window's start until this leader first heard it (before that, nothing is known).
+    ///
+    /// The region counts its time open on its own clock: the window runs on ours from its
+    /// start less that clock's uncertainty to its end plus it ([`Coordinator::region_span`]).
+    /// A region behind is still in the window after it ended here, and fails open in it when
+    /// its leader is gone (swarm seed 3328633). At most the window's length.
     fn live_time_open(
         &self,
         now: Timestamp,
@@ -396,17 +401,36 @@ impl Coordinator {
             return Duration::ZERO;
         };
         let view = self.region_view(region);
-        let to = now.min(w.end(window));
+        let (start, end) = self.region_span(w, window, &view);
+        let to = now.min(end);
         let unknown_until = view.first_heard_at.map_or(to, |h| h.min(to));
-        let unknown = unknown_until.saturating_duration_since(w.start(window));
+        let unknown = unknown_until.saturating_duration_since(start);
         if view.first_heard_at.is_none() || !self.is_silent(region, now) {
-            return unknown;
+            return unknown.min(w.len());
         }
         let delay = view.clock.map_or(self.cfg.view_ttl, |c| {
             Duration::from_nanos(c.round_trip_nanos)
         });
-        let from = (view.last_heard - delay).max(w.start(window));
-        unknown + to.saturating_duration_since(from)
+        let from = (view.last_heard - delay).max(start);
+        (unknown + to.saturating_duration_since(from)).min(w.len())
+    }
+
+    /// When `window` may run on a region's clock, on ours: widened by its measured
+    /// uncertainty and the drift margin. Without a clock sample, the window as we read it
+    /// (docs/bound.md, fail_open).
+    fn region_span(
+        &self,
+        w: Window,
+        window: WindowIndex,
+        view: &RegionView,
+    ) -> (Timestamp, Timestamp) {
+        let slack = view
+            .clock_uncertainty()
+            .map_or(Duration::ZERO, |u| u.saturating_add(self.cfg.drift_margin));
+        (
+            w.start(window).saturating_sub(slack),
+            w.end(window).saturating_add(slack),
+        )
     }
 
     fn largest_allowance(
