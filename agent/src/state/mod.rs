@@ -47,6 +47,9 @@ pub struct Agent {
     refused_cluster_version: AtomicU64,
     /// The corrected clock windows are read on (`max_clock_uncertainty`), if any.
     timebase: Option<Mutex<Timebase>>,
+    /// Without a timebase: the latest reading of the local clock, in nanoseconds since the
+    /// epoch, below which [`Agent::now`] never reads (the timebase holds its own).
+    latest_local_nanos: AtomicU64,
     /// A restored start, on the local clock, until the first clock sample dates it on the
     /// corrected one (the store's correction may be missing or old).
     restored_at_local: Mutex<Option<Timestamp>>,
@@ -132,6 +135,7 @@ impl Agent {
             ready: AtomicBool::new(false),
             refused_cluster_version: AtomicU64::new(0),
             timebase: timebase.map(Mutex::new),
+            latest_local_nanos: AtomicU64::new(0),
             restored_at_local: Mutex::new(restored_at_local),
             settings,
         })
@@ -142,12 +146,21 @@ impl Agent {
     }
 
     /// The time on the agent's clock (the system clock, or a test's manual one), corrected
-    /// to the coordinator's timebase when there is one.
+    /// to the coordinator's timebase when there is one. It never goes back. A key's counter
+    /// already never moves to an earlier window, but the rest of the machine's time-keyed
+    /// state (a window's statistics and time open, lease expiries, the sync timers, the
+    /// windows answers are dated in) assumes time does not run backwards: a wall clock
+    /// stepped back (an NTP step, a VM resumed from a snapshot) holds the reading until it
+    /// has caught up, as the timebase's reading does.
     pub fn now(&self) -> Timestamp {
         let local = self.settings.clock.now();
         match &self.timebase {
             Some(tb) => tb.lock().unwrap_or_else(|p| p.into_inner()).read(local),
-            None => local,
+            None => {
+                let nanos = local.as_unix_nanos();
+                let latest = self.latest_local_nanos.fetch_max(nanos, Ordering::Relaxed);
+                Timestamp::from_unix_nanos(latest.max(nanos))
+            }
         }
     }
 

@@ -81,6 +81,49 @@ async fn a_day_windows_retry_after_is_the_next_midnight_at_any_time_of_day() {
     }
 }
 
+/// Whether 3 hits on `d`/`k=v` are admitted.
+async fn allowed(a: &Agent) -> bool {
+    let hit = [RlsDescriptor {
+        entries: vec![("k".into(), "v".into())],
+        hits: 3,
+    }];
+    a.should_rate_limit("d", &hit).await.expect("check")[0].allowed()
+}
+
+/// A wall clock stepped back (an NTP step, a VM resumed from a snapshot) into a window the
+/// agent had left: the agent's reading holds where the clock stood until the clock catches up,
+/// and admits nothing of the old window again (the key's counter stays in the later one).
+#[tokio::test]
+async fn a_clock_stepped_back_into_a_window_admits_nothing_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("limits.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
+    )
+    .expect("limits file");
+    let minute =
+        |m: u64, s: u64| Timestamp::from_unix_nanos((1_767_225_600 + m * 60 + s) * 1_000_000_000);
+    let (clock, cell) = Clock::manual(minute(0, 10));
+    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+    s.config_files = vec![file];
+    s.clock = clock;
+    let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+    assert!(allowed(&a).await, "minute 0: 3 of 3");
+    cell.store(minute(1, 5).as_unix_nanos(), Ordering::Relaxed);
+    assert!(allowed(&a).await, "minute 1: 3 of 3");
+    // Back 30 s, into minute 0: the reading stays in minute 1, whose 3 are spent.
+    cell.store(minute(0, 35).as_unix_nanos(), Ordering::Relaxed);
+    assert!(
+        !allowed(&a).await,
+        "a clock stepped back admits minute 0 again"
+    );
+    assert_eq!(a.now(), minute(1, 5), "held where the clock stood");
+    // Once the clock is past where it stood it reads on, and minute 2 is fresh.
+    cell.store(minute(2, 1).as_unix_nanos(), Ordering::Relaxed);
+    assert!(allowed(&a).await, "minute 2: 3 of 3");
+}
+
 /// A coordinated agent's default shares were computed over the regions named at start:
 /// a reload naming others would split quotas differently from the coordinator's table.
 #[tokio::test]
