@@ -79,6 +79,96 @@ impl RegionClock {
     }
 }
 
+/// An agent's clock: its region's clock with the steps its host's clock takes (`clock_step`:
+/// an NTP step, a VM resumed from a snapshot). A step applies to the agent's host only; the
+/// gateways' clock reads the region's clock without it ([`RegionClock`]). A step back makes
+/// the reading go back: the agent holds what it reads (it never reads back), the clock itself
+/// does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentClock {
+    base: RegionClock,
+    /// `(true time in nanoseconds, nanoseconds added from then on)`, in time order.
+    steps: Vec<(u64, i64)>,
+}
+
+impl AgentClock {
+    pub fn new(base: RegionClock, mut steps: Vec<(Timestamp, i64)>) -> Self {
+        steps.sort_by_key(|(at, _)| *at);
+        AgentClock {
+            base,
+            steps: steps
+                .into_iter()
+                .map(|(at, by)| (at.as_unix_nanos(), by))
+                .collect(),
+        }
+    }
+
+    /// The region's clock, without the agent host's steps (the gateways' clocks read it).
+    pub fn base(&self) -> RegionClock {
+        self.base
+    }
+
+    /// The sum of the steps taken by true time `t`.
+    fn stepped_nanos(&self, t: u64) -> i128 {
+        self.steps
+            .iter()
+            .take_while(|(at, _)| *at <= t)
+            .map(|(_, by)| i128::from(*by))
+            .sum()
+    }
+
+    /// What the agent's host clock reads at true time `t`.
+    #[inline]
+    pub fn local(&self, t: Timestamp) -> Timestamp {
+        let base = self.base.local(t);
+        if self.steps.is_empty() {
+            return base;
+        }
+        let stepped = self.stepped_nanos(t.as_unix_nanos());
+        to_timestamp(i128::from(base.as_unix_nanos()) + stepped)
+    }
+
+    /// The earliest true time, not before `not_before`, at which the clock reads `local` or
+    /// later (when a timer for `local` fires). Between steps the clock runs as its region's
+    /// does, so each stretch is searched in turn.
+    pub fn true_time_of(&self, local: Timestamp, not_before: Timestamp) -> Timestamp {
+        let mut from = not_before.as_unix_nanos();
+        let first = from;
+        let mut bounds = self
+            .steps
+            .iter()
+            .map(|(at, _)| *at)
+            .filter(move |at| *at > first);
+        loop {
+            let next = bounds.next();
+            let shift = self.stepped_nanos(from);
+            let wanted = to_timestamp(i128::from(local.as_unix_nanos()) - shift);
+            let t = self
+                .base
+                .true_time_of(wanted)
+                .max(Timestamp::from_unix_nanos(from));
+            match next {
+                Some(end) if t.as_unix_nanos() >= end => from = end,
+                _ => return t,
+            }
+        }
+    }
+
+    /// The earliest and latest readings over the true times `[start, end)`.
+    pub fn reading_range(&self, start: Timestamp, end: Timestamp) -> (Timestamp, Timestamp) {
+        let last = Timestamp::from_unix_nanos(end.as_unix_nanos().saturating_sub(1));
+        let (mut lo, mut hi) = (self.local(start), self.local(last));
+        for (at, _) in &self.steps {
+            if *at <= start.as_unix_nanos() || *at > last.as_unix_nanos() {
+                continue;
+            }
+            lo = lo.min(self.local(Timestamp::from_unix_nanos(*at)));
+            hi = hi.max(self.local(Timestamp::from_unix_nanos(at - 1)));
+        }
+        (lo, hi)
+    }
+}
+
 fn to_timestamp(nanos: i128) -> Timestamp {
     Timestamp::from_unix_nanos(nanos.clamp(0, i128::from(u64::MAX)) as u64)
 }
@@ -167,5 +257,46 @@ mod tests {
             prop_assert!(c.local(t) >= wanted);
             prop_assert!(t == START || c.local(t - std::time::Duration::from_nanos(1)) < wanted);
         }
+
+        /// With steps either way, a timer for local time `L` set at true time `nb` fires at
+        /// the first true time from `nb` on whose reading is `L` or later.
+        #[test]
+        fn a_stepped_clock_fires_timers_at_the_first_time_it_reads_them(
+            drift_ppm in -MAX_DRIFT_PPM..=MAX_DRIFT_PPM,
+            steps in proptest::collection::vec((0u64..100_000_000_000, -30_000_000_000i64..30_000_000_000), 0..4),
+            nb in 0u64..100_000_000_000,
+            ahead in 0u64..60_000_000_000,
+        ) {
+            let base = RegionClock::new(START, ClockSpec { offset_nanos: 0, drift_ppm });
+            let steps = steps
+                .into_iter()
+                .map(|(at, by)| (START + std::time::Duration::from_nanos(at), by))
+                .collect();
+            let c = AgentClock::new(base, steps);
+            let nb = START + std::time::Duration::from_nanos(nb);
+            let wanted = c.local(nb) + std::time::Duration::from_nanos(ahead);
+            let t = c.true_time_of(wanted, nb);
+            prop_assert!(t >= nb);
+            prop_assert!(c.local(t) >= wanted);
+            prop_assert!(t == nb || c.local(t - std::time::Duration::from_nanos(1)) < wanted);
+            let (lo, hi) = c.reading_range(START, nb + std::time::Duration::from_nanos(1));
+            prop_assert!(lo <= c.local(nb) && c.local(nb) <= hi);
+        }
+    }
+
+    #[test]
+    fn a_step_back_reads_back_and_a_timer_waits_for_the_reading() {
+        let base = RegionClock::new(START, ClockSpec::default());
+        let c = AgentClock::new(base, vec![(secs(10), -3_000_000_000)]);
+        assert_eq!(c.local(secs(9)), secs(9));
+        assert_eq!(c.local(secs(10)), secs(7));
+        // Set at 9 s for 9.5 s: 9.5 s, before the step. Set at 10 s: read again at 12.5 s.
+        let half = std::time::Duration::from_millis(500);
+        assert_eq!(c.true_time_of(secs(9) + half, secs(9)), secs(9) + half);
+        assert_eq!(c.true_time_of(secs(9) + half, secs(10)), secs(12) + half);
+        assert_eq!(
+            c.reading_range(START, secs(20)),
+            (START, secs(17) - std::time::Duration::from_nanos(1))
+        );
     }
 }

@@ -515,17 +515,31 @@ pub struct CoreStore {
     used_at_reload: BTreeMap<CounterRef, u64>,
 }
 
+/// A step back of the local clock moves the timebase's correction (`Timebase::read`): kept
+/// with the durable state as a sample's is, once there is one to keep, or a restart would read
+/// its windows on the correction from before the step, as the agent does
+/// (`Agent::clock_guard`).
+fn keep_correction(budget: &mut RegionBudget, tb: &Timebase) {
+    if budget.clock_correction().is_some() {
+        budget.set_clock_correction(tb.correction());
+    }
+}
+
 impl CoreRegion {
     /// Takes an input at `local` (the region's own clock): the time the budget reads, on the
     /// corrected clock when there is a timebase, with its edge band and guard as of then.
+    /// Never earlier than the last one, as the agent reads it (`Agent::now`): a clock stepped
+    /// back holds.
     fn saw(&mut self, local: Timestamp) -> Timestamp {
         let now = match self.timebase.as_mut() {
             Some(tb) => {
                 let band = tb.band(local);
                 self.budget.set_clock_guard(band, tb.guard());
-                tb.read(local)
+                let now = tb.read(local);
+                keep_correction(&mut self.budget, tb);
+                now
             }
-            None => local,
+            None => local.max(self.last_now),
         };
         self.last_now = self.last_now.max(now);
         now
@@ -672,7 +686,7 @@ impl RegionNode for CoreRegion {
 
     fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
         let Some(tb) = &self.timebase else {
-            return local;
+            return local.max(self.last_now);
         };
         let reading = tb.peek(local);
         match lease.and_then(|l| self.budget.lease_window(l)) {
@@ -766,12 +780,21 @@ impl RegionNode for CoreRegion {
                 .used_at_reload
                 .get(&k.counter)
                 .is_some_and(|used| k.allowance_units <= *used);
+            // Its clock guard holds strict admission (the timebase's uncertainty is above its
+            // maximum, or a restart waits for its first sample): it admits nothing, whatever
+            // window its reading is in. A region restarted after its clock stepped back reads
+            // a window it had left, the one its stored correction puts it in, until that
+            // sample moves it on; the table may have changed that window's rows since.
+            let held_by_clock = self.budget.strict_held_by_clock(&k.counter.limit);
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance
                     .max(admitted_before_reload.unwrap_or(0))
                     .saturating_add(k.excess_units),
-                strict_allowance_units: (strict && !held_at_own_count && !held_at_reload_use)
+                strict_allowance_units: (strict
+                    && !held_at_own_count
+                    && !held_at_reload_use
+                    && !held_by_clock)
                     .then_some(k.allowance_units),
                 counter: k.counter,
             });

@@ -3227,3 +3227,37 @@ fn a_window_regions_behind_are_still_in_is_unbounded_when_its_leader_dies() {
 const SWARM_3328633: &str = include_str!(
     "../swarm-findings/seed-3328633-overshoot-on-region-clocks-outage-while-regions-behind-in-window.yaml"
 );
+
+/// A clock step back (`seed-3354016-region-allowance-above-table-clock-stepped-back.yaml`,
+/// drawn with clock steps): `r0`'s host clock goes back 8.8 s. The timebase's reading stood
+/// still for as long (readings never go back), and every sample sent meanwhile was refused as
+/// older than the last, so the region stayed in a window the leader had closed and
+/// rebalanced. The timebase now takes a step back into its correction.
+#[test]
+fn a_clock_stepped_back_reads_on_through_the_correction() {
+    assert_no_violation(&run(
+        &parsed("swarm-3354016.yaml", SWARM_3354016),
+        3354016..3354046,
+    ));
+}
+
+const SWARM_3354016: &str = include_str!(
+    "../swarm-findings/seed-3354016-region-allowance-above-table-clock-stepped-back.yaml"
+);
+
+/// A restore after a step back while the clock slews
+/// (`seed-3355496-region-allowance-above-table-restore-after-step-back-while-slewing.yaml`):
+/// the correction the step moved was kept only at the next sample, and none is taken while
+/// the clock slews, so the restored copy read its windows on the correction from before the
+/// step, 7 s back in a window the table had changed. The moved correction is now kept at once.
+#[test]
+fn a_correction_moved_by_a_step_is_kept_for_a_restore() {
+    assert_no_violation(&run(
+        &parsed("swarm-3355496.yaml", SWARM_3355496),
+        3355496..3355526,
+    ));
+}
+
+const SWARM_3355496: &str = include_str!(
+    "../swarm-findings/seed-3355496-region-allowance-above-table-restore-after-step-back-while-slewing.yaml"
+);

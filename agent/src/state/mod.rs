@@ -153,11 +153,15 @@ impl Agent {
     /// stepped back (an NTP step, a VM resumed from a snapshot) holds the reading until it
     /// has caught up, as the timebase's reading does.
     pub fn now(&self) -> Timestamp {
-        let local = self.settings.clock.now();
         match &self.timebase {
-            Some(tb) => tb.lock().unwrap_or_else(|p| p.into_inner()).read(local),
+            Some(tb) => {
+                // Read under the lock: the timebase takes a time earlier than the last as a
+                // step of the clock (`Timebase::read`), not as two readers' race.
+                let mut tb = tb.lock().unwrap_or_else(|p| p.into_inner());
+                tb.read(self.settings.clock.now())
+            }
             None => {
-                let nanos = local.as_unix_nanos();
+                let nanos = self.settings.clock.now().as_unix_nanos();
                 let latest = self.latest_local_nanos.fetch_max(nanos, Ordering::Relaxed);
                 Timestamp::from_unix_nanos(latest.max(nanos))
             }

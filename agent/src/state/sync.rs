@@ -40,6 +40,12 @@ impl Agent {
         }
         let band = tb.band(local);
         b.set_clock_guard(band, tb.guard());
+        // A step back of the clock moved the correction (`Timebase::read`): kept with the
+        // durable state, once there is one, or a restart would read its windows on the
+        // correction from before the step.
+        if b.clock_correction().is_some() {
+            b.set_clock_correction(tb.correction());
+        }
     }
 
     /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent

@@ -517,6 +517,16 @@ impl RegionBudget {
         self.view.clock_correction()
     }
 
+    /// Whether the clock guard's edge band covers every instant of `limit`'s windows, so that
+    /// its strict keys admit nothing new (`admit::edge_band`): the timebase's uncertainty is
+    /// above its maximum, or a restart waits for its first sample.
+    pub fn strict_held_by_clock(&self, limit: &LimitId) -> bool {
+        let (Some(e), Some(l)) = (self.view.edge_band(), self.limits.get(limit)) else {
+            return false;
+        };
+        e.saturating_mul(2) >= l.params.window_len()
+    }
+
     /// A restored start (`start_restored`) was dated on a clock the first sample since then
     /// corrected: it started at `start` on the corrected one. Windows that began before it
     /// (and within `max_edge_band` after it) are the lost copy's (on its corrected clock) and

@@ -68,6 +68,8 @@ pub struct Timebase {
     /// Samples that found the clock further off than its uncertainty allowed: the rate error
     /// was above [`MAX_CLOCK_DRIFT_PPM`], or the clock was stepped (docs/bound.md, skew).
     assumption_breaks: u64,
+    /// The latest local time passed in: one earlier is a step back of the local clock.
+    last_local: Timestamp,
 }
 
 impl Timebase {
@@ -82,6 +84,7 @@ impl Timebase {
             guarded_since: None,
             hold_until_sampled: false,
             assumption_breaks: 0,
+            last_local: Timestamp::ZERO,
         }
     }
 
@@ -143,6 +146,7 @@ impl Timebase {
     /// The corrected time at local time `local`: `local + correction`, or, after a backward
     /// correction, the slowed clock until that catches up ([`SLEW_DIVISOR`]).
     pub fn read(&mut self, local: Timestamp) -> Timestamp {
+        self.absorb_step_back(local);
         let t = self.peek(local);
         self.last_read = t;
         if shift(local, self.correction_nanos) >= t {
@@ -169,6 +173,7 @@ impl Timebase {
     /// Returns false when it is not taken (sent before the clock was last steady, or not
     /// newer than the sample in force).
     pub fn on_sample(&mut self, local: Timestamp, sent_at: Timestamp, sample: ClockSample) -> bool {
+        self.absorb_step_back(local);
         // At `steady_from` itself the clock may still have been standing.
         if sent_at <= self.steady_from {
             return false;
@@ -191,6 +196,31 @@ impl Timebase {
             self.steady_from = estimate;
         }
         true
+    }
+
+    /// The local clock went back (a step: NTP, a VM resumed from a snapshot): the correction
+    /// takes the step, so that the corrected clock reads on as if it had not happened, and the
+    /// local times kept (the last sample's, a slowed run's start) move back with it. Without
+    /// this the reading stood still for as long as the step, and samples were refused as
+    /// older than the last one (their local send times were earlier) until the local clock
+    /// caught up: a region stepped back 8.8 s stayed in a window the leader had closed and
+    /// rebalanced (swarm, clock steps). A step forward cannot be told from time passing: the
+    /// next sample finds it, as an assumption break. The caller reads the local clock under
+    /// the same lock as it calls in, so that two readers' times never arrive out of order.
+    fn absorb_step_back(&mut self, local: Timestamp) {
+        let back = self.last_local.saturating_duration_since(local);
+        self.last_local = local;
+        if back.is_zero() {
+            return;
+        }
+        let back_nanos = i64::try_from(duration_nanos(back)).unwrap_or(i64::MAX);
+        self.correction_nanos = self.correction_nanos.saturating_add(back_nanos);
+        if let Some((from_local, _)) = &mut self.slew_from {
+            *from_local = from_local.saturating_sub(back);
+        }
+        if let Some((sent_local, _)) = &mut self.sample {
+            *sent_local = sent_local.saturating_sub(back);
+        }
     }
 
     /// The run-time check of the uncertainty's assumption: a sample's offset is the error the
@@ -305,6 +335,30 @@ mod tests {
         assert_eq!(tb.guard(), None, "until the next band");
         tb.band(ms(22_020));
         assert!(tb.guard().is_some_and(|g| g.since > since));
+    }
+
+    /// The local clock stepped back 8.8 s: the corrected clock reads on as if it had not,
+    /// the next sample (sent after the step) is taken and finds the clock where it was, and
+    /// the guard holds. Before, the reading stood still for 8.8 s and every sample sent in
+    /// that time was refused as older than the last.
+    #[test]
+    fn a_step_back_of_the_local_clock_is_taken_into_the_correction() {
+        let mut tb = Timebase::new(Duration::from_millis(250));
+        tb.read(ms(10_000));
+        assert!(tb.on_sample(ms(10_020), ms(10_000), sample(0, 20)));
+        tb.band(ms(10_020));
+        let since = tb.guard().expect("guarded").since;
+        assert_eq!(tb.read(ms(10_500)), ms(10_500));
+        // Stepped back to 1.7 s: it reads 10.5 s still, and runs on from there.
+        assert_eq!(tb.read(ms(1_700)), ms(10_500));
+        assert_eq!(tb.read(ms(1_800)), ms(10_600));
+        // Half the round trip, and 1% of the 0.6 s since the sample was sent.
+        assert_eq!(tb.band(ms(1_800)), Some(Duration::from_millis(16)));
+        // A round trip sent at 10.6 s (corrected) and answered 20 ms later, on time.
+        assert!(tb.on_sample(ms(1_820), ms(10_600), sample(0, 20)));
+        assert_eq!(tb.assumption_breaks(), 0);
+        assert_eq!(tb.guard().map(|g| g.since), Some(since));
+        assert_eq!(tb.read(ms(2_000)), ms(10_800));
     }
 
     #[test]

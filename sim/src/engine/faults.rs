@@ -71,6 +71,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                         events.push((at(when + after), Event::RegionRemoval { region, removed }));
                     }
                 }
+                Fault::ClockStep {
+                    region, at: when, ..
+                } => {
+                    events.push((at(when), Event::ClockStep { region }));
+                }
                 Fault::Partition { .. } | Fault::Link { .. } | Fault::ConfigReload { .. } => {}
             }
         }

@@ -87,7 +87,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             // What a SyncUp promises (its seq, the acks it carries) is durable before it leaves.
             persist(node, &mut r.store, r.keeps_store);
         }
-        let wanted = node.poll_timeout().map(|l| r.clock.true_time_of(l));
+        let wanted = node
+            .poll_timeout()
+            .map(|l| r.clock.true_time_of(l, self.now));
         for msg in outgoing {
             self.send_up(region, msg)?;
         }

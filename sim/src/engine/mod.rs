@@ -29,7 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::check::Checker;
-use crate::clock::RegionClock;
+use crate::clock::AgentClock;
 use crate::error::{Result, SimError};
 use crate::link::Link;
 use crate::measure::{Mark, Measure};
@@ -188,6 +188,10 @@ enum Event<C> {
         region: usize,
         removed: bool,
     },
+    /// The agent host's clock stepped: its timer is set again on the new reading.
+    ClockStep {
+        region: usize,
+    },
     Sample,
 }
 
@@ -219,7 +223,8 @@ struct GatewayRt {
 
 struct RegionRt<R: RegionNode> {
     id: RegionId,
-    clock: RegionClock,
+    /// The agent's host clock; the gateways read `gateway_clock`.
+    clock: AgentClock,
     gateway_clock: GatewayClock,
     node: Option<R>,
     store: R::Store,
@@ -441,6 +446,11 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             Event::CoordinatorUp => self.coordinator_up(),
             Event::ConfigReload { reload, region } => self.config_reload(reload, region),
             Event::RegionRemoval { region, removed } => self.region_removal(region, removed),
+            Event::ClockStep { region } => {
+                // The timer was set on the old reading: a step forward makes it due earlier.
+                self.regions[region].timer = None;
+                self.after_region_input(region)
+            }
             Event::Sample => self.sample(),
         }
     }

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::check::Checker;
-use crate::clock::RegionClock;
+use crate::clock::{AgentClock, RegionClock};
 use crate::error::{Result, SimError};
 use crate::link::Link;
 use crate::measure::{KeyMeta, LocalRange, Mark, Measure};
@@ -120,10 +120,25 @@ pub fn marks(scenario: &Scenario) -> Vec<Mark> {
 impl<'s, F: NodeFactory> Engine<'s, F> {
     pub(super) fn new(scenario: &'s Scenario, factory: &'s F, spec: RunSpec) -> Result<Self> {
         let (keys, key_of_source) = keys_of(scenario);
-        let clocks: Vec<RegionClock> = scenario
+        let clocks: Vec<AgentClock> = scenario
             .regions
             .iter()
-            .map(|r| RegionClock::new(scenario.start, r.clock))
+            .enumerate()
+            .map(|(index, r)| {
+                let steps = scenario
+                    .faults
+                    .iter()
+                    .filter_map(|f| match *f {
+                        Fault::ClockStep {
+                            region,
+                            at,
+                            by_nanos,
+                        } if region == index => Some((scenario.start + at, by_nanos)),
+                        _ => None,
+                    })
+                    .collect();
+                AgentClock::new(RegionClock::new(scenario.start, r.clock), steps)
+            })
             .collect();
         // A corrected clock reads the true time, or its own clock until sampled; off it by
         // at most the clocks' drift over the run (`MAX_DRIFT_PPM`, a tenth).
@@ -131,9 +146,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let local: Vec<LocalRange> = clocks
             .iter()
             .map(|c| {
-                let last = c.local(scenario.end() - Duration::from_nanos(1));
+                let (first, last) = c.reading_range(scenario.start, scenario.end());
                 LocalRange {
-                    first: c.local(scenario.start),
+                    first,
                     last: if factory.corrects_clocks() {
                         last.max(corrected_last)
                     } else {
@@ -177,8 +192,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 .collect::<Result<Vec<_>>>()?;
             regions.push(RegionRt {
                 id: r.id.clone(),
+                gateway_clock: GatewayClock::new(scenario.start, clock.base(), r.gateway_clock),
                 clock,
-                gateway_clock: GatewayClock::new(scenario.start, clock, r.gateway_clock),
                 node: None,
                 store: Default::default(),
                 keeps_store,

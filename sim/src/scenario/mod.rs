@@ -264,6 +264,13 @@ pub enum Fault {
         at: Duration,
         restore_after: Option<Duration>,
     },
+    /// The clock of the region's agent host steps by `by_nanos` at `at` (either way; an NTP
+    /// step, a VM resumed from a snapshot). Its gateways' clocks do not.
+    ClockStep {
+        region: usize,
+        at: Duration,
+        by_nanos: i64,
+    },
     /// Loss, duplication, reordering and delay on links during `[start, end)`.
     Link {
         regions: RegionSel,
@@ -284,7 +291,7 @@ impl Fault {
             Fault::AgentCrash {
                 at, restart_after, ..
             } => Some(*at + *restart_after),
-            Fault::AgentRestore { at, .. } => Some(*at),
+            Fault::AgentRestore { at, .. } | Fault::ClockStep { at, .. } => Some(*at),
             Fault::ConfigReload { at, stagger, .. } => {
                 Some(*at + stagger.iter().copied().max().unwrap_or_default())
             }

@@ -805,10 +805,23 @@ fn read_fault(node: &Node<'_, '_>, ctx: &Ctx<'_>) -> Result<Fault, ScenarioError
                 .map(|n| n.as_duration())
                 .transpose()?,
         },
+        "clock_step" => {
+            let by = m.req("by")?;
+            let by_nanos = by.as_signed_duration_nanos()?;
+            if by_nanos == 0 {
+                return Err(by.err("a clock step of 0 is no step"));
+            }
+            Fault::ClockStep {
+                region: ctx.region(&m.req("region")?)?,
+                at: ctx.at(&m.req("at")?)?,
+                by_nanos,
+            }
+        }
         other => {
             return Err(node.err(format!(
                 "unknown fault {other:?} (partition, coordinator_outage, agent_crash, \
-                 agent_restore, gateway_crash, config_reload, region_removal or link)"
+                 agent_restore, gateway_crash, config_reload, region_removal, clock_step \
+                 or link)"
             )));
         }
     };
