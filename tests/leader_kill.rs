@@ -293,6 +293,7 @@ async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_
     // Cluster time is the first leader's clock, for good.
     let ahead_ms = set_offset_ms(first);
     leader_keeps_cluster_time(&cluster, first, ahead_ms).await;
+    agents_reach_cluster_time(ahead_ms).await;
 
     let load = Load::start(&cluster, &agents, "a");
     load.watched.lock().expect("watched").cluster_ahead_ms = ahead_ms;
@@ -318,6 +319,22 @@ async fn leaders_on_clocks_windows_apart_keep_one_cluster_time_and_every_window_
 
     tokio::time::sleep(Duration::from_millis(WINDOW_MS)).await;
     judge(load, &handovers).await;
+}
+
+/// The agents run on the machine's clock. When cluster time is behind it (the first leader
+/// is node 3, 12 s behind: a whole window), their first sample is a backward correction,
+/// which the timebase slews at `1 / SLEW_DIVISOR` of the clock's speed rather than stand the
+/// clock still (D22): until then they read windows ahead of cluster time, and count a
+/// window's units in the next one. Judging starts once every agent has caught up (this test
+/// failed whenever node 3 led first, the load's first window judged mid-slew).
+async fn agents_reach_cluster_time(ahead_ms: i64) {
+    let Ok(behind_ms) = u64::try_from(-ahead_ms) else {
+        return;
+    };
+    let divisor = u64::from(allot_core::budget::timebase::SLEW_DIVISOR);
+    let slew_ms = behind_ms * divisor / divisor.saturating_sub(1).max(1);
+    // A sync interval or two for the first sample to be taken.
+    tokio::time::sleep(Duration::from_millis(slew_ms + 2_000)).await;
 }
 
 /// How often a leader records its clock frame (coordinator/src/daemon/leader.rs).

@@ -3261,3 +3261,35 @@ fn a_correction_moved_by_a_step_is_kept_for_a_restore() {
 const SWARM_3355496: &str = include_str!(
     "../swarm-findings/seed-3355496-region-allowance-above-table-restore-after-step-back-while-slewing.yaml"
 );
+
+/// Restarts after a clock step back (drawn with clock steps): a crash 68 ms after a 22.5 s
+/// step (`seed-537-clockstep-region-allowance-above-table-restart-after-step-back.yaml`), a
+/// crash right after a 5.5 s one
+/// (`seed-3356860-region-allowance-above-table-crash-after-step-back.yaml`), a restore from an
+/// empty store after a 6 s one
+/// (`seed-3357664-region-allowance-above-table-empty-restore-after-step-back.yaml`). The boot
+/// number was the start's time on the region's clock, smaller after such a step than the
+/// start's before: the leader dropped every SyncUp of the restarted agent as older than the
+/// last it heard, so no sample moved its reading on from a window it had left, and it held a
+/// grant there the table had since lowered. The boot is now kept with the state, and the next
+/// start takes a larger one.
+#[test]
+fn a_restart_after_a_clock_step_back_is_heard() {
+    for (name, yaml, seed) in [
+        ("swarm-537.yaml", SWARM_537_CLOCK_STEP, 537),
+        ("swarm-3356860.yaml", SWARM_3356860, 3356860),
+        ("swarm-3357664.yaml", SWARM_3357664, 3357664),
+    ] {
+        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
+    }
+}
+
+const SWARM_537_CLOCK_STEP: &str = include_str!(
+    "../swarm-findings/seed-537-clockstep-region-allowance-above-table-restart-after-step-back.yaml"
+);
+const SWARM_3356860: &str = include_str!(
+    "../swarm-findings/seed-3356860-region-allowance-above-table-crash-after-step-back.yaml"
+);
+const SWARM_3357664: &str = include_str!(
+    "../swarm-findings/seed-3357664-region-allowance-above-table-empty-restore-after-step-back.yaml"
+);

@@ -22,7 +22,7 @@ const POSTCARD_V2: u8 = 0x02;
 /// never name it, so both read through today's types. Later records were added the same way,
 /// as new last variants (`RestoredBefore`, `ClockCorrection`, the fingerprinted
 /// `Idempotency`, whose older form keeps its place as `IdempotencyUnfingerprinted`,
-/// `KeyCarried`, `StatsUncharged`, `RestoreAwaiting` and `ConfigVersion`): a store
+/// `KeyCarried`, `StatsUncharged`, `RestoreAwaiting`, `ConfigVersion` and `Boot`): a store
 /// written before them reads unchanged; one written since does not read in a version
 /// before them (an unknown variant is `Corrupt`, the start refuses rather than guesses).
 const POSTCARD_V3: u8 = 0x03;

@@ -2,7 +2,7 @@
 //! to any ordered key-value map, and how the map is read back as records.
 //!
 //! Store keys start with one byte naming the kind, so that a kind (or one limit's keys) is a
-//! prefix: `a` ack, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key
+//! prefix: `a` ack, `b` the boot number, `c` allocation parameters (then the limit), `i` idempotency entry, `k` key
 //! (then the limit id, length-prefixed, then the key), `l` lease, `m` meta, `o` the clock
 //! correction, `r` the windows a restore closed, `s` slot, `t` bound figures (then the limit,
 //! then the window), `v` the configuration version. Ids are big-endian so the map orders them.
@@ -26,6 +26,8 @@ const META: &[u8] = b"m";
 const CLOCK_CORRECTION: &[u8] = b"o";
 /// The configuration version the state was written under (`PersistRecord::ConfigVersion`).
 const CONFIG_VERSION: &[u8] = b"v";
+/// The boot number of the start that wrote the state (`PersistRecord::Boot`).
+const BOOT: &[u8] = b"b";
 const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
@@ -113,6 +115,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         }
         PersistRecord::ClockCorrection(_) => CLOCK_CORRECTION.to_vec(),
         PersistRecord::ConfigVersion { .. } => CONFIG_VERSION.to_vec(),
+        PersistRecord::Boot { .. } => BOOT.to_vec(),
     })
 }
 

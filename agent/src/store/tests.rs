@@ -322,6 +322,41 @@ fn the_configuration_version_survives_reopening(o: &mut dyn Opener) {
     assert_eq!(back.snapshot(), b.snapshot());
 }
 
+/// The boot number of the start that wrote the state comes back with it (one store key),
+/// so a restart whose clock went back still takes a larger one.
+fn the_boot_survives_reopening(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    b.set_boot_clock(at(50_000));
+    b.acquire(at(50_000), acquire("t=a", 5, None))
+        .expect("acquire");
+    let store = o.open();
+    persist(&mut b, &*store);
+    drop(store);
+    let store = o.open();
+    let boots: Vec<PersistRecord> = store
+        .load()
+        .expect("load")
+        .into_iter()
+        .filter(|r| matches!(r, PersistRecord::Boot { .. }))
+        .collect();
+    assert_eq!(
+        boots,
+        [PersistRecord::Boot {
+            boot: at(50_000).as_unix_nanos()
+        }]
+    );
+    let mut back = restored(&*store);
+    back.set_boot_clock(at(0));
+    let boot = back.snapshot().into_iter().find_map(|r| match r {
+        PersistRecord::Boot { boot } => Some(boot),
+        _ => None,
+    });
+    assert!(
+        boot.is_some_and(|b| b > at(50_000).as_unix_nanos()),
+        "{boot:?}"
+    );
+}
+
 fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
     assert!(o.open().load().expect("load").is_empty());
 }
@@ -364,6 +399,11 @@ macro_rules! conformance {
             #[test]
             fn the_configuration_version_survives_reopening() {
                 super::the_configuration_version_survives_reopening(&mut $opener);
+            }
+
+            #[test]
+            fn the_boot_survives_reopening() {
+                super::the_boot_survives_reopening(&mut $opener);
             }
 
             #[test]

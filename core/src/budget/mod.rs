@@ -251,8 +251,16 @@ impl RegionBudget {
     /// from one start to the next: the own clock does, where a corrected one need not (a
     /// restored start reads its own clock until its first sample, behind the correction the
     /// lost copy ran on when the region is behind, and its messages were dropped as old).
+    ///
+    /// It is kept with the state (`PersistRecord::Boot`), and the next start takes one larger
+    /// than it whatever its clock reads: a clock stepped back across a restart gave a smaller
+    /// boot, and the coordinator dropped every SyncUp of that start as old.
     pub fn set_boot_clock(&mut self, local: Timestamp) {
-        self.sync.boot = local.as_unix_nanos().max(1);
+        self.sync.boot = local
+            .as_unix_nanos()
+            .max(self.sync.stored_boot.saturating_add(1))
+            .max(1);
+        self.dirty.mark(Dirty::Boot);
     }
 
     /// This start, at `now`, may have lost what an earlier copy of the state admitted

@@ -12,7 +12,7 @@
 //! `LeaseEnded` by lease id; `Slot`/`SlotEnded` by slot id; `ReleaseAck`/`ReleaseForgotten` by
 //! request id; `Idempotency`/`IdempotencyUnfingerprinted`/`IdempotencyExpired` by request id; `Stats`/`StatsForgotten` by
 //! (limit, window); `Allocation` by limit; `RestoredBefore` and `RestoreAwaiting` alone (one
-//! store key); `ConfigVersion` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
+//! store key); `ConfigVersion` and `Boot` alone. `Reset` clears everything but `Meta`; `LimitRemoved`
 //! clears a limit's keys, leases, slots, stats and allocation.
 //!
 //! A limit's `Allocation` record holds the parameters its grants were made under. A region
@@ -140,6 +140,14 @@ pub enum PersistRecord {
     /// followed it is the version before the skip, so a restart then skips again.
     ConfigVersion {
         version: u64,
+    },
+    /// The boot number of the start that wrote the state (`SyncUp::boot`): the next start
+    /// takes a larger one even when the clock went back across the restart (an NTP step, a
+    /// VM resumed from a snapshot), or the coordinator would drop every SyncUp of that start
+    /// as older than the last it heard. Last, so that the layouts written before it existed
+    /// still read (they hold none: the next boot is the clock's, as before).
+    Boot {
+        boot: u64,
     },
 }
 
@@ -335,6 +343,11 @@ impl RegionBudget {
                 version: self.stored_config_version(),
             });
         }
+        // The stored one until this start takes its own (`set_boot_clock`), never less.
+        let boot = self.sync.boot.max(self.sync.stored_boot);
+        if boot != 0 {
+            out.push(PersistRecord::Boot { boot });
+        }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
                 out.push(key_persist_record(lim, name, ks));
@@ -458,6 +471,9 @@ impl RegionBudget {
             )),
             Dirty::ConfigVersion => PersistRecord::ConfigVersion {
                 version: self.stored_config_version(),
+            },
+            Dirty::Boot => PersistRecord::Boot {
+                boot: self.sync.boot.max(self.sync.stored_boot),
             },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
@@ -611,6 +627,10 @@ impl RegionBudget {
             }
             // The version the caller then sets is compared with it (`set_config_version`).
             PersistRecord::ConfigVersion { version } => self.config_version = version,
+            // The boot this start takes is larger (`RegionBudget::set_boot_clock`).
+            PersistRecord::Boot { boot } => {
+                self.sync.stored_boot = self.sync.stored_boot.max(boot);
+            }
         }
     }
 

@@ -31,6 +31,7 @@ pub(crate) enum Dirty {
     Restore,
     Clock,
     ConfigVersion,
+    Boot,
 }
 
 /// The marks, appended per kind (a mark is a push; duplicates go at drain time) and bounded
@@ -49,6 +50,7 @@ pub(crate) struct DirtySet {
     restore: bool,
     clock: bool,
     config_version: bool,
+    boot: bool,
     /// Marks held, duplicates included.
     len: usize,
     overflowed: bool,
@@ -73,6 +75,7 @@ impl DirtySet {
             Dirty::Restore => self.restore = true,
             Dirty::Clock => self.clock = true,
             Dirty::ConfigVersion => self.config_version = true,
+            Dirty::Boot => self.boot = true,
         }
         self.len += 1;
         if self.len > MAX_DIRTY_ITEMS {
@@ -120,6 +123,9 @@ impl DirtySet {
         }
         if taken.config_version {
             out.push(Dirty::ConfigVersion);
+        }
+        if taken.boot {
+            out.push(Dirty::Boot);
         }
         fn sorted<T: Ord>(v: &mut Vec<T>) -> std::vec::Drain<'_, T> {
             v.sort_unstable();

@@ -163,9 +163,13 @@ pub(crate) struct SyncState {
     pub next_seq: u64,
     /// This start's boot number ([`SyncUp::boot`]): the time, in nanoseconds, of the start
     /// on the region's own clock ([`RegionBudget::set_boot_clock`]), or failing that of the
-    /// first SyncUp since the machine was built; 0 until then. Time, not a persisted counter,
-    /// so that a start from an old copy of the state still gets a larger one.
+    /// first SyncUp since the machine was built, and above `stored_boot` either way; 0 until
+    /// then. Time, so that a start from an old copy of the state still gets a larger one.
     pub boot: u64,
+    /// The boot of the start that wrote the state this one restored
+    /// (`PersistRecord::Boot`), 0 if none: a clock stepped back across the restart must not
+    /// give a smaller one.
+    pub stored_boot: u64,
     /// The largest leader term an answer carried (soft: a restart resends everything anyway).
     leader_term: Option<u64>,
     next_sync_at: Option<Timestamp>,
@@ -223,7 +227,7 @@ impl RegionBudget {
         self.sync.next_seq += 1;
         self.dirty.mark(Dirty::Meta);
         if self.sync.boot == 0 {
-            self.sync.boot = now.as_unix_nanos().max(1);
+            self.set_boot_clock(now);
         }
         let mut up = SyncUp {
             region: self.cfg.region.clone(),

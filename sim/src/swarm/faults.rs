@@ -87,10 +87,17 @@ pub const FAULT_KINDS: &[FaultKind] = &[
         draw: draw_region_removal,
         pass: 2,
     },
+    FaultKind {
+        name: "clock_step",
+        weight: 1,
+        draw: draw_clock_step,
+        pass: 3,
+    },
 ];
 
-/// The last pass of [`FAULT_KINDS`].
-pub const LAST_PASS: u32 = 2;
+/// The last pass of [`FAULT_KINDS`]. Passes 1 and 2 are drawn before the settings drawn
+/// last (where they were when they were added); pass 3 after everything.
+pub const LAST_PASS: u32 = 3;
 
 /// Share of spans that start at the beginning of the run.
 const EARLY_SPANS: f64 = 0.2;
@@ -252,6 +259,24 @@ fn draw_region_removal(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
             at_ms: moment(dice, frame),
         },
         params,
+    })
+}
+
+/// An agent host's clock steps back by a sync interval to three windows (an NTP step, a VM
+/// resumed from a snapshot), anywhere in the run. Steps forward are not drawn yet: a guarded
+/// region stepped forward admits ahead of what the leader knows until its next sample, an open
+/// gap (sim/swarm-findings/README.md, clock steps).
+fn draw_clock_step(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
+    let lo = frame.sync_interval_ms as f64;
+    let hi = (frame.window_ms * 3).max(frame.sync_interval_ms) as f64;
+    let by_ms = -(dice.log(lo, hi).round() as i64);
+    Some(FaultSpec {
+        kind: "clock_step",
+        target: Target::Region(dice.index(frame.gateways.len())),
+        time: FaultTime::At {
+            at_ms: moment(dice, frame),
+        },
+        params: vec![("by", Param::Raw(format!("{by_ms}ms")))],
     })
 }
 

@@ -332,3 +332,23 @@ fn a_key_record_with_allowances_of_earlier_windows_restores_without_them() {
         }
     }
 }
+
+/// A start whose clock went back across the restart (an NTP step while it was down) still
+/// takes a boot larger than the one before: the coordinator drops a SyncUp whose boot is not,
+/// as an old message of the start before, so every SyncUp of that start was lost.
+#[test]
+fn a_boot_grows_across_a_restart_whatever_the_clock_reads() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.set_boot_clock(at(100_000));
+    let first = b.poll_transmit(at(100_000)).expect("a SyncUp").boot;
+    let mut r = restart(b.drain_dirty());
+    // Down for 1 s, the clock stepped back 30 s meanwhile.
+    r.set_boot_clock(at(100_000 + 1_000 - 30_000));
+    let second = r.poll_transmit(at(71_000)).expect("a SyncUp").boot;
+    assert!(second > first, "boot {second} after {first}");
+    // A start whose clock reads on takes its clock's time, as before.
+    let mut again = restart(r.drain_dirty());
+    again.set_boot_clock(at(160_000));
+    let third = again.poll_transmit(at(160_000)).expect("a SyncUp").boot;
+    assert_eq!(third, at(160_000).as_unix_nanos());
+}
