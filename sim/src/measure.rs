@@ -874,6 +874,19 @@ traffic:
         s.start + Duration::from_millis(millis)
     }
 
+    /// A bound of 0 for `api/t`'s window holding `window_ms`, stated at `at_ms` (both into
+    /// the run), with no region clock given.
+    fn state_zero(m: &mut Measure, s: &Scenario, window_ms: u64, at_ms: u64) {
+        let api = LimitId::from("api/t");
+        m.bound_sample(
+            &api,
+            window_of(s, window_ms),
+            &Bound::default(),
+            at(s, at_ms),
+            &[],
+        );
+    }
+
     /// The index of the one-second window holding `millis` into the run.
     fn window_of(s: &Scenario, millis: u64) -> WindowIndex {
         WindowIndex(at(s, millis).as_unix_nanos() / 1_000_000_000)
@@ -973,14 +986,7 @@ traffic:
         // holds 120: above the quota of 100 (a bound of 0 stated: nothing may exceed it).
         m.admitted(0, 0, at(&s, 500), at(&s, 1_100), 60);
         m.admitted(0, 1, at(&s, 1_500), at(&s, 1_500), 60);
-        let api = LimitId::from("api/t");
-        m.bound_sample(
-            &api,
-            window_of(&s, 1_200),
-            &Bound::default(),
-            at(&s, 1_200),
-            &[],
-        );
+        state_zero(&mut m, &s, 1_200, 1_200);
         assert!(m.windows().iter().all(|w| w.overshoot_units == 0));
         assert_eq!(m.windows()[1].admitted_units_on_region_clocks, 120);
         assert_eq!(m.windows()[0].admitted_units_on_region_clocks, 0);
@@ -1060,17 +1066,10 @@ traffic:
     /// its window 8 at true 9.6 s. Raised at true 9.2 s, the same index is judged.
     #[test]
     fn the_end_cuts_off_an_index_a_region_behind_raised_in_the_run_s_last_report_lag() {
-        let api = LimitId::from("api/t");
         let judged = |true_ms: u64| {
             let (s, mut m) = measure();
             m.admitted(0, 1, at(&s, true_ms), at(&s, true_ms - 1_000), 150);
-            m.bound_sample(
-                &api,
-                window_of(&s, 8_000),
-                &Bound::default(),
-                at(&s, 8_500),
-                &[],
-            );
+            state_zero(&mut m, &s, 8_000, 8_500);
             assert!(!m.windows()[8].cut_off, "its true window ended in time");
             m.local_window_excess().len()
         };
@@ -1087,13 +1086,7 @@ traffic:
             150,
             at(&s, 9_500),
         );
-        m.bound_sample(
-            &api,
-            window_of(&s, 8_000),
-            &Bound::default(),
-            at(&s, 8_500),
-            &[],
-        );
+        state_zero(&mut m, &s, 8_000, 8_500);
         assert!(m.local_window_excess().is_empty());
     }
 
@@ -1267,39 +1260,30 @@ traffic:
         for i in 0..10u64 {
             m.admitted(0, 0, at(&s, i * 1_000 + 100), at(&s, i * 1_000 + 100), 150);
         }
-        // Every window is stated at its middle, in time order with the losses below.
-        let state = |m: &mut Measure, t: u64| {
-            m.bound_sample(&api, window_of(&s, t), &zero, at(&s, t), &[behind(t)]);
+        // Window `w` (its start, in ms) stated at `t`; every window is stated at its middle,
+        // in time order with the losses below.
+        let state = |m: &mut Measure, w: u64, t: u64| {
+            m.bound_sample(&api, window_of(&s, w), &zero, at(&s, t), &[behind(t)]);
         };
-        (0..3).for_each(|i| state(&mut m, i * 1_000 + 500));
+        let middles = |m: &mut Measure, windows: std::ops::Range<u64>| {
+            windows.for_each(|i| state(m, i * 1_000, i * 1_000 + 500));
+        };
+        middles(&mut m, 0..3);
         // Lost at 3.2 s, while the region reads 2.6 s: window 2 is unbounded (window 3 is
         // stated at 3.5 s, while in progress).
         m.leaderless(at(&s, 3_200), &[behind(3_200)]);
         // Lost at 5.2 s; a leader states window 4, which the region is still in, at 5.4 s,
         // and window 5 at 5.5 s: both covered.
-        (3..5).for_each(|i| state(&mut m, i * 1_000 + 500));
+        middles(&mut m, 3..5);
         m.leaderless(at(&s, 5_200), &[behind(5_200)]);
-        m.bound_sample(
-            &api,
-            window_of(&s, 4_000),
-            &zero,
-            at(&s, 5_400),
-            &[behind(5_400)],
-        );
-        state(&mut m, 5_500);
+        state(&mut m, 4_000, 5_400);
+        middles(&mut m, 5..7);
         // Lost at 7.2 s; window 6, which the region is in until 7.6 s, is stated again only at
         // 7.7 s, after the region left it: not covered. Without the region's clock, windows 2
         // and 6 would have been judged against statements that miss what it admitted later.
-        state(&mut m, 6_500);
         m.leaderless(at(&s, 7_200), &[behind(7_200)]);
-        m.bound_sample(
-            &api,
-            window_of(&s, 6_000),
-            &zero,
-            at(&s, 7_700),
-            &[behind(7_700)],
-        );
-        (7..10).for_each(|i| state(&mut m, i * 1_000 + 500));
+        state(&mut m, 6_000, 7_700);
+        middles(&mut m, 7..10);
         let flags: Vec<bool> = m.windows().iter().map(|w| w.unbounded).collect();
         assert_eq!(
             flags,

@@ -483,6 +483,17 @@ fn with_policy(policy: PartitionPolicy) -> LimitSpec {
 
 /// b is heard as the window starts, and at 1 s (with a clock sample: offset 0, rtt 0), then
 /// falls silent.
+/// The open partition policy at 2 units a second, burst 3.
+fn open_2_per_sec() -> PartitionPolicy {
+    PartitionPolicy::Open {
+        rate: RateCap {
+            units: 2,
+            per: Duration::from_secs(1),
+            burst: 3,
+        },
+    }
+}
+
 fn silent_b(policy: PartitionPolicy) -> World {
     let mut w = world(&with_policy(policy));
     w.up("b", at_ms(0));
@@ -1724,13 +1735,7 @@ fn the_leader_reads_the_allowances_of_the_windows_a_clock_reaches() {
 /// window's start.
 #[test]
 fn a_new_leader_is_conservative_about_what_it_did_not_see() {
-    let open = PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    };
+    let open = open_2_per_sec();
     let spec = LimitSpec {
         consistency: Consistency::Eventual,
         ..with_policy(PartitionPolicy::Floor)
@@ -1807,13 +1812,7 @@ fn an_open_eventual_partition_counts_the_floor_before_the_rate() {
         consistency: Consistency::Eventual,
         ..with_policy(policy)
     };
-    let open = PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    };
+    let open = open_2_per_sec();
     let floor_units = |policy| {
         term(
             &bound(&with(policy), WindowIndex(100), &inputs),
@@ -1845,13 +1844,7 @@ fn an_uncapped_eventual_limit_is_bounded_by_l_per_region() {
 fn fail_open_and_deferred_flush_terms_grow_with_their_durations() {
     // Open policy at 2/s burst 3; a was open 4.5 s: 2 * 4.5 + 3 = 12.
     // Deferred flush every 300 ms, cap 10/s burst 5: per region min(a_j, 3 + 5) = 8 -> 16.
-    let open = PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    };
+    let open = open_2_per_sec();
     let mut inputs = BoundInputs::new(regions(), Duration::from_secs(2));
     inputs.stats.insert(
         RegionId::from("a"),
@@ -1992,13 +1985,7 @@ fn time_open_grows_live_while_an_open_region_is_silent() {
     // 13 s it is silent (view_ttl 2 s). At 13.5 s it may have been open since 11 s: 2.5 s ->
     // ceil(2 * 2.5) + 3 = 8. (Both were heard long before the window began, on any clock
     // within their uncertainty and the drift margin: nothing before counts.)
-    let open = PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    };
+    let open = open_2_per_sec();
     let mut w = world(&with_policy(open));
     let l = LimitId::from("l");
     for t in (0..=11_000).step_by(1_000) {
@@ -2030,13 +2017,7 @@ fn time_open_grows_live_while_an_open_region_is_silent() {
 fn live_time_open_runs_to_the_window_end_on_the_region_clock() {
     // Open at 2/s burst 3, view_ttl 2 s, drift margin 0.5 s. b syncs every second until
     // 19 s with a clock 3 s behind (rtt 0), then is silent; a stays in contact.
-    let open = PartitionPolicy::Open {
-        rate: RateCap {
-            units: 2,
-            per: Duration::from_secs(1),
-            burst: 3,
-        },
-    };
+    let open = open_2_per_sec();
     let mut w = world(&with_policy(open));
     let l = LimitId::from("l");
     for t in (0..=19_000).step_by(1_000) {
@@ -3761,13 +3742,7 @@ fn a_region_on_an_older_open_version_keeps_its_fail_open_term() {
     let open = LimitSpec {
         max_settle_overage_ppm: 500_000,
         rlqs_fallback_units: 7,
-        ..with_policy(PartitionPolicy::Open {
-            rate: RateCap {
-                units: 2,
-                per: Duration::from_secs(1),
-                burst: 3,
-            },
-        })
+        ..with_policy(open_2_per_sec())
     };
     let mut c = Coordinator::new(config(), table_with(&open), at_ms(0), 1);
     let window = WindowIndex(START_MS / 10_000);
