@@ -408,6 +408,12 @@ pub(crate) enum BandSide {
 /// it, how long until admissions leave the band (the next window's start plus `e`, or, with no
 /// band to keep, a sync interval, when a new clock sample may bring one): the wait of a
 /// refusal the neighbouring window has no room for.
+/// Whether an edge band of `e` covers every instant of a window of `window_len` (its start
+/// and end bands meet): strict keys admit nothing new then.
+pub(crate) fn band_covers_window(e: Duration, window_len: Duration) -> bool {
+    e.saturating_mul(2) >= window_len
+}
+
 pub(crate) fn edge_band(
     p: &LimitParams,
     ctx: &Ctx,
@@ -419,7 +425,7 @@ pub(crate) fn edge_band(
         return None;
     }
     let (start, end) = (p.window_start(window), p.window_end(window));
-    if e.saturating_mul(2) >= p.window_len() {
+    if band_covers_window(e, p.window_len()) {
         return Some((BandSide::Whole, ctx.sync_interval));
     }
     if now < start + e {

@@ -532,7 +532,7 @@ impl RegionBudget {
         let (Some(e), Some(l)) = (self.view.edge_band(), self.limits.get(limit)) else {
             return false;
         };
-        e.saturating_mul(2) >= l.params.window_len()
+        admit::band_covers_window(e, l.params.window_len())
     }
 
     /// A restored start (`start_restored`) was dated on a clock the first sample since then

@@ -343,8 +343,7 @@ impl RegionBudget {
                 version: self.stored_config_version(),
             });
         }
-        // The stored one until this start takes its own (`set_boot_clock`), never less.
-        let boot = self.sync.boot.max(self.sync.stored_boot);
+        let boot = self.boot_to_keep();
         if boot != 0 {
             out.push(PersistRecord::Boot { boot });
         }
@@ -432,6 +431,12 @@ impl RegionBudget {
         self.limits = limits;
     }
 
+    /// The boot the store keeps: the stored one until this start takes its own
+    /// (`set_boot_clock`), never less.
+    fn boot_to_keep(&self) -> u64 {
+        self.sync.boot.max(self.sync.stored_boot)
+    }
+
     fn meta(&self) -> MetaRecord {
         MetaRecord {
             next_lease_id: self.leases.ids.durable_next_id(self.leases.next_id),
@@ -473,7 +478,7 @@ impl RegionBudget {
                 version: self.stored_config_version(),
             },
             Dirty::Boot => PersistRecord::Boot {
-                boot: self.sync.boot.max(self.sync.stored_boot),
+                boot: self.boot_to_keep(),
             },
             Dirty::Limit(limit) => PersistRecord::LimitRemoved { limit },
             Dirty::Allocation(limit) => match self.limits.get(&limit) {
