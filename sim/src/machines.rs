@@ -171,16 +171,23 @@ impl CoreFactory {
         &self,
         setup: &RegionSetup<'_>,
         budget: RegionBudget,
-        restarted: bool,
+        restarted_at_local: Option<Timestamp>,
     ) -> CoreRegion {
         let coordinated = setup.policy == Policy::Rebalancing;
-        let timebase = self.max_clock_uncertainty.filter(|_| coordinated).map(|u| {
-            if restarted {
-                Timebase::restarted(u, budget.clock_correction())
-            } else {
-                Timebase::new(u)
-            }
-        });
+        let timebase =
+            self.max_clock_uncertainty
+                .filter(|_| coordinated)
+                .map(|u| match restarted_at_local {
+                    Some(local) => Timebase::restarted(
+                        u,
+                        budget.clock_correction(),
+                        budget.time_floor(),
+                        local,
+                    ),
+                    None => Timebase::new(u),
+                });
+        // Without a timebase the clock holds at the floor, as `Agent::now` does.
+        let last_now = budget.time_floor();
         CoreRegion {
             budget,
             timebase,
@@ -188,7 +195,7 @@ impl CoreFactory {
             lease_ttl: self.lease_ttl,
             coordinated: setup.policy == Policy::Rebalancing,
             sync_interval: self.coordinator.sync_interval,
-            last_now: Timestamp::ZERO,
+            last_now,
             refused_calls: 0,
             used_at_reload: BTreeMap::new(),
             config: setup.reload,
@@ -361,7 +368,7 @@ impl NodeFactory for CoreFactory {
     fn region(&self, setup: &RegionSetup<'_>, now: Timestamp) -> CoreRegion {
         let mut budget = self.budget(setup, Vec::new());
         budget.set_boot_clock(now);
-        self.core_region(setup, budget, false)
+        self.core_region(setup, budget, None)
     }
 
     fn restore_region(
@@ -373,7 +380,8 @@ impl NodeFactory for CoreFactory {
         let mut budget = self.budget(setup, store.records.clone());
         // As the agent does: the boot on the region's own clock, which grows across starts.
         budget.set_boot_clock(now);
-        let mut region = self.core_region(setup, budget, !store.records.is_empty());
+        let restarted = (!store.records.is_empty()).then_some(now);
+        let mut region = self.core_region(setup, budget, restarted);
         // As the agent starts: a declared restore, or an empty store, may have lost state.
         let why = if setup.restored {
             Some(RestoreStart::Declared)

@@ -3293,3 +3293,18 @@ const SWARM_3356860: &str = include_str!(
 const SWARM_3357664: &str = include_str!(
     "../swarm-findings/seed-3357664-region-allowance-above-table-empty-restore-after-step-back.yaml"
 );
+
+/// Swarm seed 3367850: a region removed from the table crashed, its clock stepped 9 s back
+/// while it was down, and it restarted into the window it had left before the crash. Removed,
+/// it gets no answers, so no sample moved its clock on: it counted that window again from
+/// zero (its entries went from (23, 12) to (7, 0), invariant 6). Every batch the region
+/// writes now carries the time of its calls, and a restart reads on from it.
+#[test]
+fn a_restart_never_reads_before_the_time_its_store_was_written_at() {
+    let world = parsed("swarm-3367850.yaml", SWARM_3367850);
+    assert_no_violation(&run(&world, 3367850..3367880));
+}
+
+const SWARM_3367850: &str = include_str!(
+    "../swarm-findings/seed-3367850-counter-decreased-restart-after-step-back-removed-region.yaml"
+);

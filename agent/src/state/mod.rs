@@ -96,6 +96,14 @@ impl Agent {
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
         budget.set_boot_clock(settings.clock.now());
+        let floor = budget.time_floor();
+        let behind = floor.saturating_duration_since(settings.clock.now());
+        if behind > std::time::Duration::from_secs(1) {
+            tracing::warn!(
+                behind_ms = behind.as_millis() as u64,
+                "the clock reads earlier than the latest time the store was written at (a step back while the agent was down): it reads on from the store's time"
+            );
+        }
         // With no coordinator there is no timebase to read and no sample to take.
         let coordinated = !settings.coordinators.is_empty();
         let mut timebase = settings
@@ -103,7 +111,8 @@ impl Agent {
             .filter(|_| coordinated)
             .map(|u| {
                 if restarted {
-                    Timebase::restarted(u, budget.clock_correction())
+                    let local = settings.clock.now();
+                    Timebase::restarted(u, budget.clock_correction(), budget.time_floor(), local)
                 } else {
                     Timebase::new(u)
                 }
@@ -135,7 +144,9 @@ impl Agent {
             ready: AtomicBool::new(false),
             refused_cluster_version: AtomicU64::new(0),
             timebase: timebase.map(Mutex::new),
-            latest_local_nanos: AtomicU64::new(0),
+            // Without a timebase the clock holds at the latest time the store was written
+            // at, as it holds after a step back of a running agent's clock.
+            latest_local_nanos: AtomicU64::new(floor.as_unix_nanos()),
             restored_at_local: Mutex::new(restored_at_local),
             settings,
         })

@@ -124,6 +124,38 @@ async fn a_clock_stepped_back_into_a_window_admits_nothing_again() {
     assert!(allowed(&a).await, "minute 2: 3 of 3");
 }
 
+/// The same across a restart: a clock stepped back while the agent was down reads on from
+/// the latest time the store was written at, not from where the clock now stands.
+#[tokio::test]
+async fn a_restart_on_a_clock_stepped_back_reads_on_from_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("limits.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
+    )
+    .expect("limits file");
+    let minute =
+        |m: u64, s: u64| Timestamp::from_unix_nanos((1_767_225_600 + m * 60 + s) * 1_000_000_000);
+    let (clock, cell) = Clock::manual(minute(0, 10));
+    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+    s.config_files = vec![file];
+    s.clock = clock;
+    let store = Arc::new(MemoryStore::new());
+    let a = Agent::open(s.clone(), store.clone()).expect("agent");
+    assert!(allowed(&a).await, "minute 0: 3 of 3");
+    cell.store(minute(1, 5).as_unix_nanos(), Ordering::Relaxed);
+    assert!(allowed(&a).await, "minute 1: 3 of 3");
+    drop(a);
+    // Down, and the clock stepped back 30 s meanwhile, into minute 0.
+    cell.store(minute(0, 35).as_unix_nanos(), Ordering::Relaxed);
+    let again = Agent::open(s, store).expect("restarted");
+    assert_eq!(again.now(), minute(1, 5), "held at the store's time");
+    assert!(!allowed(&again).await, "minute 1's 3 are spent");
+    cell.store(minute(2, 1).as_unix_nanos(), Ordering::Relaxed);
+    assert!(allowed(&again).await, "minute 2: 3 of 3");
+}
+
 /// A coordinated agent's default shares were computed over the regions named at start:
 /// a reload naming others would split quotas differently from the coordinator's table.
 #[tokio::test]

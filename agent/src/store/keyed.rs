@@ -28,6 +28,8 @@ const CLOCK_CORRECTION: &[u8] = b"o";
 const CONFIG_VERSION: &[u8] = b"v";
 /// The boot number of the start that wrote the state (`PersistRecord::Boot`).
 const BOOT: &[u8] = b"b";
+/// The latest time a batch was written at (`PersistRecord::TimeSeen`).
+const TIME_SEEN: &[u8] = b"n";
 const RESTORED: &[u8] = b"r";
 const SLOT: u8 = b's';
 const STATS: u8 = b't';
@@ -116,6 +118,7 @@ pub(crate) fn item_key(record: &PersistRecord) -> Option<Vec<u8>> {
         PersistRecord::ClockCorrection(_) => CLOCK_CORRECTION.to_vec(),
         PersistRecord::ConfigVersion { .. } => CONFIG_VERSION.to_vec(),
         PersistRecord::Boot { .. } => BOOT.to_vec(),
+        PersistRecord::TimeSeen { .. } => TIME_SEEN.to_vec(),
     })
 }
 

@@ -357,6 +357,30 @@ fn the_boot_survives_reopening(o: &mut dyn Opener) {
     );
 }
 
+/// The time of the latest change comes back with the state (one store key, the latest
+/// written): a restart on a clock stepped back reads on from it.
+fn the_time_of_the_latest_change_survives_reopening(o: &mut dyn Opener) {
+    let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
+    let store = o.open();
+    b.acquire(at(50_000), acquire("t=a", 5, None))
+        .expect("acquire");
+    persist(&mut b, &*store);
+    b.acquire(at(52_000), acquire("t=b", 5, None))
+        .expect("acquire");
+    persist(&mut b, &*store);
+    drop(store);
+    let store = o.open();
+    let times: Vec<PersistRecord> = store
+        .load()
+        .expect("load")
+        .into_iter()
+        .filter(|r| matches!(r, PersistRecord::TimeSeen { .. }))
+        .collect();
+    let latest = PersistRecord::TimeSeen { at: at(52_000) };
+    assert_eq!(times.last(), Some(&latest), "{times:?}");
+    assert_eq!(restored(&*store).time_floor(), at(52_000));
+}
+
 fn an_empty_store_loads_nothing(o: &mut dyn Opener) {
     assert!(o.open().load().expect("load").is_empty());
 }
@@ -404,6 +428,11 @@ macro_rules! conformance {
             #[test]
             fn the_boot_survives_reopening() {
                 super::the_boot_survives_reopening(&mut $opener);
+            }
+
+            #[test]
+            fn the_time_of_the_latest_change_survives_reopening() {
+                super::the_time_of_the_latest_change_survives_reopening(&mut $opener);
             }
 
             #[test]

@@ -238,8 +238,8 @@ mod tests {
         );
         assert_eq!(
             b.drain_dirty().len(),
-            4,
-            "the limit's allocation (from the start), meta, key and lease: from the calls only"
+            5,
+            "the limit's allocation (from the start), meta, key, lease and the calls' time: from the calls only"
         );
         // A key used by single acquires only, read a window later: its count as it ended.
         let other = KeyId::new("k=3");

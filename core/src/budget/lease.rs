@@ -279,6 +279,7 @@ impl RegionBudget {
     /// Grant `min(units_wanted, available)` units for `min(ttl, lease_ttl_max)`, never past
     /// the end of the window; if that is fewer than `min_units` (at least 1), grant nothing.
     pub fn lease(&mut self, now: Timestamp, req: LeaseRequest) -> Result<LeaseOutcome> {
+        self.saw_time(now);
         let request = req.request_id.map(|id| (id, req.fingerprint(None)));
         self.once(now, request, |b| b.lease_once(now, req))
     }
@@ -295,6 +296,7 @@ impl RegionBudget {
         lease: LeaseId,
         req: LeaseRequest,
     ) -> Result<LeaseOutcome> {
+        self.saw_time(now);
         let request = req.request_id.map(|id| (id, req.fingerprint(Some(lease))));
         self.once(now, request, |b| {
             let live = b.leases.get(lease).filter(|l| l.expires_at > now);
@@ -384,6 +386,7 @@ impl RegionBudget {
         ttl: Duration,
         request_id: Option<RequestId>,
     ) -> Result<RenewOutcome> {
+        self.saw_time(now);
         let request = request_id.map(|id| {
             let fp = RequestFingerprint::of("renew").u64(lease.0).duration(ttl);
             (id, fp.finish())
@@ -417,6 +420,7 @@ impl RegionBudget {
         unused_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<ReleaseOutcome> {
+        self.saw_time(now);
         let request = request_id.map(|id| {
             let fp = RequestFingerprint::of("release")
                 .u64(lease.0)
@@ -464,6 +468,7 @@ impl RegionBudget {
         now: Timestamp,
         returns: &[LeaseReturn],
     ) -> Result<Vec<ReturnedLease>> {
+        self.saw_time(now);
         if returns.len() > MAX_LEASE_RETURNS {
             return Err(Error::InvalidRequest(format!(
                 "at most {MAX_LEASE_RETURNS} leases can be returned in one call, found {}",
@@ -506,6 +511,7 @@ impl RegionBudget {
         actual_units: u64,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
+        self.saw_time(now);
         let request = request_id.map(|id| {
             let fp = RequestFingerprint::of("settle")
                 .u64(lease.0)
@@ -547,6 +553,7 @@ impl RegionBudget {
     /// statistics of the window of `now`, which the coordinator then states unbounded. An
     /// unknown limit (removed by a reload) counts nowhere.
     pub fn record_uncharged(&mut self, now: Timestamp, limit: &LimitId, units: u64) {
+        self.saw_time(now);
         if units == 0 {
             return;
         }
@@ -619,6 +626,7 @@ impl RegionBudget {
         delta: ReservationDelta,
         request_id: Option<RequestId>,
     ) -> Result<SettleOutcome> {
+        self.saw_time(now);
         let request = request_id.map(|id| {
             let (how, units) = match delta {
                 ReservationDelta::Refund { units } => ("refund", units),

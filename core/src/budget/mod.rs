@@ -97,6 +97,10 @@ pub struct RegionBudget {
     coordinator_config_version: Option<u64>,
     /// Latest `now` seen by `handle_timeout`, so past deadlines are not asked for again.
     last_timeout: Timestamp,
+    /// The latest time any call passed in, and the latest of it a drained batch carried
+    /// (`PersistRecord::TimeSeen`): a restart reads on from it ([`RegionBudget::time_floor`]).
+    time_seen: Timestamp,
+    time_seen_written: Timestamp,
     /// Gateways' fallback admissions charged against their rules' allowances (D69).
     fallback: fallback::FallbackTally,
 }
@@ -164,6 +168,8 @@ impl RegionBudget {
             config_version: 0,
             coordinator_config_version: None,
             last_timeout: Timestamp::ZERO,
+            time_seen: Timestamp::ZERO,
+            time_seen_written: Timestamp::ZERO,
             fallback: fallback::FallbackTally::default(),
         };
         // The parameters every limit starts under, so a start under others can tell.
@@ -185,6 +191,7 @@ impl RegionBudget {
     /// parameters are persisted with the grants: a region that restarts under parameters
     /// other than the stored ones drops its grants the same way (`restore`).
     pub fn set_limits(&mut self, now: Timestamp, limits: impl IntoIterator<Item = LimitSpec>) {
+        self.saw_time(now);
         self.account_open_time(now);
         let mut old = std::mem::take(&mut self.limits);
         for spec in limits {
@@ -263,6 +270,22 @@ impl RegionBudget {
         self.dirty.mark(Dirty::Boot);
     }
 
+    /// Every call that takes the time passes it here: what the region did, it did by then.
+    fn saw_time(&mut self, now: Timestamp) {
+        self.time_seen = self.time_seen.max(now);
+    }
+
+    /// The latest time the state was written at, as restored (zero for a new machine): the
+    /// clock a restart reads must not be earlier. Its counters, pruned windows, expired
+    /// leases and statistics are all of that time, so a clock stepped back across the
+    /// restart (an NTP step, a VM resumed from a snapshot) would take the region back into
+    /// windows whose counters it has dropped, and it would admit their allowances again.
+    /// The driver's clock reads on from it (`Timebase::restarted`; `Agent::now` and the
+    /// simulator's region hold at it without a timebase).
+    pub fn time_floor(&self) -> Timestamp {
+        self.time_seen
+    }
+
     /// This start, at `now`, may have lost what an earlier copy of the state admitted
     /// (docs/budget.md, "Restores"): the operator declared a restore, or the store was empty.
     /// Call it once, right after building the machine and before any admission.
@@ -275,6 +298,7 @@ impl RegionBudget {
     /// copy's end band may have counted units against the window after its last (docs/budget.md,
     /// edge band).
     pub fn start_restored(&mut self, now: Timestamp, why: RestoreStart) {
+        self.saw_time(now);
         let floor = restore::id_floor(now);
         self.leases.next_id = self.leases.next_id.max(floor);
         self.slots.next_id = self.slots.next_id.max(floor);
@@ -372,6 +396,7 @@ impl RegionBudget {
 
     /// Decide one request of `cost_units`, and charge it if allowed.
     pub fn acquire(&mut self, now: Timestamp, req: AcquireRequest) -> Result<Decision> {
+        self.saw_time(now);
         let request = req.request_id.map(|id| (id, req.fingerprint()));
         self.once(now, request, |b| b.acquire_once(now, req))
     }

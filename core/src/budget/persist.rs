@@ -149,6 +149,13 @@ pub enum PersistRecord {
     Boot {
         boot: u64,
     },
+    /// The latest time a call had passed in when the batch was drained
+    /// (`RegionBudget::time_floor`): written with every batch that carries a change, so that
+    /// whatever the store holds was done by then. Last, so that the layouts written before
+    /// it existed still read (they hold none: a restart reads its clock as it is).
+    TimeSeen {
+        at: Timestamp,
+    },
 }
 
 /// A limit's parameters its allocation is computed from: what [`allocation_changed`]
@@ -310,6 +317,10 @@ impl RegionBudget {
             .collect();
         // Idempotency entries go out in expiry order, so a restore keeps its ring in order.
         records.sort_by_key(idempotency_order);
+        if !records.is_empty() && self.time_seen > self.time_seen_written {
+            self.time_seen_written = self.time_seen;
+            records.push(PersistRecord::TimeSeen { at: self.time_seen });
+        }
         records
     }
 
@@ -346,6 +357,9 @@ impl RegionBudget {
         let boot = self.boot_to_keep();
         if boot != 0 {
             out.push(PersistRecord::Boot { boot });
+        }
+        if self.time_seen != Timestamp::ZERO {
+            out.push(PersistRecord::TimeSeen { at: self.time_seen });
         }
         for lim in self.limits.values() {
             for (name, ks) in &lim.keys {
@@ -635,6 +649,10 @@ impl RegionBudget {
             // The boot this start takes is larger (`RegionBudget::set_boot_clock`).
             PersistRecord::Boot { boot } => {
                 self.sync.stored_boot = self.sync.stored_boot.max(boot);
+            }
+            PersistRecord::TimeSeen { at } => {
+                self.time_seen = self.time_seen.max(at);
+                self.time_seen_written = self.time_seen;
             }
         }
     }

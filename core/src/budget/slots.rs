@@ -100,6 +100,7 @@ impl RegionBudget {
         key: &KeyId,
         request_id: Option<RequestId>,
     ) -> Result<SlotOutcome> {
+        self.saw_time(now);
         let request = request_id.map(|id| {
             let fp = RequestFingerprint::of("acquire_slot").str(limit.as_str());
             (id, fp.str(key.as_str()).finish())
@@ -200,7 +201,7 @@ impl RegionBudget {
     /// Give a slot back. False if it was not held (already released, expired, or a shadow
     /// slot), so a repeated release is harmless.
     pub fn release_slot(&mut self, now: Timestamp, slot: SlotId) -> Result<bool> {
-        let _ = now;
+        self.saw_time(now);
         Ok(self.drop_slot(slot))
     }
 

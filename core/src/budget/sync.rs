@@ -217,6 +217,7 @@ impl RegionBudget {
     /// The driver must write `drain_dirty()` to disk before sending it: release acks promise
     /// the allowance was lowered durably.
     pub fn poll_transmit(&mut self, now: Timestamp) -> Option<SyncUp> {
+        self.saw_time(now);
         if !self.cfg.coordinated || self.sync.next_sync_at.is_some_and(|at| now < at) {
             return None;
         }
@@ -398,6 +399,7 @@ impl RegionBudget {
     /// confirmed unconfirmed again, since a new leader starts without it; an answer from an
     /// earlier leader confirms nothing (that leader is gone, and what it received with it).
     pub fn handle_sync_down(&mut self, now: Timestamp, msg: SyncDown) {
+        self.saw_time(now);
         self.account_open_time(now);
         self.coordinator_config_version = Some(msg.config_version);
         let known_term = self.sync.leader_term;

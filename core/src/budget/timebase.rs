@@ -88,15 +88,24 @@ impl Timebase {
         }
     }
 
-    /// A timebase for an agent restarted from its store: its counters and leases are on the
-    /// corrected clock it had. It reads on the correction the store kept
+    /// A timebase for an agent restarted from its store, at local time `local`: its counters
+    /// and leases are on the corrected clock it had. It reads on the correction the store kept
     /// (`RegionBudget::clock_correction`; none in a store written before the first sample,
     /// or lost with it), so that the region does not go back into windows it has left nor
-    /// forward past grants. How far that is from the coordinator's clock is not known until
-    /// the first sample: until then it admits nothing in strict mode.
-    pub fn restarted(max_uncertainty: Duration, stored: Option<ClockCorrection>) -> Self {
+    /// forward past grants, and never before `floor`, the latest time the store was written
+    /// at (`RegionBudget::time_floor`): a local clock stepped back while the agent was down
+    /// is taken into the correction as a step back of a running one is. How far that is
+    /// from the coordinator's clock is not known until the first sample: until then it
+    /// admits nothing in strict mode.
+    pub fn restarted(
+        max_uncertainty: Duration,
+        stored: Option<ClockCorrection>,
+        floor: Timestamp,
+        local: Timestamp,
+    ) -> Self {
         let mut tb = Timebase {
             hold_until_sampled: true,
+            last_local: local,
             ..Timebase::new(max_uncertainty)
         };
         if let Some(c) = stored {
@@ -107,6 +116,11 @@ impl Timebase {
                 .slowed_from
                 .map_or(Timestamp::ZERO, |(local, from)| tb.slow_until(local, from));
         }
+        // As a step back: the estimate goes on from the floor. A slowed run gains half of it
+        // (it runs at half speed from its start's local time, which moves back too); the
+        // reading holds at the floor until one of them passes it.
+        tb.shift_back(floor.saturating_duration_since(tb.peek(local)));
+        tb.last_read = tb.last_read.max(floor);
         tb
     }
 
@@ -210,6 +224,12 @@ impl Timebase {
     fn absorb_step_back(&mut self, local: Timestamp) {
         let back = self.last_local.saturating_duration_since(local);
         self.last_local = local;
+        self.shift_back(back);
+    }
+
+    /// The local clock reads `back` earlier than the corrected clock must go on from: the
+    /// correction grows by it, and the local times kept move back with the clock.
+    fn shift_back(&mut self, back: Duration) {
         if back.is_zero() {
             return;
         }
@@ -402,7 +422,8 @@ mod tests {
 
     #[test]
     fn a_restarted_region_admits_nothing_strict_until_its_first_sample() {
-        let mut tb = Timebase::restarted(Duration::from_millis(250), None);
+        let mut tb =
+            Timebase::restarted(Duration::from_millis(250), None, Timestamp::ZERO, ms(5_000));
         assert_eq!(tb.band(ms(5_000)), Some(Duration::MAX));
         assert!(tb.guard().is_none());
         assert!(tb.on_sample(ms(5_010), ms(5_000), sample(700, 10)));

@@ -42,6 +42,7 @@ impl RegionBudget {
     }
 
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.saw_time(now);
         self.last_timeout = self.last_timeout.max(now);
         self.fallback.note_running(now);
         self.account_open_time(now);

@@ -255,7 +255,12 @@ fn a_restarted_timebase_reads_on_as_the_one_it_stored_did() {
     };
     assert!(tb.on_sample(at(10_040), at(10_000), sample));
     let before = tb.read(at(12_040));
-    let mut again = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    let mut again = Timebase::restarted(
+        Duration::from_millis(250),
+        Some(tb.correction()),
+        Timestamp::ZERO,
+        at(12_040),
+    );
     assert_eq!(again.read(at(12_040)), before, "not back to the estimate");
     assert_eq!(
         again.read(at(14_100)),
@@ -263,8 +268,65 @@ fn a_restarted_timebase_reads_on_as_the_one_it_stored_did() {
         "and on the estimate after it"
     );
     // Its round trips are not taken while it runs slow, as before the restart.
-    let mut slow = Timebase::restarted(Duration::from_millis(250), Some(tb.correction()));
+    let mut slow = Timebase::restarted(
+        Duration::from_millis(250),
+        Some(tb.correction()),
+        Timestamp::ZERO,
+        at(12_100),
+    );
     assert!(!slow.on_sample(at(12_100), at(11_000), sample));
+}
+
+/// What the store holds was done by the latest time a batch carried: a restart reads on from
+/// it, whatever the clock reads (swarm seed 3367850: a region down while its clock stepped
+/// 9 s back came back into a window whose counter it had dropped, and counted it from zero).
+#[test]
+fn the_time_of_the_latest_change_is_kept_with_the_state() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    assert_eq!(b.time_floor(), Timestamp::ZERO);
+    assert!(acquire(&mut b, at(61_000), "api", "k", 1).allowed);
+    let mut records = b.drain_dirty();
+    assert!(records.contains(&PersistRecord::TimeSeen { at: at(61_000) }));
+    // A call that changes nothing writes nothing, its time included.
+    b.handle_timeout(at(62_000));
+    assert!(b.drain_dirty().is_empty());
+    assert!(acquire(&mut b, at(63_000), "api", "k", 1).allowed);
+    records.extend(b.drain_dirty());
+    let r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], records).expect("restore");
+    assert_eq!(r.time_floor(), at(63_000));
+    let r =
+        RegionBudget::restore(cfg(), vec![per_minute("api", 400)], b.snapshot()).expect("restore");
+    assert_eq!(r.time_floor(), at(63_000), "in a snapshot too");
+}
+
+#[test]
+fn a_restart_on_a_clock_stepped_back_reads_on_from_the_stored_time() {
+    let u = Duration::from_millis(250);
+    let stored = ClockCorrection {
+        correction_nanos: 1_000_000_000,
+        slowed_from: None,
+    };
+    // The store was written at 61 s on the corrected clock; the local clock reads 50 s.
+    let mut tb = Timebase::restarted(u, Some(stored), at(61_000), at(50_000));
+    assert_eq!(tb.read(at(50_000)), at(61_000), "not back to 51 s");
+    assert_eq!(
+        tb.read(at(52_000)),
+        at(63_000),
+        "and on at the clock's rate"
+    );
+    assert_eq!(tb.correction().correction_nanos, 11_000_000_000);
+    // A clock ahead of the floor reads on the stored correction alone.
+    let mut ahead = Timebase::restarted(u, Some(stored), at(61_000), at(70_000));
+    assert_eq!(ahead.read(at(70_000)), at(71_000));
+    // A slowed run restored behind the floor holds at the floor until it passes it.
+    let slowed = ClockCorrection {
+        correction_nanos: -4_000_000_000,
+        slowed_from: Some((at(40_000), at(44_000))),
+    };
+    let mut slow = Timebase::restarted(u, Some(slowed), at(61_000), at(50_000));
+    assert_eq!(slow.read(at(50_000)), at(61_000));
+    assert!(slow.read(at(50_500)) >= at(61_000), "never back");
+    assert!(slow.read(at(60_000)) > at(61_000), "and on");
 }
 
 #[test]
