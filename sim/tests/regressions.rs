@@ -3308,3 +3308,17 @@ fn a_restart_never_reads_before_the_time_its_store_was_written_at() {
 const SWARM_3367850: &str = include_str!(
     "../swarm-findings/seed-3367850-counter-decreased-restart-after-step-back-removed-region.yaml"
 );
+
+/// Swarm seed 3362506: a removed region took a reload from its own files, unheard (its syncs
+/// are refused), and enforced the new version's larger default while the other region held a
+/// grant of the old one: 1,925 admitted against 1,868 with no reload term. A region the
+/// leader cannot hear now counts under every version it may have taken.
+#[test]
+fn a_removed_region_that_takes_a_reload_unheard_is_in_the_reload_term() {
+    let world = parsed("swarm-3362506.yaml", SWARM_3362506);
+    assert_no_violation(&run(&world, 3362506..3362536));
+}
+
+const SWARM_3362506: &str = include_str!(
+    "../swarm-findings/seed-3362506-overshoot-on-region-clocks-staggered-reload-at-start.yaml"
+);

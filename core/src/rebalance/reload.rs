@@ -89,6 +89,15 @@ impl KeptConfigs {
         self.configs.iter().any(|c| c.version == version)
     }
 
+    /// The replaced configurations kept here that came after `version`, oldest first: those a
+    /// rollout may have taken a region last heard on `version` to while it was not heard.
+    pub fn versions_after(&self, version: u64) -> impl Iterator<Item = u64> + '_ {
+        self.configs
+            .iter()
+            .map(|c| c.version)
+            .filter(move |v| *v > version)
+    }
+
     /// Whether a region last known on the replaced configuration `version` closes itself when
     /// its view expires, on that version and on every one replaced since (a rollout may have
     /// taken it to any of them while it was silent): the limit strict with the closed

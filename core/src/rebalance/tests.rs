@@ -3732,6 +3732,36 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
     );
 }
 
+/// Swarm seed 3362506: b, removed while on version 1, may take a reload to version 2 from its
+/// own files, unheard (its syncs are refused). It counts at the largest it may hold under
+/// either: version 2's default of 80, not version 1's 50, while a still holds version 1's 50.
+#[test]
+fn a_removed_region_counts_under_the_versions_it_may_have_taken_unheard() {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    c.handle_sync_up(at_ms(0), clocked_up(&c, "a", 1, 1))
+        .unwrap();
+    c.handle_sync_up(at_ms(0), clocked_up(&c, "b", 1, 1))
+        .unwrap();
+    let remove = TableCommand::RemoveRegion {
+        region: RegionId::from("b"),
+        at: at_ms(0),
+    };
+    assert!(c.handle_committed(at_ms(0), &remove).is_applied());
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![weighted(spec(), 200_000, 800_000)],
+        regions: regions(),
+    };
+    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+    // a is heard, still on version 1.
+    c.handle_sync_up(at_ms(20), clocked_up(&c, "a", 2, 1))
+        .unwrap();
+    let window = WindowIndex(START_MS / 10_000 + 1);
+    let b = c.bound(at_ms(30), &LimitId::from("l"), window).unwrap();
+    let reload = term(&b, "reload");
+    assert_eq!(reload.units, 30, "50 + 80 - 100: {}", reload.detail);
+}
+
 /// Swarm seed 3252896: a reload takes the limit from the open partition policy to the closed
 /// one (version 2) while b, partitioned, still enforces version 1 and admits its fail-open
 /// units there. The `fail_open` term counts b at version 1's rate, not at none because the

@@ -56,7 +56,7 @@ impl Coordinator {
         let spec = self.table.limit(limit)?;
         let mut inputs = self.bound_inputs(now, limit, window, None);
         inputs.previous_window_units = previous_excess_units;
-        let unknown = self.reload_inputs(limit, window, &mut inputs);
+        let unknown = self.reload_inputs(now, limit, window, &mut inputs);
         let mut b = bound(spec, window, &inputs);
         if let Some(why) = unknown.or_else(|| self.clamped_settles(limit, window)) {
             b.unbounded = Some(why);
@@ -151,8 +151,16 @@ impl Coordinator {
     /// have ended) on ours before it. The term is taken against the smaller of the table's
     /// quota and the one in force when the window started on our clock: a window that started
     /// under a smaller quota is judged against it.
+    ///
+    /// A region this leader cannot hear now (removed, or silent) may have switched to any
+    /// version after the one it was last heard on: a reload reaches it from its own files, not
+    /// from us. It counts at the largest it may hold under any of them (swarm seed 3362506:
+    /// removed after releasing down to 390 of its 948 on version 1, it took a reload to
+    /// version 2 and enforced that version's default of 1,010 while the other region held its
+    /// version-1 grant of 920, 1,925 admitted against 1,868 with no term stated).
     fn reload_inputs(
         &self,
+        now: Timestamp,
         limit: &LimitId,
         window: WindowIndex,
         inputs: &mut BoundInputs,
@@ -179,8 +187,20 @@ impl Coordinator {
             .and_then(|w| self.kept_configs.quota_units_at(limit, w, w.start(window)));
         for (r, previous) in self.table.regions().iter().zip(under_previous) {
             let version = self.version_of(r).unwrap_or(current);
+            let unheard = self.table.is_removed(r) || self.is_silent(r, now);
+            let switched_unheard: Vec<u64> = if unheard && version != current {
+                self.kept_configs
+                    .versions_after(version)
+                    .chain(std::iter::once(current))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let mut units = 0u64;
-            for v in std::iter::once(version).chain(previous) {
+            for v in std::iter::once(version)
+                .chain(previous)
+                .chain(switched_unheard)
+            {
                 let held = if v == current {
                     Held::Units(self.largest_allowance(limit, window, None, r))
                 } else {
