@@ -3322,3 +3322,16 @@ fn a_removed_region_that_takes_a_reload_unheard_is_in_the_reload_term() {
 const SWARM_3362506: &str = include_str!(
     "../swarm-findings/seed-3362506-overshoot-on-region-clocks-staggered-reload-at-start.yaml"
 );
+
+/// Swarm seed 3362120: Envoys whose agent was down admitted on their own (more than a reload
+/// had lowered `rlqs_fallback_units` to), and the agent, back, stated the window their reports
+/// were charged in unbounded. The judge counted them a window later: while an agent was down
+/// it read its raw clock, 293 ms ahead of the corrected one the agent read before and after.
+#[test]
+fn a_down_agents_region_is_judged_on_the_clock_it_read() {
+    let world = parsed("swarm-3362120.yaml", SWARM_3362120);
+    assert_no_violation(&run(&world, 3362120..3362150));
+}
+
+const SWARM_3362120: &str =
+    include_str!("../swarm-findings/seed-3362120-overshoot-on-region-clocks-reload-and-crash.yaml");

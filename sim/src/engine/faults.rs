@@ -88,7 +88,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
 
     pub(super) fn agent_crash(&mut self, region: usize) {
         let r = &mut self.regions[region];
-        let Some(node) = r.node.take() else {
+        let local = r.clock.local(self.now);
+        let Some(node) = r.take_node(local) else {
             return;
         };
         let mut obs = RegionObservation::default();
@@ -138,7 +139,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     /// operator who restored the copy declares it (`allot agent --restored`).
     pub(super) fn agent_restore(&mut self, region: usize, fault: usize) -> Result<()> {
         let r = &mut self.regions[region];
-        r.node = None;
+        r.take_node(r.clock.local(self.now));
         r.timer = None;
         if let Some(i) = r.store_copies.iter().position(|(f, _)| *f == fault) {
             r.store = r.store_copies.swap_remove(i).1;

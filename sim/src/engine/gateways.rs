@@ -126,10 +126,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 let lease = receipt.map(|r| r.lease);
                 let local = match lease.and_then(|l| r.lease_readings.get(&l)) {
                     Some(at) => *at,
-                    None => r
-                        .node
-                        .as_ref()
-                        .map_or(local, |n| n.window_clock(local, lease)),
+                    None => r.window_clock(local, lease),
                 };
                 self.measure.admitted(key, region, self.now, local, units);
                 if let Some(settle) = cost.settle {
@@ -254,7 +251,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return false;
         }
         let limit = &self.scenario.limits.limits[self.measure.keys[key].limit_index];
-        let window = limit.window.index(local);
+        let window = limit
+            .window
+            .index(self.regions[region].window_clock(local, None));
         let rt = &mut self.regions[region].gateways[g];
         if rt.fallback_used.len() >= FALLBACK_TALLIES_KEPT {
             // Only the windows a report can still fall in matter.

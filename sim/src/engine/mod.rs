@@ -242,6 +242,37 @@ struct RegionRt<R: RegionNode> {
     /// lease was granted, so its spends are judged in the window it was charged to, after a
     /// correction or an agent crash as before them.
     lease_readings: BTreeMap<LeaseId, Timestamp>,
+    /// While the agent is down: how far its window clock read ahead of its own clock when it
+    /// went (its correction), in nanoseconds.
+    down_correction_nanos: i64,
+}
+
+impl<R: RegionNode> RegionRt<R> {
+    /// The clock the region's admissions at `local` (its agent's own clock) from `lease` are
+    /// judged on: its agent's window clock; while the agent is down, its own clock with the
+    /// correction the agent had when it went, the clock it would read and reads again when it
+    /// is back. The raw clock was no window the agent counted in: fallback admissions of
+    /// Envoys whose agent was down, on a clock 293 ms ahead, were judged in the window after
+    /// the one their reports were charged to (swarm seed 3362120).
+    fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
+        match &self.node {
+            Some(n) => n.window_clock(local, lease),
+            None => Timestamp::from_unix_nanos(
+                local
+                    .as_unix_nanos()
+                    .saturating_add_signed(self.down_correction_nanos),
+            ),
+        }
+    }
+
+    /// The agent goes down at `local` on its own clock: what it read then is kept.
+    fn take_node(&mut self, local: Timestamp) -> Option<R> {
+        let node = self.node.take()?;
+        let reading = node.window_clock(local, None).as_unix_nanos();
+        let diff = i128::from(reading) - i128::from(local.as_unix_nanos());
+        self.down_correction_nanos = i64::try_from(diff).unwrap_or(0);
+        Some(node)
+    }
 }
 
 struct CoordinatorRt<C: CoordinatorNode> {

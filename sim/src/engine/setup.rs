@@ -204,6 +204,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 gateways,
                 next_gateway: 0,
                 lease_readings: Default::default(),
+                down_correction_nanos: 0,
             });
         }
         let sources = scenario
