@@ -154,6 +154,39 @@ impl AgentClock {
         }
     }
 
+    /// The clock an agent that started at true time `t` reads while it runs, when it counts
+    /// time from its start on the monotonic clock (on a timebase, D73): its host's clock as it
+    /// read at the start, run on without the steps taken since.
+    pub fn without_steps_after(&self, t: Timestamp) -> AgentClock {
+        let t = t.as_unix_nanos();
+        AgentClock {
+            base: self.base,
+            steps: self
+                .steps
+                .iter()
+                .copied()
+                .filter(|(at, _)| *at <= t)
+                .collect(),
+        }
+    }
+
+    /// Bounds on what any agent clock of this host reads over the true times `[start, end)`,
+    /// whenever it started ([`AgentClock::without_steps_after`]): the region's clock moved by
+    /// the least and the most any run of the steps adds up to.
+    pub fn any_reading_range(&self, start: Timestamp, end: Timestamp) -> (Timestamp, Timestamp) {
+        let last = Timestamp::from_unix_nanos(end.as_unix_nanos().saturating_sub(1));
+        let (mut least, mut most, mut sum) = (0i128, 0i128, 0i128);
+        for (_, by) in &self.steps {
+            sum += i128::from(*by);
+            least = least.min(sum);
+            most = most.max(sum);
+        }
+        (
+            to_timestamp(i128::from(self.base.local(start).as_unix_nanos()) + least),
+            to_timestamp(i128::from(self.base.local(last).as_unix_nanos()) + most),
+        )
+    }
+
     /// The earliest and latest readings over the true times `[start, end)`.
     pub fn reading_range(&self, start: Timestamp, end: Timestamp) -> (Timestamp, Timestamp) {
         let last = Timestamp::from_unix_nanos(end.as_unix_nanos().saturating_sub(1));

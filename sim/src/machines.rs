@@ -692,6 +692,10 @@ impl RegionNode for CoreRegion {
         Some(self.timebase.as_ref().map_or(at, |tb| tb.to_local(at)))
     }
 
+    fn counts_time_from_start(&self) -> bool {
+        self.timebase.is_some()
+    }
+
     fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {
         let Some(tb) = &self.timebase else {
             return local.max(self.last_now);

@@ -156,6 +156,13 @@ pub trait RegionNode: Send {
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
 
+    /// Whether the agent counts time from its start on the monotonic clock, as the daemon
+    /// does on the coordinator's timebase (D73): steps of its host's clock while it runs are
+    /// not seen, only at its next start.
+    fn counts_time_from_start(&self) -> bool {
+        false
+    }
+
     /// The time the machine reads windows on at `local` on the region's own clock, for a
     /// spend from `lease`: `local` itself, or with a corrected clock (`max_clock_uncertainty`)
     /// its reading, within the window the lease was charged to (a correction may move the

@@ -3335,3 +3335,24 @@ fn a_down_agents_region_is_judged_on_the_clock_it_read() {
 
 const SWARM_3362120: &str =
     include_str!("../swarm-findings/seed-3362120-overshoot-on-region-clocks-reload-and-crash.yaml");
+
+/// Swarm seeds 3359309 and 3361404: a wall clock stepped forward under a running agent on a
+/// timebase moved its reading ahead of what the leader knew until its next sample: a guarded
+/// region admitted in the next sliding window's allowance (up to 24 units above a bound of 0),
+/// and one stepped 7.9 s forward and then partitioned entered windows whose floor the leader
+/// had reclaimed. An agent on a timebase now counts time from its start (D73).
+#[test]
+fn a_step_forward_under_a_running_agent_is_not_seen() {
+    for (name, yaml, seed) in [
+        ("swarm-3359309.yaml", SWARM_3359309, 3359309),
+        ("swarm-3361404.yaml", SWARM_3361404, 3361404),
+    ] {
+        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
+    }
+}
+
+const SWARM_3359309: &str =
+    include_str!("../swarm-findings/seed-3359309-overshoot-sliding-forward-step-under-guard.yaml");
+const SWARM_3361404: &str = include_str!(
+    "../swarm-findings/seed-3361404-region-allowance-above-table-forward-step-then-partition.yaml"
+);

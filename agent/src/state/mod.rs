@@ -80,8 +80,18 @@ impl TimerWake {
 
 impl Agent {
     /// Loads the limits and restores the machine from `store`.
-    pub fn open(settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
+    pub fn open(mut settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
         settings.validate()?;
+        // On the coordinator's timebase the agent counts time from its start on the monotonic
+        // clock: a step of the wall clock (an NTP step, a VM resumed from a snapshot) is not
+        // seen while it runs, the timebase's samples correct what its clock is off by, and
+        // a restart reads the wall clock again, on the stored correction and never before the
+        // store's time (D73). A wall clock stepped forward under a running agent had moved
+        // it past what the leader knew of it until the next sample (swarm seeds 3359309,
+        // 3361404).
+        if settings.max_clock_uncertainty.is_some() && !settings.coordinators.is_empty() {
+            settings.clock = settings.clock.counted_from_now();
+        }
         let limits = initial_limits(&settings)?;
         let budget_config = settings.budget_config(&limits.regions())?;
         metrics::config_reload(true, limits.version);

@@ -88,7 +88,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
 
     pub(super) fn agent_crash(&mut self, region: usize) {
         let r = &mut self.regions[region];
-        let local = r.clock.local(self.now);
+        let local = r.agent_clock.local(self.now);
         let Some(node) = r.take_node(local) else {
             return;
         };
@@ -129,7 +129,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         };
         self.checker
             .restarted(self.offset_ms(), region, &obs, is_current);
-        self.regions[region].node = Some(node);
+        let now = self.now;
+        self.regions[region].set_node(node, now);
         self.after_region_input(region)
     }
 
@@ -139,7 +140,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
     /// operator who restored the copy declares it (`allot agent --restored`).
     pub(super) fn agent_restore(&mut self, region: usize, fault: usize) -> Result<()> {
         let r = &mut self.regions[region];
-        r.take_node(r.clock.local(self.now));
+        r.take_node(r.agent_clock.local(self.now));
         r.timer = None;
         if let Some(i) = r.store_copies.iter().position(|(f, _)| *f == fault) {
             r.store = r.store_copies.swap_remove(i).1;

@@ -194,7 +194,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             self.stats.unserved += 1;
             return Ok(Served::Denied { retry_after: None });
         };
-        let local = self.regions[region].clock.local(self.now);
+        let local = self.regions[region].agent_clock.local(self.now);
         let at_gateway = self.regions[region].gateway_clock.local(self.now);
         let mut outcome = self.spend(region, g, key, at_gateway, units);
         if outcome == Spend::Wait {
@@ -413,7 +413,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         rt.timer = None;
         rt.timer_local = None;
-        let local = self.regions[region].clock.local(self.now);
+        let local = self.regions[region].agent_clock.local(self.now);
         let at_gateway = self.regions[region].gateway_clock.local(self.now);
         if let Some(gateway) = self.regions[region].gateways[g].gateway.as_mut() {
             gateway.handle_timeout(at_gateway);
@@ -433,7 +433,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             s.actual_units,
             self.now,
         );
-        let local = self.regions[region].clock.local(self.now);
+        let local = self.regions[region].agent_clock.local(self.now);
         let at_gateway = self.regions[region].gateway_clock.local(self.now);
         let rt = &mut self.regions[region].gateways[s.gateway];
         let incarnation = rt.incarnation;

@@ -74,7 +74,7 @@ pub(super) fn link_plans(scenario: &Scenario, direction: Direction) -> Vec<LinkP
 impl<'s, F: NodeFactory> Engine<'s, F> {
     /// After any input to a region's node: send what it wants to send, re-arm its timer.
     pub(super) fn after_region_input(&mut self, region: usize) -> Result<()> {
-        let local = self.regions[region].clock.local(self.now);
+        let local = self.regions[region].agent_clock.local(self.now);
         let mut outgoing = Vec::new();
         let r = &mut self.regions[region];
         let Some(node) = r.node.as_mut() else {
@@ -89,7 +89,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         }
         let wanted = node
             .poll_timeout()
-            .map(|l| r.clock.true_time_of(l, self.now));
+            .map(|l| r.agent_clock.true_time_of(l, self.now));
         for msg in outgoing {
             self.send_up(region, msg)?;
         }
@@ -113,7 +113,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             return Ok(());
         }
         r.timer = None;
-        let local = r.clock.local(self.now);
+        let local = r.agent_clock.local(self.now);
         if let Some(node) = r.node.as_mut() {
             node.handle_timeout(local);
             persist(node, &mut r.store, r.keeps_store);
@@ -211,7 +211,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             self.stats.sync_messages_dropped += 1;
             return Ok(());
         };
-        node.handle_sync_down(r.clock.local(self.now), msg);
+        node.handle_sync_down(r.agent_clock.local(self.now), msg);
         persist(node, &mut r.store, r.keeps_store);
         self.after_region_input(region)
     }

@@ -225,6 +225,10 @@ struct RegionRt<R: RegionNode> {
     id: RegionId,
     /// The agent's host clock; the gateways read `gateway_clock`.
     clock: AgentClock,
+    /// What the running agent reads (and, while it is down, what it read): the host clock, or
+    /// for an agent that counts time from its start, that clock without the steps taken
+    /// since (`RegionRt::set_node`).
+    agent_clock: AgentClock,
     gateway_clock: GatewayClock,
     node: Option<R>,
     store: R::Store,
@@ -263,6 +267,16 @@ impl<R: RegionNode> RegionRt<R> {
                     .saturating_add_signed(self.down_correction_nanos),
             ),
         }
+    }
+
+    /// The agent started (or restarted) at true time `now` runs as `node`.
+    fn set_node(&mut self, node: R, now: Timestamp) {
+        self.agent_clock = if node.counts_time_from_start() {
+            self.clock.without_steps_after(now)
+        } else {
+            self.clock.clone()
+        };
+        self.node = Some(node);
     }
 
     /// The agent goes down at `local` on its own clock: what it read then is kept.

@@ -16,7 +16,7 @@ impl<F: NodeFactory> Engine<'_, F> {
     pub(super) fn config_reload(&mut self, reload: usize, region: Option<usize>) -> Result<()> {
         match region {
             Some(r) => {
-                let local = self.regions[r].clock.local(self.now);
+                let local = self.regions[r].agent_clock.local(self.now);
                 if let Some(node) = self.regions[r].node.as_mut() {
                     node.reload(local, reload);
                 }

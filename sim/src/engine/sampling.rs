@@ -60,7 +60,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         self.regions
             .iter()
             .map(|r| {
-                let local = r.clock.local(self.now);
+                let local = r.agent_clock.local(self.now);
                 r.node
                     .as_ref()
                     .map_or(local, |n| n.window_clock(local, None))
@@ -82,7 +82,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             node.observe(&mut obs);
             // Windows are judged on the clock the region reads them on (corrected, with a
             // timebase), not its raw clock, which may sit in a neighbouring window.
-            let local = node.window_clock(r.clock.local(self.now), None);
+            let local = node.window_clock(r.agent_clock.local(self.now), None);
             if judge {
                 record_allowances(scenario, &self.measure, local, &obs, i, &mut allowances);
             }

@@ -146,7 +146,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         let local: Vec<LocalRange> = clocks
             .iter()
             .map(|c| {
-                let (first, last) = c.reading_range(scenario.start, scenario.end());
+                let (first, last) = c.any_reading_range(scenario.start, scenario.end());
                 LocalRange {
                     first,
                     last: if factory.corrects_clocks() {
@@ -193,6 +193,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             regions.push(RegionRt {
                 id: r.id.clone(),
                 gateway_clock: GatewayClock::new(scenario.start, clock.base(), r.gateway_clock),
+                agent_clock: clock.clone(),
                 clock,
                 node: None,
                 store: Default::default(),
@@ -275,7 +276,8 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
         for r in 0..self.regions.len() {
             let local = self.regions[r].clock.local(self.now);
             let node = self.factory.region(&self.region_setup(r), local);
-            self.regions[r].node = Some(node);
+            let now = self.now;
+            self.regions[r].set_node(node, now);
             self.after_region_input(r)?;
         }
         let node = self
