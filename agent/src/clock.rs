@@ -63,12 +63,13 @@ impl Clock {
         (Clock::Manual(cell.clone()), cell)
     }
 
-    /// This clock from now on counted by the monotonic clock: the system clock becomes
-    /// [`Clock::SinceStart`]; a manual one stays as its owner sets it.
-    pub fn counted_from_now(&self) -> Clock {
+    /// This clock from now on counted by a clock no wall-clock step moves, from its reading
+    /// now or `floor` if that is later: the system clock becomes [`Clock::SinceStart`]; a
+    /// manual one stays as its owner sets it.
+    pub fn counted_from_now(&self, floor: Timestamp) -> Clock {
         match self {
             Clock::System | Clock::SinceStart { .. } => Clock::SinceStart {
-                wall: self.now(),
+                wall: self.now().max(floor),
                 boot_nanos: since_boot_nanos(),
             },
             Clock::Manual(cell) => Clock::Manual(cell.clone()),
@@ -95,7 +96,7 @@ mod tests {
 
     #[test]
     fn a_clock_counted_from_now_starts_at_the_wall_clock_and_runs_on_the_monotonic_one() {
-        let c = Clock::System.counted_from_now();
+        let c = Clock::System.counted_from_now(Timestamp::ZERO);
         let first = c.now();
         let wall = now();
         assert!(
@@ -105,9 +106,14 @@ mod tests {
         );
         std::thread::sleep(Duration::from_millis(20));
         assert!(c.now().saturating_duration_since(first) >= Duration::from_millis(20));
+        // From a floor ahead of the wall clock, it reads on from the floor.
+        let ahead = wall + Duration::from_secs(3_600);
+        let floored = Clock::System.counted_from_now(ahead);
+        assert!(floored.now() >= ahead);
+        assert!(floored.now() < ahead + Duration::from_secs(60));
         // A manual clock stays its owner's.
         let (manual, cell) = Clock::manual(Timestamp::from_unix_nanos(5));
-        let counted = manual.counted_from_now();
+        let counted = manual.counted_from_now(Timestamp::ZERO);
         cell.store(7, Ordering::Relaxed);
         assert_eq!(counted.now(), Timestamp::from_unix_nanos(7));
     }

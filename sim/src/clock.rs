@@ -154,25 +154,31 @@ impl AgentClock {
         }
     }
 
-    /// The clock an agent that started at true time `t` reads while it runs, when it counts
-    /// time from its start on the monotonic clock (on a timebase, D73): its host's clock as it
-    /// read at the start, run on without the steps taken since.
-    pub fn without_steps_after(&self, t: Timestamp) -> AgentClock {
-        let t = t.as_unix_nanos();
+    /// The clock an agent that started at true time `t` reads while it runs, as the daemon
+    /// counts time from its start (D73): its host's clock as it read at the start, or `floor`
+    /// if that is later, run on without the steps taken since.
+    pub fn started_at(&self, t: Timestamp, floor: Timestamp) -> AgentClock {
+        let mut steps: Vec<(u64, i64)> = self
+            .steps
+            .iter()
+            .copied()
+            .filter(|(at, _)| *at <= t.as_unix_nanos())
+            .collect();
+        let behind = floor.saturating_duration_since(self.local(t));
+        if !behind.is_zero() {
+            let by = i64::try_from(behind.as_nanos()).unwrap_or(i64::MAX);
+            steps.push((t.as_unix_nanos(), by));
+        }
         AgentClock {
             base: self.base,
-            steps: self
-                .steps
-                .iter()
-                .copied()
-                .filter(|(at, _)| *at <= t)
-                .collect(),
+            steps,
         }
     }
 
     /// Bounds on what any agent clock of this host reads over the true times `[start, end)`,
-    /// whenever it started ([`AgentClock::without_steps_after`]): the region's clock moved by
-    /// the least and the most any run of the steps adds up to.
+    /// whenever it started ([`AgentClock::started_at`], floors aside: a floor is a reading
+    /// the agent had, within these bounds): the region's clock moved by the least and the
+    /// most any run of the steps adds up to.
     pub fn any_reading_range(&self, start: Timestamp, end: Timestamp) -> (Timestamp, Timestamp) {
         let last = Timestamp::from_unix_nanos(end.as_unix_nanos().saturating_sub(1));
         let (mut least, mut most, mut sum) = (0i128, 0i128, 0i128);

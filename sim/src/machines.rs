@@ -389,7 +389,11 @@ impl NodeFactory for CoreFactory {
             store.records.is_empty().then_some(RestoreStart::EmptyStore)
         };
         if let Some(why) = why {
-            let start = region.timebase.as_mut().map_or(now, |tb| tb.read(now));
+            // Without a timebase the clock reads on from the store's time (`clock_floor`).
+            let start = match region.timebase.as_mut() {
+                Some(tb) => tb.read(now),
+                None => now.max(region.clock_floor()),
+            };
             region.budget.start_restored(start, why);
             region.restore_started_local = region.timebase.is_some().then_some(now);
         }
@@ -692,8 +696,11 @@ impl RegionNode for CoreRegion {
         Some(self.timebase.as_ref().map_or(at, |tb| tb.to_local(at)))
     }
 
-    fn counts_time_from_start(&self) -> bool {
-        self.timebase.is_some()
+    fn clock_floor(&self) -> Timestamp {
+        match self.timebase {
+            Some(_) => Timestamp::ZERO,
+            None => self.budget.time_floor(),
+        }
     }
 
     fn window_clock(&self, local: Timestamp, lease: Option<LeaseId>) -> Timestamp {

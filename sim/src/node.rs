@@ -156,11 +156,11 @@ pub trait RegionNode: Send {
     fn poll_timeout(&self) -> Option<Timestamp>;
     fn handle_timeout(&mut self, now: Timestamp);
 
-    /// Whether the agent counts time from its start on the monotonic clock, as the daemon
-    /// does on the coordinator's timebase (D73): steps of its host's clock while it runs are
-    /// not seen, only at its next start.
-    fn counts_time_from_start(&self) -> bool {
-        false
+    /// The earliest reading the agent's own clock starts from: its store's time for an agent
+    /// without a timebase, which runs its clock on from there when the clock reads earlier
+    /// (D73; a timebase takes that into its correction instead).
+    fn clock_floor(&self) -> Timestamp {
+        Timestamp::ZERO
     }
 
     /// The time the machine reads windows on at `local` on the region's own clock, for a

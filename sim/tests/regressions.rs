@@ -3356,3 +3356,30 @@ const SWARM_3359309: &str =
 const SWARM_3361404: &str = include_str!(
     "../swarm-findings/seed-3361404-region-allowance-above-table-forward-step-then-partition.yaml"
 );
+
+/// Swarm seed 3377321 (drawn with steps either way, without a timebase): a region's clock
+/// stepped 5.8 s back while its agent ran (unseen, D73), then the agent crashed and restarted,
+/// reading its wall clock again from the store's time: 1.2 s behind the clock the leader had
+/// sampled before. The leader kept that sample across the restart and collected the window
+/// the region was still in, whose grant it then enforced above the table's default. A restart
+/// now forgets the region's clock sample, timebase or not.
+///
+/// Shrunk again with that fixed: the same region removed first, so that its restart is not
+/// heard at all (its syncs are refused). A removed region's clock now counts as unknown to
+/// the leader's collection of ended windows.
+#[test]
+fn a_restart_forgets_the_sampled_clock() {
+    for (name, yaml) in [
+        ("swarm-3377321.yaml", SWARM_3377321),
+        ("swarm-3377321-removed.yaml", SWARM_3377321_REMOVED),
+    ] {
+        assert_no_violation(&run(&parsed(name, yaml), 3377321..3377351));
+    }
+}
+
+const SWARM_3377321: &str = include_str!(
+    "../swarm-findings/seed-3377321-region-allowance-above-table-restart-behind-the-sampled-clock.yaml"
+);
+const SWARM_3377321_REMOVED: &str = include_str!(
+    "../swarm-findings/seed-3377321-region-allowance-above-table-removed-region-restarts-behind.yaml"
+);

@@ -82,16 +82,15 @@ impl Agent {
     /// Loads the limits and restores the machine from `store`.
     pub fn open(mut settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
         settings.validate()?;
-        // On the coordinator's timebase the agent counts time from its start on the monotonic
-        // clock: a step of the wall clock (an NTP step, a VM resumed from a snapshot) is not
-        // seen while it runs, the timebase's samples correct what its clock is off by, and
-        // a restart reads the wall clock again, on the stored correction and never before the
-        // store's time (D73). A wall clock stepped forward under a running agent had moved
-        // it past what the leader knew of it until the next sample (swarm seeds 3359309,
-        // 3361404).
-        if settings.max_clock_uncertainty.is_some() && !settings.coordinators.is_empty() {
-            settings.clock = settings.clock.counted_from_now();
-        }
+        // The agent counts time from its start on a clock no step of the wall clock moves: a
+        // step (an NTP step, a VM resumed from a snapshot) is not seen while it runs. What
+        // its clock is off by, the timebase's samples correct, or without one the leader
+        // measures and states (`skew`); a restart reads the wall clock again, on the stored
+        // correction and never before the store's time (D73). Stepped forward, a running
+        // agent had read past what the leader knew of it until the next sample (swarm seeds
+        // 3359309, 3361404); stepped back without a timebase, it stood still and sent no
+        // SyncUp for as long as the step.
+        let wall = settings.clock.now();
         let limits = initial_limits(&settings)?;
         let budget_config = settings.budget_config(&limits.regions())?;
         metrics::config_reload(true, limits.version);
@@ -105,9 +104,9 @@ impl Agent {
         let restarted = !records.is_empty();
         let mut budget = RegionBudget::restore(budget_config, limits.specs(), records)?;
         budget.set_config_version(limits.version);
-        budget.set_boot_clock(settings.clock.now());
+        budget.set_boot_clock(wall);
         let floor = budget.time_floor();
-        let behind = floor.saturating_duration_since(settings.clock.now());
+        let behind = floor.saturating_duration_since(wall);
         if behind > std::time::Duration::from_secs(1) {
             tracing::warn!(
                 behind_ms = behind.as_millis() as u64,
@@ -116,6 +115,12 @@ impl Agent {
         }
         // With no coordinator there is no timebase to read and no sample to take.
         let coordinated = !settings.coordinators.is_empty();
+        let on_timebase = coordinated && settings.max_clock_uncertainty.is_some();
+        // Without a timebase the clock itself reads on from the store's time (run on from
+        // there, not held: a held clock sends no SyncUp); a timebase takes it into its
+        // correction (`Timebase::restarted`), the floor being a corrected time.
+        let start_floor = if on_timebase { Timestamp::ZERO } else { floor };
+        settings.clock = settings.clock.counted_from_now(start_floor);
         let mut timebase = settings
             .max_clock_uncertainty
             .filter(|_| coordinated)

@@ -3732,6 +3732,56 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
     );
 }
 
+/// Swarm seed 3377321: a restarted agent reads the wall clock again (D73), which may have
+/// stepped while it ran or while it was down, so the sample of the clock it had no longer
+/// describes it, timebase or not: until its next sample its clock is unknown, and the leader
+/// collects no window it may still be in. Before, a region restarted 1.2 s behind found the
+/// window it was still in collected, and enforced a grant the table no longer held.
+#[test]
+fn a_restart_forgets_the_clock_sample_of_the_start_before() {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    for r in ["a", "b"] {
+        c.handle_sync_up(at_ms(0), clocked_up(&c, r, 1, 1)).unwrap();
+    }
+    let l = LimitId::from("l");
+    let now = at_ms(25_000);
+    let (first, _) = c.live_window_range(&l, now).unwrap();
+    assert_eq!(
+        first,
+        WindowIndex((START_MS + 25_000) / 10_000),
+        "both clocks known"
+    );
+    let mut again = up_with("a", 1, &[], 0);
+    again.boot = 2;
+    c.handle_sync_up(at_ms(24_000), again).unwrap();
+    let (first, _) = c.live_window_range(&l, now).unwrap();
+    assert!(
+        first.0 < (START_MS + 25_000) / 10_000 - 1,
+        "a's clock unknown since its restart: {first:?}"
+    );
+    // Heard again with a sample, it is known again; removed, it is not heard, nor would a
+    // restart of it be: its clock counts as unknown.
+    let mut sampled = clocked_up(&c, "a", 2, 1);
+    sampled.boot = 2;
+    c.handle_sync_up(at_ms(24_600), sampled).unwrap();
+    let (first, _) = c.live_window_range(&l, now).unwrap();
+    assert_eq!(
+        first,
+        WindowIndex((START_MS + 25_000) / 10_000),
+        "sampled again"
+    );
+    let remove = TableCommand::RemoveRegion {
+        region: RegionId::from("a"),
+        at: at_ms(24_700),
+    };
+    assert!(c.handle_committed(at_ms(24_700), &remove).is_applied());
+    let (first, _) = c.live_window_range(&l, now).unwrap();
+    assert!(
+        first.0 < (START_MS + 25_000) / 10_000 - 1,
+        "a removed region's clock is not known: {first:?}"
+    );
+}
+
 /// Swarm seed 3362506: b, removed while on version 1, may take a reload to version 2 from its
 /// own files, unheard (its syncs are refused). It counts at the largest it may hold under
 /// either: version 2's default of 80, not version 1's 50, while a still holds version 1's 50.

@@ -225,9 +225,9 @@ struct RegionRt<R: RegionNode> {
     id: RegionId,
     /// The agent's host clock; the gateways read `gateway_clock`.
     clock: AgentClock,
-    /// What the running agent reads (and, while it is down, what it read): the host clock, or
-    /// for an agent that counts time from its start, that clock without the steps taken
-    /// since (`RegionRt::set_node`).
+    /// What the running agent reads (and, while it is down, what it read): the host clock
+    /// without the steps taken since the agent's start, as the daemon counts time from its
+    /// start (D73; `RegionRt::set_node`).
     agent_clock: AgentClock,
     gateway_clock: GatewayClock,
     node: Option<R>,
@@ -271,11 +271,7 @@ impl<R: RegionNode> RegionRt<R> {
 
     /// The agent started (or restarted) at true time `now` runs as `node`.
     fn set_node(&mut self, node: R, now: Timestamp) {
-        self.agent_clock = if node.counts_time_from_start() {
-            self.clock.without_steps_after(now)
-        } else {
-            self.clock.clone()
-        };
+        self.agent_clock = self.clock.started_at(now, node.clock_floor());
         self.node = Some(node);
     }
 

@@ -262,20 +262,22 @@ fn draw_region_removal(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
     })
 }
 
-/// An agent host's clock steps back by a sync interval to three windows (an NTP step, a VM
-/// resumed from a snapshot), anywhere in the run. Steps forward are not drawn yet: a guarded
-/// region stepped forward admits ahead of what the leader knows until its next sample, an open
-/// gap (sim/swarm-findings/README.md, clock steps).
+/// An agent host's clock steps back or forward by a sync interval to three windows (an NTP
+/// step, a VM resumed from a snapshot), anywhere in the run. A running agent does not see it;
+/// its next start does (D73).
 fn draw_clock_step(dice: &mut Dice, frame: &Frame) -> Option<FaultSpec> {
     let lo = frame.sync_interval_ms as f64;
     let hi = (frame.window_ms * 3).max(frame.sync_interval_ms) as f64;
-    let by_ms = -(dice.log(lo, hi).round() as i64);
+    let size_ms = dice.log(lo, hi).round() as i64;
+    let region = dice.index(frame.gateways.len());
+    let at_ms = moment(dice, frame);
+    // Drawn last, so that a step's size, region and time are those drawn before steps
+    // forward were (D73).
+    let by_ms = if dice.chance(0.5) { -size_ms } else { size_ms };
     Some(FaultSpec {
         kind: "clock_step",
-        target: Target::Region(dice.index(frame.gateways.len())),
-        time: FaultTime::At {
-            at_ms: moment(dice, frame),
-        },
+        target: Target::Region(region),
+        time: FaultTime::At { at_ms },
         params: vec![("by", Param::Raw(format!("{by_ms}ms")))],
     })
 }

@@ -52,10 +52,13 @@ impl Coordinator {
             view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
-            // A region that ran on a corrected clock restarts on its own: the sample of the
-            // corrected one no longer describes it.
-            let reclocked = restarted && view.clock_guard.is_some();
-            view.clock = if reclocked {
+            // A restarted agent reads the wall clock again (D73): a region that ran on a
+            // corrected clock restarts on its own, and any region's clock may have stepped
+            // while it ran (unseen then) or while it was down. The sample of the clock it had
+            // no longer describes it: until the next, its clock is unknown (swarm seed
+            // 3377321: a region restarted 1.2 s behind the clock the leader had sampled, and
+            // the leader collected the window it was still in).
+            view.clock = if restarted {
                 sample
             } else {
                 sample.or(view.clock)
