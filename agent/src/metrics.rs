@@ -49,6 +49,7 @@ pub const SYNC_LAST_ANSWER_AGE: &str = "allot_sync_last_answer_age_seconds";
 pub const SYNC_UPS_DROPPED: &str = "allot_sync_ups_dropped_total";
 pub const SYNC_BAD_ANSWERS: &str = "allot_sync_bad_answers_total";
 pub const CLOCK_ASSUMPTION_BREAKS: &str = "allot_clock_assumption_breaks_total";
+pub const WALL_CLOCK_APART: &str = "allot_wall_clock_apart_seconds";
 
 /// Installs the process-wide Prometheus recorder (once; later calls get the same handle).
 pub fn install() -> Result<PrometheusHandle> {
@@ -185,6 +186,10 @@ fn describe() {
     describe_counter!(
         CLOCK_ASSUMPTION_BREAKS,
         "Clock samples further off than the timebase's uncertainty allowed (a rate error above 1%, or a step): the guard started again."
+    );
+    describe_gauge!(
+        WALL_CLOCK_APART,
+        "Seconds the wall clock reads ahead of the agent's own clock, which counts from its start (negative: behind): a step since the start; windows follow the agent's clock until a restart."
     );
 }
 
@@ -416,6 +421,10 @@ pub fn sync_up_dropped() {
 
 pub fn sync_bad_answer() {
     counter!(SYNC_BAD_ANSWERS).increment(1);
+}
+
+pub fn wall_clock_apart(seconds: f64) {
+    gauge!(WALL_CLOCK_APART).set(seconds);
 }
 
 pub fn clock_assumption_broken() {

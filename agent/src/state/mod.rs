@@ -53,6 +53,9 @@ pub struct Agent {
     /// A restored start, on the local clock, until the first clock sample dates it on the
     /// corrected one (the store's correction may be missing or old).
     restored_at_local: Mutex<Option<Timestamp>>,
+    /// The wall clock was last seen more than a second from the agent's own (logged once
+    /// each time it gets there: `Agent::note_wall_clock`).
+    wall_clock_apart: AtomicBool,
 }
 
 /// Wakes the timer task when a call makes the machine's next deadline earlier.
@@ -163,6 +166,7 @@ impl Agent {
             // at, as it holds after a step back of a running agent's clock.
             latest_local_nanos: AtomicU64::new(floor.as_unix_nanos()),
             restored_at_local: Mutex::new(restored_at_local),
+            wall_clock_apart: AtomicBool::new(false),
             settings,
         })
     }

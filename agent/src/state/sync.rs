@@ -1,11 +1,14 @@
 //! The coordinator's side of the state: the machine's timers and SyncUps, answers, the
 //! timebase's guard, and the link's status.
 
+use std::sync::atomic::Ordering;
+
 use allot_core::budget::RegionBudget;
 use allot_core::sync::{SyncDown, SyncUp};
 use allot_core::time::Timestamp;
 
 use super::Agent;
+use crate::clock::{self, Clock};
 use crate::error::Result;
 use crate::metrics;
 
@@ -51,6 +54,7 @@ impl Agent {
     /// Runs the machine's timers; returns its next deadline and the SyncUp it wants sent
     /// (already durable, as the machine's contract asks).
     pub async fn on_timer(&self) -> Result<(Option<Timestamp>, Option<SyncUp>)> {
+        self.note_wall_clock();
         let now = self.now();
         let limits = self.limits();
         self.with_budget(|b| {
@@ -62,6 +66,31 @@ impl Agent {
             (b.poll_timeout(), up)
         })
         .await
+    }
+
+    /// How far, in seconds, the system's wall clock reads from the agent's own clock, which
+    /// counts from its start (D73): a step since then (NTP, a resumed VM), or a start that
+    /// read on from its store's time. Published (`allot_wall_clock_apart_seconds`) and logged
+    /// once each time it passes a second: the agent's windows follow its own clock until it
+    /// restarts. `None` on a test's manual clock.
+    pub fn note_wall_clock(&self) -> Option<f64> {
+        let Clock::SinceStart { .. } = self.settings.clock else {
+            return None;
+        };
+        let own = i128::from(self.settings.clock.now().as_unix_nanos());
+        let wall = i128::from(clock::now().as_unix_nanos());
+        let apart_secs = (wall - own) as f64 / 1e9;
+        metrics::wall_clock_apart(apart_secs);
+        let far = apart_secs.abs() > 1.0;
+        if far && !self.wall_clock_apart.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                apart_secs,
+                "the wall clock reads apart from the agent's own, which counts from its start (a step of the wall clock since, or a start that read on from its store's time): windows follow the agent's clock until it restarts"
+            );
+        } else if !far {
+            self.wall_clock_apart.store(false, Ordering::Relaxed);
+        }
+        Some(apart_secs)
     }
 
     /// A message from the coordinator: grants may have raised allowances, so the negative

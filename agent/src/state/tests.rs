@@ -156,6 +156,34 @@ async fn a_restart_on_a_clock_stepped_back_reads_on_from_the_store() {
     assert!(allowed(&again).await, "minute 2: 3 of 3");
 }
 
+/// The agent counts time from its start (D73): a wall clock that steps since is published and
+/// logged, not followed. Here the agent's own clock started 10 s behind the wall clock.
+#[tokio::test]
+async fn how_far_the_wall_clock_stepped_since_the_start_is_published() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("limits.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
+    )
+    .expect("limits file");
+    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+    s.config_files = vec![file];
+    s.clock = Clock::SinceStart {
+        wall: crate::clock::now() - Duration::from_secs(10),
+        boot_nanos: crate::clock::since_boot_nanos(),
+    };
+    let a = Agent::open(s.clone(), Arc::new(MemoryStore::new())).expect("agent");
+    let apart = a.note_wall_clock().expect("counted from its start");
+    assert!((9.0..11.0).contains(&apart), "{apart}");
+    assert!(a.on_timer().await.is_ok());
+    // A test's manual clock is its owner's: nothing to compare.
+    let (manual, _) = Clock::manual(Timestamp::from_unix_nanos(1_767_225_600_000_000_000));
+    s.clock = manual;
+    let m = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
+    assert_eq!(m.note_wall_clock(), None);
+}
+
 /// A coordinated agent's default shares were computed over the regions named at start:
 /// a reload naming others would split quotas differently from the coordinator's table.
 #[tokio::test]
