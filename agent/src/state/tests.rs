@@ -90,23 +90,32 @@ async fn allowed(a: &Agent) -> bool {
     a.should_rate_limit("d", &hit).await.expect("check")[0].allowed()
 }
 
+/// Region `r`'s settings with one rule, `d`/`k`: 3 a minute (its limits file in `dir`).
+fn three_a_minute(dir: &std::path::Path) -> Settings {
+    let file = dir.join("limits.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
+    )
+    .expect("limits file");
+    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
+    s.config_files = vec![file];
+    s
+}
+
+/// Second `s` of minute `m` of 2026.
+fn minute(m: u64, s: u64) -> Timestamp {
+    Timestamp::from_unix_nanos((1_767_225_600 + m * 60 + s) * 1_000_000_000)
+}
+
 /// A wall clock stepped back (an NTP step, a VM resumed from a snapshot) into a window the
 /// agent had left: the agent's reading holds where the clock stood until the clock catches up,
 /// and admits nothing of the old window again (the key's counter stays in the later one).
 #[tokio::test]
 async fn a_clock_stepped_back_into_a_window_admits_nothing_again() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("limits.yaml");
-    std::fs::write(
-        &file,
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
-    )
-    .expect("limits file");
-    let minute =
-        |m: u64, s: u64| Timestamp::from_unix_nanos((1_767_225_600 + m * 60 + s) * 1_000_000_000);
+    let mut s = three_a_minute(dir.path());
     let (clock, cell) = Clock::manual(minute(0, 10));
-    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
-    s.config_files = vec![file];
     s.clock = clock;
     let a = Agent::open(s, Arc::new(MemoryStore::new())).expect("agent");
     assert!(allowed(&a).await, "minute 0: 3 of 3");
@@ -129,17 +138,8 @@ async fn a_clock_stepped_back_into_a_window_admits_nothing_again() {
 #[tokio::test]
 async fn a_restart_on_a_clock_stepped_back_reads_on_from_the_store() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("limits.yaml");
-    std::fs::write(
-        &file,
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
-    )
-    .expect("limits file");
-    let minute =
-        |m: u64, s: u64| Timestamp::from_unix_nanos((1_767_225_600 + m * 60 + s) * 1_000_000_000);
+    let mut s = three_a_minute(dir.path());
     let (clock, cell) = Clock::manual(minute(0, 10));
-    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
-    s.config_files = vec![file];
     s.clock = clock;
     let store = Arc::new(MemoryStore::new());
     let a = Agent::open(s.clone(), store.clone()).expect("agent");
@@ -161,14 +161,7 @@ async fn a_restart_on_a_clock_stepped_back_reads_on_from_the_store() {
 #[tokio::test]
 async fn how_far_the_wall_clock_stepped_since_the_start_is_published() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("limits.yaml");
-    std::fs::write(
-        &file,
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
-    )
-    .expect("limits file");
-    let mut s = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
-    s.config_files = vec![file];
+    let mut s = three_a_minute(dir.path());
     s.clock = Clock::SinceStart {
         wall: crate::clock::now() - Duration::from_secs(10),
         boot_nanos: crate::clock::since_boot_nanos(),

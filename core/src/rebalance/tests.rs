@@ -3695,6 +3695,25 @@ fn clocked_up(c: &Coordinator, region: &str, seq: u64, version: u64) -> SyncUp {
     up
 }
 
+/// `heard` and b send a SyncUp on version 1 at 0 ms; b is removed then, and `limit` is
+/// reloaded as version 2 at 10 ms.
+fn remove_b_then_reload(c: &mut Coordinator, heard: &[&str], limit: LimitSpec) {
+    for r in heard.iter().chain(&["b"]) {
+        c.handle_sync_up(at_ms(0), clocked_up(c, r, 1, 1)).unwrap();
+    }
+    let remove = TableCommand::RemoveRegion {
+        region: RegionId::from("b"),
+        at: at_ms(0),
+    };
+    assert!(c.handle_committed(at_ms(0), &remove).is_applied());
+    let set = TableCommand::SetConfig {
+        version: 2,
+        limits: vec![limit],
+        regions: regions(),
+    };
+    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+}
+
 /// Swarm seed 3222577: b, last heard on version 1 (eventual), is removed; a reload makes the
 /// limit strict (version 2). Planning goes on without b, but b may still admit by version 1
 /// (its syncs are refused, so it never hears of version 2 here): the reload term counts it.
@@ -3705,19 +3724,7 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
         ..spec()
     };
     let mut c = Coordinator::new(config(), table_with(&eventual), at_ms(0), 1);
-    c.handle_sync_up(at_ms(0), clocked_up(&c, "b", 1, 1))
-        .unwrap();
-    let remove = TableCommand::RemoveRegion {
-        region: RegionId::from("b"),
-        at: at_ms(0),
-    };
-    assert!(c.handle_committed(at_ms(0), &remove).is_applied());
-    let set = TableCommand::SetConfig {
-        version: 2,
-        limits: vec![spec()],
-        regions: regions(),
-    };
-    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+    remove_b_then_reload(&mut c, &[], spec());
     c.handle_sync_up(at_ms(20), clocked_up(&c, "a", 1, 2))
         .unwrap();
     // The window after: a's switch (20 ms, its clock known to the nanosecond) is out of reach.
@@ -3788,21 +3795,7 @@ fn a_restart_forgets_the_clock_sample_of_the_start_before() {
 #[test]
 fn a_removed_region_counts_under_the_versions_it_may_have_taken_unheard() {
     let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
-    c.handle_sync_up(at_ms(0), clocked_up(&c, "a", 1, 1))
-        .unwrap();
-    c.handle_sync_up(at_ms(0), clocked_up(&c, "b", 1, 1))
-        .unwrap();
-    let remove = TableCommand::RemoveRegion {
-        region: RegionId::from("b"),
-        at: at_ms(0),
-    };
-    assert!(c.handle_committed(at_ms(0), &remove).is_applied());
-    let set = TableCommand::SetConfig {
-        version: 2,
-        limits: vec![weighted(spec(), 200_000, 800_000)],
-        regions: regions(),
-    };
-    assert!(c.handle_committed(at_ms(10), &set).is_applied());
+    remove_b_then_reload(&mut c, &["a"], weighted(spec(), 200_000, 800_000));
     // a is heard, still on version 1.
     c.handle_sync_up(at_ms(20), clocked_up(&c, "a", 2, 1))
         .unwrap();
