@@ -192,20 +192,6 @@ impl AgentClock {
             to_timestamp(i128::from(self.base.local(last).as_unix_nanos()) + most),
         )
     }
-
-    /// The earliest and latest readings over the true times `[start, end)`.
-    pub fn reading_range(&self, start: Timestamp, end: Timestamp) -> (Timestamp, Timestamp) {
-        let last = Timestamp::from_unix_nanos(end.as_unix_nanos().saturating_sub(1));
-        let (mut lo, mut hi) = (self.local(start), self.local(last));
-        for (at, _) in &self.steps {
-            if *at <= start.as_unix_nanos() || *at > last.as_unix_nanos() {
-                continue;
-            }
-            lo = lo.min(self.local(Timestamp::from_unix_nanos(*at)));
-            hi = hi.max(self.local(Timestamp::from_unix_nanos(at - 1)));
-        }
-        (lo, hi)
-    }
 }
 
 fn to_timestamp(nanos: i128) -> Timestamp {
@@ -318,8 +304,11 @@ mod tests {
             prop_assert!(t >= nb);
             prop_assert!(c.local(t) >= wanted);
             prop_assert!(t == nb || c.local(t - std::time::Duration::from_nanos(1)) < wanted);
-            let (lo, hi) = c.reading_range(START, nb + std::time::Duration::from_nanos(1));
+            // An agent started at any time reads within the bounds the measurement is sized by.
+            let (lo, hi) = c.any_reading_range(START, nb + std::time::Duration::from_nanos(1));
             prop_assert!(lo <= c.local(nb) && c.local(nb) <= hi);
+            let started = c.started_at(START + std::time::Duration::from_nanos(ahead), Timestamp::ZERO);
+            prop_assert!(lo <= started.local(nb) && started.local(nb) <= hi);
         }
     }
 
@@ -333,9 +322,25 @@ mod tests {
         let half = std::time::Duration::from_millis(500);
         assert_eq!(c.true_time_of(secs(9) + half, secs(9)), secs(9) + half);
         assert_eq!(c.true_time_of(secs(9) + half, secs(10)), secs(12) + half);
+        // Any agent of this host, whenever it started, reads within the base clock moved by
+        // the least and most the steps add up to.
         assert_eq!(
-            c.reading_range(START, secs(20)),
-            (START, secs(17) - std::time::Duration::from_nanos(1))
+            c.any_reading_range(START, secs(20)),
+            (
+                START - std::time::Duration::from_secs(3),
+                secs(20) - std::time::Duration::from_nanos(1)
+            )
         );
+        // Started before the step, an agent does not see it; after, it does.
+        assert_eq!(
+            c.started_at(secs(9), Timestamp::ZERO).local(secs(12)),
+            secs(12)
+        );
+        assert_eq!(
+            c.started_at(secs(11), Timestamp::ZERO).local(secs(12)),
+            secs(9)
+        );
+        // From a floor ahead of its clock, it runs on from the floor.
+        assert_eq!(c.started_at(secs(11), secs(10)).local(secs(12)), secs(11));
     }
 }

@@ -85,14 +85,6 @@ impl Agent {
     /// Loads the limits and restores the machine from `store`.
     pub fn open(mut settings: Settings, store: Arc<dyn Store>) -> Result<Agent> {
         settings.validate()?;
-        // The agent counts time from its start on a clock no step of the wall clock moves: a
-        // step (an NTP step, a VM resumed from a snapshot) is not seen while it runs. What
-        // its clock is off by, the timebase's samples correct, or without one the leader
-        // measures and states (`skew`); a restart reads the wall clock again, on the stored
-        // correction and never before the store's time (D73). Stepped forward, a running
-        // agent had read past what the leader knew of it until the next sample (swarm seeds
-        // 3359309, 3361404); stepped back without a timebase, it stood still and sent no
-        // SyncUp for as long as the step.
         let wall = settings.clock.now();
         let limits = initial_limits(&settings)?;
         let budget_config = settings.budget_config(&limits.regions())?;
@@ -118,23 +110,31 @@ impl Agent {
         }
         // With no coordinator there is no timebase to read and no sample to take.
         let coordinated = !settings.coordinators.is_empty();
-        let on_timebase = coordinated && settings.max_clock_uncertainty.is_some();
-        // Without a timebase the clock itself reads on from the store's time (run on from
-        // there, not held: a held clock sends no SyncUp); a timebase takes it into its
-        // correction (`Timebase::restarted`), the floor being a corrected time.
-        let start_floor = if on_timebase { Timestamp::ZERO } else { floor };
+        let uncertainty = settings.max_clock_uncertainty.filter(|_| coordinated);
+        // The agent counts time from its start on a clock no step of the wall clock moves: a
+        // step (an NTP step, a VM resumed from a snapshot) is not seen while it runs. What
+        // its clock is off by, the timebase's samples correct, or without one the leader
+        // measures and states (`skew`); a restart reads the wall clock again (D73). Stepped
+        // forward, a running agent had read past what the leader knew of it until the next
+        // sample (swarm seeds 3359309, 3361404); stepped back without a timebase, it stood
+        // still and sent no SyncUp for as long as the step. Never before the store's time:
+        // without a timebase the clock itself runs on from there (held, it sent no SyncUp
+        // either); a timebase takes it into its correction (`Timebase::restarted`), the
+        // floor being a corrected time.
+        let start_floor = if uncertainty.is_some() {
+            Timestamp::ZERO
+        } else {
+            floor
+        };
         settings.clock = settings.clock.counted_from_now(start_floor);
-        let mut timebase = settings
-            .max_clock_uncertainty
-            .filter(|_| coordinated)
-            .map(|u| {
-                if restarted {
-                    let local = settings.clock.now();
-                    Timebase::restarted(u, budget.clock_correction(), budget.time_floor(), local)
-                } else {
-                    Timebase::new(u)
-                }
-            });
+        let mut timebase = uncertainty.map(|u| {
+            if restarted {
+                let local = settings.clock.now();
+                Timebase::restarted(u, budget.clock_correction(), floor, local)
+            } else {
+                Timebase::new(u)
+            }
+        });
         let mut restored_at_local = None;
         if let Some(why) = restore {
             tracing::info!(
