@@ -304,6 +304,14 @@ pub struct SyncDown {
     /// answer carries enforced its default under the ones still to come).
     #[serde(default)]
     pub below_default_left: bool,
+    /// Sent to a region whose boot says `restored`: the latest its clock may read now, as the
+    /// boot before this one ran it (the leader's last sample of that boot, its error and the
+    /// clocks' drift since added). The older copy the region lost may have admitted in any
+    /// window begun before then: a restored start closes them. Without a timebase nothing else
+    /// tells the region how far that clock ran (a step back between the two boots leaves the
+    /// new one behind it: swarm seed 3384823). `None` when the leader has no sample of it.
+    #[serde(default)]
+    pub earlier_boot_clock_reach: Option<Timestamp>,
 }
 
 /// A limits configuration as the files it was loaded from, so that every end loads the same

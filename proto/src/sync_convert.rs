@@ -78,6 +78,9 @@ pub fn sync_down_to_wire(down: SyncDown) -> pb::SyncDown {
         known_region: down.known_region,
         config: down.config.map(config_to_wire),
         below_default_left: down.below_default_left,
+        earlier_boot_clock_reach_unix_nanos: down
+            .earlier_boot_clock_reach
+            .map(Timestamp::as_unix_nanos),
     }
 }
 
@@ -217,6 +220,9 @@ pub fn sync_down_from_wire(down: pb::SyncDown) -> Result<SyncDown> {
         release_requests: list(down.release_requests, "release_requests", release_from_wire)?,
         known_region: down.known_region,
         below_default_left: down.below_default_left,
+        earlier_boot_clock_reach: down
+            .earlier_boot_clock_reach_unix_nanos
+            .map(Timestamp::from_unix_nanos),
         config: down
             .config
             .map(config_from_wire)

@@ -89,6 +89,7 @@ impl CoordinatorNode for NullCoordinator {
             release_requests: Vec::new(),
             known_region: false,
             below_default_left: false,
+            earlier_boot_clock_reach: None,
             config: None,
         })
     }

@@ -805,6 +805,10 @@ impl RegionNode for CoreRegion {
             // a window it had left, the one its stored correction puts it in, until that
             // sample moves it on; the table may have changed that window's rows since.
             let held_by_clock = self.budget.strict_held_by_clock(&k.counter.limit);
+            // A window a restored start closed admits nothing more, ever: what it states
+            // there is the lost copy's grant, which the table has since moved on from (swarm
+            // seed 3384823). Its use is judged above, against what it held.
+            let closed_by_restore = k.restore_closed;
             out.allowances.push(AllowanceView {
                 net_units: k.granted_units.saturating_sub(k.refunded_units),
                 limit_units: allowance
@@ -813,7 +817,8 @@ impl RegionNode for CoreRegion {
                 strict_allowance_units: (strict
                     && !held_at_own_count
                     && !held_at_reload_use
-                    && !held_by_clock)
+                    && !held_by_clock
+                    && !closed_by_restore)
                     .then_some(k.allowance_units),
                 counter: k.counter,
             });

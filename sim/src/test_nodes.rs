@@ -289,6 +289,7 @@ impl CoordinatorNode for TestCoordinator {
             release_requests: Vec::new(),
             known_region: false,
             below_default_left: false,
+            earlier_boot_clock_reach: None,
             config: None,
         })
     }

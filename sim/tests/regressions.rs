@@ -3383,3 +3383,41 @@ const SWARM_3377321: &str = include_str!(
 const SWARM_3377321_REMOVED: &str = include_str!(
     "../swarm-findings/seed-3377321-region-allowance-above-table-removed-region-restarts-behind.yaml"
 );
+
+/// Swarm seed 3384823 (without a timebase): `r2`'s host clock steps 4.4 s back under its
+/// running agent (unseen, D73), and the agent is restored from a copy 1.8 s older. The
+/// restored start reads the wall clock again and runs on from the copy's time: 1.8 s behind
+/// the clock the lost copy ran on. Its closing at its start missed the window the lost copy
+/// was in when it went, which the restored start then entered and admitted again (the
+/// saturated world: 1,112 against 1,000 on the regions' clocks). The first answer of a
+/// restored boot now says how far the clock of the boot before may read (the leader's last
+/// sample of it, aged), and the restore closes every window begun before that.
+///
+/// The drawn world itself was a judge's error: a window the restore closed was judged at
+/// the lost copy's grant, which the table had moved on from, though it admits nothing more.
+/// Seed 3377189 is the same fault twice (two restores after a 6.1 s step back).
+#[test]
+fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
+    assert_no_violation(&run(
+        &parsed("saturated.yaml", SWARM_3384823_SATURATED),
+        0..10,
+    ));
+    assert_no_violation(&run(
+        &parsed("swarm-3384823.yaml", SWARM_3384823),
+        3384823..3384853,
+    ));
+    assert_no_violation(&run(
+        &parsed("swarm-3377189.yaml", SWARM_3377189),
+        3377189..3377219,
+    ));
+}
+
+const SWARM_3384823_SATURATED: &str = include_str!(
+    "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-the-lost-copy-saturated.yaml"
+);
+const SWARM_3384823: &str = include_str!(
+    "../swarm-findings/seed-3384823-region-allowance-above-table-restore-on-a-clock-stepped-back.yaml"
+);
+const SWARM_3377189: &str = include_str!(
+    "../swarm-findings/seed-3377189-region-allowance-above-table-restores-on-a-clock-stepped-back.yaml"
+);

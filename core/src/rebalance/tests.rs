@@ -3928,3 +3928,54 @@ fn an_answer_reads_only_rows_with_something_to_send() {
     let again = w.coord.poll_sync_down(later, &a, 0).expect("answered");
     assert_eq!(again.grants, first.grants, "the lost grant goes again");
 }
+
+/// Swarm seed 3384823: a restored start reads a clock behind the one its lost copy ran on (a
+/// step back between the two boots, which the copy, counting from its own start, never saw).
+/// Its first answer says how far that copy's clock may read now: the leader's last sample of
+/// it (4 s behind ours here, 100 ms round trip), aged. Only a restored boot is told; a region
+/// with no sample of its earlier boot is told nothing.
+#[test]
+fn a_restored_boot_is_told_how_far_its_earlier_boot_clock_may_read() {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let a = RegionId::from("a");
+    let mut first = clocked_up(&c, "a", 1, 1);
+    first.clock = Some(ClockSample {
+        offset_nanos: 4_000_000_000,
+        round_trip_nanos: 100_000_000,
+    });
+    c.handle_sync_up(at_ms(10_000), first).unwrap();
+    let reach_of = |c: &mut Coordinator, now_ms: u64| {
+        c.poll_sync_down(at_ms(now_ms), &a, 9)
+            .unwrap()
+            .earlier_boot_clock_reach
+    };
+    assert_eq!(reach_of(&mut c, 10_000), None, "no restart yet");
+    let mut restarted = up_with("a", 1, &[], 0);
+    restarted.boot = 2;
+    c.handle_sync_up(at_ms(20_000), restarted.clone()).unwrap();
+    assert_eq!(
+        reach_of(&mut c, 20_000),
+        None,
+        "a restart from its own state"
+    );
+    restarted.boot = 3;
+    restarted.restored = true;
+    c.handle_sync_up(at_ms(30_000), restarted.clone()).unwrap();
+    // 30 s less 4 s, plus 50 ms (half the round trip) and 1% of the 20 s since the sample
+    // (200 ms): the clock's drift since.
+    assert_eq!(reach_of(&mut c, 30_000), Some(at_ms(26_250)));
+    // Down again before its answer, restored again: the sample of the first boot still holds.
+    restarted.boot = 4;
+    c.handle_sync_up(at_ms(31_000), restarted).unwrap();
+    assert_eq!(reach_of(&mut c, 31_000), Some(at_ms(27_260)));
+
+    let mut fresh = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let mut unsampled = up_with("a", 1, &[], 0);
+    fresh
+        .handle_sync_up(at_ms(1_000), unsampled.clone())
+        .unwrap();
+    unsampled.boot = 2;
+    unsampled.restored = true;
+    fresh.handle_sync_up(at_ms(2_000), unsampled).unwrap();
+    assert_eq!(reach_of(&mut fresh, 2_000), None, "never sampled");
+}

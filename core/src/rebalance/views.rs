@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crdts::{CmRDT, Dot, VClock};
 
+use crate::budget::timebase::MAX_CLOCK_DRIFT_PPM;
 use crate::ids::{Epoch, RegionId};
 use crate::sync::{ClockGuard, ClockSample, CounterEntry, ReleaseAck};
 use crate::time::Timestamp;
@@ -28,6 +29,13 @@ pub(crate) struct RegionView {
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
     pub clock: Option<ClockSample>,
+    /// When `clock` was taken (our clock): its error grows with the clocks' drift since.
+    pub clock_taken_at: Timestamp,
+    /// The last sample of the region's clock as its boots before the newest ran it, and when
+    /// it was taken: how far an older copy of its state may have run (`earlier_boot_reach`).
+    pub earlier_boot_clock: Option<(ClockSample, Timestamp)>,
+    /// The newest SyncUp said `restored`.
+    pub restored: bool,
     /// The newest SyncUp's clock guard (docs/bound.md, skew): none after a restart until the
     /// region has a timebase again.
     pub clock_guard: Option<ClockGuard>,
@@ -66,6 +74,9 @@ impl RegionView {
             last_seq: None,
             last_received_at: now,
             clock: None,
+            clock_taken_at: now,
+            earlier_boot_clock: None,
+            restored: false,
             clock_guard: None,
             view_expired: false,
             config_version: None,
@@ -81,9 +92,40 @@ impl RegionView {
             .map(|c| Duration::from_nanos(c.offset_nanos.unsigned_abs() + c.round_trip_nanos / 2))
     }
 
+    /// The region restarted (a larger boot): the sample of the boot before, if any, becomes
+    /// the earlier boots' clock unless one kept from a boot before it reaches further now (a
+    /// restored start that went down again before a sample of its own).
+    pub fn restarted_at(&mut self, now: Timestamp) {
+        let Some(last) = self.clock.map(|c| (c, self.clock_taken_at)) else {
+            return;
+        };
+        let reach_now = |c: (ClockSample, Timestamp)| reach(c, now);
+        if self
+            .earlier_boot_clock
+            .is_none_or(|kept| reach_now(kept) < reach_now(last))
+        {
+            self.earlier_boot_clock = Some(last);
+        }
+    }
+
+    /// The latest the region's clock may read at `now` as its earlier boots ran it: our clock
+    /// less the sample's offset, plus half its round trip and the drift since it was taken
+    /// ([`MAX_CLOCK_DRIFT_PPM`]). `None` without a sample of those boots.
+    pub fn earlier_boot_reach(&self, now: Timestamp) -> Option<Timestamp> {
+        self.earlier_boot_clock.map(|c| reach(c, now))
+    }
+
     pub fn silent_for(&self, now: Timestamp) -> Duration {
         now.saturating_duration_since(self.last_heard)
     }
+}
+
+/// The latest a clock sampled at `taken_at` (`sample`: ours less it) may read at `now`.
+fn reach((sample, taken_at): (ClockSample, Timestamp), now: Timestamp) -> Timestamp {
+    let aged = sample.aged(now.saturating_duration_since(taken_at), MAX_CLOCK_DRIFT_PPM);
+    let ahead = i128::from(aged.round_trip_nanos / 2) - i128::from(aged.offset_nanos);
+    let at = i128::from(now.as_unix_nanos()).saturating_add(ahead);
+    Timestamp::from_unix_nanos(u64::try_from(at.max(0)).unwrap_or(u64::MAX))
 }
 
 /// What the leader knows about one row of the table (a counter's allowance for one region)

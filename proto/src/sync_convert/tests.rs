@@ -157,12 +157,14 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
         vec(release(), 0..LIST_ITEMS),
     );
     let flags = (any::<bool>(), any::<bool>());
-    (head, lists, flags, option::of(config_files())).prop_map(
+    let reach = option::of(any::<u64>().prop_map(Timestamp::from_unix_nanos));
+    (head, lists, flags, option::of(config_files()), reach).prop_map(
         |(
             (seq, term, t1, t2, v),
             (entries, grants, release_requests),
             (known_region, below_default_left),
             config,
+            earlier_boot_clock_reach,
         )| {
             SyncDown {
                 reply_to_seq: seq,
@@ -176,6 +178,7 @@ fn sync_down() -> impl Strategy<Value = SyncDown> {
                 known_region,
                 config,
                 below_default_left,
+                earlier_boot_clock_reach,
             }
         },
     )

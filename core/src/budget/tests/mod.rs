@@ -164,6 +164,7 @@ pub(super) fn answer(up: &SyncUp, now: Timestamp) -> SyncDown {
         release_requests: Vec::new(),
         known_region: false,
         below_default_left: false,
+        earlier_boot_clock_reach: None,
         config: None,
     }
 }

@@ -392,3 +392,41 @@ fn a_restored_start_measured_behind_releases_nothing_of_a_window_its_lost_copy_r
     );
     assert_eq!(released(cfg(), 75_000), 60, "no timebase: its own clock");
 }
+
+/// Swarm seed 3384823: without a timebase, the restored start (30 s) reads behind the clock
+/// its lost copy ran on, which the leader's answer says may read up to 75 s now: the copy may
+/// have been in the next minute, spent there, and not synced it. That minute stays closed (no
+/// admission, no release of it); the one after is normal. A reach behind the start, or none,
+/// closes what the start closes.
+#[test]
+fn a_restored_start_closes_every_window_its_earlier_boot_clock_may_have_reached() {
+    let first_answer = |reach_ms: Option<u64>| {
+        let mut r = restored(RestoreStart::Declared);
+        let up = r.poll_transmit(at(30_000)).expect("sync");
+        let mut down = answer(&up, at(30_000));
+        down.earlier_boot_clock_reach = reach_ms.map(at);
+        down.release_requests = vec![release_req(7, "api", "k", minute_window(60_000), 60, 1)];
+        r.handle_sync_down(at(30_000), down);
+        r
+    };
+    let mut r = first_answer(Some(75_000));
+    let up = r.poll_transmit(at(30_300)).expect("sync");
+    assert_eq!(
+        up.release_acks.first().expect("an ack").released_units,
+        0,
+        "the next minute may hold the lost copy's use"
+    );
+    let d = acquire(&mut r, at(61_000), "api", "k", 1);
+    assert!(!d.allowed, "the lost copy's clock may have been there");
+    assert!(acquire(&mut r, at(120_000), "api", "k", 1).allowed);
+
+    for reach in [None, Some(20_000)] {
+        let mut r = first_answer(reach);
+        let up = r.poll_transmit(at(30_300)).expect("sync");
+        assert_eq!(up.release_acks[0].released_units, 60, "{reach:?}");
+        assert!(
+            acquire(&mut r, at(61_000), "api", "k", 1).allowed,
+            "{reach:?}"
+        );
+    }
+}

@@ -55,6 +55,10 @@ impl Coordinator {
             known_region: view.known_before_boot,
             config: None,
             below_default_left,
+            earlier_boot_clock_reach: view
+                .restored
+                .then(|| view.earlier_boot_reach(now))
+                .flatten(),
         })
     }
 

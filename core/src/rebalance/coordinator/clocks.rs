@@ -56,7 +56,11 @@ impl Coordinator {
                 .regions
                 .entry(region)
                 .or_insert_with(|| RegionView::new(started_at));
-            view.clock.get_or_insert(sample.through(hop));
+            if view.clock.is_none() {
+                // The hop is aged to about this leader's start.
+                view.clock = Some(sample.through(hop));
+                view.clock_taken_at = started_at;
+            }
         }
     }
 

@@ -58,11 +58,15 @@ impl Coordinator {
             // no longer describes it: until the next, its clock is unknown (swarm seed
             // 3377321: a region restarted 1.2 s behind the clock the leader had sampled, and
             // the leader collected the window it was still in).
-            view.clock = if restarted {
-                sample
-            } else {
-                sample.or(view.clock)
-            };
+            if restarted {
+                view.restarted_at(now);
+                view.clock = None;
+            }
+            if sample.is_some() {
+                view.clock = sample;
+                view.clock_taken_at = now;
+            }
+            view.restored = msg.restored;
             view.clock_guard = msg.clock_guard;
             view.view_expired = msg.view_expired;
             if let Some(old) = view.config_version
