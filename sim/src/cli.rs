@@ -165,6 +165,7 @@ where
         shrink: args.shrink,
         kind: args.kind.as_deref(),
         out: args.out.as_deref(),
+        max_clock_uncertainty_ms: args.max_clock_uncertainty_ms,
     };
     let factory = |s: &Scenario| factory(&as_run(args, s));
     swarm::cli::run(&cmd, &factory, out, err)

@@ -278,6 +278,7 @@ fn fails_open_through_an_agent_crash() -> World {
             },
         ],
         caps: CapsDraw::default(),
+        max_clock_uncertainty_ms: None,
     }
 }
 
@@ -363,5 +364,27 @@ fn swarm_seeds_hold() {
     assert_eq!(
         summary.failing_seeds, 0,
         "failing seeds (replay commands above)"
+    );
+}
+
+/// A world run under `--max-clock-uncertainty-ms` is written with that timebase, so that its
+/// replay runs as the seed did: 0 as `off` (every agent on its own clock).
+#[test]
+fn a_world_is_written_with_the_timebase_it_ran_on() {
+    let timebase = |ms: Option<u64>| {
+        let w = World {
+            max_clock_uncertainty_ms: ms,
+            ..fails_open_through_an_agent_crash()
+        };
+        scenario::parse("w.yaml", &w.to_yaml())
+            .unwrap()
+            .max_clock_uncertainty
+    };
+    assert_eq!(timebase(Some(0)), None);
+    assert_eq!(timebase(Some(40)), Some(Duration::from_millis(40)));
+    assert_eq!(
+        timebase(None),
+        Some(Duration::from_millis(250)),
+        "the scenario's default"
     );
 }

@@ -8,6 +8,7 @@ use super::draw;
 use super::run::{SeedOutcome, run_seeds, run_world};
 use super::shrink::shrink;
 use super::summary::Summary;
+use super::world::World;
 use crate::error::{Result, SimError};
 use crate::node::NodeFactory;
 use crate::scenario::Scenario;
@@ -21,6 +22,19 @@ pub struct SwarmCommand<'a> {
     pub shrink: bool,
     pub kind: Option<&'a str>,
     pub out: Option<&'a Path>,
+    /// `--max-clock-uncertainty-ms`, which the builder applies to every run: written into the
+    /// worlds printed, dumped and shrunk, so that their replay runs as the seed did.
+    pub max_clock_uncertainty_ms: Option<u64>,
+}
+
+impl SwarmCommand<'_> {
+    /// Seed `seed`'s world as this command runs it.
+    fn world(&self, seed: u64) -> World {
+        World {
+            max_clock_uncertainty_ms: self.max_clock_uncertainty_ms,
+            ..draw::world(seed)
+        }
+    }
 }
 
 /// Runs the command; `Ok(true)` when every seed held. Failing seeds, with their replay
@@ -43,8 +57,8 @@ where
     let summary = Summary::build(&outcomes);
     for o in &summary.failing {
         let world = match cmd.dump_failing {
-            Some(dir) => format!("  world: {}", dump(dir, o.seed)?.display()),
-            None => format!("  world:\n{}", indent(&draw::world(o.seed).to_yaml())),
+            Some(dir) => format!("  world: {}", dump(dir, &cmd.world(o.seed))?.display()),
+            None => format!("  world:\n{}", indent(&cmd.world(o.seed).to_yaml())),
         };
         // Terminal output is best effort: a closed pipe must not hide the exit status.
         let _ = write_failure(o, &world, err);
@@ -90,7 +104,7 @@ where
             cmd.seeds.start, cmd.seeds.end
         )));
     }
-    let world = draw::world(seed);
+    let world = cmd.world(seed);
     let outcome = run_world(&world, build)?;
     let Some(kind) = cmd
         .kind
@@ -129,14 +143,14 @@ where
     Ok(false)
 }
 
-/// Writes seed `seed`'s world to `dir/swarm-<seed>.yaml`.
-fn dump(dir: &Path, seed: u64) -> Result<PathBuf> {
+/// Writes `world` to `dir/swarm-<seed>.yaml`.
+fn dump(dir: &Path, world: &World) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|source| SimError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
-    let path = dir.join(format!("swarm-{seed}.yaml"));
-    write_file(&path, &draw::world(seed).to_yaml())?;
+    let path = dir.join(format!("swarm-{}.yaml", world.seed));
+    write_file(&path, &world.to_yaml())?;
     Ok(path)
 }
 

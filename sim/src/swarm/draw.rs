@@ -83,6 +83,7 @@ pub fn world(seed: u64) -> World {
         sources: Vec::new(),
         faults: Vec::new(),
         caps: CapsDraw::default(),
+        max_clock_uncertainty_ms: None,
     };
     draw_traffic(d, &mut world);
     draw_faults(d, &mut world, shortest_ms);
@@ -107,8 +108,8 @@ pub fn world(seed: u64) -> World {
 
 /// Drawn after everything else: a third of the limits with reservations let a settle charge
 /// above its reservation (`max_settle_overage`, 5% to 100%), and a reload changes that ratio,
-/// or the fallback the operator states (`rlqs_fallback_units`, from none to twice it), about
-/// one time in three each: what a region still on the old version admits by.
+/// or the fallback the operator states (`rlqs_fallback_units`, from what the Envoys admit to
+/// twice it), about one time in three each: what a region still on the old version admits by.
 fn draw_overage_statements(d: &mut Dice, w: &mut World) {
     for i in 0..w.limits.len() {
         let reserves = w
@@ -126,9 +127,14 @@ fn draw_overage_statements(d: &mut Dice, w: &mut World) {
                 if d.chance(1.0 / 3.0) {
                     r.settle_overage_percent = Some(if d.chance(0.5) { 0 } else { d.int(5, 100) });
                 }
+                // The region's Envoys keep admitting what their own configuration says while
+                // the agent is out, whatever version it runs: a reload states at least that. A
+                // statement below it is the operator's error, found only by the Envoys' reports
+                // (`sim/tests/envoy_fallback.rs`), never if the agent stays down to the run's end
+                // (swarm seed 3383026).
                 let stated = w.limits[r.limit].rlqs_fallback_units;
                 if stated > 0 && d.chance(1.0 / 3.0) {
-                    r.rlqs_fallback_units = Some(d.int(0, 2 * stated));
+                    r.rlqs_fallback_units = Some(d.int(stated, 2 * stated));
                 }
             }
         }

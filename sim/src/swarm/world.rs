@@ -27,6 +27,10 @@ pub struct World {
     pub faults: Vec<FaultSpec>,
     /// The product's caps, lowered (the scenario's `caps:`); `None` keeps each default.
     pub caps: CapsDraw,
+    /// The timebase every agent ran on, as `--max-clock-uncertainty-ms` set it (never drawn;
+    /// `None`: the scenario's default, 0: each agent on its own clock): written with the world
+    /// so that it replays as it ran.
+    pub max_clock_uncertainty_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -370,6 +374,11 @@ impl World {
             self.seed.saturating_add(1)
         )?;
         writeln!(y, "duration: {}", ms(self.duration_ms))?;
+        match self.max_clock_uncertainty_ms {
+            Some(0) => writeln!(y, "max_clock_uncertainty: off")?,
+            Some(u) => writeln!(y, "max_clock_uncertainty: {}", ms(u))?,
+            None => {}
+        }
         writeln!(y, "sync_interval: {}", ms(self.sync_interval_ms))?;
         if let Some(v) = self.view_ttl_ms {
             writeln!(y, "view_ttl: {}", ms(v))?;
