@@ -16,7 +16,7 @@ use crate::node::{LeaseAnswer, NodeFactory, RegionNode};
 use crate::traffic::Cost;
 
 use super::faults::persist;
-use super::{Engine, Event, MAX_PENDING_RETRIES_PER_SOURCE, PendingSettle, Served};
+use super::{Engine, Event, LeaseReading, MAX_PENDING_RETRIES_PER_SOURCE, PendingSettle, Served};
 
 /// A region's gateways' clock: their agent's clock read through the scenario's
 /// `gateway_clock` (an offset and a drift relative to the agent's clock), as a gateway host's
@@ -61,14 +61,18 @@ const LEASE_READINGS_KEPT: usize = 65_536;
 /// any lease lives.
 const LEASE_READING_HORIZON: Duration = Duration::from_secs(600);
 
-/// Remembers the reading at which `lease` was granted; past [`LEASE_READINGS_KEPT`], forgets
-/// those older than [`LEASE_READING_HORIZON`] each time the count reaches a power of two (so
-/// the forgetting stays linear overall however many are recent).
-fn note_lease_reading(readings: &mut BTreeMap<LeaseId, Timestamp>, lease: LeaseId, at: Timestamp) {
-    readings.insert(lease, at);
+/// Remembers `lease`'s grant; past [`LEASE_READINGS_KEPT`], forgets those granted more than
+/// [`LEASE_READING_HORIZON`] ago each time the count reaches a power of two (so the forgetting
+/// stays linear overall however many are recent).
+fn note_lease_reading(
+    readings: &mut BTreeMap<LeaseId, LeaseReading>,
+    lease: LeaseId,
+    grant: LeaseReading,
+) {
+    readings.insert(lease, grant);
     if readings.len() > LEASE_READINGS_KEPT && readings.len().is_power_of_two() {
-        let horizon = at.saturating_sub(LEASE_READING_HORIZON);
-        readings.retain(|_, t| *t >= horizon);
+        let horizon = grant.granted_at.saturating_sub(LEASE_READING_HORIZON);
+        readings.retain(|_, g| g.granted_at >= horizon);
     }
 }
 
@@ -122,12 +126,9 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
             } => {
                 self.stats.admitted += 1;
                 // Judged per window index on the clock the agent reads windows on.
-                let r = &self.regions[region];
                 let lease = receipt.map(|r| r.lease);
-                let local = match lease.and_then(|l| r.lease_readings.get(&l)) {
-                    Some(at) => *at,
-                    None => r.window_clock(local, lease),
-                };
+                let corrects = self.factory.corrects_clocks();
+                let local = self.regions[region].spend_clock(lease, local, self.now, corrects);
                 self.measure.admitted(key, region, self.now, local, units);
                 if let Some(settle) = cost.settle {
                     let incarnation = self.regions[region].gateways[gateway].incarnation;
@@ -348,10 +349,12 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                             if w.refill == Some(grant.lease) {
                                 self.stats.lease_refills += 1;
                             }
-                            if self.factory.corrects_clocks() {
-                                let at = node.window_clock(local, Some(grant.lease));
-                                note_lease_reading(&mut r.lease_readings, grant.lease, at);
-                            }
+                            let reading = LeaseReading {
+                                reading: node.window_clock(local, Some(grant.lease)),
+                                granted_at: self.now,
+                                start: r.starts,
+                            };
+                            note_lease_reading(&mut r.lease_readings, grant.lease, reading);
                             gateway.handle_lease_granted(at_gateway, w.ticket, grant)
                         }
                         LeaseAnswer::Denied(denial) => {

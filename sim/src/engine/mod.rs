@@ -242,10 +242,16 @@ struct RegionRt<R: RegionNode> {
     down: Link,
     gateways: Vec<GatewayRt>,
     next_gateway: usize,
-    /// With corrected clocks (`NodeFactory::corrects_clocks`): the agent's reading when each
-    /// lease was granted, so its spends are judged in the window it was charged to, after a
-    /// correction or an agent crash as before them.
-    lease_readings: BTreeMap<LeaseId, Timestamp>,
+    /// Each lease's grant: the agent's reading then, the true time, and the agent's start it
+    /// was granted under (`starts`). With corrected clocks its spends are judged in the window
+    /// it was charged to, after a correction or a crash as before them. Without, a spend is
+    /// judged on the granting agent's clock as it reads at the spend: the agent's own while
+    /// it runs, and after a restart the grant's reading run on by the time since (a
+    /// restarted agent reads the wall clock again, D73: a lost copy's lease spent after a
+    /// restore on a clock stepped back was judged in a window 0.7 s earlier).
+    lease_readings: BTreeMap<LeaseId, LeaseReading>,
+    /// How many times the agent started (its first start included).
+    starts: u64,
     /// While the agent is down: how far its window clock read ahead of its own clock when it
     /// went (its correction), in nanoseconds.
     down_correction_nanos: i64,
@@ -269,8 +275,27 @@ impl<R: RegionNode> RegionRt<R> {
         }
     }
 
+    /// The clock a spend at `local` (the agent's own clock), true time `now`, from `lease` is
+    /// judged on (`lease_readings`).
+    fn spend_clock(
+        &self,
+        lease: Option<LeaseId>,
+        local: Timestamp,
+        now: Timestamp,
+        corrects_clocks: bool,
+    ) -> Timestamp {
+        match lease.and_then(|l| self.lease_readings.get(&l)) {
+            Some(g) if corrects_clocks => g.reading,
+            Some(g) if g.start != self.starts => {
+                g.reading + now.saturating_duration_since(g.granted_at)
+            }
+            _ => self.window_clock(local, lease),
+        }
+    }
+
     /// The agent started (or restarted) at true time `now` runs as `node`.
     fn set_node(&mut self, node: R, now: Timestamp) {
+        self.starts += 1;
         self.agent_clock = self.clock.started_at(now, node.clock_floor());
         self.node = Some(node);
     }
@@ -283,6 +308,14 @@ impl<R: RegionNode> RegionRt<R> {
         self.down_correction_nanos = i64::try_from(diff).unwrap_or(0);
         Some(node)
     }
+}
+
+/// A lease's grant as the judge reads its spends (`RegionRt::lease_readings`).
+#[derive(Clone, Copy, Debug)]
+struct LeaseReading {
+    reading: Timestamp,
+    granted_at: Timestamp,
+    start: u64,
 }
 
 struct CoordinatorRt<C: CoordinatorNode> {

@@ -205,6 +205,7 @@ impl<'s, F: NodeFactory> Engine<'s, F> {
                 gateways,
                 next_gateway: 0,
                 lease_readings: Default::default(),
+                starts: 0,
                 down_correction_nanos: 0,
             });
         }
