@@ -444,6 +444,25 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
             .allowance(&grown_counter, &RegionId::from("a")),
         grown
     );
+    // `a` restored from an old copy: the new leader's answer says how far the clock of its
+    // boot before may read now, from the carried sample (2 s behind cluster time), with half
+    // its round trip, the probe's error and 1% drift since (the test's few seconds) on top.
+    let mut restored = up("a", 1);
+    restored.boot = 2;
+    restored.restored = true;
+    let Ok(pb::sync_answer::Answer::SyncDown(down)) =
+        send(nodes[&second].grpc_addr(), restored).await
+    else {
+        panic!("the leader answers");
+    };
+    let down = sync_down_from_wire(down).expect("converts");
+    let reach = down.earlier_boot_clock_reach.expect("a reach");
+    let behind = |t: Timestamp| down.sent_at.as_unix_nanos() - t.as_unix_nanos();
+    assert!(
+        (1_000_000_000..=2_000_000_000).contains(&behind(reach)),
+        "{reach:?} against {:?}",
+        down.sent_at
+    );
 
     // A put on the new leader commits version 2 with its files; a region still on version 1
     // gets them in its answer, one on version 2 does not.

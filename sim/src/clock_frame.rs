@@ -10,8 +10,10 @@
 //! replicated log's commit latency, one round trip to a majority), which the carried samples'
 //! round trips then carry as uncertainty.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use allot_core::budget::timebase::MAX_CLOCK_DRIFT_PPM;
 use allot_core::ids::RegionId;
 use allot_core::rebalance::{Coordinator, TableCommand};
 use allot_core::sync::ClockSample;
@@ -22,15 +24,19 @@ use crate::engine::derive_seed;
 /// How often the leader records a frame: the daemon's `CLOCK_FRAME_INTERVAL`.
 pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
 
+/// A region's clock sample on the recording leader's clock, and when it was taken.
+pub type TakenSample = (RegionId, ClockSample, Timestamp);
+
 /// What the simulated replicated log carries for the core coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Replicated {
     /// A change to the allowance table.
     Table(TableCommand),
-    /// A leader's clock samples of the regions, on its own clock (`RecordClockFrame`).
+    /// A leader's clock samples of the regions, on its own clock, with when each was taken
+    /// (`RecordClockFrame`, whose `heard_at` the daemon ages them by).
     ClockFrame {
         leader_term: u64,
-        samples: Vec<(RegionId, ClockSample)>,
+        samples: Vec<TakenSample>,
     },
 }
 
@@ -39,7 +45,11 @@ pub enum Replicated {
 #[derive(Clone, Debug)]
 pub struct ClockFrames {
     /// The last frame an earlier leader committed, replayed but not adopted yet.
-    pending: Option<(u64, Vec<(RegionId, ClockSample)>)>,
+    pending: Option<(u64, Vec<TakenSample>)>,
+    /// The regions this leader's last frame held a sample of: a sample of another one is
+    /// recorded at once, not at the next interval (a leader lost before then takes it along;
+    /// a restored region's reach, D74, needs the sample of the boot before).
+    framed: BTreeSet<RegionId>,
     /// With no frame in the log a leader records one at once (D56); otherwise at its first
     /// tick, its probes of the other nodes taking no time here.
     next_at: Timestamp,
@@ -52,6 +62,7 @@ impl ClockFrames {
     pub fn new(seed: u64, probe_round_trip: Duration, now: Timestamp) -> ClockFrames {
         ClockFrames {
             pending: None,
+            framed: BTreeSet::new(),
             next_at: now,
             seed,
             probe_round_trip,
@@ -77,30 +88,39 @@ impl ClockFrames {
         &mut self,
         own_term: u64,
         leader_term: u64,
-        samples: &[(RegionId, ClockSample)],
+        samples: &[TakenSample],
     ) {
         if leader_term < own_term {
             self.pending = Some((leader_term, samples.to_vec()));
         }
     }
 
-    /// Before the leader's first live input: it starts from the last frame, carried over by
-    /// its probe of the recorder.
-    pub fn adopt(&mut self, coordinator: &mut Coordinator) {
+    /// Before the leader's first live input at `now`: it starts from the last frame, carried
+    /// over by its probe of the recorder, each sample aged by the clocks' drift since it was
+    /// taken (as the daemon ages them by `heard_at`).
+    pub fn adopt(&mut self, now: Timestamp, coordinator: &mut Coordinator) {
         if let Some((term, samples)) = self.pending.take() {
-            coordinator.adopt_clocks(term, self.hop(term), samples);
+            let aged = samples.into_iter().map(|(region, sample, taken_at)| {
+                let age = now.saturating_duration_since(taken_at);
+                (region, sample.aged(age, MAX_CLOCK_DRIFT_PPM))
+            });
+            coordinator.adopt_clocks(term, self.hop(term), aged);
         }
     }
 
-    /// The frame to record now, if one is due.
+    /// The frame to record now, if one is due: every [`CLOCK_FRAME_INTERVAL`], and as soon as
+    /// the leader holds a sample of a region its last frame lacked.
     pub fn poll(&mut self, now: Timestamp, coordinator: &Coordinator) -> Option<Replicated> {
-        if now < self.next_at {
+        let samples = coordinator.clock_samples_taken();
+        let unframed = samples.iter().any(|(r, _, _)| !self.framed.contains(r));
+        if now < self.next_at && !unframed {
             return None;
         }
         self.next_at = now + CLOCK_FRAME_INTERVAL;
+        self.framed = samples.iter().map(|(r, _, _)| r.clone()).collect();
         Some(Replicated::ClockFrame {
             leader_term: coordinator.leader_term(),
-            samples: coordinator.clock_samples(),
+            samples,
         })
     }
 

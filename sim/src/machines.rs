@@ -962,7 +962,7 @@ impl CoordinatorNode for CoreCoordinator {
     type Command = Replicated;
 
     fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool {
-        self.frames.adopt(&mut self.coordinator);
+        self.frames.adopt(now, &mut self.coordinator);
         // Only the scenario's regions exist, and the table knows them all; it refuses the
         // ones an operator removed.
         match self.coordinator.handle_sync_up(now, msg) {
@@ -992,7 +992,7 @@ impl CoordinatorNode for CoreCoordinator {
     }
 
     fn poll_proposals(&mut self, now: Timestamp) -> Vec<Replicated> {
-        self.frames.adopt(&mut self.coordinator);
+        self.frames.adopt(now, &mut self.coordinator);
         let mut out: Vec<Replicated> = (self.coordinator.poll_proposals(now).into_iter())
             .map(Replicated::Table)
             .collect();
@@ -1052,7 +1052,7 @@ impl CoordinatorNode for CoreCoordinator {
     }
 
     fn handle_timeout(&mut self, now: Timestamp) {
-        self.frames.adopt(&mut self.coordinator);
+        self.frames.adopt(now, &mut self.coordinator);
         // The timer also fires for a clock frame, which `poll_proposals` records.
         if self.next_tick > now {
             return;

@@ -3396,12 +3396,20 @@ const SWARM_3377321_REMOVED: &str = include_str!(
 /// The drawn world itself was a judge's error: a window the restore closed was judged at
 /// the lost copy's grant, which the table had moved on from, though it admits nothing more.
 /// Seed 3377189 is the same fault twice (two restores after a 6.1 s step back).
+///
+/// Across leader changes: the leader lost 3.5 s into the run, before its first 5 s frame (a
+/// frame is now recorded as soon as a region is first sampled); and lost across the restore,
+/// the new leader adopting the lost copy's sample from the frame and reading it as the
+/// restored boot's clock (a region first heard `restored` now has it as its boot before's).
 #[test]
 fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
-    assert_no_violation(&run(
-        &parsed("saturated.yaml", SWARM_3384823_SATURATED),
-        0..10,
-    ));
+    for (name, yaml) in [
+        ("saturated.yaml", SWARM_3384823_SATURATED),
+        ("before-the-first-frame.yaml", SWARM_3384823_FIRST_FRAME),
+        ("adopted.yaml", SWARM_3384823_ADOPTED),
+    ] {
+        assert_no_violation(&run(&parsed(name, yaml), 0..10));
+    }
     assert_no_violation(&run(
         &parsed("swarm-3384823.yaml", SWARM_3384823),
         3384823..3384853,
@@ -3414,6 +3422,12 @@ fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
 
 const SWARM_3384823_SATURATED: &str = include_str!(
     "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-the-lost-copy-saturated.yaml"
+);
+const SWARM_3384823_FIRST_FRAME: &str = include_str!(
+    "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-leader-lost-before-the-first-frame.yaml"
+);
+const SWARM_3384823_ADOPTED: &str = include_str!(
+    "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-new-leader-adopts-the-lost-copys-sample.yaml"
 );
 const SWARM_3384823: &str = include_str!(
     "../swarm-findings/seed-3384823-region-allowance-above-table-restore-on-a-clock-stepped-back.yaml"

@@ -8,7 +8,7 @@
 //! the region. An answer is built only from committed state; when a commit fails (leadership
 //! lost) the task ends and its rebalancer is dropped, with no answer sent from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -214,6 +214,14 @@ pub struct Leader {
     admins: Arc<LeaderAdmin>,
     /// How its probes dial the other nodes.
     dialer: Dialer,
+    /// The regions whose samples this leader's last frame recorded; `None` before its first
+    /// frame (which waits for the probes, `run`).
+    framed: Option<BTreeSet<RegionId>>,
+    /// A sync round just took a sample of a region the last frame lacked: a frame is recorded
+    /// once the round is answered, not at the next interval, so that a leader lost before
+    /// then does not take it along (a restored region's first answer needs its boot before's
+    /// sample, D74).
+    frame_due: bool,
 }
 
 /// A task that ends with the value holding it (the leader's, when its rebalancer is dropped).
@@ -265,6 +273,8 @@ impl Leader {
             adopted_heard,
             admins: Arc::default(),
             dialer: Dialer::plaintext(),
+            framed: None,
+            frame_due: false,
         }
     }
 
@@ -324,6 +334,11 @@ impl Leader {
             if let Err(ended) = served {
                 return ended;
             }
+            if std::mem::take(&mut self.frame_due)
+                && let Err(ended) = self.record_clock_frame().await
+            {
+                return ended;
+            }
         }
     }
 
@@ -371,6 +386,8 @@ impl Leader {
             metrics::counter!(m::OTHER_VERSION_SYNC_UPS).increment(1);
         }
         self.heard.insert(region.clone(), heard);
+        self.frame_due |= self.coordinator.has_clock_sample(&region)
+            && self.framed.as_ref().is_some_and(|f| !f.contains(&region));
         self.commit_proposals().await?;
         if self.coordinator.has_uncommitted_proposals() {
             // Cannot happen while every poll is committed before the next: kept as the
@@ -556,6 +573,15 @@ impl Leader {
                 })
             })
             .collect();
+        // Every region sampled counts as framed, one left out for want of a heard time too:
+        // otherwise each of its rounds would record a frame.
+        self.framed = Some(
+            self.coordinator
+                .clock_samples()
+                .into_iter()
+                .map(|(region, _)| region)
+                .collect(),
+        );
         let frame = ClockFrame {
             source: ClockSource {
                 leader: self.node_id,

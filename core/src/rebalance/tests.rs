@@ -3979,3 +3979,35 @@ fn a_restored_boot_is_told_how_far_its_earlier_boot_clock_may_read() {
     fresh.handle_sync_up(at_ms(2_000), unsampled).unwrap();
     assert_eq!(reach_of(&mut fresh, 2_000), None, "never sampled");
 }
+
+/// A new leader that adopted a region's sample from its predecessor's frame, then first hears
+/// the region restored: the sample is of a boot before (a restored boot has none of its own
+/// before its first answer), so it is the reach of that boot, not the region's clock now.
+/// Heard as it ran (not restored), the adopted sample stays the region's clock.
+#[test]
+fn an_adopted_sample_of_a_region_first_heard_restored_is_of_its_boot_before() {
+    let a = RegionId::from("a");
+    let three_behind = ClockSample {
+        offset_nanos: 3_000_000_000,
+        round_trip_nanos: 0,
+    };
+    let adopted = |restored: bool| {
+        let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 2);
+        c.adopt_clocks(1, ClockSample::SAME_CLOCK, [(a.clone(), three_behind)]);
+        let mut up = up_with("a", 1, &[], 0);
+        up.boot = 5;
+        up.restored = restored;
+        c.handle_sync_up(at_ms(10_000), up).unwrap();
+        c
+    };
+    let mut c = adopted(true);
+    let down = c.poll_sync_down(at_ms(10_000), &a, 1).unwrap();
+    // 10 s less 3 s, plus 1% of the 10 s since this leader adopted it.
+    assert_eq!(down.earlier_boot_clock_reach, Some(at_ms(7_100)));
+    assert!(c.clock_samples().is_empty(), "a's clock now is unknown");
+
+    let mut c = adopted(false);
+    let down = c.poll_sync_down(at_ms(10_000), &a, 1).unwrap();
+    assert_eq!(down.earlier_boot_clock_reach, None);
+    assert_eq!(c.clock_samples(), vec![(a, three_behind)]);
+}

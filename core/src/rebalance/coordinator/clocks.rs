@@ -11,6 +11,7 @@
 
 use crate::ids::RegionId;
 use crate::sync::ClockSample;
+use crate::time::Timestamp;
 
 use super::Coordinator;
 use crate::rebalance::views::RegionView;
@@ -67,10 +68,26 @@ impl Coordinator {
     /// Every region's latest clock sample on this leader's clock, for the driver to replicate
     /// (so that the next leader starts with them).
     pub fn clock_samples(&self) -> Vec<(RegionId, ClockSample)> {
+        self.clock_samples_taken()
+            .into_iter()
+            .map(|(r, s, _)| (r, s))
+            .collect()
+    }
+
+    /// [`Coordinator::clock_samples`] with when each was taken (our clock; an adopted one at
+    /// this leader's start, aged to then): a driver that replicates them ages them by it.
+    pub fn clock_samples_taken(&self) -> Vec<(RegionId, ClockSample, Timestamp)> {
         self.regions
             .iter()
-            .filter_map(|(r, v)| Some((r.clone(), v.clock?)))
+            .filter_map(|(r, v)| Some((r.clone(), v.clock?, v.clock_taken_at)))
             .collect()
+    }
+
+    /// Whether this leader holds a sample of `region`'s clock (measured or adopted): a driver
+    /// records a frame when one appears that its last frame lacked, rather than leaving it
+    /// to the next interval, since a leader lost before then takes it along.
+    pub fn has_clock_sample(&self, region: &RegionId) -> bool {
+        self.regions.get(region).is_some_and(|v| v.clock.is_some())
     }
 
     pub fn leader_term(&self) -> u64 {

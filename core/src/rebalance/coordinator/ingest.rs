@@ -43,6 +43,10 @@ impl Coordinator {
             .last_seq
             .is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
         let restarted = view.last_seq.is_some() && msg.boot > view.boot;
+        // A restored boot has no sample of its own before its first answer (its SyncUps say
+        // `restored` until then): one this leader holds for a region it has not heard yet was
+        // adopted from an earlier leader's frame, and is of a boot before.
+        let adopted_of_earlier_boot = msg.restored && view.last_seq.is_none();
         // Even a late message proves the region answers: its view is aged from the message's
         // own send time, which is before now, so hearing it "now" is never optimistic.
         view.last_heard = view.last_heard.max(now);
@@ -58,7 +62,7 @@ impl Coordinator {
             // no longer describes it: until the next, its clock is unknown (swarm seed
             // 3377321: a region restarted 1.2 s behind the clock the leader had sampled, and
             // the leader collected the window it was still in).
-            if restarted {
+            if restarted || adopted_of_earlier_boot {
                 view.restarted_at(now);
                 view.clock = None;
             }
