@@ -84,12 +84,7 @@ impl ClockFrames {
 
     /// A frame of `leader_term` came through the log: an earlier leader's is kept to adopt
     /// (the last one wins, as the daemon's state keeps only the last).
-    pub fn committed(
-        &mut self,
-        own_term: u64,
-        leader_term: u64,
-        samples: &[TakenSample],
-    ) {
+    pub fn committed(&mut self, own_term: u64, leader_term: u64, samples: &[TakenSample]) {
         if leader_term < own_term {
             self.pending = Some((leader_term, samples.to_vec()));
         }
