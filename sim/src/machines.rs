@@ -395,6 +395,9 @@ impl NodeFactory for CoreFactory {
                 None => now.max(region.clock_floor()),
             };
             region.budget.start_restored(start, why);
+            region
+                .budget
+                .salt_restored_boot(derive_seed(setup.seed, now.as_unix_nanos()));
             region.restore_started_local = region.timebase.is_some().then_some(now);
         }
         region.used_at_reload.clone_from(&store.used_at_reload);

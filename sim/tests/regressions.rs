@@ -3401,12 +3401,16 @@ const SWARM_3377321_REMOVED: &str = include_str!(
 /// frame is now recorded as soon as a region is first sampled); and lost across the restore,
 /// the new leader adopting the lost copy's sample from the frame and reading it as the
 /// restored boot's clock (a region first heard `restored` now has it as its boot before's).
+/// And two restores from copies on that clock: both took their copy's boot plus one, and the
+/// leader took the second for the first (a restored start now salts its boot, and a boot that
+/// says `restored` is a restart whatever its number).
 #[test]
 fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
     for (name, yaml) in [
         ("saturated.yaml", SWARM_3384823_SATURATED),
         ("before-the-first-frame.yaml", SWARM_3384823_FIRST_FRAME),
         ("adopted.yaml", SWARM_3384823_ADOPTED),
+        ("one-boot.yaml", SWARM_3384823_ONE_BOOT),
     ] {
         assert_no_violation(&run(&parsed(name, yaml), 0..10));
     }
@@ -3428,6 +3432,9 @@ const SWARM_3384823_FIRST_FRAME: &str = include_str!(
 );
 const SWARM_3384823_ADOPTED: &str = include_str!(
     "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-new-leader-adopts-the-lost-copys-sample.yaml"
+);
+const SWARM_3384823_ONE_BOOT: &str = include_str!(
+    "../swarm-findings/seed-3384823-overshoot-on-region-clocks-two-restores-from-copies-take-one-boot.yaml"
 );
 const SWARM_3384823: &str = include_str!(
     "../swarm-findings/seed-3384823-region-allowance-above-table-restore-on-a-clock-stepped-back.yaml"

@@ -148,6 +148,11 @@ impl Agent {
         let seed = settings.jitter_seed.unwrap_or_else(|| {
             settings.clock.now().as_unix_nanos() ^ u64::from(std::process::id())
         });
+        if restore.is_some() {
+            // Not the jitter seed alone: a test's fixed one would salt two restores alike.
+            let clock = settings.clock.now().as_unix_nanos();
+            budget.salt_restored_boot(seed ^ clock.rotate_left(17) ^ u64::from(std::process::id()));
+        }
         let blocking = settings.durability == Durability::Sync;
         Ok(Agent {
             committer: Committer::new(store, blocking),

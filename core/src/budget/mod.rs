@@ -145,6 +145,11 @@ pub struct KeyAccount {
     pub carry_units: u64,
 }
 
+/// The range of a restored start's boot salt (`RegionBudget::salt_restored_boot`): 2^30
+/// nanoseconds, about a second of boot numbers, so that two restores from one copy collide
+/// about once in a billion.
+pub const BOOT_SALT_NANOS: u64 = 1 << 30;
+
 impl RegionBudget {
     pub fn new(cfg: BudgetConfig, limits: impl IntoIterator<Item = LimitSpec>) -> Result<Self> {
         cfg.validate()?;
@@ -267,6 +272,19 @@ impl RegionBudget {
             .as_unix_nanos()
             .max(self.sync.stored_boot.saturating_add(1))
             .max(1);
+        self.dirty.mark(Dirty::Boot);
+    }
+
+    /// A start that may have lost state (`start_restored`) adds `salt` (taken below
+    /// [`BOOT_SALT_NANOS`]) to its boot. Its copy's boot plus one is all it knows to be above,
+    /// and its clock may read below that (stepped back): two restores from one copy then took
+    /// the same boot, and the leader took the second for late messages of the first (it was
+    /// never heard as a restart, so it got no reach and no grants again). Random low bits make
+    /// them differ; which is larger does not matter, since a boot that says `restored` is a
+    /// restart whatever its number (`RegionView::is_later_boot` on the leader's side).
+    pub fn salt_restored_boot(&mut self, salt: u64) {
+        debug_assert!(self.sync.boot > 0, "salted after set_boot_clock");
+        self.sync.boot = self.sync.boot.saturating_add(salt % BOOT_SALT_NANOS);
         self.dirty.mark(Dirty::Boot);
     }
 

@@ -4011,3 +4011,53 @@ fn an_adopted_sample_of_a_region_first_heard_restored_is_of_its_boot_before() {
     assert_eq!(down.earlier_boot_clock_reach, None);
     assert_eq!(c.clock_samples(), vec![(a, three_behind)]);
 }
+
+/// Two restores from one copy on a clock stepped back: the second's boot (15) is below the
+/// first's (20), since each is its copy's boot plus a salt. Saying `restored`, it is a
+/// restart all the same (its answer carries the reach); a late message of the boot it
+/// superseded is old, and does not make the leader take the region for that boot again.
+#[test]
+fn a_restored_boot_numbered_below_the_one_it_supersedes_is_a_restart() {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let a = RegionId::from("a");
+    let mut first = clocked_up(&c, "a", 1, 1);
+    first.boot = 10;
+    c.handle_sync_up(at_ms(1_000), first).unwrap();
+    let restored = |boot: u64, seq: u64| {
+        let mut up = up_with("a", seq, &[], 0);
+        up.boot = boot;
+        up.restored = true;
+        up
+    };
+    c.handle_sync_up(at_ms(2_000), restored(20, 1)).unwrap();
+    assert!(
+        c.poll_sync_down(at_ms(2_000), &a, 1)
+            .unwrap()
+            .earlier_boot_clock_reach
+            .is_some()
+    );
+    // Boot 20 answered: it says `restored` no more.
+    let mut answered = up_with("a", 2, &[], 0);
+    answered.boot = 20;
+    c.handle_sync_up(at_ms(2_500), answered.clone()).unwrap();
+    assert_eq!(
+        c.poll_sync_down(at_ms(2_500), &a, 2)
+            .unwrap()
+            .earlier_boot_clock_reach,
+        None
+    );
+
+    c.handle_sync_up(at_ms(3_000), restored(15, 1)).unwrap();
+    let reach = |c: &mut Coordinator, now_ms: u64| {
+        c.poll_sync_down(at_ms(now_ms), &a, 1)
+            .unwrap()
+            .earlier_boot_clock_reach
+    };
+    assert!(reach(&mut c, 3_000).is_some(), "boot 15 is a restart");
+    answered.seq = 9;
+    c.handle_sync_up(at_ms(3_100), answered).unwrap();
+    assert!(
+        reach(&mut c, 3_100).is_some(),
+        "boot 20's late message is old"
+    );
+}

@@ -23,9 +23,14 @@ pub(crate) struct RegionView {
     /// When this leader first heard the region (its clock): what the region did before is
     /// unknown to it.
     pub first_heard_at: Option<Timestamp>,
-    /// `boot` and `seq` of the newest SyncUp: a message is newer when the pair is larger.
+    /// `boot` and `seq` of the newest SyncUp: a message is newer when it is of a later boot
+    /// (`is_later_boot`) or of this one with a larger `seq`.
     pub boot: u64,
     pub last_seq: Option<u64>,
+    /// Boots this leader heard and then took a later one for, the latest last (at most
+    /// [`RETIRED_BOOTS_KEPT`]): a message of one is old whatever its number says, since a
+    /// restored boot may be numbered below the boot it superseded.
+    pub retired_boots: Vec<u64>,
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
     pub clock: Option<ClockSample>,
@@ -72,6 +77,7 @@ impl RegionView {
             first_heard_at: None,
             boot: 0,
             last_seq: None,
+            retired_boots: Vec::new(),
             last_received_at: now,
             clock: None,
             clock_taken_at: now,
@@ -92,7 +98,27 @@ impl RegionView {
             .map(|c| Duration::from_nanos(c.offset_nanos.unsigned_abs() + c.round_trip_nanos / 2))
     }
 
-    /// The region restarted (a larger boot): the sample of the boot before, if any, becomes
+    /// Whether a SyncUp of `boot` (saying `restored` or not) is of a boot after the newest one
+    /// heard. A larger number is, unless retired. So is any other number that says `restored`:
+    /// a restored start numbers its boot on its clock, which may read behind the boot it
+    /// supersedes (a wall clock stepped back, a copy older than that boot's), and the operator
+    /// declared it the region's state from now on. Never for a region not heard yet.
+    pub fn is_later_boot(&self, boot: u64, restored: bool) -> bool {
+        self.last_seq.is_some()
+            && boot != self.boot
+            && !self.retired_boots.contains(&boot)
+            && (boot > self.boot || restored)
+    }
+
+    /// The newest boot gives way to a later one.
+    pub fn retire_boot(&mut self) {
+        if self.retired_boots.len() == RETIRED_BOOTS_KEPT {
+            self.retired_boots.remove(0);
+        }
+        self.retired_boots.push(self.boot);
+    }
+
+    /// The region restarted (a later boot): the sample of the boot before, if any, becomes
     /// the earlier boots' clock unless one kept from a boot before it reaches further now (a
     /// restored start that went down again before a sample of its own).
     pub fn restarted_at(&mut self, now: Timestamp) {
@@ -119,6 +145,10 @@ impl RegionView {
         now.saturating_duration_since(self.last_heard)
     }
 }
+
+/// Retired boots a region's view keeps (`RegionView::retired_boots`): a message of an older
+/// one is long delivered.
+pub(crate) const RETIRED_BOOTS_KEPT: usize = 8;
 
 /// The latest a clock sampled at `taken_at` (`sample`: ours less it) may read at `now`.
 fn reach((sample, taken_at): (ClockSample, Timestamp), now: Timestamp) -> Timestamp {

@@ -430,3 +430,30 @@ fn a_restored_start_closes_every_window_its_earlier_boot_clock_may_have_reached(
         );
     }
 }
+
+/// Two restores from one copy, on a clock that reads before the copy's boot: both boots come
+/// from the copy's boot plus one, and only the salt makes them differ (a leader took the
+/// second for the first, swarm seed 3384823's variants).
+#[test]
+fn two_restores_from_one_copy_on_a_clock_behind_take_different_boots() {
+    let mut b = budget(vec![per_minute("api", 400)]);
+    b.set_boot_clock(at(50_000));
+    assert!(acquire(&mut b, at(50_000), "api", "k", 1).allowed);
+    let copy = b.drain_dirty();
+    let boot_of = |salt: u64| {
+        let mut r = RegionBudget::restore(cfg(), vec![per_minute("api", 400)], copy.clone())
+            .expect("restore");
+        r.set_boot_clock(at(1_000));
+        r.start_restored(at(50_000), RestoreStart::Declared);
+        r.salt_restored_boot(salt);
+        r.poll_transmit(at(50_000)).expect("sync").boot
+    };
+    let unsalted = at(50_000).as_unix_nanos() + 1;
+    assert_eq!(
+        boot_of(0),
+        unsalted,
+        "the copy's boot plus one: what both took before"
+    );
+    assert_ne!(boot_of(12_345), boot_of(67_890));
+    assert!(boot_of(u64::MAX) < unsalted + crate::budget::BOOT_SALT_NANOS);
+}

@@ -16,7 +16,8 @@ use super::{Coordinator, ProposalKey, forgotten_mark, proposal_key};
 impl Coordinator {
     /// Record one SyncUp. Old or duplicated messages are harmless: entries merge by max,
     /// acks are matched by id, and demand is taken only from a newer message: a larger
-    /// `(boot, seq)`. A larger boot is a restart, perhaps from an old copy of the region's
+    /// `(boot, seq)`. A later boot (a larger one, or any other that says `restored`:
+    /// `RegionView::is_later_boot`) is a restart, perhaps from an old copy of the region's
     /// state: every grant of its rows is sent again and its rows count as unconfirmed.
     pub fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> Result<()> {
         if self.table.regions().binary_search(&msg.region).is_err() {
@@ -39,10 +40,11 @@ impl Coordinator {
             .regions
             .entry(msg.region.clone())
             .or_insert_with(|| RegionView::new(started_at));
-        let newer = view
-            .last_seq
-            .is_none_or(|s| (msg.boot, msg.seq) > (view.boot, s));
-        let restarted = view.last_seq.is_some() && msg.boot > view.boot;
+        let restarted = view.is_later_boot(msg.boot, msg.restored);
+        let newer = restarted
+            || view
+                .last_seq
+                .is_none_or(|s| msg.boot == view.boot && msg.seq > s);
         // A restored boot has no sample of its own before its first answer (its SyncUps say
         // `restored` until then): one this leader holds for a region it has not heard yet was
         // adopted from an earlier leader's frame, and is of a boot before.
@@ -53,6 +55,9 @@ impl Coordinator {
         view.heard = true;
         view.first_heard_at.get_or_insert(now);
         if newer {
+            if restarted {
+                view.retire_boot();
+            }
             view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;
@@ -208,7 +213,8 @@ impl Coordinator {
     /// messages. Scans the table and the tracked counters once a boot.
     fn known_before(&self, msg: &SyncUp) -> Option<bool> {
         let view = self.regions.get(&msg.region);
-        let first_of_boot = view.is_none_or(|v| v.last_seq.is_none() || msg.boot > v.boot);
+        let first_of_boot =
+            view.is_none_or(|v| v.last_seq.is_none() || v.is_later_boot(msg.boot, msg.restored));
         if !first_of_boot {
             return None;
         }
