@@ -3442,3 +3442,25 @@ const SWARM_3384823: &str = include_str!(
 const SWARM_3377189: &str = include_str!(
     "../swarm-findings/seed-3377189-region-allowance-above-table-restores-on-a-clock-stepped-back.yaml"
 );
+
+/// Swarm seeds 3390332 and 3390728 (without a timebase): a region down 8 s (10 s) while its
+/// clock stepped back more than that restarted reading on from its store's time, in the window
+/// it went down in. The leader had collected that window meanwhile (it had ended on the
+/// region's sampled clock), and the region enforced its stored grant where the table gave its
+/// default. A window is now kept until every region is heard from past it.
+#[test]
+fn a_window_a_region_went_down_in_is_kept_until_it_is_heard_past_it() {
+    for (name, yaml, seed) in [
+        ("swarm-3390332.yaml", SWARM_3390332, 3390332),
+        ("swarm-3390728.yaml", SWARM_3390728, 3390728),
+    ] {
+        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
+    }
+}
+
+const SWARM_3390332: &str = include_str!(
+    "../swarm-findings/seed-3390332-region-allowance-above-table-restart-behind-into-a-window-collected-while-down.yaml"
+);
+const SWARM_3390728: &str = include_str!(
+    "../swarm-findings/seed-3390728-region-allowance-above-table-restart-behind-into-a-window-collected-while-down.yaml"
+);

@@ -1027,6 +1027,9 @@ fn rows_are_kept_until_the_window_ended_on_the_slowest_measured_clock() {
     let mut w = hot_a_idle_b();
     w.up_with_offset("a", at_ms(5_000), 1_500_000_000);
     w.commit_all(at_ms(5_000));
+    // Both heard again after the window's end (a region not heard since keeps it).
+    w.up_with_offset("a", at_ms(11_500), 1_500_000_000);
+    w.up("b", at_ms(11_500));
     assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
     let cmds = w.coord.poll_proposals(at_ms(12_000));
     assert!(cmds.iter().any(is_gc), "{cmds:?}");
@@ -1054,6 +1057,29 @@ fn a_new_leader_collects_rows_only_once_it_has_every_member_s_clock() {
     w.up_with_offset("b", at_ms(11_000), 1_500_000_000);
     assert!(!w.coord.poll_proposals(at_ms(11_900)).iter().any(is_gc));
     let cmds = w.coord.poll_proposals(at_ms(12_000));
+    assert!(cmds.iter().any(is_gc), "{cmds:?}");
+}
+
+/// A region down since its last SyncUp may restart in the window it sent it in, whatever its
+/// clock did meanwhile (a restart reads on from its store's time, no earlier): the window is
+/// kept until the region is heard from past it, however its clock was measured (swarm seeds
+/// 3390332 and 3390728: down 8 s and 10 s while its clock stepped back, a region restarted in
+/// the window it went down in, collected meanwhile, and enforced a grant the table no longer
+/// held).
+#[test]
+fn a_region_not_heard_past_a_window_keeps_it() {
+    let mut w = hot_a_idle_b();
+    w.up("a", at_ms(5_000));
+    w.commit_all(at_ms(5_000));
+    w.up("b", at_ms(10_100));
+    for now_ms in [10_500, 20_000] {
+        assert!(
+            !w.coord.poll_proposals(at_ms(now_ms)).iter().any(is_gc),
+            "{now_ms}"
+        );
+    }
+    w.up("a", at_ms(20_100));
+    let cmds = w.coord.poll_proposals(at_ms(20_200));
     assert!(cmds.iter().any(is_gc), "{cmds:?}");
 }
 
@@ -1085,7 +1111,10 @@ fn rows_of_ended_windows_are_collected_and_never_recreated() {
     w.up("a", at_ms(5_000));
     w.commit_all(at_ms(5_000));
     assert!(w.coord.table().row_count() > 0);
-    // Window 100 ends at 10 s; with the 0.5 s drift margin it is collected from 10.5 s.
+    // Window 100 ends at 10 s; with the 0.5 s drift margin it is collected from 10.5 s, both
+    // regions heard after its end.
+    w.up("a", at_ms(10_100));
+    w.up("b", at_ms(10_100));
     let not_yet = w.coord.poll_proposals(at_ms(10_400));
     assert!(
         !not_yet
@@ -3748,7 +3777,10 @@ fn a_removed_region_on_an_old_version_stays_in_the_reload_term() {
 fn a_restart_forgets_the_clock_sample_of_the_start_before() {
     let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
     for r in ["a", "b"] {
-        c.handle_sync_up(at_ms(0), clocked_up(&c, r, 1, 1)).unwrap();
+        // Heard at 24.9 s, reading 24.9 s.
+        let mut up = clocked_up(&c, r, 1, 1);
+        up.sent_at = at_ms(24_900);
+        c.handle_sync_up(at_ms(24_900), up).unwrap();
     }
     let l = LimitId::from("l");
     let now = at_ms(25_000);
@@ -3770,6 +3802,7 @@ fn a_restart_forgets_the_clock_sample_of_the_start_before() {
     // restart of it be: its clock counts as unknown.
     let mut sampled = clocked_up(&c, "a", 2, 1);
     sampled.boot = 2;
+    sampled.sent_at = at_ms(24_600);
     c.handle_sync_up(at_ms(24_600), sampled).unwrap();
     let (first, _) = c.live_window_range(&l, now).unwrap();
     assert_eq!(

@@ -33,6 +33,10 @@ pub(crate) struct RegionView {
     pub retired_boots: Vec<u64>,
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
+    /// t0 of the newest SyncUp, on the region's clock (the latest of its boot): a start never
+    /// reads before the time its store was written at, which is at least this, so the region
+    /// may come back in this window after any restart (`Coordinator::clock_slack`).
+    pub last_reading: Option<Timestamp>,
     pub clock: Option<ClockSample>,
     /// When `clock` was taken (our clock): its error grows with the clocks' drift since.
     pub clock_taken_at: Timestamp,
@@ -79,6 +83,7 @@ impl RegionView {
             last_seq: None,
             retired_boots: Vec::new(),
             last_received_at: now,
+            last_reading: None,
             clock: None,
             clock_taken_at: now,
             earlier_boot_clock: None,

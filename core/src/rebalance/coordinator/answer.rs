@@ -163,7 +163,7 @@ impl Coordinator {
         region: &RegionId,
         budget: usize,
     ) -> Vec<CounterEntry> {
-        let slack = self.clock_slack();
+        let slack = self.clock_slack(now);
         let first = self.carried.remove(region).unwrap_or_default();
         let mut out = Vec::new();
         for counter in &first {

@@ -58,6 +58,12 @@ impl Coordinator {
             if restarted {
                 view.retire_boot();
             }
+            view.last_reading = Some(if restarted {
+                msg.sent_at
+            } else {
+                view.last_reading
+                    .map_or(msg.sent_at, |r| r.max(msg.sent_at))
+            });
             view.boot = msg.boot;
             view.last_seq = Some(msg.seq);
             view.last_received_at = now;

@@ -407,18 +407,34 @@ impl Coordinator {
     /// on another clock is not heard either (D73: a restart reads the wall clock again). Swarm
     /// seed 3377321: removed, restarted 1.2 s behind its sampled clock, it was still in a
     /// window the leader had collected.
-    fn clock_slack(&self) -> Duration {
+    ///
+    /// And the slack reaches back to each region's latest reading (its newest SyncUp's send
+    /// time on its clock): a restart reads on from its store's time, at least that, but no
+    /// later, whatever its clock did meanwhile, so a region down since may come back in that
+    /// window (swarm seeds 3390332 and 3390728: down for 8 s and 10 s while its clock stepped
+    /// back, it restarted in the window it went down in, which the leader had collected).
+    fn clock_slack(&self, now: Timestamp) -> Duration {
         let mut widest = Duration::ZERO;
+        let mut latest_reading_behind = Duration::ZERO;
         for r in self.table.regions() {
             if self.table.is_removed(r) {
                 return Duration::MAX;
             }
-            match self.regions.get(r).and_then(RegionView::clock_uncertainty) {
+            let Some(view) = self.regions.get(r) else {
+                return Duration::MAX;
+            };
+            match view.clock_uncertainty() {
                 Some(u) => widest = widest.max(u),
                 None => return Duration::MAX,
             }
+            if let Some(reading) = view.last_reading {
+                latest_reading_behind =
+                    latest_reading_behind.max(now.saturating_duration_since(reading));
+            }
         }
-        widest.saturating_add(self.cfg.drift_margin)
+        widest
+            .saturating_add(self.cfg.drift_margin)
+            .max(latest_reading_behind)
     }
 
     /// The first and last window of `limit` that some region may be in at `now` (our clock,
@@ -437,7 +453,7 @@ impl Coordinator {
     /// The first and last window of `window` that some region may be in at `now` (our clock):
     /// its rows, views and statistics are kept, and its reports taken.
     fn live_windows(&self, window: Window, now: Timestamp) -> (WindowIndex, WindowIndex) {
-        let slack = self.clock_slack();
+        let slack = self.clock_slack(now);
         let last = window.index(now + slack.min(window.len() * MAX_SKEW_REACH_WINDOWS as u32));
         (first_live(window, now, slack), last)
     }

@@ -369,7 +369,7 @@ impl Coordinator {
     /// for them are then ignored, which only strands the released units. The rows are scanned
     /// only for limits whose first live window moved since a scan found nothing to collect.
     fn propose_gc(&mut self, now: Timestamp, out: &mut Vec<TableCommand>) {
-        let slack = self.clock_slack();
+        let slack = self.clock_slack(now);
         let mut scan: BTreeMap<LimitId, WindowIndex> = BTreeMap::new();
         for spec in self.table.limits() {
             let Some(window) = self.table.window_of(&spec.id) else {
@@ -407,7 +407,7 @@ impl Coordinator {
 
     /// Drop soft state of windows that have ended.
     fn forget_ended(&mut self, now: Timestamp) {
-        let slack = self.clock_slack();
+        let slack = self.clock_slack(now);
         // Only when a mark moves (or limits may be gone) is anything forgotten: the views are
         // not scanned every round.
         let mut moved = std::mem::take(&mut self.forget_due);
