@@ -106,11 +106,15 @@ impl ClockFrames {
     /// The frame to record now, if one is due: every [`CLOCK_FRAME_INTERVAL`], and as soon as
     /// the leader holds a sample of a region its last frame lacked.
     pub fn poll(&mut self, now: Timestamp, coordinator: &Coordinator) -> Option<Replicated> {
-        let samples = coordinator.clock_samples_taken();
-        let unframed = samples.iter().any(|(r, _, _)| !self.framed.contains(r));
-        if now < self.next_at && !unframed {
+        let unframed = || {
+            coordinator
+                .sampled_regions()
+                .any(|r| !self.framed.contains(r))
+        };
+        if now < self.next_at && !unframed() {
             return None;
         }
+        let samples = coordinator.clock_samples_taken();
         self.next_at = now + CLOCK_FRAME_INTERVAL;
         self.framed = samples.iter().map(|(r, _, _)| r.clone()).collect();
         Some(Replicated::ClockFrame {

@@ -575,13 +575,7 @@ impl Leader {
             .collect();
         // Every region sampled counts as framed, one left out for want of a heard time too:
         // otherwise each of its rounds would record a frame.
-        self.framed = Some(
-            self.coordinator
-                .clock_samples()
-                .into_iter()
-                .map(|(region, _)| region)
-                .collect(),
-        );
+        self.framed = Some(self.coordinator.sampled_regions().cloned().collect());
         let frame = ClockFrame {
             source: ClockSource {
                 leader: self.node_id,

@@ -390,19 +390,6 @@ impl RegionBudget {
         }
     }
 
-    /// The leader's reach of the clock the region's earlier boots ran on
-    /// (`SyncDown::earlier_boot_clock_reach`): the lost copy may have admitted in any window
-    /// begun before it, on a clock that may read ahead of this start's (a wall clock stepped
-    /// back between the two boots, unseen by the copy, which counted from its own start: D73).
-    /// Those windows close too, the edge band past it included (a unit admitted within it
-    /// counted in the next window as well). With a timebase the reach is of the corrected
-    /// clock, which the first sample also puts this start on.
-    fn restore_start_by_earlier_boot(&mut self, reach: Option<Timestamp>) {
-        let Some(reach) = reach else { return };
-        let start = reach + self.cfg.max_edge_band.unwrap_or_default();
-        self.view.restore.start_no_earlier_than(start);
-    }
-
     /// Merge an answer from the coordinator: confirm what the answered SyncUp carried, take
     /// the clock sample, merge counter entries (by max), apply grants and release requests
     /// (by epoch). An answer to an unknown or forgotten SyncUp is still merged, but refreshes
@@ -448,7 +435,14 @@ impl RegionBudget {
         // in this same call, before anything is admitted again.
         if first_answer {
             self.restore_start_by_answer_offset();
-            self.restore_start_by_earlier_boot(msg.earlier_boot_clock_reach);
+            // The leader's reach of the clock the region's earlier boots ran on: the lost copy
+            // may have admitted in any window begun before it, on a clock that may read ahead
+            // of this start's (a wall clock stepped back between the two boots, unseen by the
+            // copy, which counted from its own start: D73). With a timebase the reach is of
+            // the corrected clock, which the first sample also puts this start on.
+            if let Some(reach) = msg.earlier_boot_clock_reach {
+                self.restore_started_no_earlier_than(reach);
+            }
             self.view.restore = self.view.restore.on_first_answer(msg.known_region);
             // Replaces the wait in the store, with the closing or with nothing closed.
             self.dirty.mark(Dirty::Restore);

@@ -27,10 +27,11 @@ pub(crate) struct RegionView {
     /// (`is_later_boot`) or of this one with a larger `seq`.
     pub boot: u64,
     pub last_seq: Option<u64>,
-    /// Boots this leader heard and then took a later one for, the latest last (at most
-    /// [`RETIRED_BOOTS_KEPT`]): a message of one is old whatever its number says, since a
-    /// restored boot may be numbered below the boot it superseded.
-    pub retired_boots: Vec<u64>,
+    /// Boots this leader heard and then took a later one for, the latest last (0: none; a
+    /// boot is never 0): a message of one is old whatever its number says, since a restored
+    /// boot may be numbered below the boot it superseded. An array, not a vector: the view is
+    /// copied for every answer.
+    pub retired_boots: [u64; RETIRED_BOOTS_KEPT],
     /// t1 of the newest SyncUp: echoed in the answer.
     pub last_received_at: Timestamp,
     /// t0 of the newest SyncUp, on the region's clock (the latest of its boot): a start never
@@ -81,7 +82,7 @@ impl RegionView {
             first_heard_at: None,
             boot: 0,
             last_seq: None,
-            retired_boots: Vec::new(),
+            retired_boots: [0; RETIRED_BOOTS_KEPT],
             last_received_at: now,
             last_reading: None,
             clock: None,
@@ -111,23 +112,22 @@ impl RegionView {
     pub fn is_later_boot(&self, boot: u64, restored: bool) -> bool {
         self.last_seq.is_some()
             && boot != self.boot
-            && !self.retired_boots.contains(&boot)
+            && (boot == 0 || !self.retired_boots.contains(&boot))
             && (boot > self.boot || restored)
     }
 
     /// The newest boot gives way to a later one.
     pub fn retire_boot(&mut self) {
-        if self.retired_boots.len() == RETIRED_BOOTS_KEPT {
-            self.retired_boots.remove(0);
-        }
-        self.retired_boots.push(self.boot);
+        self.retired_boots.rotate_left(1);
+        self.retired_boots[RETIRED_BOOTS_KEPT - 1] = self.boot;
     }
 
-    /// The region restarted (a later boot): the sample of the boot before, if any, becomes
-    /// the earlier boots' clock unless one kept from a boot before it reaches further now (a
-    /// restored start that went down again before a sample of its own).
-    pub fn restarted_at(&mut self, now: Timestamp) {
-        let Some(last) = self.clock.map(|c| (c, self.clock_taken_at)) else {
+    /// The sample held is of a boot before the region's newest (it restarted, or a sample
+    /// adopted from a frame turns out to be): its clock is unknown until the next, and the
+    /// sample becomes the earlier boots' clock unless one kept from a boot before it reaches
+    /// further now (a restored start that went down again before a sample of its own).
+    pub fn retire_clock(&mut self, now: Timestamp) {
+        let Some(last) = self.clock.take().map(|c| (c, self.clock_taken_at)) else {
             return;
         };
         let reach_now = |c: (ClockSample, Timestamp)| reach(c, now);

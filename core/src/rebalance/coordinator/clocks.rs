@@ -83,6 +83,14 @@ impl Coordinator {
             .collect()
     }
 
+    /// The regions this leader holds a clock sample of (measured or adopted).
+    pub fn sampled_regions(&self) -> impl Iterator<Item = &RegionId> {
+        self.regions
+            .iter()
+            .filter(|(_, v)| v.clock.is_some())
+            .map(|(r, _)| r)
+    }
+
     /// Whether this leader holds a sample of `region`'s clock (measured or adopted): a driver
     /// records a frame when one appears that its last frame lacked, rather than leaving it
     /// to the next interval, since a leader lost before then takes it along.

@@ -74,8 +74,7 @@ impl Coordinator {
             // 3377321: a region restarted 1.2 s behind the clock the leader had sampled, and
             // the leader collected the window it was still in).
             if restarted || adopted_of_earlier_boot {
-                view.restarted_at(now);
-                view.clock = None;
+                view.retire_clock(now);
             }
             if sample.is_some() {
                 view.clock = sample;
