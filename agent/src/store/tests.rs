@@ -33,20 +33,25 @@ impl Opener for Memory {
 struct Sled(tempfile::TempDir, Durability);
 
 impl Opener for Sled {
-    /// Reopening in the same process can race sled's background threads of the store just
-    /// dropped, which hold its file lock for a moment longer (a restarted agent is a new
-    /// process, whose lock the old one's exit released): retry that one error briefly.
     fn open(&mut self) -> Box<dyn Store> {
-        let mut tries = 0;
-        loop {
-            match SledStore::open(self.0.path(), self.1) {
-                Ok(store) => return Box::new(store),
-                Err(e) if tries < 200 && e.to_string().contains("could not acquire lock") => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => panic!("sled store opens: {e}"),
+        Box::new(open_after_drop(self.0.path(), self.1))
+    }
+}
+
+/// Opens a sled store in a directory a store (or a bare sled tree) of this process has just
+/// dropped. Sled's background threads of the dropped one hold its file lock for a moment
+/// longer (a restarted agent is a new process, whose lock the old one's exit released):
+/// retry that one error briefly.
+fn open_after_drop(dir: &std::path::Path, durability: Durability) -> SledStore {
+    let mut tries = 0;
+    loop {
+        match SledStore::open(dir, durability) {
+            Ok(store) => return store,
+            Err(e) if tries < 200 && e.to_string().contains("could not acquire lock") => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
+            Err(e) => panic!("sled store opens: {e}"),
         }
     }
 }
@@ -558,7 +563,8 @@ mod sled_log {
         let wal = dir.path().join("wal");
         std::fs::create_dir_all(&wal).expect("wal dir");
         std::fs::write(wal.join(format!("{:020}.log", 1)), frame).expect("old log");
-        let store = SledStore::open(dir.path(), Durability::Buffered).expect("opens");
+        // The tree was opened and dropped just above, in this process.
+        let store = open_after_drop(dir.path(), Durability::Buffered);
         store.write(&batches[2]).expect("write");
         let mut b = RegionBudget::new(cfg(), limits()).expect("budget");
         for (i, key) in ["t=a", "t=b", "t=c"].into_iter().enumerate() {
