@@ -29,6 +29,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use allot_core::rebalance::CLOCK_FRAME_INTERVAL;
 use loaded::{
     Cluster, LIMITS, Load, Phase, REGIONS, WINDOW_MS, at_next_window, check, report, try_json,
     unix_ms, windows,
@@ -336,9 +337,6 @@ async fn agents_reach_cluster_time(ahead_ms: i64) {
     // A sync interval or two for the first sample to be taken.
     tokio::time::sleep(Duration::from_millis(slew_ms + 2_000)).await;
 }
-
-/// How often a leader records its clock frame (coordinator/src/daemon/leader.rs).
-const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Attempts at making a node absent from the last clock frame win the next election.
 const ABSENT_LEADER_ATTEMPTS: u32 = 4;

@@ -62,13 +62,23 @@ async fn start(
     grpc: TcpListener,
     peers: BTreeMap<NodeId, String>,
 ) -> Daemon {
+    start_with(id, dir, grpc, peers, CoordinatorConfig::default()).await
+}
+
+async fn start_with(
+    id: NodeId,
+    dir: &Path,
+    grpc: TcpListener,
+    peers: BTreeMap<NodeId, String>,
+    rebalance: CoordinatorConfig,
+) -> Daemon {
     let settings = DaemonSettings {
         id,
         peers,
         join: false,
         data_dir: dir.join(format!("node-{id}")),
         raft: raft_config(),
-        rebalance: CoordinatorConfig::default(),
+        rebalance,
         limits: Some(StartLimits::Specs {
             version: 1,
             limits: limits(),
@@ -310,6 +320,60 @@ async fn a_single_node_grants_only_what_it_committed_and_reports_the_region() {
         .find(|l| l.starts_with("allot_coordinator_other_version_sync_ups_total "))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
     assert!(counted >= Some(1.0), "{metrics}");
+    d.shutdown().await.expect("stops");
+}
+
+/// A region's first sample is recorded in a frame at once, not at the next interval: a leader
+/// lost before then would take the only sample of the region's boot along, and a restore of
+/// that boot would get no reach (D74). The interval here is an hour, so only the first
+/// sample's own frame can hold it; a region already framed records nothing per round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regions_first_clock_sample_is_framed_at_once_and_later_ones_wait_for_the_interval() {
+    let dir = TempDir::new().expect("temporary directory");
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = grpc.local_addr().expect("address");
+    let rebalance = CoordinatorConfig {
+        clock_frame_interval: HOUR,
+        ..CoordinatorConfig::default()
+    };
+    let d = start_with(1, dir.path(), grpc, BTreeMap::new(), rebalance).await;
+    wait_for("limits put", || state(&d).table().config_version() == 1).await;
+    // With no frame to replace, the leader records one at once: it holds no region yet.
+    wait_for("the leader's first frame", || {
+        state(&d).clock_source().is_some()
+    })
+    .await;
+    let a = RegionId::from("a");
+    assert!(!state(&d).clocks().contains_key(&a));
+    let term = sync_down(addr, "a").await.leader_term;
+
+    let sampled = |seq: u64, offset_nanos: i64| {
+        let mut up = up("a", seq);
+        up.clock = Some(ClockSample {
+            offset_nanos,
+            round_trip_nanos: 10_000_000,
+        });
+        up.clock_leader_term = term;
+        up
+    };
+    assert!(matches!(
+        send(addr, sampled(100, 2_000_000_000)).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
+    let offset_framed = |d: &Daemon| state(d).clocks().get(&a).map(|c| c.sample.offset_nanos);
+    wait_for("a's first sample in a frame", || {
+        offset_framed(&d) == Some(2_000_000_000)
+    })
+    .await;
+
+    // A later sample of a region already framed waits for the next interval.
+    assert!(matches!(
+        send(addr, sampled(101, 3_000_000_000)).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
+    let _ = sync_down(addr, "a").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(offset_framed(&d), Some(2_000_000_000));
     d.shutdown().await.expect("stops");
 }
 

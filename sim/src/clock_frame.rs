@@ -1,6 +1,6 @@
 //! The leader's clock frame, as the coordinator daemon replicates it (D47, D56 in
-//! docs/decisions.md): every [`CLOCK_FRAME_INTERVAL`] the leader commits its regions' latest
-//! clock samples through the log, and a new leader starts from the last frame committed, carried
+//! docs/decisions.md): every `clock_frame_interval` (5 s by default) the leader commits its
+//! regions' latest clock samples through the log, and a new leader starts from the last frame committed, carried
 //! over to its own clock by a probe of the earlier leader's (the hop). Without it a new leader
 //! knows no region's clock until the region is heard again, and reclaims a silent closed
 //! region's floor later than the daemon does.
@@ -20,9 +20,6 @@ use allot_core::sync::ClockSample;
 use allot_core::time::Timestamp;
 
 use crate::engine::derive_seed;
-
-/// How often the leader records a frame: the daemon's `CLOCK_FRAME_INTERVAL`.
-pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A region's clock sample on the recording leader's clock, and when it was taken.
 pub type TakenSample = (RegionId, ClockSample, Timestamp);
@@ -103,8 +100,9 @@ impl ClockFrames {
         }
     }
 
-    /// The frame to record now, if one is due: every [`CLOCK_FRAME_INTERVAL`], and as soon as
-    /// the leader holds a sample of a region its last frame lacked.
+    /// The frame to record now, if one is due: every `clock_frame_interval` of the
+    /// coordinator's configuration (as the daemon's leader), and as soon as the leader holds a
+    /// sample of a region its last frame lacked.
     pub fn poll(&mut self, now: Timestamp, coordinator: &Coordinator) -> Option<Replicated> {
         let unframed = || {
             coordinator
@@ -115,7 +113,7 @@ impl ClockFrames {
             return None;
         }
         let samples = coordinator.clock_samples_taken();
-        self.next_at = now + CLOCK_FRAME_INTERVAL;
+        self.next_at = now + coordinator.config().clock_frame_interval;
         self.framed = samples.iter().map(|(r, _, _)| r.clone()).collect();
         Some(Replicated::ClockFrame {
             leader_term: coordinator.leader_term(),

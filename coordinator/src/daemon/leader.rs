@@ -54,10 +54,6 @@ pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the leader samples the other nodes' clocks (`network/clock.rs`).
 pub const CLOCK_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How often the leader records its clock frame through raft: the regions' samples and its
-/// samples of the other nodes, which the next leader starts from (D43).
-pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
-
 /// Most limits whose bound one status answer carries.
 pub const MAX_STATUS_LIMITS: usize = 1_000;
 
@@ -303,16 +299,17 @@ impl Leader {
         // interval (a member down), or at once when there is no frame to replace: until the
         // first is recorded, cluster time lives only in this process, and a leader elected
         // after it would lead on its own clock.
+        // The clock frame (the regions' samples and this leader's samples of the other nodes,
+        // which the next leader starts from, D43) every `clock_frame_interval`.
+        let frame_interval = self.coordinator.config().clock_frame_interval;
         let framed = self.state.read(|a| a.state.clock_source().is_some());
         let first_frame = if framed {
-            CLOCK_FRAME_INTERVAL
+            frame_interval
         } else {
             Duration::ZERO
         };
-        let mut frame_tick = tokio::time::interval_at(
-            tokio::time::Instant::now() + first_frame,
-            CLOCK_FRAME_INTERVAL,
-        );
+        let mut frame_tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + first_frame, frame_interval);
         frame_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let all_probed = Arc::new(Notify::new());
         let mut awaiting_probes = true;

@@ -29,7 +29,8 @@ mod tests;
 
 pub use bound::{Bound, BoundInputs, BoundTerm, OlderTerms, RegionBoundStats, bound};
 pub use coordinator::{
-    Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL, RELEASE_HANDOFF_SYNC_INTERVALS,
+    CLOCK_FRAME_INTERVAL, Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL,
+    RELEASE_HANDOFF_SYNC_INTERVALS,
 };
 pub use table::{
     AllowanceRow, AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_TABLE_ROWS,

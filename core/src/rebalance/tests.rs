@@ -83,6 +83,7 @@ fn config() -> CoordinatorConfig {
         max_tracked_counters: 1024,
         proposal_timeout: Duration::from_secs(5),
         message_items: crate::sync::MAX_ITEMS_PER_MESSAGE,
+        clock_frame_interval: Duration::from_secs(5),
     }
 }
 

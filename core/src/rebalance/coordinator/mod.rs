@@ -87,10 +87,22 @@ pub struct CoordinatorConfig {
     /// `message_items`).
     #[serde(default = "max_items_per_message")]
     pub message_items: usize,
+    /// How often the leader records its regions' clock samples (a clock frame, D47), besides
+    /// at once when it first holds a sample of a region its last frame lacked. The daemon's
+    /// leader and the simulator's both read it.
+    #[serde(default = "clock_frame_interval")]
+    pub clock_frame_interval: Duration,
 }
 
 fn max_items_per_message() -> usize {
     MAX_ITEMS_PER_MESSAGE
+}
+
+/// The default [`CoordinatorConfig::clock_frame_interval`].
+pub const CLOCK_FRAME_INTERVAL: Duration = Duration::from_secs(5);
+
+fn clock_frame_interval() -> Duration {
+    CLOCK_FRAME_INTERVAL
 }
 
 impl Default for CoordinatorConfig {
@@ -104,6 +116,7 @@ impl Default for CoordinatorConfig {
             max_tracked_counters: 65_536,
             proposal_timeout: Duration::from_secs(5),
             message_items: MAX_ITEMS_PER_MESSAGE,
+            clock_frame_interval: CLOCK_FRAME_INTERVAL,
         }
     }
 }
