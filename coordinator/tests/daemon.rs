@@ -206,6 +206,13 @@ fn state(d: &Daemon) -> ClusterState {
 /// Three nodes on loopback, each knowing the others, by id; with their raft and sync
 /// addresses.
 async fn start_three(dir: &Path) -> (BTreeMap<NodeId, Daemon>, BTreeMap<NodeId, String>) {
+    start_three_with(dir, CoordinatorConfig::default()).await
+}
+
+async fn start_three_with(
+    dir: &Path,
+    rebalance: CoordinatorConfig,
+) -> (BTreeMap<NodeId, Daemon>, BTreeMap<NodeId, String>) {
     let mut listeners = BTreeMap::new();
     let mut peers = BTreeMap::new();
     for id in 1..=3 {
@@ -215,7 +222,8 @@ async fn start_three(dir: &Path) -> (BTreeMap<NodeId, Daemon>, BTreeMap<NodeId, 
     }
     let mut nodes = BTreeMap::new();
     for (id, l) in listeners {
-        nodes.insert(id, start(id, dir, l, peers.clone()).await);
+        let node = start_with(id, dir, l, peers.clone(), rebalance.clone()).await;
+        nodes.insert(id, node);
     }
     (nodes, peers)
 }
@@ -375,6 +383,86 @@ async fn a_regions_first_clock_sample_is_framed_at_once_and_later_ones_wait_for_
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(offset_framed(&d), Some(2_000_000_000));
     d.shutdown().await.expect("stops");
+}
+
+/// A region restored from a copy, heard by a leader that records its next frame and is lost
+/// before its answer reaches the region (the answer dropped here): the frame carries the
+/// sample of the region's boot before, so the next leader's answer to the restored boot still
+/// says how far the lost copy's clock may read (D74). The frame recorded after the restart
+/// held nothing of the region before, and replaced the one that did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_recorded_before_a_restored_boots_answer_keeps_its_boot_befores_clock() {
+    let dir = TempDir::new().expect("temporary directory");
+    let rebalance = CoordinatorConfig {
+        clock_frame_interval: Duration::from_millis(300),
+        ..CoordinatorConfig::default()
+    };
+    let (mut nodes, _) = start_three_with(dir.path(), rebalance).await;
+    let first = agreed_leader(&nodes).await;
+    wait_for("limits put", || {
+        state(&nodes[&first]).table().config_version() == 1
+    })
+    .await;
+    let term = sync_down(nodes[&first].grpc_addr(), "a").await.leader_term;
+    let mut sampled = up("a", 50);
+    sampled.clock = Some(ClockSample {
+        offset_nanos: 2_000_000_000,
+        round_trip_nanos: 10_000_000,
+    });
+    sampled.clock_leader_term = term;
+    assert!(matches!(
+        send(nodes[&first].grpc_addr(), sampled).await,
+        Ok(pb::sync_answer::Answer::SyncDown(_))
+    ));
+    let mut restored = up("a", 1);
+    restored.boot = 2;
+    restored.restored = true;
+    // Answered, but the answer is dropped: the restored boot never learns the reach.
+    let Ok(pb::sync_answer::Answer::SyncDown(answer)) =
+        send(nodes[&first].grpc_addr(), restored.clone()).await
+    else {
+        panic!("the leader answers");
+    };
+    let answer = sync_down_from_wire(answer).expect("converts");
+    assert!(answer.earlier_boot_clock_reach.is_some());
+    let heard_restored = Instant::now();
+    // A frame the leader records after it heard the restored boot (every 300 ms here).
+    let follower = *nodes.keys().find(|id| **id != first).expect("three");
+    wait_for("a frame recorded after the restore was heard", || {
+        heard_restored.elapsed() > Duration::from_millis(1_000)
+            && state(&nodes[&follower])
+                .clocks()
+                .get(&RegionId::from("a"))
+                .is_some_and(|c| c.sample.offset_nanos == 2_000_000_000)
+    })
+    .await;
+
+    nodes
+        .remove(&first)
+        .expect("the leader")
+        .shutdown()
+        .await
+        .expect("stops");
+    let second = agreed_leader(&nodes).await;
+    let Ok(pb::sync_answer::Answer::SyncDown(down)) =
+        send(nodes[&second].grpc_addr(), restored).await
+    else {
+        panic!("the new leader answers");
+    };
+    let down = sync_down_from_wire(down).expect("converts");
+    let reach = down
+        .earlier_boot_clock_reach
+        .expect("a reach from the frame");
+    // 2 s behind the answer's time, less half the round trip and the drift since.
+    let behind = down.sent_at.as_unix_nanos() - reach.as_unix_nanos();
+    assert!(
+        (1_000_000_000..=2_000_000_000).contains(&behind),
+        "{reach:?} against {:?}",
+        down.sent_at
+    );
+    for (_, d) in nodes {
+        d.shutdown().await.expect("stops");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

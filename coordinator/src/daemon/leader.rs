@@ -554,24 +554,25 @@ impl Leader {
     /// already) is counted; a failed commit ends the task as any other.
     async fn record_clock_frame(&mut self) -> Result<(), Ended> {
         let now = self.clock.now();
+        // Each sample is recorded as heard when it was taken, or earlier: the next leader
+        // ages it from then. A restored region's boot before's sample (replicated until the
+        // restored boot is answered) was taken before the region was last heard.
         let regions = self
             .coordinator
-            .clock_samples()
+            .clock_samples_taken()
             .into_iter()
-            .filter_map(|(region, sample)| {
+            .map(|(region, sample, taken_at)| {
                 let heard_at = match self.heard.get(&region) {
                     Some(h) => Timestamp::from_unix_millis(h.last_heard_unix_ms),
-                    None => *self.adopted_heard.get(&region)?,
+                    None => self.adopted_heard.get(&region).copied().unwrap_or(taken_at),
                 };
-                Some(RegionClock {
+                RegionClock {
                     region,
                     sample,
-                    heard_at: heard_at.min(now),
-                })
+                    heard_at: heard_at.min(taken_at).min(now),
+                }
             })
             .collect();
-        // Every region sampled counts as framed, one left out for want of a heard time too:
-        // otherwise each of its rounds would record a frame.
         self.framed = Some(self.coordinator.sampled_regions().cloned().collect());
         let frame = ClockFrame {
             source: ClockSource {

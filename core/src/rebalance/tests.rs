@@ -4038,12 +4038,65 @@ fn an_adopted_sample_of_a_region_first_heard_restored_is_of_its_boot_before() {
     let down = c.poll_sync_down(at_ms(10_000), &a, 1).unwrap();
     // 10 s less 3 s, plus 1% of the 10 s since this leader adopted it.
     assert_eq!(down.earlier_boot_clock_reach, Some(at_ms(7_100)));
-    assert!(c.clock_samples().is_empty(), "a's clock now is unknown");
+    assert!(!c.has_clock_sample(&a), "a's clock now is unknown");
+    // Its boot before's sample is still replicated, until the restored boot is answered.
+    let (_, sample, taken_at) = c.clock_samples_taken().pop().expect("a's boot before");
+    assert_eq!((sample, taken_at), (three_behind, at_ms(0)));
 
     let mut c = adopted(false);
     let down = c.poll_sync_down(at_ms(10_000), &a, 1).unwrap();
     assert_eq!(down.earlier_boot_clock_reach, None);
     assert_eq!(c.clock_samples(), vec![(a, three_behind)]);
+}
+
+/// A frame recorded after a region's restored boot was heard and before its answer: the
+/// leader holds no sample of the restored boot, so the frame carries the boot before's, and a
+/// leader that adopts it (the first lost before answering) still tells the restored boot how
+/// far the lost copy's clock may read. Without it the frame held nothing of the region and the
+/// next leader sent no reach.
+#[test]
+fn a_frame_taken_before_a_restored_boots_answer_carries_its_boot_befores_sample() {
+    let a = RegionId::from("a");
+    let two_ahead = ClockSample {
+        offset_nanos: -2_000_000_000,
+        round_trip_nanos: 0,
+    };
+    let mut first = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let mut sampled = up_with("a", 1, &[], 0);
+    sampled.boot = 10;
+    sampled.clock = Some(two_ahead);
+    sampled.clock_leader_term = first.leader_term();
+    first.handle_sync_up(at_ms(1_000), sampled).unwrap();
+    let mut restored = up_with("a", 1, &[], 0);
+    restored.boot = 20;
+    restored.restored = true;
+    first
+        .handle_sync_up(at_ms(2_000), restored.clone())
+        .unwrap();
+    assert!(!first.has_clock_sample(&a));
+    let frame = first.clock_samples_taken();
+    assert_eq!(frame, vec![(a.clone(), two_ahead, at_ms(1_000))]);
+
+    // The first leader is lost before answering; the second adopts its frame, each sample
+    // aged by the time since it was taken, as the drivers do.
+    let mut second = Coordinator::new(config(), table_with(&spec()), at_ms(3_000), 2);
+    let aged = frame.into_iter().map(|(r, s, taken_at)| {
+        let age = at_ms(3_000).saturating_duration_since(taken_at);
+        (r, s.aged(age, crate::budget::timebase::MAX_CLOCK_DRIFT_PPM))
+    });
+    second.adopt_clocks(1, ClockSample::SAME_CLOCK, aged);
+    second.handle_sync_up(at_ms(3_000), restored).unwrap();
+    let down = second.poll_sync_down(at_ms(3_000), &a, 1).unwrap();
+    // 3 s plus the 2 s the region ran ahead, plus half the 40 ms the round trip grew by in
+    // the 2 s since the sample (1% each way).
+    assert_eq!(down.earlier_boot_clock_reach, Some(at_ms(5_020)));
+
+    // Once answered, the boot says `restored` no more and has a sample of its own coming:
+    // the boot before's is replicated no longer.
+    let mut answered = up_with("a", 2, &[], 0);
+    answered.boot = 20;
+    second.handle_sync_up(at_ms(3_200), answered).unwrap();
+    assert!(second.clock_samples_taken().is_empty());
 }
 
 /// Two restores from one copy on a clock stepped back: the second's boot (15) is below the

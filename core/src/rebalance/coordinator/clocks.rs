@@ -66,7 +66,11 @@ impl Coordinator {
     }
 
     /// Every region's latest clock sample on this leader's clock, for the driver to replicate
-    /// (so that the next leader starts with them).
+    /// (so that the next leader starts with them). A region whose restored boot has no sample
+    /// of its own yet (it says `restored` until its first answer) is replicated with its boot
+    /// before's: a leader lost before that answer leaves the next one only the frame to tell
+    /// the restored boot how far the lost copy's clock may read (D74), and the next leader
+    /// takes an adopted sample of a region first heard restored for its boot before's.
     pub fn clock_samples(&self) -> Vec<(RegionId, ClockSample)> {
         self.clock_samples_taken()
             .into_iter()
@@ -79,7 +83,14 @@ impl Coordinator {
     pub fn clock_samples_taken(&self) -> Vec<(RegionId, ClockSample, Timestamp)> {
         self.regions
             .iter()
-            .filter_map(|(r, v)| Some((r.clone(), v.clock?, v.clock_taken_at)))
+            .filter_map(|(r, v)| {
+                let (sample, taken_at) = match v.clock {
+                    Some(sample) => (sample, v.clock_taken_at),
+                    None if v.restored => v.earlier_boot_clock?,
+                    None => return None,
+                };
+                Some((r.clone(), sample, taken_at))
+            })
             .collect()
     }
 
