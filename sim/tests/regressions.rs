@@ -3401,6 +3401,9 @@ const SWARM_3377321_REMOVED: &str = include_str!(
 /// frame is now recorded as soon as a region is first sampled); and lost across the restore,
 /// the new leader adopting the lost copy's sample from the frame and reading it as the
 /// restored boot's clock (a region first heard `restored` now has it as its boot before's).
+/// And lost after a frame it recorded between hearing the restored boot and any answer
+/// reaching it: the frame held nothing of the region (a restored boot's frames now carry the
+/// boot before's sample until it is answered).
 /// And two restores from copies on that clock: both took their copy's boot plus one, and the
 /// leader took the second for the first (a restored start now salts its boot, and a boot that
 /// says `restored` is a restart whatever its number).
@@ -3411,6 +3414,10 @@ fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
         ("before-the-first-frame.yaml", SWARM_3384823_FIRST_FRAME),
         ("adopted.yaml", SWARM_3384823_ADOPTED),
         ("one-boot.yaml", SWARM_3384823_ONE_BOOT),
+        (
+            "frame-before-answer.yaml",
+            SWARM_3384823_FRAME_BEFORE_ANSWER,
+        ),
     ] {
         assert_no_violation(&run(&parsed(name, yaml), 0..10));
     }
@@ -3435,6 +3442,9 @@ const SWARM_3384823_ADOPTED: &str = include_str!(
 );
 const SWARM_3384823_ONE_BOOT: &str = include_str!(
     "../swarm-findings/seed-3384823-overshoot-on-region-clocks-two-restores-from-copies-take-one-boot.yaml"
+);
+const SWARM_3384823_FRAME_BEFORE_ANSWER: &str = include_str!(
+    "../swarm-findings/seed-3384823-overshoot-on-region-clocks-restore-behind-frame-recorded-before-the-restored-boots-answer.yaml"
 );
 const SWARM_3384823: &str = include_str!(
     "../swarm-findings/seed-3384823-region-allowance-above-table-restore-on-a-clock-stepped-back.yaml"
