@@ -199,6 +199,19 @@ async fn agreed_leader(nodes: &BTreeMap<NodeId, Daemon>) -> NodeId {
     agreed().expect("checked")
 }
 
+/// Stops `leader`'s node and waits for the others to agree on a new one, which it returns.
+async fn stop_and_elect(nodes: &mut BTreeMap<NodeId, Daemon>, leader: NodeId) -> NodeId {
+    nodes
+        .remove(&leader)
+        .expect("the leader")
+        .shutdown()
+        .await
+        .expect("stops");
+    let next = agreed_leader(nodes).await;
+    assert_ne!(next, leader);
+    next
+}
+
 fn state(d: &Daemon) -> ClusterState {
     d.state().read(|a| a.state.clone())
 }
@@ -437,13 +450,7 @@ async fn a_frame_recorded_before_a_restored_boots_answer_keeps_its_boot_befores_
     })
     .await;
 
-    nodes
-        .remove(&first)
-        .expect("the leader")
-        .shutdown()
-        .await
-        .expect("stops");
-    let second = agreed_leader(&nodes).await;
+    let second = stop_and_elect(&mut nodes, first).await;
     let Ok(pb::sync_answer::Answer::SyncDown(down)) =
         send(nodes[&second].grpc_addr(), restored).await
     else {
@@ -567,14 +574,7 @@ async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_t
 
     // The leader's node stops; another is elected and its rebalancer answers from the
     // replicated table under a larger term (agents resend everything on seeing it).
-    nodes
-        .remove(&first)
-        .expect("the leader")
-        .shutdown()
-        .await
-        .expect("stops");
-    let second = agreed_leader(&nodes).await;
-    assert_ne!(second, first);
+    let second = stop_and_elect(&mut nodes, first).await;
     let after = sync_down(nodes[&second].grpc_addr(), "a").await;
     assert!(after.leader_term > before.leader_term, "{after:?}");
     // The new leader started from the recorded frame: a's sample, carried over by the old
