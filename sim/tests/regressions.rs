@@ -129,6 +129,13 @@ fn run_tiers(
     run(&parsed(name, yaml), fast)
 }
 
+/// Worlds the swarm drew, each run on the seed that found it and the 29 after.
+fn assert_drawn_seeds_hold(worlds: &[(&str, &str, u64)]) {
+    for &(name, yaml, seed) in worlds {
+        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
+    }
+}
+
 fn assert_no_violation(r: &Report) {
     assert_eq!(
         r.figures.violations,
@@ -3275,13 +3282,11 @@ const SWARM_3355496: &str = include_str!(
 /// start takes a larger one.
 #[test]
 fn a_restart_after_a_clock_step_back_is_heard() {
-    for (name, yaml, seed) in [
+    assert_drawn_seeds_hold(&[
         ("swarm-537.yaml", SWARM_537_CLOCK_STEP, 537),
         ("swarm-3356860.yaml", SWARM_3356860, 3356860),
         ("swarm-3357664.yaml", SWARM_3357664, 3357664),
-    ] {
-        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
-    }
+    ]);
 }
 
 const SWARM_537_CLOCK_STEP: &str = include_str!(
@@ -3343,12 +3348,10 @@ const SWARM_3362120: &str =
 /// had reclaimed. An agent on a timebase now counts time from its start (D73).
 #[test]
 fn a_step_forward_under_a_running_agent_is_not_seen() {
-    for (name, yaml, seed) in [
+    assert_drawn_seeds_hold(&[
         ("swarm-3359309.yaml", SWARM_3359309, 3359309),
         ("swarm-3361404.yaml", SWARM_3361404, 3361404),
-    ] {
-        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
-    }
+    ]);
 }
 
 const SWARM_3359309: &str =
@@ -3421,14 +3424,10 @@ fn a_restore_closes_the_windows_its_lost_copy_reached_on_a_clock_ahead() {
     ] {
         assert_no_violation(&run(&parsed(name, yaml), 0..10));
     }
-    assert_no_violation(&run(
-        &parsed("swarm-3384823.yaml", SWARM_3384823),
-        3384823..3384853,
-    ));
-    assert_no_violation(&run(
-        &parsed("swarm-3377189.yaml", SWARM_3377189),
-        3377189..3377219,
-    ));
+    assert_drawn_seeds_hold(&[
+        ("swarm-3384823.yaml", SWARM_3384823, 3384823),
+        ("swarm-3377189.yaml", SWARM_3377189, 3377189),
+    ]);
 }
 
 const SWARM_3384823_SATURATED: &str = include_str!(
@@ -3460,12 +3459,10 @@ const SWARM_3377189: &str = include_str!(
 /// default. A window is now kept until every region is heard from past it.
 #[test]
 fn a_window_a_region_went_down_in_is_kept_until_it_is_heard_past_it() {
-    for (name, yaml, seed) in [
+    assert_drawn_seeds_hold(&[
         ("swarm-3390332.yaml", SWARM_3390332, 3390332),
         ("swarm-3390728.yaml", SWARM_3390728, 3390728),
-    ] {
-        assert_no_violation(&run(&parsed(name, yaml), seed..seed + 30));
-    }
+    ]);
 }
 
 const SWARM_3390332: &str = include_str!(
