@@ -1,9 +1,9 @@
 //! The leader's clock frame, as the coordinator daemon replicates it (D47, D56 in
 //! docs/decisions.md): every `clock_frame_interval` (5 s by default) the leader commits its
-//! regions' latest clock samples through the log, and a new leader starts from the last frame committed, carried
-//! over to its own clock by a probe of the earlier leader's (the hop). Without it a new leader
-//! knows no region's clock until the region is heard again, and reclaims a silent closed
-//! region's floor later than the daemon does.
+//! regions' latest clock samples through the log, and a new leader starts from the last frame
+//! committed, carried over to its own clock by a probe of the earlier leader's (the hop).
+//! Without it a new leader knows no region's clock until the region is heard again, and
+//! reclaims a silent closed region's floor later than the daemon does.
 //!
 //! The simulated leaders share the true clock, so the hop's true offset is 0; what the daemon's
 //! probe gets wrong is drawn: an offset anywhere within half the probe's round trip (the

@@ -293,15 +293,15 @@ impl Leader {
     pub async fn run(mut self, mut jobs: mpsc::Receiver<Job>) -> Ended {
         let mut tick = tokio::time::interval(self.coordinator.config().sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The clock frame (the regions' samples and this leader's samples of the other nodes,
+        // which the next leader starts from, D43) every `clock_frame_interval`.
+        let frame_interval = self.coordinator.config().clock_frame_interval;
         // The first frame waits for the probes: recorded before them, it would replace the
         // last leader's frame (which the next leader may need) with one that holds no other
         // node's clock. It is recorded once every member has answered, or after a whole
         // interval (a member down), or at once when there is no frame to replace: until the
         // first is recorded, cluster time lives only in this process, and a leader elected
         // after it would lead on its own clock.
-        // The clock frame (the regions' samples and this leader's samples of the other nodes,
-        // which the next leader starts from, D43) every `clock_frame_interval`.
-        let frame_interval = self.coordinator.config().clock_frame_interval;
         let framed = self.state.read(|a| a.state.clock_source().is_some());
         let first_frame = if framed {
             frame_interval
