@@ -114,7 +114,9 @@ impl ClockFrames {
         }
         let samples = coordinator.clock_samples_taken();
         self.next_at = now + coordinator.config().clock_frame_interval;
-        self.framed = samples.iter().map(|(r, _, _)| r.clone()).collect();
+        // As the daemon's leader: the regions sampled count as framed, not a restored one the
+        // frame carries its boot before's sample for, whose own first sample is framed at once.
+        self.framed = coordinator.sampled_regions().cloned().collect();
         Some(Replicated::ClockFrame {
             leader_term: coordinator.leader_term(),
             samples,
