@@ -29,6 +29,10 @@ pub const FORMAT_V4: u8 = 0x04;
 /// (`AllowanceTable::recorded_version`); formats 4 to 1 still read.
 pub const FORMAT_V5: u8 = 0x05;
 
+/// The snapshot state's layout since it keeps the regions' boots (`ClusterState::boots`);
+/// formats 5 to 1 still read.
+pub const FORMAT_V6: u8 = 0x06;
+
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>> {
     encode_as(FORMAT_V1, what, value)
 }

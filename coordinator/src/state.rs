@@ -16,7 +16,7 @@ use allot_core::ids::RegionId;
 use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
 use allot_core::rebalance::{
     AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_PROPOSALS_PER_POLL,
-    RejectReason, TableCommand,
+    RETIRED_BOOTS_KEPT, RegionBoots, RejectReason, TableCommand,
 };
 use allot_core::sync::{ClockSample, ConfigFiles};
 use allot_core::time::Timestamp;
@@ -32,6 +32,9 @@ pub const MAX_REGIONS: usize = 64;
 /// Most table commands one round entry carries: one `poll_proposals` of the leader's
 /// rebalancer, which returns at most this many.
 pub const MAX_COMMANDS_PER_ROUND: usize = MAX_PROPOSALS_PER_POLL;
+
+/// Most retired boots one region's record carries: as many as a leader keeps.
+pub const MAX_RETIRED_BOOTS: usize = RETIRED_BOOTS_KEPT;
 
 /// Most nodes whose clocks one frame carries (a cluster has 3 to 5; learners too).
 pub const MAX_NODES: usize = 64;
@@ -76,6 +79,26 @@ pub enum ClusterCommand {
     /// (D43). Replaces the samples before it as a whole. Last of the variants: entries written
     /// before it decode.
     RecordClockFrame(ClockFrame),
+    /// The regions' boots as the leader of `leader_term` heard them (D78): committed before it
+    /// answers a SyncUp that changed them, so that the next leader takes a late message of a
+    /// boot a restore superseded for an old one. Last of the variants: entries written before
+    /// it decode.
+    RecordBoots {
+        leader_term: u64,
+        boots: Vec<RegionBoots>,
+    },
+}
+
+/// A region's boots as replicated: what the leader of `leader_term` heard, and whether the
+/// region's clock sample in the state (the last frame's) was taken of its newest boot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedBoots {
+    pub leader_term: u64,
+    pub boots: RegionBoots,
+    /// The last frame was recorded after these boots, and the boot was answered by then (a
+    /// restored boot's sample in a frame before its answer is of its boot before). A new
+    /// leader adopts any other sample as the region's boot before's.
+    pub sample_of_boot: bool,
 }
 
 /// Whose clock the recorded samples are on: the leader that recorded them, and its samples of
@@ -138,6 +161,8 @@ pub enum CommandOutcome {
     Refused(Refusal),
     /// A raft entry of its own (blank or membership): nothing of the cluster state changed.
     Raft,
+    /// Last of the variants: outcomes encoded before it decode.
+    BootsRecorded,
 }
 
 impl CommandOutcome {
@@ -188,6 +213,12 @@ pub enum Refusal {
     TooManyNodes { nodes: usize },
     #[error("clock samples of rebalancer term {term} are older than those recorded ({recorded})")]
     OlderClocks { term: u64, recorded: u64 },
+    #[error("boots of rebalancer term {term} are older than those recorded ({recorded})")]
+    OlderBoots { term: u64, recorded: u64 },
+    #[error(
+        "region {0}'s boots are not a leader's: boot 0, or more than {MAX_RETIRED_BOOTS} retired"
+    )]
+    BadBoots(RegionId),
 }
 
 fn names(regions: &[RegionId]) -> String {
@@ -208,6 +239,33 @@ pub struct ClusterState {
     config_files: Option<ConfigFiles>,
     /// Whose clock `clocks` are on (the last `RecordClockFrame`); `None` before the first.
     clock_source: Option<ClockSource>,
+    /// The regions' boots, as the last `RecordBoots` of each said them.
+    boots: BTreeMap<RegionId, RecordedBoots>,
+}
+
+/// The snapshot layout before the regions' boots were kept (format 5): read, never written.
+#[derive(Deserialize)]
+pub(crate) struct ClusterStateV5 {
+    table: AllowanceTable,
+    limits: Vec<LimitSpec>,
+    regions: BTreeMap<RegionId, RegionMember>,
+    clocks: BTreeMap<RegionId, RegionClock>,
+    config_files: Option<ConfigFiles>,
+    clock_source: Option<ClockSource>,
+}
+
+impl From<ClusterStateV5> for ClusterState {
+    fn from(v5: ClusterStateV5) -> Self {
+        ClusterState {
+            table: v5.table,
+            limits: v5.limits,
+            regions: v5.regions,
+            clocks: v5.clocks,
+            config_files: v5.config_files,
+            clock_source: v5.clock_source,
+            boots: BTreeMap::new(),
+        }
+    }
 }
 
 /// The snapshot layout before the table recorded the regions' versions (format 4): read,
@@ -231,6 +289,7 @@ impl From<ClusterStateV4> for ClusterState {
             clocks: v4.clocks,
             config_files: v4.config_files,
             clock_source: v4.clock_source,
+            boots: BTreeMap::new(),
         }
     }
 }
@@ -255,6 +314,7 @@ impl From<ClusterStateV3> for ClusterState {
             clocks: v3.clocks,
             config_files: v3.config_files,
             clock_source: None,
+            boots: BTreeMap::new(),
         }
     }
 }
@@ -278,6 +338,7 @@ impl From<ClusterStateV1> for ClusterState {
             clocks: v1.clocks,
             config_files: None,
             clock_source: None,
+            boots: BTreeMap::new(),
         }
     }
 }
@@ -301,6 +362,7 @@ impl From<ClusterStateV2> for ClusterState {
             clocks: v2.clocks,
             config_files: v2.config_files,
             clock_source: None,
+            boots: BTreeMap::new(),
         }
     }
 }
@@ -314,6 +376,7 @@ impl Default for ClusterState {
             clocks: BTreeMap::new(),
             config_files: None,
             clock_source: None,
+            boots: BTreeMap::new(),
         }
     }
 }
@@ -336,6 +399,11 @@ impl ClusterState {
     }
 
     /// Whose clock [`ClusterState::clocks`] are on, once a leader recorded a frame.
+    /// The regions' boots as the leaders last replicated them.
+    pub fn boots(&self) -> &BTreeMap<RegionId, RecordedBoots> {
+        &self.boots
+    }
+
     pub fn clock_source(&self) -> Option<&ClockSource> {
         self.clock_source.as_ref()
     }
@@ -368,6 +436,9 @@ impl ClusterState {
             ClusterCommand::RecordClocks(clocks) => (self.record_clocks(clocks), false),
             ClusterCommand::RecordClockFrame(frame) => (self.record_clock_frame(frame), false),
             ClusterCommand::PutConfig(files) => (self.put_config(files), false),
+            ClusterCommand::RecordBoots { leader_term, boots } => {
+                (self.record_boots(leader_term, boots), false)
+            }
         };
         if !checked || cfg!(debug_assertions) {
             self.table
@@ -570,7 +641,56 @@ impl ClusterState {
             return Err(refused);
         }
         self.clock_source = Some(frame.source);
+        for (region, recorded) in &mut self.boots {
+            recorded.sample_of_boot = !recorded.boots.restored && self.clocks.contains_key(region);
+        }
         Ok(CommandOutcome::ClocksRecorded)
+    }
+
+    /// Each region's boots replace the ones before, unless a later leader recorded those (a
+    /// deposed leader's entry, committed late). A region's clock sample, if any, is of its
+    /// newest boot only while that boot and whether it was restored are unchanged.
+    fn record_boots(
+        &mut self,
+        leader_term: u64,
+        boots: Vec<RegionBoots>,
+    ) -> std::result::Result<CommandOutcome, Refusal> {
+        if boots.len() > MAX_REGIONS {
+            return Err(Refusal::TooManyRegions {
+                regions: boots.len(),
+            });
+        }
+        for b in &boots {
+            if !self.regions.contains_key(&b.region) {
+                return Err(Refusal::UnknownRegion(b.region.clone()));
+            }
+            if let Some(kept) = self.boots.get(&b.region)
+                && kept.leader_term > leader_term
+            {
+                return Err(Refusal::OlderBoots {
+                    term: leader_term,
+                    recorded: kept.leader_term,
+                });
+            }
+            if b.boot == 0 || b.retired.len() > MAX_RETIRED_BOOTS {
+                return Err(Refusal::BadBoots(b.region.clone()));
+            }
+        }
+        for b in boots {
+            let sample_of_boot = self.boots.get(&b.region).is_some_and(|kept| {
+                kept.sample_of_boot
+                    && kept.boots.boot == b.boot
+                    && kept.boots.restored == b.restored
+            });
+            let region = b.region.clone();
+            let recorded = RecordedBoots {
+                leader_term,
+                boots: b,
+                sample_of_boot,
+            };
+            self.boots.insert(region, recorded);
+        }
+        Ok(CommandOutcome::BootsRecorded)
     }
 }
 
@@ -897,6 +1017,73 @@ mod tests {
                 })
                 .collect(),
         })
+    }
+
+    fn boots(term: u64, r: &str, boot: u64, restored: bool) -> ClusterCommand {
+        ClusterCommand::RecordBoots {
+            leader_term: term,
+            boots: vec![RegionBoots {
+                region: region(r),
+                boot,
+                retired: vec![boot + 100],
+                restored,
+            }],
+        }
+    }
+
+    /// A region's sample is of its newest boot only from a frame after that boot was recorded
+    /// answered; a new boot, or a restored one answered, makes the sample one of a boot
+    /// before. Boots of an earlier leader than the ones recorded, or of a stranger, or with no
+    /// boot, change nothing.
+    #[test]
+    fn recorded_boots_say_whether_the_regions_sample_is_of_the_newest() {
+        let mut state = two_regions();
+        let of_boot = |s: &ClusterState| s.boots().get(&region("eu")).map(|r| r.sample_of_boot);
+        let recorded = Some(CommandOutcome::BootsRecorded);
+        assert_eq!(state.apply(frame(5, &["eu"])).ok().map(|_| ()), Some(()));
+        assert_eq!(state.apply(boots(5, "eu", 7, false)).ok(), recorded);
+        assert_eq!(
+            of_boot(&state),
+            Some(false),
+            "the frame was before the boot"
+        );
+        state.apply(frame(5, &["eu"])).unwrap();
+        assert_eq!(of_boot(&state), Some(true));
+        // The same boot again, its retired ones changed: still its sample.
+        state.apply(boots(5, "eu", 7, false)).unwrap();
+        assert_eq!(of_boot(&state), Some(true));
+        // Restored (no sample of its own until answered), then answered.
+        state.apply(boots(6, "eu", 3, true)).unwrap();
+        assert_eq!(of_boot(&state), Some(false));
+        state.apply(frame(6, &["eu"])).unwrap();
+        assert_eq!(
+            of_boot(&state),
+            Some(false),
+            "a restored boot's frame holds its boot before's"
+        );
+        state.apply(boots(6, "eu", 3, false)).unwrap();
+        assert_eq!(of_boot(&state), Some(false));
+        state.apply(frame(6, &["eu"])).unwrap();
+        assert_eq!(of_boot(&state), Some(true));
+        let before = state.clone();
+        assert_eq!(
+            state.apply(boots(5, "eu", 9, false)).ok(),
+            Some(CommandOutcome::Refused(Refusal::OlderBoots {
+                term: 5,
+                recorded: 6
+            }))
+        );
+        assert_eq!(
+            state.apply(boots(7, "mars", 9, false)).ok(),
+            Some(CommandOutcome::Refused(Refusal::UnknownRegion(region(
+                "mars"
+            ))))
+        );
+        assert_eq!(
+            state.apply(boots(7, "us", 0, false)).ok(),
+            Some(CommandOutcome::Refused(Refusal::BadBoots(region("us"))))
+        );
+        assert_eq!(state, before);
     }
 
     /// A frame replaces the samples before it as a whole, with whose clock they are on; one

@@ -472,6 +472,56 @@ async fn a_frame_recorded_before_a_restored_boots_answer_keeps_its_boot_befores_
     }
 }
 
+/// A region restored from a copy numbered below the boot it superseded (boot 15 after 20),
+/// then a leader change, then a late message of the dead boot 20 at the new leader: the new
+/// leader, which starts from the boots the first one committed before answering (D78), takes
+/// it for an old message. Without them it took boot 20 for a restart, and the live boot's
+/// messages for old ones from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_takes_a_late_message_of_a_boot_a_restore_superseded_for_an_old_one() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (mut nodes, _) = start_three(dir.path()).await;
+    let first = agreed_leader(&nodes).await;
+    wait_for("limits put", || {
+        state(&nodes[&first]).table().config_version() == 1
+    })
+    .await;
+    let at_boot = |boot: u64, seq: u64, restored: bool| {
+        let mut up = up("a", seq);
+        up.boot = boot;
+        up.restored = restored;
+        up
+    };
+    let answered = |answer: Result<pb::sync_answer::Answer, tonic::Status>| {
+        assert!(
+            matches!(answer, Ok(pb::sync_answer::Answer::SyncDown(_))),
+            "{answer:?}"
+        );
+    };
+    answered(send(nodes[&first].grpc_addr(), at_boot(20, 1, false)).await);
+    answered(send(nodes[&first].grpc_addr(), at_boot(15, 1, true)).await);
+    answered(send(nodes[&first].grpc_addr(), at_boot(15, 2, false)).await);
+    let boots_of_a = |d: &Daemon| {
+        let kept = state(d).boots().get(&RegionId::from("a")).cloned();
+        kept.map(|k| (k.boots.boot, k.boots.retired, k.boots.restored))
+    };
+    // Committed before each answer: on the leader at once.
+    assert_eq!(boots_of_a(&nodes[&first]), Some((15, vec![20], false)));
+
+    let second = stop_and_elect(&mut nodes, first).await;
+    answered(send(nodes[&second].grpc_addr(), at_boot(15, 3, false)).await);
+    let late = send(nodes[&second].grpc_addr(), at_boot(20, 9, false)).await;
+    answered(send(nodes[&second].grpc_addr(), at_boot(15, 4, false)).await);
+    assert_eq!(
+        boots_of_a(&nodes[&second]),
+        Some((15, vec![20], false)),
+        "the late message of boot 20 ({late:?}) was taken for a restart"
+    );
+    for (_, d) in nodes {
+        d.shutdown().await.expect("stops");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_names_the_leader_and_a_new_leader_takes_over_with_a_larger_term() {
     let dir = TempDir::new().expect("temporary directory");

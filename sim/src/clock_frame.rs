@@ -10,12 +10,12 @@
 //! replicated log's commit latency, one round trip to a majority), which the carried samples'
 //! round trips then carry as uncertainty.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use allot_core::budget::timebase::MAX_CLOCK_DRIFT_PPM;
 use allot_core::ids::RegionId;
-use allot_core::rebalance::{Coordinator, TableCommand};
+use allot_core::rebalance::{Coordinator, RegionBoots, TableCommand};
 use allot_core::sync::ClockSample;
 use allot_core::time::Timestamp;
 
@@ -35,6 +35,22 @@ pub enum Replicated {
         leader_term: u64,
         samples: Vec<TakenSample>,
     },
+    /// A region's boots, committed before the answer to the SyncUp that changed them
+    /// (`RecordBoots`, D78).
+    Boots {
+        leader_term: u64,
+        boots: RegionBoots,
+    },
+}
+
+/// A region's boots as the log replicated them, as the daemon's state keeps them
+/// (`RecordedBoots`): the term that recorded them, and whether the last frame's sample of the
+/// region is of its newest boot.
+#[derive(Clone, Debug)]
+struct RecordedBoots {
+    leader_term: u64,
+    boots: RegionBoots,
+    sample_of_boot: bool,
 }
 
 /// A leader's side of the frames: the last one committed before it led (adopted before its
@@ -53,6 +69,11 @@ pub struct ClockFrames {
     /// Draws the probe of each earlier leader's clock this leader took (`hop`).
     seed: u64,
     probe_round_trip: Duration,
+    /// The regions' boots the log holds, and whether the leader adopted them yet.
+    recorded_boots: BTreeMap<RegionId, RecordedBoots>,
+    boots_adopted: bool,
+    /// The boots this leader proposed last, per region: not proposed again before they commit.
+    proposed_boots: BTreeMap<RegionId, RegionBoots>,
 }
 
 impl ClockFrames {
@@ -63,6 +84,9 @@ impl ClockFrames {
             next_at: now,
             seed,
             probe_round_trip,
+            recorded_boots: BTreeMap::new(),
+            boots_adopted: false,
+            proposed_boots: BTreeMap::new(),
         }
     }
 
@@ -85,6 +109,30 @@ impl ClockFrames {
         if leader_term < own_term {
             self.pending = Some((leader_term, samples.to_vec()));
         }
+        // As the daemon's state applies a frame: a region's sample is of its newest boot when
+        // the boot was answered by then.
+        for (region, recorded) in &mut self.recorded_boots {
+            recorded.sample_of_boot =
+                !recorded.boots.restored && samples.iter().any(|(r, _, _)| r == region);
+        }
+    }
+
+    /// A region's boots came through the log: as the daemon's state takes them, unless a later
+    /// leader's are recorded already.
+    pub fn boots_committed(&mut self, leader_term: u64, boots: &RegionBoots) {
+        let kept = self.recorded_boots.get(&boots.region);
+        if kept.is_some_and(|k| k.leader_term > leader_term) {
+            return;
+        }
+        let sample_of_boot = kept.is_some_and(|k| {
+            k.sample_of_boot && k.boots.boot == boots.boot && k.boots.restored == boots.restored
+        });
+        let recorded = RecordedBoots {
+            leader_term,
+            boots: boots.clone(),
+            sample_of_boot,
+        };
+        self.recorded_boots.insert(boots.region.clone(), recorded);
     }
 
     /// Before the leader's first live input at `now`: it starts from the last frame, carried
@@ -98,6 +146,33 @@ impl ClockFrames {
             });
             coordinator.adopt_clocks(term, self.hop(term), aged);
         }
+        if !std::mem::replace(&mut self.boots_adopted, true) {
+            let boots = self.recorded_boots.values();
+            coordinator.adopt_boots(boots.map(|r| (r.boots.clone(), r.sample_of_boot)));
+        }
+    }
+
+    /// The boots to commit before the next answer: every region's the leader knows that differ
+    /// from what the log holds (as the daemon's leader records them before it answers).
+    pub fn poll_boots(&mut self, coordinator: &Coordinator) -> Vec<Replicated> {
+        let mut out = Vec::new();
+        for region in coordinator.table().regions() {
+            let Some(boots) = coordinator.region_boots(region) else {
+                continue;
+            };
+            let same = |b: Option<&RegionBoots>| b.is_some_and(|b| b.same_boots(&boots));
+            if same(self.recorded_boots.get(region).map(|r| &r.boots))
+                || same(self.proposed_boots.get(region))
+            {
+                continue;
+            }
+            self.proposed_boots.insert(region.clone(), boots.clone());
+            out.push(Replicated::Boots {
+                leader_term: coordinator.leader_term(),
+                boots,
+            });
+        }
+        out
     }
 
     /// The frame to record now, if one is due: every `clock_frame_interval` of the

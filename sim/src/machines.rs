@@ -1000,6 +1000,7 @@ impl CoordinatorNode for CoreCoordinator {
             .map(Replicated::Table)
             .collect();
         if self.active {
+            out.extend(self.frames.poll_boots(&self.coordinator));
             out.extend(self.frames.poll(now, &self.coordinator));
         }
         out
@@ -1021,7 +1022,9 @@ impl CoordinatorNode for CoreCoordinator {
                         self.limits = limits.clone();
                     }
                 }
-                Replicated::ClockFrame { .. } => self.handle_committed(now, cmd),
+                Replicated::ClockFrame { .. } | Replicated::Boots { .. } => {
+                    self.handle_committed(now, cmd)
+                }
             }
         }
         let term = self.coordinator.leader_term();
@@ -1038,6 +1041,10 @@ impl CoordinatorNode for CoreCoordinator {
             } => {
                 let own = self.coordinator.leader_term();
                 self.frames.committed(own, *leader_term, samples);
+                return;
+            }
+            Replicated::Boots { leader_term, boots } => {
+                self.frames.boots_committed(*leader_term, boots);
                 return;
             }
         };

@@ -247,6 +247,7 @@ impl Leader {
             let now = clock.now();
             let mut c = Coordinator::new(cfg, a.state.table().clone(), now, leader_term);
             let heard = adopt_recorded_clocks(&mut c, &a.state, node_id, bridge, now);
+            c.adopt_boots((a.state.boots().values()).map(|r| (r.boots.clone(), r.sample_of_boot)));
             (c, heard, clock)
         });
         metrics::gauge!(m::CLUSTER_CLOCK_OFFSET).set(clock.offset_nanos() as f64 / 1e9);
@@ -383,6 +384,7 @@ impl Leader {
             metrics::counter!(m::OTHER_VERSION_SYNC_UPS).increment(1);
         }
         self.heard.insert(region.clone(), heard);
+        self.record_boots(&region).await?;
         self.frame_due |= self.coordinator.has_clock_sample(&region)
             && self.framed.as_ref().is_some_and(|f| !f.contains(&region));
         self.commit_proposals().await?;
@@ -591,6 +593,36 @@ impl Leader {
             }
         };
         metrics::counter!(m::CLOCK_FRAMES, "result" => result).increment(1);
+        Ok(())
+    }
+
+    /// Commits `region`'s boots when the SyncUp just taken changed them from the ones
+    /// replicated (a restart, a restored boot answered, a region first heard), before the
+    /// answer: a leader lost after it leaves the next one a late message of a boot the
+    /// answered one superseded to tell for old (D78). A refusal (a later leader recorded
+    /// them already) is counted; a failed commit ends the task as any other.
+    async fn record_boots(&mut self, region: &RegionId) -> Result<(), Ended> {
+        let Some(boots) = self.coordinator.region_boots(region) else {
+            return Ok(());
+        };
+        let replicated = self
+            .state
+            .read(|a| (a.state.boots().get(region)).is_some_and(|r| r.boots.same_boots(&boots)));
+        if replicated {
+            return Ok(());
+        }
+        let cmd = ClusterCommand::RecordBoots {
+            leader_term: self.coordinator.leader_term(),
+            boots: vec![boots],
+        };
+        let result = match self.commit(cmd).await?.data {
+            CommandOutcome::BootsRecorded => "recorded",
+            other => {
+                tracing::warn!(outcome = ?other, %region, "boots not recorded");
+                "refused"
+            }
+        };
+        metrics::counter!(m::BOOTS_RECORDED, "result" => result).increment(1);
         Ok(())
     }
 

@@ -27,6 +27,7 @@ pub const NODE_CLOCK_OFFSET: &str = "allot_coordinator_node_clock_offset_seconds
 pub const NODE_CLOCK_ROUND_TRIP: &str = "allot_coordinator_node_clock_round_trip_seconds";
 pub const CLOCK_PROBE_FAILURES: &str = "allot_coordinator_clock_probe_failures_total";
 pub const CLOCK_FRAMES: &str = "allot_coordinator_clock_frames_total";
+pub const BOOTS_RECORDED: &str = "allot_coordinator_boots_recorded_total";
 pub const CLUSTER_CLOCK_OFFSET: &str = "allot_coordinator_cluster_clock_offset_seconds";
 pub const REFUSED_PEERS: &str = "allot_coordinator_refused_peers_total";
 pub const SHED: &str = "allot_coordinator_shed_total";
@@ -86,6 +87,10 @@ fn describe() {
     describe_counter!(
         CLOCK_FRAMES,
         "Clock frames (the regions' samples and the nodes' clocks) the leader committed, by result (recorded, refused)."
+    );
+    describe_counter!(
+        BOOTS_RECORDED,
+        "Regions' boots the leader committed before answering a SyncUp that changed them (a restart, a restored boot answered, a region first heard), by result (recorded, refused)."
     );
     describe_counter!(SYNC_UPS, "SyncUps received from agents.");
     describe_counter!(

@@ -18,12 +18,13 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 use super::disk::{Disk, StoredSnapshot};
 use super::storage_error;
 use crate::codec::{
-    FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, FORMAT_V5, decode_body, encode_as, split_format,
-    unknown_format,
+    FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, FORMAT_V5, FORMAT_V6, decode_body, encode_as,
+    split_format, unknown_format,
 };
 use crate::error::Error;
 use crate::state::{
-    ClusterState, ClusterStateV1, ClusterStateV2, ClusterStateV3, ClusterStateV4, CommandOutcome,
+    ClusterState, ClusterStateV1, ClusterStateV2, ClusterStateV3, ClusterStateV4, ClusterStateV5,
+    CommandOutcome,
 };
 use crate::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -88,7 +89,8 @@ impl StateMachineStore {
 fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
     const WHAT: &str = "snapshot state";
     let state: ClusterState = match split_format(WHAT, data)? {
-        (FORMAT_V5, body) => decode_body(WHAT, body)?,
+        (FORMAT_V6, body) => decode_body(WHAT, body)?,
+        (FORMAT_V5, body) => decode_body::<ClusterStateV5>(WHAT, body)?.into(),
         (FORMAT_V4, body) => decode_body::<ClusterStateV4>(WHAT, body)?.into(),
         (FORMAT_V3, body) => decode_body::<ClusterStateV3>(WHAT, body)?.into(),
         (FORMAT_V2, body) => decode_body::<ClusterStateV2>(WHAT, body)?.into(),
@@ -111,9 +113,9 @@ fn decode_state(data: &[u8]) -> Result<ClusterState, Error> {
     Ok(state)
 }
 
-/// The state as a snapshot carries it (format 4).
+/// The state as a snapshot carries it (format 6).
 pub(crate) fn encode_state(state: &ClusterState) -> Result<Vec<u8>, Error> {
-    encode_as(FORMAT_V5, "snapshot state", state)
+    encode_as(FORMAT_V6, "snapshot state", state)
 }
 
 fn read_lock(lock: &RwLock<Applied>) -> RwLockReadGuard<'_, Applied> {

@@ -30,9 +30,10 @@ mod tests;
 pub use bound::{Bound, BoundInputs, BoundTerm, OlderTerms, RegionBoundStats, bound};
 pub use coordinator::{
     CLOCK_FRAME_INTERVAL, Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL,
-    RELEASE_HANDOFF_SYNC_INTERVALS,
+    RELEASE_HANDOFF_SYNC_INTERVALS, RegionBoots,
 };
 pub use table::{
     AllowanceRow, AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_TABLE_ROWS,
     PendingRelease, Reclaim, RejectReason, Removal, TableCommand,
 };
+pub use views::RETIRED_BOOTS_KEPT;

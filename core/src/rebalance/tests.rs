@@ -4148,3 +4148,133 @@ fn a_restored_boot_numbered_below_the_one_it_supersedes_is_a_restart() {
         "boot 20's late message is old"
     );
 }
+
+/// Leader 1 heard a's boot 20, then boot 15 restored from a copy (numbered below it) and
+/// answered it: its boots, as the driver replicates them.
+fn boots_after_a_restore_numbered_below() -> RegionBoots {
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(0), 1);
+    let a = RegionId::from("a");
+    let mut first = clocked_up(&c, "a", 1, 1);
+    first.boot = 20;
+    c.handle_sync_up(at_ms(1_000), first).unwrap();
+    let mut restored = up_with("a", 1, &[], 0);
+    restored.boot = 15;
+    restored.restored = true;
+    c.handle_sync_up(at_ms(2_000), restored).unwrap();
+    c.poll_sync_down(at_ms(2_000), &a, 1).unwrap();
+    let mut answered = clocked_up(&c, "a", 2, 1);
+    answered.boot = 15;
+    c.handle_sync_up(at_ms(2_500), answered).unwrap();
+    c.region_boots(&a).expect("heard")
+}
+
+/// A new leader that starts from the replicated boots takes a late message of the boot a
+/// restore superseded for an old one, whichever it hears first; without them it took that
+/// message for a restart (boot 20 above 15), and the live boot's for old ones from then on.
+#[test]
+fn a_new_leader_takes_a_late_message_of_a_retired_boot_for_an_old_one() {
+    let a = RegionId::from("a");
+    let boots = boots_after_a_restore_numbered_below();
+    assert_eq!(
+        (boots.boot, &boots.retired[..], boots.restored),
+        (15, &[20][..], false)
+    );
+    let up = |boot: u64, seq: u64| {
+        let mut up = up_with("a", seq, &[], 0);
+        up.boot = boot;
+        up
+    };
+    for late_first in [false, true] {
+        for adopted in [false, true] {
+            let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(3_000), 2);
+            if adopted {
+                c.adopt_boots([(boots.clone(), true)]);
+            }
+            let mut order = vec![up(15, 3), up(20, 9)];
+            if late_first {
+                order.reverse();
+            }
+            for (i, msg) in order.into_iter().enumerate() {
+                c.handle_sync_up(at_ms(3_100 + 100 * i as u64), msg)
+                    .unwrap();
+            }
+            c.handle_sync_up(at_ms(3_500), up(15, 4)).unwrap();
+            let now = c.region_boots(&a).unwrap();
+            if adopted {
+                assert_eq!(
+                    (now.boot, &now.retired[..]),
+                    (15, &[20][..]),
+                    "late first {late_first}"
+                );
+            } else if !late_first {
+                assert_eq!(now.boot, 20, "the misjudgment the replicated boots prevent");
+            }
+        }
+    }
+}
+
+/// A new leader's first message of a region at another boot than the one it adopted is a
+/// restart: the sample adopted from the frame was of the boot before, so the region's clock is
+/// unknown until the new boot's own sample (before, the new leader read the old boot's clock
+/// for it, D73). A sample recorded before the adopted boot was heard (`sample_of_boot` false)
+/// is of a boot before too, even when the message is of the adopted boot.
+#[test]
+fn a_new_leader_reads_no_clock_of_a_boot_before_for_a_regions_newest() {
+    let a = RegionId::from("a");
+    let sample = ClockSample {
+        offset_nanos: 2_000_000_000,
+        round_trip_nanos: 20_000_000,
+    };
+    let boots = |boot: u64| RegionBoots {
+        region: a.clone(),
+        boot,
+        retired: Vec::new(),
+        restored: false,
+    };
+    let cases = [
+        // (adopted boot, sample of it, message's boot, sample kept)
+        (10, true, 10, true),
+        (10, true, 11, false),
+        (11, false, 11, false),
+    ];
+    for (adopted, sample_of_boot, heard, kept) in cases {
+        let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(3_000), 2);
+        c.adopt_clocks(1, ClockSample::SAME_CLOCK, vec![(a.clone(), sample)]);
+        c.adopt_boots([(boots(adopted), sample_of_boot)]);
+        let mut up = up_with("a", 1, &[], 0);
+        up.boot = heard;
+        c.handle_sync_up(at_ms(3_100), up).unwrap();
+        assert_eq!(
+            c.has_clock_sample(&a),
+            kept,
+            "adopted boot {adopted} (sample of it: {sample_of_boot}), heard {heard}"
+        );
+    }
+}
+
+/// The boots of a region the new leader heard already, or that is not in the table, are not
+/// adopted; more retired boots than a view keeps keep the latest.
+#[test]
+fn adopted_boots_replace_nothing_heard_and_keep_the_latest_retired() {
+    let a = RegionId::from("a");
+    let mut c = Coordinator::new(config(), table_with(&spec()), at_ms(3_000), 2);
+    let mut up = up_with("a", 1, &[], 0);
+    up.boot = 40;
+    c.handle_sync_up(at_ms(3_100), up).unwrap();
+    let record = |region: &str, boot: u64| RegionBoots {
+        region: RegionId::from(region),
+        boot,
+        retired: (1..=12).collect(),
+        restored: false,
+    };
+    c.adopt_boots([(record("a", 50), true), (record("zz", 50), true)]);
+    assert_eq!(c.region_boots(&a).unwrap().boot, 40);
+    assert_eq!(c.region_boots(&RegionId::from("zz")), None);
+    let b = RegionId::from("b");
+    c.adopt_boots([(record("b", 50), true)]);
+    let kept = c.region_boots(&b).unwrap();
+    assert_eq!(
+        (kept.boot, kept.retired),
+        (50, (5..=12).collect::<Vec<_>>())
+    );
+}

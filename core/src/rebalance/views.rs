@@ -108,12 +108,27 @@ impl RegionView {
     /// heard. A larger number is, unless retired. So is any other number that says `restored`:
     /// a restored start numbers its boot on its clock, which may read behind the boot it
     /// supersedes (a wall clock stepped back, a copy older than that boot's), and the operator
-    /// declared it the region's state from now on. Never for a region not heard yet.
+    /// declared it the region's state from now on. Never for a region whose boot is unknown
+    /// here (neither heard nor adopted from an earlier leader, `adopt_boots`).
     pub fn is_later_boot(&self, boot: u64, restored: bool) -> bool {
-        self.last_seq.is_some()
+        self.boot != 0
             && boot != self.boot
-            && (boot == 0 || !self.retired_boots.contains(&boot))
+            && !self.is_retired(boot)
             && (boot > self.boot || restored)
+    }
+
+    /// Whether `boot` is one the region superseded: its messages are old whatever they say.
+    pub fn is_retired(&self, boot: u64) -> bool {
+        boot != 0 && self.retired_boots.contains(&boot)
+    }
+
+    /// Whether a message of `boot` numbered `seq` is newer than every one taken: of a later
+    /// boot, or of the newest with a larger number (the first heard of it, for a boot adopted
+    /// from an earlier leader), or the region's first for a boot unknown here.
+    pub fn is_newer(&self, boot: u64, restored: bool, seq: u64) -> bool {
+        self.is_later_boot(boot, restored)
+            || self.boot == 0
+            || (boot == self.boot && self.last_seq.is_none_or(|s| seq > s))
     }
 
     /// The newest boot gives way to a later one.
@@ -153,7 +168,7 @@ impl RegionView {
 
 /// Retired boots a region's view keeps (`RegionView::retired_boots`): a message of an older
 /// one is long delivered.
-pub(crate) const RETIRED_BOOTS_KEPT: usize = 8;
+pub const RETIRED_BOOTS_KEPT: usize = 8;
 
 /// The latest a clock sampled at `taken_at` (`sample`: ours less it) may read at `now`.
 fn reach((sample, taken_at): (ClockSample, Timestamp), now: Timestamp) -> Timestamp {

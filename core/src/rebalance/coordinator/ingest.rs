@@ -41,10 +41,7 @@ impl Coordinator {
             .entry(msg.region.clone())
             .or_insert_with(|| RegionView::new(started_at));
         let restarted = view.is_later_boot(msg.boot, msg.restored);
-        let newer = restarted
-            || view
-                .last_seq
-                .is_none_or(|s| msg.boot == view.boot && msg.seq > s);
+        let newer = view.is_newer(msg.boot, msg.restored, msg.seq);
         // A restored boot has no sample of its own before its first answer (its SyncUps say
         // `restored` until then): one this leader holds for a region it has not heard yet was
         // adopted from an earlier leader's frame, and is of a boot before.
@@ -218,12 +215,16 @@ impl Coordinator {
     /// messages. Scans the table and the tracked counters once a boot.
     fn known_before(&self, msg: &SyncUp) -> Option<bool> {
         let view = self.regions.get(&msg.region);
-        let first_of_boot =
-            view.is_none_or(|v| v.last_seq.is_none() || v.is_later_boot(msg.boot, msg.restored));
+        let first_of_boot = view.is_none_or(|v| {
+            v.is_later_boot(msg.boot, msg.restored)
+                || (v.last_seq.is_none() && v.is_newer(msg.boot, msg.restored, msg.seq))
+        });
         if !first_of_boot {
             return None;
         }
-        let earlier_boot = view.is_some_and(|v| v.last_seq.is_some());
+        // A boot heard before this one, by this leader or (adopted) by an earlier one.
+        let earlier_boot =
+            view.is_some_and(|v| v.last_seq.is_some() || (v.boot != 0 && v.boot != msg.boot));
         let region = &msg.region;
         Some(
             earlier_boot

@@ -36,12 +36,14 @@ use crate::sync::{
 use crate::time::{Timestamp, Window, WindowIndex, duration_nanos};
 
 mod answer;
+mod boots;
 mod bound_inputs;
 mod clocks;
 mod ingest;
 mod propose;
 mod schedule;
 
+pub use boots::RegionBoots;
 use schedule::Schedule;
 pub use schedule::{MAX_REPLAN_INTERVAL, REPLAN_DRIFT_PPM};
 
