@@ -207,6 +207,88 @@ impl ClockFrames {
 mod tests {
     use super::*;
 
+    fn coordinator(term: u64) -> Coordinator {
+        let mut table = allot_core::rebalance::AllowanceTable::new();
+        let outcome = table.apply(TableCommand::SetConfig {
+            version: 1,
+            limits: vec![allot_core::limit::LimitSpec::simple(
+                "l",
+                100,
+                Duration::from_secs(10),
+            )],
+            regions: vec![RegionId::from("a")],
+        });
+        assert!(outcome.is_applied(), "{outcome:?}");
+        let cfg = allot_core::rebalance::CoordinatorConfig::default();
+        Coordinator::new(cfg, table, Timestamp::from_unix_nanos(0), term)
+    }
+
+    fn boots(boot: u64, restored: bool) -> RegionBoots {
+        RegionBoots {
+            region: RegionId::from("a"),
+            boot,
+            retired: vec![boot + 100],
+            restored,
+        }
+    }
+
+    /// As the daemon's state keeps them (`recorded_boots_say_whether_the_regions_sample_is_of_
+    /// the_newest` in the coordinator crate): a frame's sample is of the newest boot only when
+    /// the frame came after the boots and the boot was answered; a later leader's boots are not
+    /// replaced by an earlier one's. A new leader adopts them at its first input: a message of
+    /// a retired boot is old there.
+    #[test]
+    fn replicated_boots_are_kept_and_adopted_as_the_daemons_state_keeps_them() {
+        let now = Timestamp::from_unix_nanos(0);
+        let mut frames = ClockFrames::new(1, Duration::ZERO, now);
+        let sample = (RegionId::from("a"), ClockSample::SAME_CLOCK, now);
+        let of_boot = |f: &ClockFrames| f.recorded_boots[&RegionId::from("a")].sample_of_boot;
+        frames.committed(3, 1, std::slice::from_ref(&sample));
+        frames.boots_committed(1, &boots(7, false));
+        assert!(!of_boot(&frames), "the frame was before the boot");
+        frames.committed(3, 1, std::slice::from_ref(&sample));
+        assert!(of_boot(&frames));
+        frames.boots_committed(2, &boots(3, true));
+        frames.committed(3, 2, std::slice::from_ref(&sample));
+        assert!(
+            !of_boot(&frames),
+            "a restored boot's frame holds its boot before's"
+        );
+        frames.boots_committed(1, &boots(9, false));
+        assert_eq!(frames.recorded_boots[&RegionId::from("a")].boots.boot, 3);
+
+        let mut c = coordinator(3);
+        frames.adopt(now, &mut c);
+        let a = RegionId::from("a");
+        assert_eq!(c.region_boots(&a), Some(boots(3, true)));
+        let late = allot_core::sync::SyncUp {
+            region: a.clone(),
+            boot: 103,
+            restored: false,
+            seq: 9,
+            sent_at: now,
+            config_version: 1,
+            entries: Vec::new(),
+            demand: Vec::new(),
+            release_acks: Vec::new(),
+            clock: None,
+            clock_leader_term: 0,
+            stats: Vec::new(),
+            view_expired: false,
+            clock_guard: None,
+        };
+        c.handle_sync_up(now, late).unwrap();
+        assert_eq!(
+            c.region_boots(&a).map(|b| b.boot),
+            Some(3),
+            "boot 103 is retired"
+        );
+        assert!(
+            frames.poll_boots(&c).is_empty(),
+            "nothing changed: nothing to commit"
+        );
+    }
+
     #[test]
     fn a_hop_is_drawn_within_half_its_round_trip_and_differs_by_term() {
         let frames = ClockFrames::new(7, Duration::from_millis(10), Timestamp::from_unix_nanos(0));
