@@ -517,6 +517,12 @@ async fn a_new_leader_takes_a_late_message_of_a_boot_a_restore_superseded_for_an
         Some((15, vec![20], false)),
         "the late message of boot 20 ({late:?}) was taken for a restart"
     );
+    // An operator reads them in the status, on any node.
+    let status = http_get(nodes[&second].http_addr(), "/v1/status");
+    assert!(
+        status.contains("\"boots\":{\"boot\":15,\"retired\":[20],\"restored\":false}"),
+        "{status}"
+    );
     for (_, d) in nodes {
         d.shutdown().await.expect("stops");
     }

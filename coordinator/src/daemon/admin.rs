@@ -239,9 +239,23 @@ struct RegionStatus {
     /// The configuration version a leader last recorded it on (D64), on every node: a leader
     /// that has not heard the region counts it on this one.
     recorded_version: Option<u64>,
+    /// Its boots as a leader last replicated them (D78), on every node: absent before the
+    /// first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    boots: Option<BootsStatus>,
     /// As the leader last heard it (absent on a follower, or before the region syncs).
     #[serde(flatten)]
     heard: Option<HeardStatus>,
+}
+
+#[derive(Serialize)]
+struct BootsStatus {
+    /// The newest boot heard: a restart or a restore takes another.
+    boot: u64,
+    /// The boots it superseded, the latest last: a late message of one is old.
+    retired: Vec<u64>,
+    /// The newest boot was a declared restore not answered yet when recorded.
+    restored: bool,
 }
 
 #[derive(Serialize)]
@@ -388,6 +402,11 @@ fn raft_status(admin: &Admin) -> Status {
                 weight_ppm: member.weight_ppm,
                 removed: a.state.table().is_removed(r),
                 recorded_version: a.state.table().recorded_version(r),
+                boots: a.state.boots().get(r).map(|b| BootsStatus {
+                    boot: b.boots.boot,
+                    retired: b.boots.retired.clone(),
+                    restored: b.boots.restored,
+                }),
                 heard: None,
             })
             .collect();
