@@ -16,7 +16,7 @@ use allot_core::ids::RegionId;
 use allot_core::limit::{LimitSpec, RegionWeights, WEIGHT_SCALE_PPM};
 use allot_core::rebalance::{
     AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_PROPOSALS_PER_POLL,
-    RETIRED_BOOTS_KEPT, RegionBoots, RejectReason, TableCommand,
+    RETIRED_BOOTS_KEPT, RecordedBoots, RegionBoots, RejectReason, TableCommand,
 };
 use allot_core::sync::{ClockSample, ConfigFiles};
 use allot_core::time::Timestamp;
@@ -32,9 +32,6 @@ pub const MAX_REGIONS: usize = 64;
 /// Most table commands one round entry carries: one `poll_proposals` of the leader's
 /// rebalancer, which returns at most this many.
 pub const MAX_COMMANDS_PER_ROUND: usize = MAX_PROPOSALS_PER_POLL;
-
-/// Most retired boots one region's record carries: as many as a leader keeps.
-pub const MAX_RETIRED_BOOTS: usize = RETIRED_BOOTS_KEPT;
 
 /// Most nodes whose clocks one frame carries (a cluster has 3 to 5; learners too).
 pub const MAX_NODES: usize = 64;
@@ -87,18 +84,6 @@ pub enum ClusterCommand {
         leader_term: u64,
         boots: Vec<RegionBoots>,
     },
-}
-
-/// A region's boots as replicated: what the leader of `leader_term` heard, and whether the
-/// region's clock sample in the state (the last frame's) was taken of its newest boot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecordedBoots {
-    pub leader_term: u64,
-    pub boots: RegionBoots,
-    /// The last frame was recorded after these boots, and the boot was answered by then (a
-    /// restored boot's sample in a frame before its answer is of its boot before). A new
-    /// leader adopts any other sample as the region's boot before's.
-    pub sample_of_boot: bool,
 }
 
 /// Whose clock the recorded samples are on: the leader that recorded them, and its samples of
@@ -216,7 +201,7 @@ pub enum Refusal {
     #[error("boots of rebalancer term {term} are older than those recorded ({recorded})")]
     OlderBoots { term: u64, recorded: u64 },
     #[error(
-        "region {0}'s boots are not a leader's: boot 0, or more than {MAX_RETIRED_BOOTS} retired"
+        "region {0}'s boots are not a leader's: boot 0, or more than {RETIRED_BOOTS_KEPT} retired"
     )]
     BadBoots(RegionId),
 }
@@ -642,7 +627,7 @@ impl ClusterState {
         }
         self.clock_source = Some(frame.source);
         for (region, recorded) in &mut self.boots {
-            recorded.sample_of_boot = !recorded.boots.restored && self.clocks.contains_key(region);
+            recorded.framed(self.clocks.contains_key(region));
         }
         Ok(CommandOutcome::ClocksRecorded)
     }
@@ -664,30 +649,20 @@ impl ClusterState {
             if !self.regions.contains_key(&b.region) {
                 return Err(Refusal::UnknownRegion(b.region.clone()));
             }
-            if let Some(kept) = self.boots.get(&b.region)
-                && kept.leader_term > leader_term
-            {
+            let kept = self.boots.get(&b.region);
+            if !RecordedBoots::may_replace(kept, leader_term) {
                 return Err(Refusal::OlderBoots {
                     term: leader_term,
-                    recorded: kept.leader_term,
+                    recorded: kept.map_or(0, |k| k.leader_term),
                 });
             }
-            if b.boot == 0 || b.retired.len() > MAX_RETIRED_BOOTS {
+            if b.boot == 0 || b.retired.len() > RETIRED_BOOTS_KEPT {
                 return Err(Refusal::BadBoots(b.region.clone()));
             }
         }
         for b in boots {
-            let sample_of_boot = self.boots.get(&b.region).is_some_and(|kept| {
-                kept.sample_of_boot
-                    && kept.boots.boot == b.boot
-                    && kept.boots.restored == b.restored
-            });
             let region = b.region.clone();
-            let recorded = RecordedBoots {
-                leader_term,
-                boots: b,
-                sample_of_boot,
-            };
+            let recorded = RecordedBoots::after(self.boots.get(&region), leader_term, b);
             self.boots.insert(region, recorded);
         }
         Ok(CommandOutcome::BootsRecorded)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use allot_core::budget::timebase::MAX_CLOCK_DRIFT_PPM;
 use allot_core::ids::RegionId;
-use allot_core::rebalance::{Coordinator, RegionBoots, TableCommand};
+use allot_core::rebalance::{Coordinator, RecordedBoots, RegionBoots, TableCommand};
 use allot_core::sync::ClockSample;
 use allot_core::time::Timestamp;
 
@@ -43,16 +43,6 @@ pub enum Replicated {
     },
 }
 
-/// A region's boots as the log replicated them, as the daemon's state keeps them
-/// (`RecordedBoots`): the term that recorded them, and whether the last frame's sample of the
-/// region is of its newest boot.
-#[derive(Clone, Debug)]
-struct RecordedBoots {
-    leader_term: u64,
-    boots: RegionBoots,
-    sample_of_boot: bool,
-}
-
 /// A leader's side of the frames: the last one committed before it led (adopted before its
 /// first live input) and when it records its next.
 #[derive(Clone, Debug)]
@@ -74,6 +64,8 @@ pub struct ClockFrames {
     boots_adopted: bool,
     /// The boots this leader proposed last, per region: not proposed again before they commit.
     proposed_boots: BTreeMap<RegionId, RegionBoots>,
+    /// Boots to commit before the next answer (`note_boots`), taken by `take_boots`.
+    boots_due: Vec<Replicated>,
 }
 
 impl ClockFrames {
@@ -87,6 +79,7 @@ impl ClockFrames {
             recorded_boots: BTreeMap::new(),
             boots_adopted: false,
             proposed_boots: BTreeMap::new(),
+            boots_due: Vec::new(),
         }
     }
 
@@ -112,8 +105,7 @@ impl ClockFrames {
         // As the daemon's state applies a frame: a region's sample is of its newest boot when
         // the boot was answered by then.
         for (region, recorded) in &mut self.recorded_boots {
-            recorded.sample_of_boot =
-                !recorded.boots.restored && samples.iter().any(|(r, _, _)| r == region);
+            recorded.framed(samples.iter().any(|(r, _, _)| r == region));
         }
     }
 
@@ -121,17 +113,10 @@ impl ClockFrames {
     /// leader's are recorded already.
     pub fn boots_committed(&mut self, leader_term: u64, boots: &RegionBoots) {
         let kept = self.recorded_boots.get(&boots.region);
-        if kept.is_some_and(|k| k.leader_term > leader_term) {
+        if !RecordedBoots::may_replace(kept, leader_term) {
             return;
         }
-        let sample_of_boot = kept.is_some_and(|k| {
-            k.sample_of_boot && k.boots.boot == boots.boot && k.boots.restored == boots.restored
-        });
-        let recorded = RecordedBoots {
-            leader_term,
-            boots: boots.clone(),
-            sample_of_boot,
-        };
+        let recorded = RecordedBoots::after(kept, leader_term, boots.clone());
         self.recorded_boots.insert(boots.region.clone(), recorded);
     }
 
@@ -152,27 +137,29 @@ impl ClockFrames {
         }
     }
 
-    /// The boots to commit before the next answer: every region's the leader knows that differ
-    /// from what the log holds (as the daemon's leader records them before it answers).
-    pub fn poll_boots(&mut self, coordinator: &Coordinator) -> Vec<Replicated> {
-        let mut out = Vec::new();
-        for region in coordinator.table().regions() {
-            let Some(boots) = coordinator.region_boots(region) else {
-                continue;
-            };
-            let same = |b: Option<&RegionBoots>| b.is_some_and(|b| b.same_boots(&boots));
-            if same(self.recorded_boots.get(region).map(|r| &r.boots))
-                || same(self.proposed_boots.get(region))
-            {
-                continue;
-            }
-            self.proposed_boots.insert(region.clone(), boots.clone());
-            out.push(Replicated::Boots {
-                leader_term: coordinator.leader_term(),
-                boots,
-            });
+    /// After a SyncUp of `region` was taken: its boots are to be committed before the answer
+    /// when the SyncUp changed them from what the log holds (as the daemon's leader records
+    /// them before it answers).
+    pub fn note_boots(&mut self, coordinator: &Coordinator, region: &RegionId) {
+        let Some(boots) = coordinator.region_boots(region) else {
+            return;
+        };
+        let same = |b: Option<&RegionBoots>| b == Some(&boots);
+        if same(self.recorded_boots.get(region).map(|r| &r.boots))
+            || same(self.proposed_boots.get(region))
+        {
+            return;
         }
-        out
+        self.proposed_boots.insert(region.clone(), boots.clone());
+        self.boots_due.push(Replicated::Boots {
+            leader_term: coordinator.leader_term(),
+            boots,
+        });
+    }
+
+    /// The boots `note_boots` found due, to propose now.
+    pub fn take_boots(&mut self) -> Vec<Replicated> {
+        std::mem::take(&mut self.boots_due)
     }
 
     /// The frame to record now, if one is due: every `clock_frame_interval` of the
@@ -283,8 +270,9 @@ mod tests {
             Some(3),
             "boot 103 is retired"
         );
+        frames.note_boots(&c, &a);
         assert!(
-            frames.poll_boots(&c).is_empty(),
+            frames.take_boots().is_empty(),
             "nothing changed: nothing to commit"
         );
     }

@@ -966,10 +966,17 @@ impl CoordinatorNode for CoreCoordinator {
 
     fn handle_sync_up(&mut self, now: Timestamp, msg: SyncUp) -> bool {
         self.frames.adopt(now, &mut self.coordinator);
+        let region = msg.region.clone();
         // Only the scenario's regions exist, and the table knows them all; it refuses the
         // ones an operator removed.
         match self.coordinator.handle_sync_up(now, msg) {
-            Ok(()) => true,
+            Ok(()) => {
+                // Only a rebalancing leader proposes anything (its static baseline never does).
+                if self.active {
+                    self.frames.note_boots(&self.coordinator, &region);
+                }
+                true
+            }
             Err(allot_core::Error::RegionRemoved(_)) => false,
             Err(e) => {
                 debug_assert!(false, "a sync the deployment never sends: {e}");
@@ -1000,7 +1007,7 @@ impl CoordinatorNode for CoreCoordinator {
             .map(Replicated::Table)
             .collect();
         if self.active {
-            out.extend(self.frames.poll_boots(&self.coordinator));
+            out.extend(self.frames.take_boots());
             out.extend(self.frames.poll(now, &self.coordinator));
         }
         out

@@ -607,7 +607,7 @@ impl Leader {
         };
         let replicated = self
             .state
-            .read(|a| (a.state.boots().get(region)).is_some_and(|r| r.boots.same_boots(&boots)));
+            .read(|a| (a.state.boots().get(region)).is_some_and(|r| r.boots == boots));
         if replicated {
             return Ok(());
         }

@@ -30,7 +30,7 @@ mod tests;
 pub use bound::{Bound, BoundInputs, BoundTerm, OlderTerms, RegionBoundStats, bound};
 pub use coordinator::{
     CLOCK_FRAME_INTERVAL, Coordinator, CoordinatorConfig, MAX_PROPOSALS_PER_POLL,
-    RELEASE_HANDOFF_SYNC_INTERVALS, RegionBoots,
+    RELEASE_HANDOFF_SYNC_INTERVALS, RecordedBoots, RegionBoots,
 };
 pub use table::{
     AllowanceRow, AllowanceTable, AllowanceTableV1, AllowanceTableV2, ApplyOutcome, MAX_TABLE_ROWS,

@@ -29,10 +29,42 @@ pub struct RegionBoots {
     pub restored: bool,
 }
 
-impl RegionBoots {
-    /// Whether `self` and `other` say the same of the region's boots.
-    pub fn same_boots(&self, other: &RegionBoots) -> bool {
-        self.boot == other.boot && self.retired == other.retired && self.restored == other.restored
+/// A region's boots as the log replicated them (the coordinator's state keeps them, and the
+/// simulator's log the same way): the leader term that recorded them, and whether the region's
+/// clock sample of the last frame was taken of the newest boot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedBoots {
+    pub leader_term: u64,
+    pub boots: RegionBoots,
+    /// The last frame was recorded after these boots, and the boot was answered by then (a
+    /// restored boot's sample in a frame before its answer is of its boot before). A new
+    /// leader adopts any other sample as the region's boot before's.
+    pub sample_of_boot: bool,
+}
+
+impl RecordedBoots {
+    /// Whether boots of the leader of `leader_term` may replace `kept`: not when a later
+    /// leader recorded those (a deposed leader's entry, committed late).
+    pub fn may_replace(kept: Option<&RecordedBoots>, leader_term: u64) -> bool {
+        kept.is_none_or(|k| k.leader_term <= leader_term)
+    }
+
+    /// `boots` recorded over `kept`: the sample stays of the newest boot only while the boot,
+    /// and whether it was restored, are unchanged.
+    pub fn after(kept: Option<&RecordedBoots>, leader_term: u64, boots: RegionBoots) -> Self {
+        let sample_of_boot = kept.is_some_and(|k| {
+            k.sample_of_boot && k.boots.boot == boots.boot && k.boots.restored == boots.restored
+        });
+        RecordedBoots {
+            leader_term,
+            boots,
+            sample_of_boot,
+        }
+    }
+
+    /// A clock frame was recorded, holding a sample of the region or not.
+    pub fn framed(&mut self, holds_sample: bool) {
+        self.sample_of_boot = !self.boots.restored && holds_sample;
     }
 }
 

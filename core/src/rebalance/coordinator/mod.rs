@@ -43,7 +43,7 @@ mod ingest;
 mod propose;
 mod schedule;
 
-pub use boots::RegionBoots;
+pub use boots::{RecordedBoots, RegionBoots};
 use schedule::Schedule;
 pub use schedule::{MAX_REPLAN_INTERVAL, REPLAN_DRIFT_PPM};
 
