@@ -116,25 +116,13 @@ fn sync_up(region: &str) -> allot_proto::sync::v1::SyncUp {
         window: Window::new(Duration::from_secs(86_400)).index(now),
     };
     sync_up_to_wire(SyncUp {
-        region: RegionId::from(region),
-        boot: 1,
-        seq: 1,
-        sent_at: now,
-        config_version: 1,
         entries: vec![CounterEntry {
             counter,
             region: RegionId::from(region),
             granted_units: 0,
             refunded_units: 0,
         }],
-        demand: Vec::new(),
-        release_acks: Vec::new(),
-        clock: None,
-        clock_leader_term: 0,
-        stats: Vec::new(),
-        view_expired: false,
-        restored: false,
-        clock_guard: None,
+        ..SyncUp::new(RegionId::from(region), 1, 1, now, 1)
     })
 }
 

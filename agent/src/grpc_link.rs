@@ -510,22 +510,13 @@ mod tests {
     use super::*;
 
     fn up(seq: u64) -> SyncUp {
-        SyncUp {
-            region: RegionId::from("eu"),
-            boot: 1,
+        SyncUp::new(
+            RegionId::from("eu"),
+            1,
             seq,
-            sent_at: Timestamp::from_unix_nanos(seq),
-            config_version: 1,
-            entries: Vec::new(),
-            demand: Vec::new(),
-            release_acks: Vec::new(),
-            clock: None,
-            clock_leader_term: 0,
-            stats: Vec::new(),
-            view_expired: false,
-            restored: false,
-            clock_guard: None,
-        }
+            Timestamp::from_unix_nanos(seq),
+            1,
+        )
     }
 
     #[test]

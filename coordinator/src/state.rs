@@ -228,10 +228,12 @@ pub struct ClusterState {
     boots: BTreeMap<RegionId, RecordedBoots>,
 }
 
-/// The snapshot layout before the regions' boots were kept (format 5): read, never written.
+/// The snapshot layouts of formats 5 and 4, which differ only in their table's: read, never
+/// written. Format 5 is the layout before the regions' boots were kept; format 4 the one before
+/// the table recorded the regions' versions.
 #[derive(Deserialize)]
-pub(crate) struct ClusterStateV5 {
-    table: AllowanceTable,
+pub(crate) struct ClusterStateBeforeBoots<Table> {
+    table: Table,
     limits: Vec<LimitSpec>,
     regions: BTreeMap<RegionId, RegionMember>,
     clocks: BTreeMap<RegionId, RegionClock>,
@@ -239,41 +241,18 @@ pub(crate) struct ClusterStateV5 {
     clock_source: Option<ClockSource>,
 }
 
-impl From<ClusterStateV5> for ClusterState {
-    fn from(v5: ClusterStateV5) -> Self {
-        ClusterState {
-            table: v5.table,
-            limits: v5.limits,
-            regions: v5.regions,
-            clocks: v5.clocks,
-            config_files: v5.config_files,
-            clock_source: v5.clock_source,
-            boots: BTreeMap::new(),
-        }
-    }
-}
+pub(crate) type ClusterStateV5 = ClusterStateBeforeBoots<AllowanceTable>;
+pub(crate) type ClusterStateV4 = ClusterStateBeforeBoots<AllowanceTableV2>;
 
-/// The snapshot layout before the table recorded the regions' versions (format 4): read,
-/// never written.
-#[derive(Deserialize)]
-pub(crate) struct ClusterStateV4 {
-    table: AllowanceTableV2,
-    limits: Vec<LimitSpec>,
-    regions: BTreeMap<RegionId, RegionMember>,
-    clocks: BTreeMap<RegionId, RegionClock>,
-    config_files: Option<ConfigFiles>,
-    clock_source: Option<ClockSource>,
-}
-
-impl From<ClusterStateV4> for ClusterState {
-    fn from(v4: ClusterStateV4) -> Self {
+impl<Table: Into<AllowanceTable>> From<ClusterStateBeforeBoots<Table>> for ClusterState {
+    fn from(old: ClusterStateBeforeBoots<Table>) -> Self {
         ClusterState {
-            table: v4.table.into(),
-            limits: v4.limits,
-            regions: v4.regions,
-            clocks: v4.clocks,
-            config_files: v4.config_files,
-            clock_source: v4.clock_source,
+            table: old.table.into(),
+            limits: old.limits,
+            regions: old.regions,
+            clocks: old.clocks,
+            config_files: old.config_files,
+            clock_source: old.clock_source,
             boots: BTreeMap::new(),
         }
     }

@@ -268,6 +268,29 @@ pub struct SyncUp {
     pub clock_guard: Option<ClockGuard>,
 }
 
+impl SyncUp {
+    /// A SyncUp that carries nothing: no entries, demand, acks, statistics or clock sample,
+    /// not restored, its view not expired. Fill in the rest with `..SyncUp::new(..)`.
+    pub fn new(region: RegionId, boot: u64, seq: u64, sent_at: Timestamp, version: u64) -> Self {
+        SyncUp {
+            region,
+            boot,
+            restored: false,
+            seq,
+            sent_at,
+            config_version: version,
+            entries: Vec::new(),
+            demand: Vec::new(),
+            release_acks: Vec::new(),
+            clock: None,
+            clock_leader_term: 0,
+            stats: Vec::new(),
+            view_expired: false,
+            clock_guard: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncDown {
     /// The `seq` of the `SyncUp` this answers; the agent ages everything in this message from

@@ -248,22 +248,7 @@ mod tests {
         frames.adopt(now, &mut c);
         let a = RegionId::from("a");
         assert_eq!(c.region_boots(&a), Some(boots(3, true)));
-        let late = allot_core::sync::SyncUp {
-            region: a.clone(),
-            boot: 103,
-            restored: false,
-            seq: 9,
-            sent_at: now,
-            config_version: 1,
-            entries: Vec::new(),
-            demand: Vec::new(),
-            release_acks: Vec::new(),
-            clock: None,
-            clock_leader_term: 0,
-            stats: Vec::new(),
-            view_expired: false,
-            clock_guard: None,
-        };
+        let late = allot_core::sync::SyncUp::new(a.clone(), 103, 9, now, 1);
         c.handle_sync_up(now, late).unwrap();
         assert_eq!(
             c.region_boots(&a).map(|b| b.boot),

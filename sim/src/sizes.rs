@@ -85,20 +85,8 @@ mod tests {
             refunded_units: 0,
         };
         SyncUp {
-            region: RegionId::from("eu"),
-            boot: 1,
-            restored: false,
-            seq: 1,
-            sent_at: Timestamp::ZERO,
-            config_version: 1,
             entries: vec![e; entries],
-            demand: Vec::new(),
-            release_acks: Vec::new(),
-            clock: None,
-            clock_leader_term: 0,
-            stats: Vec::new(),
-            view_expired: false,
-            clock_guard: None,
+            ..SyncUp::new(RegionId::from("eu"), 1, 1, Timestamp::ZERO, 1)
         }
     }
 

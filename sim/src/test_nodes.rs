@@ -188,20 +188,8 @@ impl RegionNode for TestRegion {
         self.next_sync_at = now + self.sync_interval;
         self.seq += 1;
         Some(SyncUp {
-            region: self.region.clone(),
-            boot: 1,
-            restored: false,
-            seq: self.seq,
-            sent_at: now,
-            config_version: 1,
             entries: self.entries(),
-            demand: Vec::new(),
-            release_acks: Vec::new(),
-            clock: None,
-            clock_leader_term: 0,
-            stats: Vec::new(),
-            view_expired: false,
-            clock_guard: None,
+            ..SyncUp::new(self.region.clone(), 1, self.seq, now, 1)
         })
     }
 

@@ -2660,12 +2660,6 @@ fn a_restart_from_an_old_copy_of_the_state_gets_every_grant_again() {
 /// A SyncUp from `region` with one entry of `granted` units per counter.
 fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> SyncUp {
     SyncUp {
-        region: RegionId::from(region),
-        boot: 1,
-        restored: false,
-        seq,
-        sent_at: at_ms(0),
-        config_version: 1,
         entries: counters
             .iter()
             .map(|c| CounterEntry {
@@ -2675,13 +2669,7 @@ fn up_with(region: &str, seq: u64, counters: &[CounterRef], granted: u64) -> Syn
                 refunded_units: 0,
             })
             .collect(),
-        demand: Vec::new(),
-        release_acks: Vec::new(),
-        clock: None,
-        clock_leader_term: 0,
-        stats: Vec::new(),
-        view_expired: false,
-        clock_guard: None,
+        ..SyncUp::new(RegionId::from(region), 1, seq, at_ms(0), 1)
     }
 }
 
