@@ -9,10 +9,11 @@
 //!
 //! Leases. Each token bucket shape sent is backed by one lease of the bucket's key, topped up
 //! as later assignments repeat the shape and extend its life (Envoy keeps its bucket then).
-//! Reported usage is charged to the held leases oldest first. A lease is ended one report
-//! after a newer assignment replaced it, so the usage Envoy admitted under it while the new
-//! assignment was on its way has been reported and is charged to it; whatever a lease did not
-//! use goes back to the region, and usage above it is settled as overage.
+//! Reported usage is charged to the held leases oldest first. A lease is ended at the first
+//! report [`SUPERSEDED_SETTLE`] or more after a newer assignment replaced it, so the usage
+//! Envoy admitted under it while the new assignment was on its way has been reported and is
+//! charged to it; whatever a lease did not use goes back to the region, and usage above it is
+//! settled as overage.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -27,9 +28,18 @@ use crate::settings::{MAX_DOMAIN_BYTES, MAX_ENTRIES_PER_DESCRIPTOR, MAX_ENTRY_BY
 
 /// The bucket id entry that names the domain.
 pub const DOMAIN_ENTRY: &str = "domain";
-/// Most leases one bucket holds: the one behind the assignment in force, the one it replaced
-/// (ended at the next report) and one more while a report is late.
+/// Most leases one bucket holds: the one behind the assignment in force and those replaced
+/// within the last [`SUPERSEDED_SETTLE`], at most one per `MIN_REASSIGN_GAP` (500 ms).
 pub const MAX_LEASES_PER_BUCKET: usize = 3;
+
+/// How long after a newer assignment was sent the lease it replaced is ended: the new
+/// assignment's way to Envoy and the way back of the report that tells what Envoy admitted
+/// under the old one until it arrived. The same second as the TTL's margin before a lease's
+/// expiry (`Session::ttl_for`). Ended at the next report instead, a lease whose replacement
+/// was still travelling gave back units Envoy went on spending: with reports every 500 ms and
+/// answers 900 ms on their way, a key admitted 1 or 2 units past its quota
+/// (tests/rlqs_envoy_model.rs).
+pub const SUPERSEDED_SETTLE: Duration = Duration::from_secs(1);
 
 /// A bucket id in canonical (sorted) form: the stream's key for the bucket.
 pub type BucketKey = BTreeMap<String, String>;
@@ -104,8 +114,9 @@ pub struct Held {
     pub used_units: u64,
     /// Usage charged to it when it was granted (reported before its assignment existed).
     pub pre_used_units: u64,
-    /// A newer assignment replaced the one it backs: it ends at the next report.
-    pub superseded: bool,
+    /// When a newer assignment replaced the one it backs: it ends at the first report
+    /// [`SUPERSEDED_SETTLE`] or more later.
+    pub superseded_at: Option<Timestamp>,
     pub expires_at: Timestamp,
     /// The token bucket it backs, and when that shape was first sent.
     pub shape: Shape,
@@ -314,24 +325,28 @@ impl Bucket {
         Some((since, std::mem::take(&mut self.unbacked_units)))
     }
 
-    /// Takes out the leases a newer assignment replaced at an earlier report: their usage has
-    /// been reported since.
-    pub fn take_superseded(&mut self) -> Vec<Held> {
-        let (done, kept): (Vec<Held>, Vec<Held>) =
-            self.leases.drain(..).partition(|h| h.superseded);
+    /// Takes out the leases a newer assignment replaced [`SUPERSEDED_SETTLE`] or more before
+    /// `now`: their usage has been reported since.
+    pub fn take_superseded(&mut self, now: Timestamp) -> Vec<Held> {
+        let settled = |h: &Held| {
+            h.superseded_at
+                .is_some_and(|at| at.saturating_add(SUPERSEDED_SETTLE) <= now)
+        };
+        let (done, kept): (Vec<Held>, Vec<Held>) = self.leases.drain(..).partition(settled);
         self.leases = kept.into();
         done
     }
 
     /// The lease behind the assignment in force, if any.
     pub fn current_mut(&mut self) -> Option<&mut Held> {
-        self.leases.back_mut().filter(|h| !h.superseded)
+        self.leases.back_mut().filter(|h| h.superseded_at.is_none())
     }
 
-    /// The assignment in force is being replaced: its lease ends at the next report.
-    pub fn supersede_current(&mut self) {
+    /// The assignment in force is being replaced at `now`: its lease ends at the first report
+    /// [`SUPERSEDED_SETTLE`] or more later.
+    pub fn supersede_current(&mut self, now: Timestamp) {
         if let Some(h) = self.current_mut() {
-            h.superseded = true;
+            h.superseded_at = Some(now);
         }
     }
 
@@ -340,10 +355,10 @@ impl Bucket {
         self.leases.drain(..).collect()
     }
 
-    /// A new lease behind the assignment about to be sent (the one in force is replaced);
-    /// unbacked usage is charged to it.
-    pub fn push(&mut self, lease: NewLease) {
-        self.supersede_current();
+    /// A new lease behind the assignment about to be sent at `now` (the one in force is
+    /// replaced); unbacked usage is charged to it.
+    pub fn push(&mut self, lease: NewLease, now: Timestamp) {
+        self.supersede_current(now);
         let used_units = std::mem::take(&mut self.unbacked_units);
         self.unbacked_since = None;
         self.leases.push_back(Held {
@@ -351,7 +366,7 @@ impl Bucket {
             units: lease.units,
             used_units,
             pre_used_units: used_units,
-            superseded: false,
+            superseded_at: None,
             expires_at: lease.expires_at,
             shape: lease.shape,
             shape_from: lease.shape_from,
@@ -416,6 +431,38 @@ mod tests {
         assert!(parse("d", Some(&id(&many))).is_err());
     }
 
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_unix_millis(ms)
+    }
+
+    /// A replaced lease is not ended at a report sooner than `SUPERSEDED_SETTLE` after its
+    /// replacement was sent: Envoy may still be admitting under it, the replacement on its
+    /// way, and that usage is reported only by a later report. Ended at the first report
+    /// after the margin, with what it did not use.
+    #[test]
+    fn a_replaced_lease_ends_only_once_its_replacement_has_had_time_to_arrive() {
+        let mut b = bucket();
+        b.push(lease(1, 10), at(0));
+        b.charge(4, at(200));
+        b.push(lease(2, 10), at(500));
+        assert!(
+            b.take_superseded(at(1_000)).is_empty(),
+            "a report 500 ms later"
+        );
+        assert!(b.take_superseded(at(1_499)).is_empty(), "999 ms later");
+        // Envoy admitted 3 more under lease 1 before the new assignment reached it.
+        b.charge(3, at(1_499));
+        let done = b.take_superseded(at(1_500));
+        assert_eq!(
+            done.iter().map(Held::ending).collect::<Vec<_>>(),
+            vec![Ending::Release {
+                lease: LeaseId(1),
+                unused_units: 3
+            }]
+        );
+        assert_eq!(b.current_mut().map(|h| h.lease), Some(LeaseId(2)));
+    }
+
     fn bucket() -> Bucket {
         let mut b = Bucket::new(Target::default(), tokio::time::Instant::now());
         b.assigned = Assigned::Rule(LimitId::new("r"));
@@ -441,12 +488,16 @@ mod tests {
         let mut b = bucket();
         b.charge(2, Timestamp::from_unix_millis(0));
         assert_eq!(b.unbacked_units, 2, "no lease yet: waits for one");
-        b.push(lease(1, 10));
+        b.push(lease(1, 10), at(0));
         assert_eq!(b.leases[0].used_units, 2);
         assert_eq!(b.leases[0].pre_used_units, 2);
-        assert!(b.take_superseded().is_empty());
-        b.push(lease(2, 10));
-        assert!(b.leases[0].superseded, "replaced by the newer lease");
+        assert!(b.take_superseded(at(5_000)).is_empty());
+        b.push(lease(2, 10), at(5_000));
+        assert_eq!(
+            b.leases[0].superseded_at,
+            Some(at(5_000)),
+            "replaced by the newer lease"
+        );
         b.charge(12, Timestamp::from_unix_millis(0));
         assert_eq!(b.leases[0].used_units, 10);
         assert_eq!(b.leases[1].used_units, 4);
@@ -456,7 +507,7 @@ mod tests {
             b.leases[0].used_units, 24,
             "excess to the oldest, as overage"
         );
-        let done = b.take_superseded();
+        let done = b.take_superseded(at(6_000));
         assert_eq!(done.len(), 1);
         assert_eq!(
             done[0].ending(),
@@ -497,7 +548,7 @@ mod tests {
             vec![]
         );
         // A lease used past its units and expiring at the end of minute 1.
-        b.push(lease(1, 10));
+        b.push(lease(1, 10), at(100_000));
         b.leases[0].expires_at = Timestamp::from_unix_millis(120_000);
         b.charge(14, Timestamp::from_unix_millis(100_000));
         let end = Timestamp::from_unix_millis(120_000);
@@ -533,7 +584,7 @@ mod tests {
     #[test]
     fn a_lease_dropped_while_envoy_may_still_admit_keeps_a_full_bucket_charged() {
         let mut b = bucket();
-        b.push(lease(1, 100));
+        b.push(lease(1, 100), at(0));
         b.charge(30, Timestamp::from_unix_millis(0));
         // Shape of `lease`: burst 100, one token per second; 70 unused, all of which a full
         // bucket could still admit before the abandon arrives.

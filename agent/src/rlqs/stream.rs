@@ -402,7 +402,7 @@ impl Session {
         let timing = Timing::for_interval(demand.report_interval);
         let (target, done) = {
             let b = self.buckets.get_mut(key)?;
-            (b.target.clone(), b.take_superseded())
+            (b.target.clone(), b.take_superseded(self.agent.now()))
         };
         let limit = self.buckets.get(key).and_then(|b| b.counted_by().cloned());
         let mut returns = self.end_leases(done, false, limit.as_ref(), &target);
@@ -470,13 +470,16 @@ impl Session {
                     } else {
                         // A new window: the grant is a new lease; Envoy's bucket goes on,
                         // so the new lease covers it whole from now.
-                        b.push(NewLease {
-                            lease: grant.lease,
-                            units: grant.units,
-                            expires_at: grant.expires_at,
-                            shape: cur.shape,
-                            shape_from: now,
-                        });
+                        b.push(
+                            NewLease {
+                                lease: grant.lease,
+                                units: grant.units,
+                                expires_at: grant.expires_at,
+                                shape: cur.shape,
+                                shape_from: now,
+                            },
+                            now,
+                        );
                     }
                 }
                 Ok(Leased::Denied { .. }) => {}
@@ -564,11 +567,11 @@ impl Session {
                 // Allowed and not counted (the rule tracking as many keys as it may decides
                 // by its failure mode, as RLS does).
                 b.unbacked_units = 0;
-                b.supersede_current();
+                b.supersede_current(now);
                 (Assigned::Uncounted, blanket(BlanketRule::AllowAll, timing))
             }
             Leased::Degraded { rule, .. } | Leased::Denied { rule, .. } => {
-                b.supersede_current();
+                b.supersede_current(now);
                 (Assigned::Rule(rule.id.clone()), deny())
             }
             Leased::Granted { rule, grant } => {
@@ -584,13 +587,16 @@ impl Session {
                     None
                 } else {
                     let shape = policy::shape(demand, timing, available);
-                    b.push(NewLease {
-                        lease: grant.lease,
-                        units: grant.units,
-                        expires_at: grant.expires_at,
-                        shape,
-                        shape_from: now,
-                    });
+                    b.push(
+                        NewLease {
+                            lease: grant.lease,
+                            units: grant.units,
+                            expires_at: grant.expires_at,
+                            shape,
+                            shape_from: now,
+                        },
+                        now,
+                    );
                     let held = b.current_mut().copied()?;
                     match self.ttl_for(&held, now, timing) {
                         0 => None,
@@ -604,16 +610,19 @@ impl Session {
                 if action.is_none() && b.current_mut().is_none_or(|h| h.lease != grant.lease) {
                     // Everything granted went to usage already reported: keep it charged
                     // behind the deny, ended at the next report.
-                    b.push(NewLease {
-                        lease: grant.lease,
-                        units: grant.units,
-                        expires_at: grant.expires_at,
-                        shape: policy::shape(demand, timing, 1),
-                        shape_from: now,
-                    });
+                    b.push(
+                        NewLease {
+                            lease: grant.lease,
+                            units: grant.units,
+                            expires_at: grant.expires_at,
+                            shape: policy::shape(demand, timing, 1),
+                            shape_from: now,
+                        },
+                        now,
+                    );
                 }
                 if action.is_none() {
-                    b.supersede_current();
+                    b.supersede_current(now);
                 }
                 (Assigned::Rule(rule.id.clone()), action.unwrap_or_else(deny))
             }

@@ -24,6 +24,14 @@ impl MemoryStore {
         self.clone()
     }
 
+    /// A store of its own holding what this one holds now: a backup taken now, to restore
+    /// from later.
+    pub fn copy(&self) -> MemoryStore {
+        MemoryStore {
+            map: Arc::new(Mutex::new(self.map().clone())),
+        }
+    }
+
     fn map(&self) -> MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>> {
         // A panic while holding the lock cannot leave the map half-written in a way that
         // matters more than the panic itself: keep going with what is there.
