@@ -6,7 +6,8 @@
 //! Checked through Envoy's HTTP port: requests under the quota pass and over it get 429; two
 //! Envoys against one agent share one quota; an agent restart mid-run over-admits nothing
 //! beyond the stated term; a reload that removes the rule lifts the limit (the agent abandons
-//! the bucket).
+//! the bucket); what `ALLOW_ALL` admits of a bucket new while the agent is down, and how little
+//! of it Envoy reports.
 //!
 //! The term (docs/bound.md, "Gateway terms"): with `no_assignment_behavior: ALLOW_ALL`, each
 //! Envoy admits a bucket's requests that arrive before the bucket's first assignment. Every
@@ -342,6 +343,84 @@ fn idle_drops(agent: &AgentProcess) -> f64 {
         .find(|l| l.starts_with("allot_rlqs_buckets_dropped_total{reason=\"idle\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// A counter of the agent's metrics (0 before its first increment).
+fn counter(agent: &AgentProcess, name: &str) -> f64 {
+    let r = http_get(agent.http_addr(), "/metrics", &[]).unwrap();
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .find(|l| l.split([' ', '{']).next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// What `deploy/envoy/rlqs.yaml`'s `no_assignment_behavior: ALLOW_ALL` does while the agent is
+/// down, as Envoy 1.40 behaves (docs/rlqs.md, "What Envoy admits on its own"): a bucket first
+/// seen then is admitted from its first request, and Envoy drops the usage of each report that
+/// falls due while it cannot reach the agent; only what it collected since the last of them
+/// reaches the agent once it is back. That much is charged beyond the key's lease (a quota of
+/// 5) as `allot_rlqs_uncharged_units_total`, which makes the window unbounded (D51); the rest
+/// the agent never hears of.
+#[test]
+fn rlqs_a_bucket_new_while_the_agent_is_down_is_admitted_and_mostly_never_reported() {
+    let test = "rlqs_a_bucket_new_while_the_agent_is_down_is_admitted_and_mostly_never_reported";
+    let Some(envoy_bin) = envoy_or_skip(test) else {
+        return;
+    };
+    const QUOTA: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut agent = start_agent(&rt, QUOTA, dir.path());
+    let addrs = (agent.grpc_addr(), agent.http_addr());
+    let envoy = start_envoy(&envoy_bin, agent.grpc_addr(), &dir.path().join("envoy"));
+    open_bucket(&envoy, "k1");
+    assert!(agent.stop(), "the agent exits on SIGTERM");
+
+    // Longer than Envoy's reporting interval: reports fall due while the agent is down.
+    let down = traffic(&[&envoy], "k2", Duration::from_secs(12))[0];
+    let agent = rt
+        .block_on(AgentProcess::start_at(
+            &command(),
+            &limits_yaml(QUOTA),
+            DOMAIN,
+            dir.path(),
+            addrs,
+        ))
+        .unwrap();
+    // Envoy 1.40 reports every 5 s: wait for the reports after its stream is back to bring
+    // both buckets to the agent.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counter(&agent, "allot_rlqs_bucket_reports_total") < 4.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no reports of both buckets in 30 s\n{}",
+            agent.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(7));
+    let uncharged = counter(&agent, "allot_rlqs_uncharged_units_total");
+    let fallback = counter(&agent, "allot_rlqs_fallback_units_total");
+    let reported = uncharged + fallback + QUOTA as f64;
+    eprintln!(
+        "{test}: {down} admitted while down; about {reported} reported after (uncharged \
+         {uncharged}, fallback {fallback}, the lease {QUOTA})"
+    );
+    assert!(
+        down > 100,
+        "a new bucket is admitted from its first request"
+    );
+    assert!(
+        uncharged > 0.0,
+        "the last interval's usage reaches the agent"
+    );
+    assert!(
+        reported < down as f64,
+        "Envoy reported all it admitted while the agent was down: {reported} of {down}; the \
+         documentation says it drops the reports that fall due meanwhile\n{}",
+        agent.log_tail()
+    );
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! 1.40):
 //! - a new bucket's first request gets the `no_assignment_behavior` and is reported at once,
 //!   alone; every bucket is reported together each reporting interval, its counts reset and
-//!   `time_elapsed` in whole seconds; reports collected while the stream is down are dropped;
+//!   `time_elapsed` in whole seconds; a report that falls due while the stream is down is
+//!   dropped (as Envoy 1.40 was seen to do, tests/rlqs.rs);
 //! - a token bucket assignment starts full and refills continuously at `tokens_per_fill` per
 //!   `fill_interval`; an assignment of an identical token bucket (burst, fill, the interval's
 //!   nanos) keeps the bucket and its level, anything else replaces it;
