@@ -24,9 +24,10 @@
 //! Time is tokio's paused clock, moved in steps of [`STEP_MS`], with the agent's manual clock
 //! set to the same instant after each step: a world of four minutes runs in a fraction of a
 //! second. The faults drawn per world ([`WITHIN_MARGIN`]): one to four Envoys, one to three
-//! keys, quotas from 5 to 6,000 a minute, reporting intervals from 200 ms to 30 s, answers late
+//! keys or thirty, quotas from 5 to 6,000 a minute, reporting intervals from 200 ms to 30 s, answers late
 //! by up to 900 ms on their way to Envoy, Envoy's clock up to 2,000 ppm slow, demand from idle
-//! to 100 times the quota's pace changing every few seconds, streams broken, up to two reloads
+//! to 100 times the quota's pace changing every few seconds, streams broken, Envoys restarted
+//! (their buckets and assignments lost), up to two reloads
 //! to another quota, and the agent restarted, down for up to 6 s, from its store or from a
 //! backup up to 30 s old (a restored start).
 
@@ -77,6 +78,8 @@ struct World {
     run_ms: u64,
     /// When a stream breaks (Envoy reconnects at its next report), per Envoy.
     breaks_ms: Vec<Vec<u64>>,
+    /// When an Envoy restarts (its buckets and assignments gone), per Envoy.
+    envoy_restarts_ms: Vec<Vec<u64>>,
     /// The agent's restart: when it goes down, and for how long.
     restart: Option<(u64, u64)>,
     /// Whether it comes back from a backup of its store (a restored start, `--restored`),
@@ -128,14 +131,18 @@ impl World {
             })
             .collect::<Vec<_>>();
         let run_ms = 240_000;
-        let breaks_ms = envoys
-            .iter()
-            .map(|_| {
-                (0..rng.random_range(0..=3))
-                    .map(|_| rng.random_range(0..run_ms) / STEP_MS * STEP_MS)
-                    .collect()
-            })
-            .collect();
+        let mut times = |most: usize| -> Vec<Vec<u64>> {
+            envoys
+                .iter()
+                .map(|_| {
+                    (0..rng.random_range(0..=most))
+                        .map(|_| rng.random_range(0..run_ms) / STEP_MS * STEP_MS)
+                        .collect()
+                })
+                .collect()
+        };
+        let breaks_ms = times(3);
+        let envoy_restarts_ms = times(1);
         let restart = rng.random_bool(0.5).then(|| {
             (
                 rng.random_range(10_000..run_ms - 20_000) / STEP_MS * STEP_MS,
@@ -157,11 +164,12 @@ impl World {
             seed,
             reloads,
             quota_per_minute: pick(&mut rng, d.quota_per_minute),
-            keys: rng.random_range(1..=3),
+            keys: pick(&mut rng, &[1, 2, 3, 30]),
             envoys,
             start_offset_ms: rng.random_range(0..WINDOW_MS / STEP_MS) * STEP_MS,
             run_ms,
             breaks_ms,
+            envoy_restarts_ms,
             restart,
             restored_from_ms_before,
         }
@@ -399,6 +407,16 @@ impl Envoy {
         }
     }
 
+    /// Envoy restarts: its stream, buckets and assignments are gone, and its reporting
+    /// timer starts again with its next new bucket. It opens a new stream (Envoy does with
+    /// its first bucket).
+    fn restart(&mut self, agent: &AgentProcess) {
+        self.break_stream();
+        self.buckets.clear();
+        self.next_report_ms = None;
+        self.stream = agent.open_stream();
+    }
+
     /// The connection breaks: the stream and the answers on it are gone.
     fn break_stream(&mut self) {
         if let Some(s) = self.stream.take() {
@@ -591,6 +609,9 @@ async fn run(world: &World) -> Verdict {
             if world.breaks_ms[i].contains(&now_ms) {
                 e.break_stream();
             }
+            if world.envoy_restarts_ms[i].contains(&now_ms) {
+                e.restart(&agent);
+            }
             e.receive(now_ms);
             let before = e.in_flight.len();
             e.apply_due(now_ms);
@@ -679,7 +700,7 @@ fn run_worlds(seeds: std::ops::Range<u64>, d: &Draw) -> (Vec<(World, Vec<Over>)>
     (failing, admitted, quota_windows)
 }
 
-/// `ALLOT_RLQS_MODEL_SEEDS=A..B` runs those worlds instead of the first 40 (400 in the slow
+/// `ALLOT_RLQS_MODEL_SEEDS=A..B` runs those worlds instead of the first 40 (200 in the slow
 /// tier); a failing world prints its seed and draw.
 #[test]
 fn envoy_admits_no_more_than_the_quota_under_assignments_through_every_fault() {
@@ -690,7 +711,7 @@ fn envoy_admits_no_more_than_the_quota_under_assignments_through_every_fault() {
             let (a, b) = v.split_once("..").expect("ALLOT_RLQS_MODEL_SEEDS=A..B");
             a.parse().expect("a seed")..b.parse().expect("a seed")
         })
-        .unwrap_or(0..if slow { 400 } else { 40 });
+        .unwrap_or(0..if slow { 200 } else { 40 });
     let (failing, admitted, quota_windows) = run_worlds(seeds, &WITHIN_MARGIN);
     assert!(
         failing.is_empty(),

@@ -133,6 +133,18 @@ pub struct NewLease {
     pub shape_from: Timestamp,
 }
 
+/// What Envoy may have admitted under a lease that no report has told when the lease ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Untold {
+    /// Nothing: its usage has all been reported (a replaced lease, D79; a reload, whose
+    /// rule no longer counts).
+    Nothing,
+    /// What Envoy admits while the abandon travels, just after a report (an idle bucket).
+    InFlight,
+    /// Anything up to the whole lease: Envoy has not reported for several intervals.
+    Unknown,
+}
+
 /// How a held lease ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
@@ -164,6 +176,22 @@ impl Held {
     /// its window).
     pub fn in_window(&self) -> Timestamp {
         self.expires_at.saturating_sub(Duration::from_nanos(1))
+    }
+
+    /// How it ends, given what Envoy may have admitted under it untold: a lease whose usage
+    /// is unknown gives nothing back.
+    pub fn ending_with(&self, untold: Untold) -> Ending {
+        match untold {
+            Untold::Nothing => self.ending(),
+            Untold::InFlight => self.ending_in_flight(),
+            Untold::Unknown => match self.ending() {
+                Ending::Release { lease, .. } => Ending::Release {
+                    lease,
+                    unused_units: 0,
+                },
+                settle => settle,
+            },
+        }
     }
 
     pub fn ending(&self) -> Ending {
@@ -612,6 +640,38 @@ mod tests {
                 actual_units: 130
             },
             "a lease used beyond its units is settled as before"
+        );
+    }
+
+    /// A lease whose usage no report has told for several intervals gives nothing back: Envoy
+    /// may have spent all of it since. One used past its units is still settled.
+    #[test]
+    fn a_lease_whose_usage_is_unknown_gives_nothing_back() {
+        let mut b = bucket();
+        b.push(lease(1, 100), at(0));
+        b.charge(30, at(0));
+        let h = b.leases[0];
+        assert_eq!(
+            h.ending_with(Untold::Nothing),
+            Ending::Release {
+                lease: LeaseId(1),
+                unused_units: 70
+            }
+        );
+        assert_eq!(
+            h.ending_with(Untold::Unknown),
+            Ending::Release {
+                lease: LeaseId(1),
+                unused_units: 0
+            }
+        );
+        b.charge(100, at(0));
+        assert_eq!(
+            b.leases[0].ending_with(Untold::Unknown),
+            Ending::Settle {
+                lease: LeaseId(1),
+                actual_units: 130
+            }
         );
     }
 }

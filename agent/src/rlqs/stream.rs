@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
-use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease};
+use super::bucket::{self, Assigned, Bucket, BucketKey, Ending, Held, NewLease, Untold};
 use super::policy::{self, Demand, Shape, Timing};
 use super::{MAX_BUCKETS_PER_AGENT, MAX_BUCKETS_PER_STREAM, MAX_REPORTS_PER_MESSAGE, metrics};
 use crate::callers::{self, Caller};
@@ -405,7 +405,7 @@ impl Session {
             (b.target.clone(), b.take_superseded(self.agent.now()))
         };
         let limit = self.buckets.get(key).and_then(|b| b.counted_by().cloned());
-        let mut returns = self.end_leases(done, false, limit.as_ref(), &target);
+        let mut returns = self.end_leases(done, Untold::Nothing, limit.as_ref(), &target);
         let action = match self
             .extend(key, &target, demand, timing, &mut returns)
             .await
@@ -689,23 +689,18 @@ impl Session {
     /// Returns the leases for the next lease call to release (one call per bucket and
     /// report): what they did not use goes back. A lease used beyond its units is returned
     /// spent whole, and the usage beyond it is Envoy's fallback ([`Session::fallback`]).
-    /// `in_flight`: Envoy may still admit under them, unreported
-    /// ([`Held::ending_in_flight`]).
+    /// `untold`: what Envoy may have admitted under them that no report told
+    /// ([`Held::ending_with`]).
     fn end_leases(
         &self,
         done: Vec<Held>,
-        in_flight: bool,
+        untold: Untold,
         limit: Option<&LimitId>,
         target: &Target,
     ) -> Vec<LeaseReturn> {
         let mut returns = Vec::new();
         for h in done {
-            let ending = if in_flight {
-                h.ending_in_flight()
-            } else {
-                h.ending()
-            };
-            match ending {
+            match h.ending_with(untold) {
                 Ending::Release {
                     lease,
                     unused_units,
@@ -767,14 +762,23 @@ impl Session {
     async fn drop_bucket(&mut self, key: &BucketKey, why: WhyDropped) -> Option<BucketAction> {
         let mut b = self.buckets.remove(key)?;
         self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
-        let in_flight = why != WhyDropped::Reload;
+        // An unreported bucket's Envoy may have admitted under its assignments since its last
+        // report, up to the whole lease: none of it goes back. Refunded at the reported use
+        // less what a full bucket admits in flight, as an idle bucket's is, the rest was
+        // granted again while Envoy spent it (a bucket reported every 30 s, its assignment
+        // spent after the last report: 855 past a quota of 6,000, tests/rlqs_envoy_model.rs).
+        let untold = match why {
+            WhyDropped::Reload => Untold::Nothing,
+            WhyDropped::Idle => Untold::InFlight,
+            WhyDropped::Unreported => Untold::Unknown,
+        };
         let limit = b.counted_by().cloned();
         if let Some(limit) = &limit {
             // Usage still waiting for a lease will have none now.
             let since = b.unbacked_since.unwrap_or_else(|| self.agent.now());
             self.fallback(limit, &b.target, since, b.unbacked_units);
         }
-        let returns = self.end_leases(b.take_all(), in_flight, limit.as_ref(), &b.target);
+        let returns = self.end_leases(b.take_all(), untold, limit.as_ref(), &b.target);
         self.release_all(returns).await;
         metrics::assignment("abandon");
         metrics::dropped(why.name());
