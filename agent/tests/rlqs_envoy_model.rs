@@ -87,6 +87,8 @@ struct World {
     restored_from_ms_before: Option<u64>,
     /// Reloads of the limits file with another quota: when, and the new quota.
     reloads: Vec<(u64, u64)>,
+    /// Whether Envoy admits on its own, and the fallback the rule states if so.
+    fallback_units: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -105,6 +107,11 @@ struct Draw {
     report_every_ms: &'static [u64],
     answer_delay_max_ms: &'static [u64],
     quota_per_minute: &'static [u64],
+    /// Streams broken, Envoys and the agent restarted.
+    outages: bool,
+    /// Envoy's behaviours admit on their own (`ALLOW_ALL`, both), with the fallback stated
+    /// in the rule (`rlqs_fallback_units`) drawn from these; else both `DENY_ALL`.
+    fallback_units: Option<&'static [u64]>,
 }
 
 /// Every fault the bound is stated under: answers on their way for less than the margin the
@@ -114,6 +121,8 @@ const WITHIN_MARGIN: Draw = Draw {
     report_every_ms: &[200, 500, 1_000, 2_000, 5_000, 10_000, 30_000],
     answer_delay_max_ms: &[0, 300, 900],
     quota_per_minute: &[5, 40, 600, 6_000],
+    outages: true,
+    fallback_units: None,
 };
 
 fn pick<T: Copy>(rng: &mut ChaCha8Rng, from: &[T]) -> T {
@@ -141,9 +150,9 @@ impl World {
                 })
                 .collect()
         };
-        let breaks_ms = times(3);
-        let envoy_restarts_ms = times(1);
-        let restart = rng.random_bool(0.5).then(|| {
+        let breaks_ms = times(if d.outages { 3 } else { 0 });
+        let envoy_restarts_ms = times(if d.outages { 1 } else { 0 });
+        let restart = (d.outages && rng.random_bool(0.5)).then(|| {
             (
                 rng.random_range(10_000..run_ms - 20_000) / STEP_MS * STEP_MS,
                 rng.random_range(0..=600) * STEP_MS,
@@ -160,8 +169,10 @@ impl World {
                 )
             })
             .collect();
+        let fallback_units = d.fallback_units.map(|f| pick(&mut rng, f));
         World {
             seed,
+            fallback_units,
             reloads,
             quota_per_minute: pick(&mut rng, d.quota_per_minute),
             keys: pick(&mut rng, &[1, 2, 3, 30]),
@@ -174,6 +185,16 @@ impl World {
             restored_from_ms_before,
         }
     }
+}
+
+/// What became of one request at Envoy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admitted {
+    No,
+    /// Under an assignment.
+    Assigned,
+    /// By Envoy's fallback behaviour, with no assignment in force.
+    OnItsOwn,
 }
 
 /// What Envoy holds for one bucket.
@@ -211,11 +232,15 @@ impl Held {
         }
     }
 
-    fn admit(&mut self, now_ms: u64) -> bool {
+    /// What becomes of a request: with nothing held, Envoy admits it on its own when its
+    /// behaviours allow (`fallback`).
+    fn admit(&mut self, now_ms: u64, fallback: bool) -> Admitted {
         self.expire(now_ms);
         match self {
-            Held::Nothing => false,
-            Held::Blanket { allow, .. } => *allow,
+            Held::Nothing if fallback => Admitted::OnItsOwn,
+            Held::Nothing => Admitted::No,
+            Held::Blanket { allow: true, .. } => Admitted::Assigned,
+            Held::Blanket { allow: false, .. } => Admitted::No,
             Held::Tokens {
                 max,
                 per_sec,
@@ -228,9 +253,9 @@ impl Held {
                 *at_ms = now_ms;
                 if *level >= 1.0 {
                     *level -= 1.0;
-                    true
+                    Admitted::Assigned
                 } else {
-                    false
+                    Admitted::No
                 }
             }
         }
@@ -261,6 +286,8 @@ struct Envoy {
     next_report_ms: Option<u64>,
     /// Each key's requests per second now.
     rates: Vec<f64>,
+    /// Whether it admits on its own while it holds no assignment (`ALLOW_ALL`).
+    fallback: bool,
     rng: ChaCha8Rng,
 }
 
@@ -345,22 +372,22 @@ impl Envoy {
     }
 
     /// One request of `key` at `now_ms`: admitted or not.
-    fn request(&mut self, key: &str, now_ms: u64) -> bool {
+    fn request(&mut self, key: &str, now_ms: u64) -> Admitted {
         if let Some(b) = self.buckets.get_mut(key) {
-            let admitted = b.held.admit(now_ms);
-            if admitted {
+            let admitted = b.held.admit(now_ms, self.fallback);
+            if admitted != Admitted::No {
                 b.allowed += 1;
             } else {
                 b.denied += 1;
             }
             return admitted;
         }
-        // A new bucket: its default action (deny), reported at once on its own; the first
-        // bucket starts the reporting timer.
+        // A new bucket: its default action, reported at once on its own; the first bucket
+        // starts the reporting timer.
         let mut b = EnvoyBucket {
             held: Held::Nothing,
-            allowed: 0,
-            denied: 1,
+            allowed: u64::from(self.fallback),
+            denied: u64::from(!self.fallback),
             last_report_ms: now_ms,
         };
         let first = usage(key, &mut b, now_ms);
@@ -368,7 +395,11 @@ impl Envoy {
         self.next_report_ms
             .get_or_insert(now_ms + self.spec.report_every_ms);
         self.send(vec![first]);
-        false
+        if self.fallback {
+            Admitted::OnItsOwn
+        } else {
+            Admitted::No
+        }
     }
 
     /// The reporting timer: every bucket's usage, over the stream (reopened if it is down
@@ -520,6 +551,8 @@ struct Verdict {
     /// The largest quota in force at any time of each window (a reload may change it
     /// inside one: what was counted before stays counted).
     quota: BTreeMap<u64, u64>,
+    /// Of those, admitted by Envoy's fallback behaviour.
+    on_its_own: BTreeMap<(usize, u64), u64>,
     requests: u64,
     answers_applied: u64,
 }
@@ -537,12 +570,12 @@ impl Verdict {
     }
 }
 
-fn limits_file(dir: &std::path::Path, quota_per_minute: u64) -> PathBuf {
+fn limits_file(dir: &std::path::Path, quota_per_minute: u64, fallback_units: u64) -> PathBuf {
     let file = dir.join("limits.yaml");
     std::fs::write(
         &file,
         format!(
-            "domain: {DOMAIN}\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: minute, requests_per_unit: {quota_per_minute}}}\n"
+            "domain: {DOMAIN}\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: minute, requests_per_unit: {quota_per_minute}}}\n    allot: {{rlqs_fallback_units: {fallback_units}}}\n"
         ),
     )
     .expect("limits file");
@@ -554,7 +587,12 @@ async fn run(world: &World) -> Verdict {
     let start_ms = EPOCH_MS + world.start_offset_ms;
     let (clock, cell) = Clock::manual(Timestamp::from_unix_nanos(start_ms * 1_000_000));
     let mut settings = Settings::new(RegionId::from("r"), PathBuf::from("unused"));
-    settings.config_files = vec![limits_file(dir.path(), world.quota_per_minute)];
+    let fallback_units = world.fallback_units.unwrap_or(0);
+    settings.config_files = vec![limits_file(
+        dir.path(),
+        world.quota_per_minute,
+        fallback_units,
+    )];
     settings.jitter_seed = Some(world.seed);
     settings.clock = clock;
     let mut agent = AgentProcess {
@@ -576,6 +614,7 @@ async fn run(world: &World) -> Verdict {
             in_flight: VecDeque::new(),
             next_report_ms: None,
             rates: vec![0.0; world.keys],
+            fallback: world.fallback_units.is_some(),
             rng: ChaCha8Rng::seed_from_u64(world.seed ^ (i as u64 + 1) << 32),
         })
         .collect();
@@ -593,7 +632,7 @@ async fn run(world: &World) -> Verdict {
         restart_if_due(world, &mut agent, &mut envoys, now_ms);
         for &(_, q) in world.reloads.iter().filter(|(at, _)| *at == now_ms) {
             quota = q;
-            limits_file(dir.path(), q);
+            limits_file(dir.path(), q, fallback_units);
             if let Some((a, _, _)) = &agent.up {
                 assert!(a.reload("the model's reload").await, "the reload loads");
             }
@@ -622,7 +661,14 @@ async fn run(world: &World) -> Verdict {
             for k in 0..world.keys {
                 for _ in 0..e.arrivals(k) {
                     verdict.requests += 1;
-                    if e.request(&format!("key-{k}"), now_ms) {
+                    let admitted = e.request(&format!("key-{k}"), now_ms);
+                    if admitted == Admitted::OnItsOwn {
+                        *verdict
+                            .on_its_own
+                            .entry((k, wall_ms / WINDOW_MS))
+                            .or_default() += 1;
+                    }
+                    if admitted != Admitted::No {
                         *verdict
                             .admitted
                             .entry((k, wall_ms / WINDOW_MS))
@@ -636,9 +682,16 @@ async fn run(world: &World) -> Verdict {
             }
         }
     }
+    // Envoys stop: each reports what it has not yet, then its stream ends (the agent
+    // charges what it was told beyond every lease as it forgets the buckets).
+    for e in &mut envoys {
+        e.report(now_ms, &agent);
+    }
+    tokio::time::sleep(Duration::from_millis(STEP_MS)).await;
     for e in &mut envoys {
         e.break_stream();
     }
+    tokio::time::sleep(Duration::from_millis(STEP_MS)).await;
     verdict
 }
 
@@ -736,4 +789,74 @@ fn answers_later_than_the_margin_can_admit_past_the_quota() {
     };
     let (failing, _, _) = run_worlds(0..40, &LATE);
     assert!(!failing.is_empty(), "no world of 40 overshot");
+}
+
+/// Envoy admitting on its own (`ALLOW_ALL` with no assignment and on expiry), no outage: every
+/// unit admitted past the quota in a window is reported and charged to the stated fallback
+/// (`allot_rlqs_fallback_units_total`) or as charged nowhere
+/// (`allot_rlqs_uncharged_units_total`, the window stated unbounded, D51); and in a world
+/// where nothing was charged nowhere, no window admitted more than the quota plus the stated
+/// fallback (one region). Drawn: `rlqs_fallback_units` of 0, 20 or 500.
+#[test]
+fn envoys_own_admissions_are_charged_to_the_fallback_or_unbound_the_window() {
+    const FALLBACK: Draw = Draw {
+        outages: false,
+        fallback_units: Some(&[0, 20, 500]),
+        ..WITHIN_MARGIN
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let (mut beyond_all, mut on_its_own, mut finite_worlds) = (0, 0, 0);
+    for seed in 0..40 {
+        let world = World::draw(seed, &FALLBACK);
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // The runtime runs every task on this thread: the sessions' metrics come here.
+        let verdict = metrics::with_local_recorder(&recorder, || runtime.block_on(run(&world)));
+        let rendered = handle.render();
+        let charged = |name: &str| -> u64 {
+            rendered
+                .lines()
+                .filter(|l| l.split([' ', '{']).next() == Some(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        let fallback = charged("allot_rlqs_fallback_units_total");
+        let uncharged = charged("allot_rlqs_uncharged_units_total");
+        let beyond: u64 = verdict
+            .admitted
+            .iter()
+            .map(|((_, w), n)| n.saturating_sub(verdict.quota[w]))
+            .sum();
+        beyond_all += beyond;
+        on_its_own += verdict.on_its_own.values().sum::<u64>();
+        assert!(
+            beyond <= fallback + uncharged,
+            "seed {seed}: {beyond} admitted past the quota, {fallback} charged to the fallback \
+             and {uncharged} charged nowhere: {world:#?}"
+        );
+        if uncharged == 0 {
+            finite_worlds += 1;
+            let f = world.fallback_units.expect("a stated fallback");
+            let over: Vec<_> = verdict
+                .admitted
+                .iter()
+                .filter(|((_, w), n)| **n > verdict.quota[w] + f)
+                .collect();
+            assert!(
+                over.is_empty(),
+                "seed {seed}: past the quota plus the fallback {f} with nothing charged \
+                 nowhere: {over:?}"
+            );
+        }
+    }
+    assert!(
+        beyond_all > 0,
+        "no world admitted past the quota on its own"
+    );
+    assert!(on_its_own > 0, "no world admitted on Envoy's own");
+    assert!(finite_worlds > 0, "every world was stated unbounded");
 }

@@ -133,6 +133,16 @@ pub struct NewLease {
     pub shape_from: Timestamp,
 }
 
+/// What [`Bucket::drop_expired`] forgot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expired {
+    /// Usage charged beyond the leases' units, by an instant of the window it belongs to.
+    pub beyond: Vec<(Timestamp, u64)>,
+    /// The units they left unused: what usage reported after them may still have been
+    /// admitted under them.
+    pub room_units: u64,
+}
+
 /// What Envoy may have admitted under a lease that no report has told when the lease ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Untold {
@@ -234,6 +244,8 @@ pub struct Bucket {
     /// was admitted in, as near as the reports tell.
     pub unbacked_since: Option<Timestamp>,
     pub rate_per_sec: u64,
+    /// When its last report arrived (agent time): a report's usage was admitted since.
+    pub last_report_at: Option<Timestamp>,
     /// When the agent last sized an assignment for it (a flood of reports is only counted).
     pub assigned_at: Option<tokio::time::Instant>,
     pub reported_at: tokio::time::Instant,
@@ -252,6 +264,7 @@ impl Bucket {
             unbacked_units: 0,
             unbacked_since: None,
             rate_per_sec: 0,
+            last_report_at: None,
             assigned_at: None,
             reported_at: now,
             reports: 0,
@@ -299,17 +312,20 @@ impl Bucket {
     /// Forgets leases past their expiry: the region counted them as spent whole, so usage
     /// reported from now on goes to newer leases (counted twice at worst, never missed).
     /// Returns the usage charged to them beyond their units, which no lease holds any more,
-    /// by the window it belongs to (`Held::in_window`).
-    pub fn drop_expired(&mut self, now: Timestamp) -> Vec<(Timestamp, u64)> {
-        let mut beyond = Vec::new();
+    /// by the window it belongs to (`Held::in_window`), and the units they left unused.
+    pub fn drop_expired(&mut self, now: Timestamp) -> Expired {
+        let mut expired = Expired::default();
         self.leases.retain(|h| {
             let live = h.expires_at > now;
-            if !live && h.used_units > h.units {
-                beyond.push((h.in_window(), h.used_units - h.units));
+            if !live {
+                match h.used_units.checked_sub(h.units) {
+                    Some(0) | None => expired.room_units += h.units - h.used_units.min(h.units),
+                    Some(beyond) => expired.beyond.push((h.in_window(), beyond)),
+                }
             }
             live
         });
-        beyond
+        expired
     }
 
     /// The rule counting it, if it is counted.
@@ -582,8 +598,25 @@ mod tests {
         let end = Timestamp::from_unix_millis(120_000);
         let in_minute_1 = end.saturating_sub(Duration::from_nanos(1));
         assert_eq!(b.uncharged_if_forgotten(end), vec![(in_minute_1, 4)]);
-        assert_eq!(b.drop_expired(end), vec![(in_minute_1, 4)]);
+        assert_eq!(
+            b.drop_expired(end),
+            Expired {
+                beyond: vec![(in_minute_1, 4)],
+                room_units: 0
+            }
+        );
         assert!(b.leases.is_empty());
+        // One ending with units unused leaves them as room.
+        b.push(lease(2, 10), at(120_000));
+        b.leases[0].expires_at = Timestamp::from_unix_millis(180_000);
+        b.charge(3, at(130_000));
+        assert_eq!(
+            b.drop_expired(Timestamp::from_unix_millis(180_000)),
+            Expired {
+                beyond: vec![],
+                room_units: 7
+            }
+        );
     }
 
     #[test]

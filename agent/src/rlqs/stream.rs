@@ -274,11 +274,17 @@ impl Session {
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
-        let beyond_expired = b.drop_expired(self.agent.now());
+        let now_at = self.agent.now();
+        let last_report_at = b.last_report_at.replace(now_at);
+        let expired = b.drop_expired(now_at);
         if let Some(limit) = b.counted_by().cloned() {
             let target = b.target.clone();
-            for (at, units) in beyond_expired {
+            for (at, units) in expired.beyond {
                 self.fallback(&limit, &target, at, units);
+            }
+            if let Some(since) = last_report_at {
+                let allowed = usage.num_requests_allowed;
+                self.straddled(&limit, &target, since, now_at, allowed, expired.room_units);
             }
         }
         let Some(b) = self.buckets.get_mut(&key) else {
@@ -662,6 +668,30 @@ impl Session {
         }
     }
 
+    /// A report covering `since..now` that began in an earlier window than `now`'s: what it
+    /// brings past the room the leases that ended with that window left may have been
+    /// admitted there on Envoy's own, and is charged to that window's fallback too. The
+    /// usage itself goes on to this window's leases (counted twice at worst): a report
+    /// cannot say which side of the window's end each request fell. Before, on-its-own
+    /// admissions at a window's end reported after it were counted only in the next window,
+    /// and the window they fell in kept a finite bound it had broken (`ALLOW_ALL` with a
+    /// stated fallback of 0: 2,093 units past the quota in one model world, none charged to
+    /// a fallback, tests/rlqs_envoy_model.rs).
+    fn straddled(
+        &self,
+        limit: &LimitId,
+        target: &Target,
+        since: Timestamp,
+        now: Timestamp,
+        allowed: u64,
+        room_units: u64,
+    ) {
+        let earlier = self.agent.window_index(limit, since);
+        if earlier.is_some() && earlier != self.agent.window_index(limit, now) {
+            self.fallback(limit, target, since, allowed.saturating_sub(room_units));
+        }
+    }
+
     /// Reported admissions of `target` under `limit` that no lease holds, admitted in the
     /// window of `at`: Envoy's fallback. Charged to the rule's `rlqs_fallback_units` (the
     /// bound's `rlqs_fallback` term); past it, recorded as charged nowhere (that window is
@@ -755,10 +785,18 @@ impl Session {
         actions
     }
 
-    /// Forgets a bucket and tells Envoy to (`abandon_action`); its leases end. After a
-    /// reload they end at their reported use (the rule that counted them is gone). Otherwise
-    /// the rule still counts, and Envoy may admit under the assignment until the abandon
-    /// reaches it, unreported: what a full bucket admits meanwhile stays charged.
+    /// Forgets a bucket, and tells Envoy to (`abandon_action`) unless it went unreported; its
+    /// leases end. After a reload they end at their reported use (the rule that counted them
+    /// is gone). Otherwise the rule still counts, and Envoy may admit under the assignment
+    /// until the abandon reaches it, unreported: what a full bucket admits meanwhile stays
+    /// charged.
+    ///
+    /// An unreported bucket is not abandoned: Envoy forgets an abandoned bucket with the usage
+    /// it has not reported yet, so an Envoy still holding it (one reporting more slowly than
+    /// the agent waits) would lose that usage for good. Left alone, its next report opens the
+    /// bucket again and the usage is charged like any (a model world with an Envoy reporting
+    /// every 30 s under `ALLOW_ALL`: about 27,000 admissions on its own a window never
+    /// reported, tests/rlqs_envoy_model.rs).
     async fn drop_bucket(&mut self, key: &BucketKey, why: WhyDropped) -> Option<BucketAction> {
         let mut b = self.buckets.remove(key)?;
         self.agent_buckets.fetch_sub(1, Ordering::Relaxed);
@@ -780,9 +818,13 @@ impl Session {
         }
         let returns = self.end_leases(b.take_all(), untold, limit.as_ref(), &b.target);
         self.release_all(returns).await;
-        metrics::assignment("abandon");
         metrics::dropped(why.name());
         metrics::buckets(self.agent_buckets.load(Ordering::Relaxed));
+        if why == WhyDropped::Unreported {
+            tracing::debug!(?key, "RLQS bucket unreported: forgotten, not abandoned");
+            return None;
+        }
+        metrics::assignment("abandon");
         tracing::debug!(?key, ?why, "RLQS bucket abandoned");
         Some(BucketAction {
             bucket_id: Some(bucket::bucket_id(key)),
