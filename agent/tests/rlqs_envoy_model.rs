@@ -16,10 +16,11 @@
 //!   back to the `expired_assignment_behavior`, and its token bucket is dropped;
 //! - an abandon action forgets the bucket.
 //!
-//! Both behaviours are `DENY_ALL` here (the rule's `rlqs_fallback_units` is 0), so every
-//! request Envoy admits is admitted under an assignment, and the bound says nothing beyond
-//! the quota: each key's admissions in each window are at most the largest quota in force in
-//! that window.
+//! In the first two tests both behaviours are `DENY_ALL` (the rule's `rlqs_fallback_units` is
+//! 0), so every request Envoy admits is admitted under an assignment, and the bound says
+//! nothing beyond the quota: each key's admissions in each window are at most the largest
+//! quota in force in that window. In the third both are `ALLOW_ALL`, and what Envoy admits on
+//! its own must be charged to the stated fallback or leave the window unbounded.
 //!
 //! Time is tokio's paused clock, moved in steps of [`STEP_MS`], with the agent's manual clock
 //! set to the same instant after each step: a world of four minutes runs in a fraction of a
@@ -753,19 +754,22 @@ fn run_worlds(seeds: std::ops::Range<u64>, d: &Draw) -> (Vec<(World, Vec<Over>)>
     (failing, admitted, quota_windows)
 }
 
-/// `ALLOT_RLQS_MODEL_SEEDS=A..B` runs those worlds instead of the first 40 (200 in the slow
-/// tier); a failing world prints its seed and draw.
-#[test]
-fn envoy_admits_no_more_than_the_quota_under_assignments_through_every_fault() {
+/// The worlds a test runs: `ALLOT_RLQS_MODEL_SEEDS=A..B`, else the first 40 (200 in the slow
+/// tier). A failing world prints its seed and draw.
+fn seeds() -> std::ops::Range<u64> {
     let slow = std::env::var_os("ALLOT_SLOW_TESTS").is_some();
-    let seeds = std::env::var("ALLOT_RLQS_MODEL_SEEDS")
+    std::env::var("ALLOT_RLQS_MODEL_SEEDS")
         .ok()
         .map(|v| {
             let (a, b) = v.split_once("..").expect("ALLOT_RLQS_MODEL_SEEDS=A..B");
             a.parse().expect("a seed")..b.parse().expect("a seed")
         })
-        .unwrap_or(0..if slow { 200 } else { 40 });
-    let (failing, admitted, quota_windows) = run_worlds(seeds, &WITHIN_MARGIN);
+        .unwrap_or(0..if slow { 200 } else { 40 })
+}
+
+#[test]
+fn envoy_admits_no_more_than_the_quota_under_assignments_through_every_fault() {
+    let (failing, admitted, quota_windows) = run_worlds(seeds(), &WITHIN_MARGIN);
     assert!(
         failing.is_empty(),
         "admitted past the quota ((key, window), admitted, quota): {failing:#?}"
@@ -810,7 +814,7 @@ fn envoys_own_admissions_are_charged_to_the_fallback_or_unbound_the_window() {
         .build()
         .expect("a runtime");
     let (mut beyond_all, mut on_its_own, mut finite_worlds) = (0, 0, 0);
-    for seed in 0..40 {
+    for seed in seeds() {
         let world = World::draw(seed, &FALLBACK);
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
