@@ -246,6 +246,9 @@ pub struct Bucket {
     pub rate_per_sec: u64,
     /// When its last report arrived (agent time): a report's usage was admitted since.
     pub last_report_at: Option<Timestamp>,
+    /// A report received before any rule was known to count the bucket: when its interval
+    /// began and what it allowed, to charge across a window's end once the rule is known.
+    pub unruled_report: Option<(Timestamp, u64)>,
     /// When the agent last sized an assignment for it (a flood of reports is only counted).
     pub assigned_at: Option<tokio::time::Instant>,
     pub reported_at: tokio::time::Instant,
@@ -265,6 +268,7 @@ impl Bucket {
             unbacked_since: None,
             rate_per_sec: 0,
             last_report_at: None,
+            unruled_report: None,
             assigned_at: None,
             reported_at: now,
             reports: 0,

@@ -275,17 +275,25 @@ impl Session {
             .saturating_add(usage.num_requests_denied);
         b.rate_per_sec = policy::rate_per_sec(requests, elapsed);
         let now_at = self.agent.now();
-        let last_report_at = b.last_report_at.replace(now_at);
+        // When the usage began: since the bucket's last report here, or, for a bucket this
+        // stream has not heard before (one it forgot, D81, or a new stream), Envoy's
+        // `time_elapsed` (whole seconds, so a second earlier).
+        let since = b.last_report_at.replace(now_at).or_else(|| {
+            (!elapsed.is_zero()).then(|| now_at.saturating_sub(elapsed + Duration::from_secs(1)))
+        });
+        let allowed = usage.num_requests_allowed;
         let expired = b.drop_expired(now_at);
-        if let Some(limit) = b.counted_by().cloned() {
-            let target = b.target.clone();
-            for (at, units) in expired.beyond {
-                self.fallback(&limit, &target, at, units);
+        match b.counted_by().cloned() {
+            Some(limit) => {
+                let target = b.target.clone();
+                for (at, units) in expired.beyond {
+                    self.fallback(&limit, &target, at, units);
+                }
+                if let Some(since) = since {
+                    self.straddled(&limit, &target, since, now_at, allowed, expired.room_units);
+                }
             }
-            if let Some(since) = last_report_at {
-                let allowed = usage.num_requests_allowed;
-                self.straddled(&limit, &target, since, now_at, allowed, expired.room_units);
-            }
+            None => b.unruled_report = since.map(|since| (since, allowed)),
         }
         let Some(b) = self.buckets.get_mut(&key) else {
             return Ok(None);
@@ -633,11 +641,20 @@ impl Session {
                 (Assigned::Rule(rule.id.clone()), action.unwrap_or_else(deny))
             }
         };
+        let mut unruled = None;
         if let Some(b) = self.buckets.get_mut(key) {
             b.assigned = assigned;
+            unruled = b.unruled_report.take();
         }
         if let Some((limit, at, units)) = earlier_window {
             self.fallback(&limit, target, at, units);
+        }
+        // The report before any rule was known, now that one is: it had no lease to leave room.
+        if let (Some((since, allowed)), Some(limit)) = (
+            unruled,
+            self.buckets.get(key).and_then(|b| b.counted_by().cloned()),
+        ) {
+            self.straddled(&limit, target, since, now, allowed, 0);
         }
         Some(action)
     }
