@@ -83,6 +83,23 @@ fn start_agent(rt: &tokio::runtime::Runtime, quota: u64, dir: &Path) -> AgentPro
     .unwrap()
 }
 
+/// The agent started again on the addresses it had (`addrs`: gRPC, HTTP), with its store.
+fn restart_agent(
+    rt: &tokio::runtime::Runtime,
+    quota: u64,
+    dir: &Path,
+    addrs: (SocketAddr, SocketAddr),
+) -> AgentProcess {
+    rt.block_on(AgentProcess::start_at(
+        &command(),
+        &limits_yaml(quota),
+        DOMAIN,
+        dir,
+        addrs,
+    ))
+    .unwrap()
+}
+
 fn start_envoy(binary: &Path, agent: SocketAddr, dir: &Path) -> EnvoyProcess {
     std::fs::create_dir_all(dir).unwrap();
     EnvoyProcess::start_with(
@@ -265,15 +282,7 @@ fn rlqs_agent_restart_reconnects_and_over_admits_nothing() {
     // Envoy keeps the assignment in force until its TTL, then denies (the expired
     // assignment behaviour): the agent's leases cover all of it.
     let during = traffic(&[&envoy], "k1", Duration::from_secs(3))[0];
-    let agent = rt
-        .block_on(AgentProcess::start_at(
-            &command(),
-            &limits_yaml(QUOTA),
-            DOMAIN,
-            dir.path(),
-            addrs,
-        ))
-        .unwrap();
+    let agent = restart_agent(&rt, QUOTA, dir.path(), addrs);
     let after = traffic(&[&envoy], "k1", Duration::from_secs(8))[0];
     let total = opened + before + during + after;
     eprintln!(
@@ -379,15 +388,7 @@ fn rlqs_a_bucket_new_while_the_agent_is_down_is_admitted_and_mostly_never_report
 
     // Longer than Envoy's reporting interval: reports fall due while the agent is down.
     let down = traffic(&[&envoy], "k2", Duration::from_secs(12))[0];
-    let agent = rt
-        .block_on(AgentProcess::start_at(
-            &command(),
-            &limits_yaml(QUOTA),
-            DOMAIN,
-            dir.path(),
-            addrs,
-        ))
-        .unwrap();
+    let agent = restart_agent(&rt, QUOTA, dir.path(), addrs);
     // Envoy 1.40 reports every 5 s: wait for the reports after its stream is back to bring
     // both buckets to the agent.
     let deadline = Instant::now() + Duration::from_secs(30);
