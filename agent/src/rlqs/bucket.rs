@@ -398,6 +398,14 @@ impl Bucket {
         }
     }
 
+    /// The lease just pushed backs no assignment sent (a deny went instead): Envoy admits
+    /// nothing under it, so it ends at the next report, with no margin to wait.
+    pub fn supersede_unsent(&mut self, now: Timestamp) {
+        if let Some(h) = self.current_mut() {
+            h.superseded_at = Some(now.saturating_sub(SUPERSEDED_SETTLE));
+        }
+    }
+
     /// Takes out every lease (the bucket is abandoned).
     pub fn take_all(&mut self) -> Vec<Held> {
         self.leases.drain(..).collect()
@@ -509,6 +517,26 @@ mod tests {
             }]
         );
         assert_eq!(b.current_mut().map(|h| h.lease), Some(LeaseId(2)));
+    }
+
+    /// A lease kept behind a deny, never sent to Envoy, ends at the next report; the one whose
+    /// assignment the deny replaced waits out the margin.
+    #[test]
+    fn a_lease_behind_a_deny_ends_at_the_next_report() {
+        let mut b = bucket();
+        b.push(lease(1, 10), at(0));
+        b.push(lease(2, 10), at(5_000));
+        b.supersede_unsent(at(5_000));
+        let done = b.take_superseded(at(5_500));
+        assert_eq!(
+            done.iter().map(|h| h.lease).collect::<Vec<_>>(),
+            vec![LeaseId(2)]
+        );
+        let done = b.take_superseded(at(6_000));
+        assert_eq!(
+            done.iter().map(|h| h.lease).collect::<Vec<_>>(),
+            vec![LeaseId(1)]
+        );
     }
 
     fn bucket() -> Bucket {

@@ -636,7 +636,11 @@ impl Session {
                     );
                 }
                 if action.is_none() {
-                    b.supersede_current(now);
+                    // Sent nothing it backs (a deny goes instead): it ends at the next report.
+                    // Held a second, as a replaced assignment's lease is (D79), a rule of
+                    // one-second windows had its whole window's units held and the next report
+                    // denied for lack of them.
+                    b.supersede_unsent(now);
                 }
                 (Assigned::Rule(rule.id.clone()), action.unwrap_or_else(deny))
             }
