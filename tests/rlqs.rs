@@ -344,23 +344,18 @@ fn key_units(agent: &AgentProcess, api_key: &str) -> (u64, u64) {
     (units("granted_units"), units("refunded_units"))
 }
 
-/// `allot_rlqs_buckets_dropped_total{reason="idle"}` on the agent's metrics.
-fn idle_drops(agent: &AgentProcess) -> f64 {
-    let r = http_get(agent.http_addr(), "/metrics", &[]).unwrap();
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        .find(|l| l.starts_with("allot_rlqs_buckets_dropped_total{reason=\"idle\"}"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
-}
+/// Idle buckets the agent abandoned.
+const IDLE_DROPS: &str = "allot_rlqs_buckets_dropped_total{reason=\"idle\"}";
 
-/// A counter of the agent's metrics (0 before its first increment).
-fn counter(agent: &AgentProcess, name: &str) -> f64 {
+/// One series of the agent's metrics, its name and labels as `/metrics` writes them (0
+/// before its first increment).
+fn metric(agent: &AgentProcess, series: &str) -> f64 {
     let r = http_get(agent.http_addr(), "/metrics", &[]).unwrap();
     String::from_utf8_lossy(&r.body)
         .lines()
-        .find(|l| l.split([' ', '{']).next() == Some(name))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(name, _)| *name == series)
+        .and_then(|(_, value)| value.parse().ok())
         .unwrap_or(0.0)
 }
 
@@ -392,7 +387,7 @@ fn rlqs_a_bucket_new_while_the_agent_is_down_is_admitted_and_mostly_never_report
     // Envoy 1.40 reports every 5 s: wait for the reports after its stream is back to bring
     // both buckets to the agent.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while counter(&agent, "allot_rlqs_bucket_reports_total") < 4.0 {
+    while metric(&agent, "allot_rlqs_bucket_reports_total") < 4.0 {
         assert!(
             Instant::now() < deadline,
             "no reports of both buckets in 30 s\n{}",
@@ -401,8 +396,8 @@ fn rlqs_a_bucket_new_while_the_agent_is_down_is_admitted_and_mostly_never_report
         std::thread::sleep(Duration::from_millis(500));
     }
     std::thread::sleep(Duration::from_secs(7));
-    let uncharged = counter(&agent, "allot_rlqs_uncharged_units_total");
-    let fallback = counter(&agent, "allot_rlqs_fallback_units_total");
+    let uncharged = metric(&agent, "allot_rlqs_uncharged_units_total");
+    let fallback = metric(&agent, "allot_rlqs_fallback_units_total");
     let reported = uncharged + fallback + QUOTA as f64;
     eprintln!(
         "{test}: {down} admitted while down; about {reported} reported after (uncharged \
@@ -446,7 +441,7 @@ fn rlqs_an_idle_bucket_is_abandoned_and_its_unused_units_go_back() {
     // Envoy reports every bucket at every interval (every 5 s in Envoy 1.40): after three
     // reports with no request the agent abandons the bucket and ends its lease.
     let deadline = Instant::now() + Duration::from_secs(40);
-    while idle_drops(&agent) < 1.0 {
+    while metric(&agent, IDLE_DROPS) < 1.0 {
         assert!(
             Instant::now() < deadline,
             "no idle bucket abandoned in 40 s\n{}",

@@ -553,14 +553,13 @@ impl Envoy {
 #[derive(Debug, Default)]
 struct Verdict {
     admitted: BTreeMap<(usize, u64), u64>,
+    /// Of those, admitted by Envoy's fallback behaviour.
+    on_its_own: BTreeMap<(usize, u64), u64>,
     /// The largest quota in force at any time of each window (a reload may change it
     /// inside one: what was counted before stays counted).
     quota: BTreeMap<u64, u64>,
-    /// Of those, admitted by Envoy's fallback behaviour.
-    on_its_own: BTreeMap<(usize, u64), u64>,
     /// Admissions an abandon erased before Envoy reported them.
     erased: u64,
-    requests: u64,
     answers_applied: u64,
 }
 
@@ -668,7 +667,6 @@ async fn run(world: &World) -> Verdict {
             }
             for k in 0..world.keys {
                 for _ in 0..e.arrivals(k) {
-                    verdict.requests += 1;
                     let admitted = e.request(&format!("key-{k}"), now_ms);
                     if admitted == Admitted::OnItsOwn {
                         *verdict

@@ -130,7 +130,6 @@ pub struct NewLease {
     pub units: u64,
     pub expires_at: Timestamp,
     pub shape: Shape,
-    pub shape_from: Timestamp,
 }
 
 /// What [`Bucket::drop_expired`] forgot.
@@ -320,14 +319,15 @@ impl Bucket {
     pub fn drop_expired(&mut self, now: Timestamp) -> Expired {
         let mut expired = Expired::default();
         self.leases.retain(|h| {
-            let live = h.expires_at > now;
-            if !live {
-                match h.used_units.checked_sub(h.units) {
-                    Some(0) | None => expired.room_units += h.units - h.used_units.min(h.units),
-                    Some(beyond) => expired.beyond.push((h.in_window(), beyond)),
-                }
+            if h.expires_at > now {
+                return true;
             }
-            live
+            if h.used_units > h.units {
+                expired.beyond.push((h.in_window(), h.used_units - h.units));
+            } else {
+                expired.room_units += h.units - h.used_units;
+            }
+            false
         });
         expired
     }
@@ -411,8 +411,8 @@ impl Bucket {
         self.leases.drain(..).collect()
     }
 
-    /// A new lease behind the assignment about to be sent at `now` (the one in force is
-    /// replaced); unbacked usage is charged to it.
+    /// A new lease behind the assignment about to be sent at `now`, its shape first sent then
+    /// (the one in force is replaced); unbacked usage is charged to it.
     pub fn push(&mut self, lease: NewLease, now: Timestamp) {
         self.supersede_current(now);
         let used_units = std::mem::take(&mut self.unbacked_units);
@@ -425,7 +425,7 @@ impl Bucket {
             superseded_at: None,
             expires_at: lease.expires_at,
             shape: lease.shape,
-            shape_from: lease.shape_from,
+            shape_from: now,
         });
     }
 
@@ -555,7 +555,6 @@ mod tests {
                 tokens_per_fill: 1,
                 fill_interval_secs: 1,
             },
-            shape_from: Timestamp::from_unix_millis(0),
         }
     }
 

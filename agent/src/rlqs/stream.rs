@@ -490,7 +490,6 @@ impl Session {
                                 units: grant.units,
                                 expires_at: grant.expires_at,
                                 shape: cur.shape,
-                                shape_from: now,
                             },
                             now,
                         );
@@ -607,7 +606,6 @@ impl Session {
                             units: grant.units,
                             expires_at: grant.expires_at,
                             shape,
-                            shape_from: now,
                         },
                         now,
                     );
@@ -630,7 +628,6 @@ impl Session {
                             units: grant.units,
                             expires_at: grant.expires_at,
                             shape: policy::shape(demand, timing, 1),
-                            shape_from: now,
                         },
                         now,
                     );
