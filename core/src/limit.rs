@@ -221,13 +221,10 @@ impl LimitSpec {
         }
     }
 
-    /// Counts by the sliding window estimate: a strict, metered limit with that algorithm
-    /// (the configuration refuses it with eventual consistency, D54; a limit built in code
-    /// that asks for it there counts in fixed windows).
+    /// Counts by the sliding window estimate: a metered limit with that algorithm, in either
+    /// consistency (D54, D83).
     pub fn is_sliding(&self) -> bool {
-        self.algorithm == Algorithm::SlidingWindow
-            && self.consistency == Consistency::Strict
-            && matches!(self.quota, Quota::Units { .. })
+        self.algorithm == Algorithm::SlidingWindow && matches!(self.quota, Quota::Units { .. })
     }
 
     /// Most a settle may charge above a reservation of `reserved_units`:

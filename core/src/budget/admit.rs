@@ -28,6 +28,7 @@ pub(crate) struct Ctx {
     /// Answers to SyncUps sent before this instant are older than `view_ttl`: a counter whose
     /// entries came last in such an answer has a view too old to use.
     pub fresh_since: Timestamp,
+    pub view_ttl: Duration,
     pub sync_interval: Duration,
     /// The timebase's edge band (docs/budget.md, edge band): strict admissions keep this far
     /// from every window edge, `Duration::MAX` for none at all. `None`: no timebase in force.
@@ -62,6 +63,10 @@ pub(crate) struct Allowance {
     pub reason: Reason,
     /// Open partition policy: beyond `units`, its rate cap may still admit (fail-open).
     pub open: bool,
+    /// Eventual mode's view: `units` is the quota less the other regions' assumed use, not
+    /// a share of the quota, so a sliding window's weight is taken off it rather than scaling
+    /// it (D83).
+    pub from_view: bool,
 }
 
 /// The open policy's two limits on what it lets in beyond the allowance: its GCRA (no more
@@ -145,6 +150,7 @@ pub(crate) fn allowance(
         units,
         reason: Reason::Restoring,
         open: a.open && ctx.restore.opens(start, ctx.clock_unknown),
+        from_view: false,
     }
 }
 
@@ -155,6 +161,7 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
         units: p.default_units,
         reason: Reason::Allowance,
         open: false,
+        from_view: false,
     };
     if !ctx.coordinated {
         return Allowance {
@@ -217,6 +224,7 @@ fn held_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex, ctx: &Ctx
                         Reason::Allowance
                     },
                     open: false,
+                    from_view: true,
                 }
             }
             // The coordinator has not yet answered for this counter: the default share only.
@@ -250,6 +258,7 @@ fn closed_allowance(p: &LimitParams, ks: &KeyState, window: WindowIndex) -> Allo
         },
         reason: Reason::PartitionClosed,
         open: false,
+        from_view: false,
     }
 }
 
@@ -273,10 +282,11 @@ pub(crate) fn admit(
 ) -> Admission {
     let held = allowance(p, ks, ks.window, ctx);
     // A sliding window admits only the share of its allowance the window before leaves
-    // (D54); the allowance itself, what the table and the invariants hold, is unchanged.
+    // (D54; an eventual view less the window before's weight, D83); the allowance itself,
+    // what the table and the invariants hold, is unchanged.
     let weight = sliding::weight(p, ks, ctx, now);
     let a = Allowance {
-        units: weight.map_or(held.units, |w| w.scale(held.units)),
+        units: weight.map_or(held.units, |w| w.weigh(&held)),
         ..held
     };
     let band = edge_band(p, ctx, ks.window, now);
@@ -323,7 +333,7 @@ pub(crate) fn admit(
             Want::UpTo { min_units, .. } => min_units.max(1),
         };
         let needed = ks.net_units().saturating_add(least);
-        if let Some(at) = w.retry_at(held.units, needed) {
+        if let Some(at) = w.retry_at(&held, needed) {
             let fade = at.saturating_duration_since(now);
             *retry = retry.map(|r| r.min(fade));
         }

@@ -91,7 +91,7 @@ impl RegionBudget {
             window: ks.window,
             net_units: ks.net_units(),
         };
-        ks.roll(now_window, p.is_sliding());
+        ks.roll(now_window, p.keep());
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let allowance = admit::allowance(p, &ks, ks.window, &ctx);
         let hot = ks.hot.as_deref();

@@ -55,6 +55,27 @@ pub(crate) struct PrevWindow {
     /// Units admitted in the current window's start band, each counted against the window
     /// before too.
     pub band_units: u64,
+    /// Eventual sliding only (D83): this region's entry of that window may have reached the
+    /// coordinator (the key was reported in it), so the other regions counted this one at
+    /// its reported use, not at its default share.
+    pub reported: bool,
+    /// Eventual sliding only (D83): the other regions' use of that window as this region's
+    /// view of the counter held it as the window ended (`assumed_remote_units`), and the
+    /// send time of the SyncUp whose answer last carried the counter's entries. `None`: the
+    /// region held no view of the counter.
+    pub remote: Option<(u64, Timestamp)>,
+}
+
+/// What a key keeps of the window a roll ends, besides the start band's count of a hot key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Keep<'a> {
+    /// A fixed window: nothing more.
+    Band,
+    /// A sliding window (D54): its use, for a cold key too.
+    Use,
+    /// A sliding window in eventual mode (D83): its use, and what the view held of the other
+    /// regions' (counted as [`HotState::assumed_remote_units`] does with these regions).
+    UseAndView(&'a OtherRegions),
 }
 
 /// Final counter values of a window that ended before the coordinator acknowledged them.
@@ -187,19 +208,15 @@ impl KeyState {
     /// it takes effect, and unacknowledged final values of a reported counter are kept aside
     /// for the next SyncUp. Time never moves a key back. Returns true if it moved.
     ///
-    /// `keep_previous`: the limit counts by the sliding window, which weighs the window just
-    /// ended by its use (docs/decisions.md, D54): a cold key that used it gets a boxed part to
-    /// remember that use in ([`HotState::prev`]), as a hot key always does.
-    pub fn roll(&mut self, window: WindowIndex, keep_previous: bool) -> bool {
-        self.roll_closing(window, keep_previous).is_some()
+    /// `keep`: under a sliding window, which weighs the window just ended by its use
+    /// (docs/decisions.md, D54), a cold key that used it gets a boxed part to remember that
+    /// use in ([`HotState::prev`]), as a hot key always does.
+    pub fn roll(&mut self, window: WindowIndex, keep: Keep<'_>) -> bool {
+        self.roll_closing(window, keep).is_some()
     }
 
     /// [`KeyState::roll`], returning the window it moved from as its counter ended.
-    pub fn roll_closing(
-        &mut self,
-        window: WindowIndex,
-        keep_previous: bool,
-    ) -> Option<ClosingEntry> {
+    pub fn roll_closing(&mut self, window: WindowIndex, keep: Keep<'_>) -> Option<ClosingEntry> {
         if window <= self.window {
             return None;
         }
@@ -212,11 +229,12 @@ impl KeyState {
         self.window = window;
         self.granted_units = 0;
         self.refunded_units = 0;
+        let keep_previous = !matches!(keep, Keep::Band);
         if keep_previous && next && closing.granted_units > closing.refunded_units {
             self.hot_mut();
         }
         if let Some(hot) = self.hot.as_mut() {
-            self.granted_units = hot.roll(window, closing, next);
+            self.granted_units = hot.roll(window, closing, next, keep);
         }
         Some(closing)
     }
@@ -230,7 +248,8 @@ impl KeyState {
     }
 
     /// The key remembers a window before it that was used or granted, which its start band
-    /// may count against (docs/budget.md, edge band), and a sliding window weighs. A sweep
+    /// may count against (docs/budget.md, edge band), and a sliding window weighs (in
+    /// eventual mode, one it was reported in too: D83). A sweep
     /// keeps such a key, and its boxed part, until the next roll: a key busy every window
     /// stays boxed, one quiet for a window goes at the next. A full limit may still evict it
     /// under a fixed window (losing it only refuses the start band), never under a sliding
@@ -259,14 +278,31 @@ impl HotState {
 
     /// Move to `window` (`next`: the one right after the ended one). Returns the units the new
     /// window starts with: what the ended window's end band carried into it.
-    fn roll(&mut self, window: WindowIndex, ended: ClosingEntry, next: bool) -> u64 {
+    fn roll(
+        &mut self,
+        window: WindowIndex,
+        ended: ClosingEntry,
+        next: bool,
+        keep: Keep<'_>,
+    ) -> u64 {
         let carried = if next { self.carry_units } else { 0 };
         self.carry_units = 0;
         self.carried_in_units = carried;
+        let (reported, remote) = match keep {
+            Keep::UseAndView(others) => (
+                self.is_reported(),
+                self.entries_at
+                    .filter(|_| self.known_to_coordinator)
+                    .map(|at| (self.assumed_remote_units(others), at)),
+            ),
+            Keep::Band | Keep::Use => (false, None),
+        };
         self.prev = next.then_some(PrevWindow {
             net_units: ended.granted_units.saturating_sub(ended.refunded_units),
             explicit_units: self.allowance,
             band_units: 0,
+            reported,
+            remote,
         });
         let unacked = ended.granted_units != self.acked_granted_units
             || ended.refunded_units != self.acked_refunded_units;
@@ -298,7 +334,7 @@ impl HotState {
 
     fn keeps_start_band(&self) -> bool {
         self.prev
-            .is_some_and(|p| p.net_units > 0 || p.explicit_units.is_some())
+            .is_some_and(|p| p.net_units > 0 || p.explicit_units.is_some() || p.reported)
     }
 
     fn is_idle(&self, now: Timestamp) -> bool {
@@ -433,7 +469,7 @@ mod tests {
                 epoch: Epoch(3),
             }
         ));
-        k.roll(WindowIndex(6), false);
+        k.roll(WindowIndex(6), Keep::Band);
         assert_eq!((k.window, k.net_units()), (WindowIndex(6), 0));
         assert_eq!(k.explicit_allowance(WindowIndex(6)), Some(70));
         let hot = k.hot.as_ref().expect("hot state survives the roll");
@@ -458,7 +494,7 @@ mod tests {
     fn a_key_never_rolls_back() {
         let mut k = KeyState::new(WindowIndex(5));
         k.granted_units = 3;
-        k.roll(WindowIndex(4), false);
+        k.roll(WindowIndex(4), Keep::Band);
         assert_eq!((k.window, k.granted_units), (WindowIndex(5), 3));
     }
 

@@ -9,7 +9,7 @@ use std::ops::Bound;
 use std::time::Duration;
 
 use super::config::{BudgetConfig, EVICTION_SCAN_KEYS};
-use super::key::{KeyState, OtherRegions};
+use super::key::{Keep, KeyState, OtherRegions};
 use super::stats::LimitStats;
 use super::watch::WatchedKeys;
 use crate::algo::concurrency::Concurrency;
@@ -79,6 +79,15 @@ impl LimitParams {
     /// Counts by the sliding window estimate (D54).
     pub fn is_sliding(&self) -> bool {
         self.spec.is_sliding() && !self.is_unmetered()
+    }
+
+    /// What a roll keeps of the window it ends.
+    pub fn keep(&self) -> Keep<'_> {
+        match (self.is_sliding(), self.is_eventual()) {
+            (false, _) => Keep::Band,
+            (true, false) => Keep::Use,
+            (true, true) => Keep::UseAndView(&self.others),
+        }
     }
 
     /// Note that the region counts from `window` on (see [`LimitParams::prev_known_from`]).
@@ -185,9 +194,8 @@ impl LimitState {
     ) -> Result<R> {
         let window = self.params.window_index(now);
         self.params.counting_from(window);
-        let sliding = self.params.is_sliding();
         if let Some(ks) = self.keys.get_mut(key.as_str()) {
-            let closed = ks.roll_closing(window, sliding);
+            let closed = ks.roll_closing(window, self.params.keep());
             self.watched.closed(key.as_str(), closed);
             return Ok(f(&self.params, ks, &mut self.stats));
         }
@@ -225,11 +233,12 @@ impl LimitState {
         let window = self.params.window_index(now);
         self.params.counting_from(window);
         let sliding = self.params.is_sliding();
+        let keep = self.params.keep();
         let mut found = None;
         let cursor = self.sweep_cursor.take();
         let watched = &mut self.watched;
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let closed = ks.roll_closing(window, sliding);
+            let closed = ks.roll_closing(window, keep);
             watched.closed(name, closed);
             let moved = closed.is_some() | ks.compact(now);
             // A sliding limit keeps a key's use of the window before: without the key, the
@@ -250,13 +259,13 @@ impl LimitState {
     pub fn sweep(&mut self, now: Timestamp, scan: usize) -> Vec<Box<str>> {
         let window = self.params.window_index(now);
         self.params.counting_from(window);
-        let sliding = self.params.is_sliding();
+        let keep = self.params.keep();
         let mut idle = Vec::new();
         let mut changed = Vec::new();
         let cursor = self.sweep_cursor.take();
         let watched = &mut self.watched;
         self.sweep_cursor = scan_from(&mut self.keys, cursor.as_deref(), scan, |name, ks| {
-            let closed = ks.roll_closing(window, sliding);
+            let closed = ks.roll_closing(window, keep);
             watched.closed(name, closed);
             let moved = closed.is_some() | ks.compact(now);
             if ks.is_idle(now) && !ks.keeps_start_band() {

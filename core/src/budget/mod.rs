@@ -206,8 +206,12 @@ impl RegionBudget {
                 Some(mut s) if s.params.quota.map(|q| q.1) == params.quota.map(|q| q.1) => {
                     let changed = allocation_changed(&s.params.spec, &params.spec);
                     // Under a fixed window a cold key forgets its window before when it
-                    // rolls: a switch to the sliding one starts counting again (D54).
-                    if s.params.spec.algorithm == params.spec.algorithm {
+                    // rolls: a switch to the sliding one starts counting again (D54). An
+                    // eventual sliding window also takes a key unreported in the window
+                    // before as counted by the others at its default share there (D83),
+                    // which a change of weights or consistency leaves unknown.
+                    let same_shares = !params.is_eventual() || !changed;
+                    if s.params.spec.algorithm == params.spec.algorithm && same_shares {
                         params.prev_known_from = s.params.prev_known_from;
                     }
                     s.params = params;
@@ -683,6 +687,7 @@ fn ctx_of(cfg: &BudgetConfig, view: &View, now: Timestamp) -> Ctx {
         coordinated,
         view_expired: coordinated && view.is_expired(now),
         fresh_since: view.fresh_since(now),
+        view_ttl: cfg.view_ttl,
         sync_interval: cfg.sync_interval,
         edge_band: view.edge_band().filter(|_| coordinated),
         open_from: view

@@ -797,9 +797,8 @@ fn rolled_key<'a>(
     let lim = limits.get_mut(&kr.limit)?;
     let window = lim.params.window_index(now);
     lim.params.counting_from(window);
-    let sliding = lim.params.is_sliding();
     let ks = lim.keys.get_mut(kr.key.as_str())?;
-    let closed = ks.roll_closing(window, sliding);
+    let closed = ks.roll_closing(window, lim.params.keep());
     lim.watched.closed(kr.key.as_str(), closed);
     if closed.is_some() {
         dirty.mark(Dirty::Key(kr.limit.clone(), kr.key.clone()));

@@ -655,9 +655,7 @@ impl Walk<'_> {
         let max_settle_overage_ppm = allot
             .get("max_settle_overage")
             .and_then(|f| self.settle_overage(f));
-        let algorithm = allot
-            .get("algorithm")
-            .and_then(|f| self.algorithm(f, consistency.unwrap_or_default()));
+        let algorithm = allot.get("algorithm").and_then(|f| self.algorithm(f));
         let rlqs_fallback_units = allot
             .get("rlqs_fallback_units")
             .and_then(|f| self.rlqs_fallback_units(f));
@@ -689,23 +687,14 @@ impl Walk<'_> {
         Some(units)
     }
 
-    /// `algorithm: fixed_window | sliding_window`. The sliding window needs strict mode: a
-    /// region weighs the previous window by what the others could have used of it, which it
-    /// knows only from the share strict mode reserves for it (docs/decisions.md, D54).
-    fn algorithm(&mut self, f: &Field<'_>, consistency: Consistency) -> Option<Algorithm> {
+    /// `algorithm: fixed_window | sliding_window` (docs/decisions.md, D54 and, in eventual
+    /// mode, D83).
+    fn algorithm(&mut self, f: &Field<'_>) -> Option<Algorithm> {
         let options = [
             ("fixed_window", Algorithm::FixedWindow),
             ("sliding_window", Algorithm::SlidingWindow),
         ];
-        let algorithm = self.choice(f, &options)?;
-        if algorithm == Algorithm::SlidingWindow && consistency == Consistency::Eventual {
-            let message = "algorithm sliding_window needs consistency: strict (an eventual \
-                region reserves no share to weigh the previous window against; D54)"
-                .to_string();
-            self.err(f.value.pos, &f.path, message);
-            return None;
-        }
-        Some(algorithm)
+        self.choice(f, &options)
     }
 
     /// `max_settle_overage: 0.5`: a ratio of the reservation with at most six decimals, kept

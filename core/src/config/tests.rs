@@ -1569,13 +1569,18 @@ descriptors:
 }
 
 #[test]
-fn algorithm_is_fixed_window_unless_a_strict_rule_asks_for_the_sliding_window() {
+fn algorithm_is_fixed_window_unless_a_rule_asks_for_the_sliding_window() {
     let text = "\
 domain: api
 descriptors:
   - key: tenant
     rate_limit: {requests_per_unit: 100, unit: minute}
     allot:
+      algorithm: sliding_window
+  - key: region
+    rate_limit: {requests_per_unit: 100, unit: minute}
+    allot:
+      consistency: eventual
       algorithm: sliding_window
   - key: team
     rate_limit: {requests_per_unit: 100, unit: minute}
@@ -1590,6 +1595,10 @@ descriptors:
         Algorithm::SlidingWindow
     );
     assert!(spec(&config, "api/tenant").is_sliding());
+    // Eventual mode too (D83).
+    let eventual = spec(&config, "api/region");
+    assert_eq!(eventual.consistency, Consistency::Eventual);
+    assert!(eventual.is_sliding());
     assert_eq!(spec(&config, "api/team").algorithm, Algorithm::FixedWindow);
     assert_eq!(spec(&config, "api/user").algorithm, Algorithm::FixedWindow);
     let bad = |allot: &str| {
@@ -1602,12 +1611,6 @@ descriptors:
         bad("      algorithm: token_bucket\n"),
         "limits.yaml:6:18: descriptors[0].allot.algorithm: invalid algorithm 'token_bucket' \
          (expected fixed_window or sliding_window)"
-    );
-    assert_eq!(
-        bad("      consistency: eventual\n      algorithm: sliding_window\n"),
-        "limits.yaml:7:18: descriptors[0].allot.algorithm: algorithm sliding_window needs \
-         consistency: strict (an eventual region reserves no share to weigh the previous \
-         window against; D54)"
     );
     assert_eq!(
         only_error(

@@ -104,8 +104,7 @@ pub struct LimitDraw {
     pub policy: PartitionPolicy,
     pub rate_cap: Option<RateDraw>,
     pub failure_closed: bool,
-    /// `algorithm: sliding_window`: only for a limit strict here and in every reload (the
-    /// loader refuses it with eventual consistency, D54).
+    /// `algorithm: sliding_window` (D54, and in eventual mode D83), here and in every reload.
     pub sliding: bool,
     /// `rlqs_fallback_units`: what the operator states the regions' fallback to be (D69).
     pub rlqs_fallback_units: u64,
@@ -307,16 +306,6 @@ impl FaultSpec {
         f
     }
 
-    /// Whether it is a reload that makes limit `limit` eventual.
-    pub fn makes_eventual(&self, limit: usize) -> bool {
-        self.params.iter().any(|(_, p)| match p {
-            Param::Limits(limits) => limits
-                .iter()
-                .any(|l| l.limit == limit && l.consistency == Consistency::Eventual),
-            _ => false,
-        })
-    }
-
     /// Its `at`, if it is a reload (reloads are printed in time order).
     fn reload_at_ms(&self) -> Option<u64> {
         let is_reload = self
@@ -507,7 +496,7 @@ impl World {
                 Consistency::Eventual => "eventual",
             };
             writeln!(y, "{indent}      consistency: {consistency}")?;
-            if l.sliding && l.consistency == Consistency::Strict {
+            if l.sliding {
                 writeln!(y, "{indent}      algorithm: sliding_window")?;
             }
             match l.policy {

@@ -10,7 +10,7 @@ use allot_sim::{CoreFactory, Report, Scenario, scenario};
 /// Every scenario the simulator ships: the ten the simulator's issue names, and the real
 /// network partition's schedule (tests/partition_netns.rs), run on both sides for
 /// docs/benchmarks.md.
-pub const SHIPPED: [&str; 12] = [
+pub const SHIPPED: [&str; 13] = [
     "follow-the-sun",
     "flash-crowd",
     "hot-key",
@@ -23,6 +23,7 @@ pub const SHIPPED: [&str; 12] = [
     "lossy-network",
     "lab-partition",
     "sliding-partition",
+    "sliding-eventual",
 ];
 
 pub fn scenarios_dir() -> PathBuf {

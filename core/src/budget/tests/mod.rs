@@ -10,6 +10,7 @@ mod proptests;
 mod reload;
 mod restore;
 mod sliding;
+mod sliding_eventual;
 mod slots;
 mod stats;
 mod sync;

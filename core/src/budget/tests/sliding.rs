@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::budget::BudgetConfig;
-use crate::limit::{Algorithm, PartitionPolicy};
+use crate::limit::{Algorithm, Consistency, PartitionPolicy};
 use crate::time::Window;
 
 const MINUTE_MS: u64 = 60_000;
@@ -257,16 +257,19 @@ proptest! {
     /// A region alone: the estimate over the trailing window never exceeds the quota, and
     /// from the second window on (whose window before the region watched) a request passes
     /// exactly when the sliding window counter passes it; in the first it passes only if it
-    /// would with the window before full.
+    /// would with the window before full. Either consistency: alone, both hold the quota.
     #[test]
     fn a_region_alone_never_lets_the_estimate_exceed_the_quota(
         limit in 0u64..=40,
         window_ms in 1u64..=10_000,
+        eventual in any::<bool>(),
         steps in prop::collection::vec((0u64..=1_500, 0u64..=30, 0u64..1_000), 1..80),
     ) {
         let window = Window::new(Duration::from_millis(window_ms));
+        let consistency = if eventual { Consistency::Eventual } else { Consistency::Strict };
         let spec = LimitSpec {
             algorithm: Algorithm::SlidingWindow,
+            consistency,
             ..LimitSpec::simple("api", limit, window.len())
         };
         let mut b = alone(vec![spec]);
