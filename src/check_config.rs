@@ -2,19 +2,15 @@
 //! rule, or every error.
 
 use std::fmt::Write as _;
-use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use allot_agent::limits::read_limits_file;
 use allot_core::config::{
     ConfigError, LimitsConfig, LoadOptions, Rule, SourceFile, format_duration,
 };
 use allot_core::limit::{Consistency, Quota};
-
-/// Largest limits file read. Real files are kilobytes; this only stops a wrong path (a log,
-/// a device) from being read into memory whole.
-pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Loads `files`; prints the rules to stdout and exits 0, or prints every error to stderr
 /// (unreadable files first, then the loader's errors in file order) and exits 1.
@@ -23,7 +19,7 @@ pub fn run(files: &[PathBuf], merge_domains: bool) -> ExitCode {
     let mut texts = Vec::new();
     for path in files {
         let name = path.display().to_string();
-        match read_limited(path) {
+        match read_limits_file(path) {
             Ok(text) => texts.push((name, text)),
             Err(problem) => unreadable.push(ConfigError::file(&name, problem)),
         }
@@ -38,22 +34,6 @@ pub fn run(files: &[PathBuf], merge_domains: bool) -> ExitCode {
         (Ok(_), false) => print_errors(unreadable.iter(), 0),
         (Err(errors), _) => print_errors(unreadable.iter().chain(errors.iter()), errors.omitted()),
     }
-}
-
-pub fn read_limited(path: &PathBuf) -> Result<String, String> {
-    let file = File::open(path).map_err(|e| format!("cannot read file: {e}"))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read file: {e}"))?;
-    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
-        let mib = MAX_CONFIG_FILE_BYTES / (1024 * 1024);
-        return Err(format!("file is larger than {mib} MiB"));
-    }
-    String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        format!("file is not UTF-8 text (invalid byte at offset {at})")
-    })
 }
 
 fn print_rules(config: &LimitsConfig, file_count: usize) -> ExitCode {

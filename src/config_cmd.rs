@@ -16,7 +16,9 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::check_config::{read_limited, rule_line};
+use allot_agent::limits::read_limits_file;
+
+use crate::check_config::rule_line;
 
 /// Time for one node to answer a put: the leader waits up to 10 s for the commit.
 const PUT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -107,7 +109,7 @@ fn checked_files(args: &PutArgs) -> Result<ConfigFiles, Vec<String>> {
     let mut files = Vec::new();
     for path in &args.files {
         let name = path.display().to_string();
-        match read_limited(path) {
+        match read_limits_file(path) {
             Ok(text) => files.push(ConfigFile { name, text }),
             Err(p) => problems.push(format!("{name}: {p}")),
         }

@@ -189,7 +189,7 @@ fn read_all(files: &[PathBuf]) -> Result<Vec<(String, String)>, Vec<String>> {
     let mut problems = Vec::new();
     for path in files {
         let name = path.display().to_string();
-        match read_limited(path) {
+        match read_limits_file(path) {
             Ok(text) => texts.push((name, text)),
             Err(p) => problems.push(format!("{name}: {p}")),
         }
@@ -201,19 +201,23 @@ fn read_all(files: &[PathBuf]) -> Result<Vec<(String, String)>, Vec<String>> {
     }
 }
 
-fn read_limited(path: &Path) -> Result<String, String> {
+/// A limits file's text, as the agent, `allot check-config` and `allot config` read it (one
+/// reader): at most [`MAX_CONFIG_FILE_BYTES`], UTF-8. The error says what is wrong with the
+/// file, without its name.
+pub fn read_limits_file(path: &Path) -> Result<String, String> {
     let file = File::open(path).map_err(|e| format!("cannot read file: {e}"))?;
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("cannot read file: {e}"))?;
     if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
-        return Err(format!(
-            "file is larger than {} MiB",
-            MAX_CONFIG_FILE_BYTES >> 20
-        ));
+        let mib = MAX_CONFIG_FILE_BYTES >> 20;
+        return Err(format!("file is larger than {mib} MiB"));
     }
-    String::from_utf8(bytes).map_err(|_| "file is not UTF-8 text".to_owned())
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        format!("file is not UTF-8 text (invalid byte at offset {at})")
+    })
 }
 
 /// What a file looked like when last read: a change in either means it is read again.

@@ -20,7 +20,6 @@ use allot_core::budget::{
     BudgetConfig, Decision, LeaseOutcome, LeaseRequest, PersistRecord, Reason, RegionBudget,
     ReservationDelta, RestoreStart, Timebase,
 };
-use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::gateway::{
     LeaseDenial, LeaseGrant, LeaseRelease, LeaseSettle, LeaseWanted, SettleDelta,
 };
@@ -33,7 +32,7 @@ use allot_core::time::{Timestamp, WindowIndex};
 use crate::clock::RegionClock;
 use crate::clock_frame::{ClockFrames, Replicated};
 use crate::engine::derive_seed;
-use crate::error::{ScenarioError, SimError};
+use crate::error::SimError;
 use crate::node::{
     AllowanceView, Bound, BoundTerm, CoordinatorNode, CoordinatorObservation, CoordinatorSetup,
     LeaseAnswer, NodeFactory, Policy, RegionNode, RegionObservation, RegionSetup, TableRow,
@@ -264,20 +263,16 @@ fn coordinator_config(scenario: &Scenario) -> CoordinatorConfig {
     }
 }
 
-/// The scenario's `limits:` text through the product's loader, one source per YAML document;
+/// The scenario's `limits:` text through the product's loader (`scenario::load_limits`);
 /// limits configured without weights take the scenario's region weights.
 fn load_limits(scenario: &Scenario, section: &LimitsSection) -> Result<Vec<LimitSpec>, SimError> {
-    let docs = documents(&section.yaml);
-    let names: Vec<String> = (0..docs.len())
-        .map(|i| format!("{}#limits[{i}]", scenario.file))
-        .collect();
-    let files: Vec<SourceFile<'_>> = docs
-        .iter()
-        .zip(&names)
-        .map(|(d, name)| SourceFile::new(name, &d.text))
-        .collect();
-    let config = LimitsConfig::load(&files, &LoadOptions::default())
-        .map_err(|e| config_error(scenario, section, &docs, &names, &e))?;
+    let config = crate::scenario::load_limits(
+        &scenario.file,
+        section.first_line,
+        section.first_column,
+        &section.yaml,
+    )
+    .map_err(SimError::Scenario)?;
     let weights = scenario_weights(scenario);
     Ok(config
         .rules()
@@ -299,66 +294,6 @@ fn scenario_weights(scenario: &Scenario) -> RegionWeights {
         .collect();
     // The scenario parser refuses weights above one in total.
     RegionWeights::new(ppm).unwrap_or_default()
-}
-
-/// One YAML document of the limits text, and the line of the text it starts on (from 0).
-struct Document {
-    text: String,
-    first_line: usize,
-}
-
-fn documents(yaml: &str) -> Vec<Document> {
-    let mut docs = vec![Document {
-        text: String::new(),
-        first_line: 0,
-    }];
-    for (i, line) in yaml.lines().enumerate() {
-        if line.trim_end() == "---" {
-            docs.push(Document {
-                text: String::new(),
-                first_line: i + 1,
-            });
-            continue;
-        }
-        if let Some(d) = docs.last_mut() {
-            d.text.push_str(line);
-            d.text.push('\n');
-        }
-    }
-    docs.retain(|d| !d.text.trim().is_empty());
-    docs
-}
-
-/// The loader's first error, placed in the scenario file.
-fn config_error(
-    scenario: &Scenario,
-    section: &LimitsSection,
-    docs: &[Document],
-    names: &[String],
-    errors: &ConfigErrors,
-) -> SimError {
-    let Some(e) = errors.iter().next() else {
-        return SimError::Core(allot_core::Error::Config(errors.clone()));
-    };
-    let doc = names.iter().position(|n| n == e.file_name()).unwrap_or(0);
-    let (line, column) = e.line_column().unwrap_or((1, 1));
-    let more = errors.len().saturating_sub(1);
-    let message = if more > 0 {
-        format!("{} (and {more} more problems)", e.message())
-    } else {
-        e.message().to_string()
-    };
-    SimError::Scenario(ScenarioError {
-        file: scenario.file.clone(),
-        line: section.first_line + docs.get(doc).map_or(0, |d| d.first_line) + line as usize - 1,
-        column: section.first_column + column as usize - 1,
-        field: if e.path().is_empty() {
-            "limits".to_string()
-        } else {
-            format!("limits: {}", e.path())
-        },
-        message,
-    })
 }
 
 impl NodeFactory for CoreFactory {
@@ -1238,11 +1173,13 @@ traffic:
 
     #[test]
     fn a_limit_the_loader_refuses_is_located_in_the_scenario_file() {
+        // The scenario's parse reads the section through the loader (the one reader of
+        // limits files), so the machines are never built from a section it refuses.
         let bad = YAML.replace("consistency: eventual", "consistency: sometimes");
-        let s = scenario(&bad);
-        let Err(SimError::Scenario(e)) = CoreFactory::new(&s) else {
+        let Err(e) = crate::scenario::parse("test.yaml", &bad) else {
             panic!("expected a located error");
         };
+        assert_eq!(e.file, "test.yaml");
         // The scenario text starts with a newline; `consistency:` is on its line 23, the value
         // at column 22 (the block is indented by 2).
         assert_eq!((e.line, e.column), (23, 22), "{e}");

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use allot_sim::scenario::{self, Fault};
 use allot_sim::{ScenarioError, SimError};
 use common::{SHIPPED, scenarios_dir, shipped};
@@ -148,7 +150,21 @@ fn a_duration_needs_its_unit() {
     let text = GOOD.replace("duration: 10s", "duration: 10");
     assert_error(&text, 2, "duration", "duration with a unit");
     let text = GOOD.replace("latency: 10ms", "latency: 10 parsecs");
-    assert_error(&text, 5, "regions[0].latency", "bad duration");
+    assert_error(
+        &text,
+        5,
+        "regions[0].latency",
+        "invalid duration '10 parsecs'",
+    );
+    // The grammar of limits files: units written together, no spaces.
+    let text = GOOD.replace("duration: 10s", "duration: 1m 30s");
+    assert_error(&text, 2, "duration", "expected a duration such as 250ms");
+    let s = scenario::parse(
+        "good.yaml",
+        &GOOD.replace("duration: 10s", "duration: 1m30s"),
+    )
+    .unwrap();
+    assert_eq!(s.duration, Duration::from_secs(90));
 }
 
 #[test]
@@ -162,15 +178,37 @@ fn references_to_unknown_regions_and_limits_are_named() {
 #[test]
 fn errors_inside_the_limits_block_point_into_the_scenario_file() {
     let text = GOOD.replace("requests_per_unit: 100", "requests_per_unit: -5");
-    // The block's text starts on line 10; `requests_per_unit` is on line 15 of the file.
+    // The block's text starts on line 10; `requests_per_unit` is on line 15 of the file. The
+    // section is read by the configuration loader, whose words these are.
     assert_error(
         &text,
         15,
-        "descriptors[0].rate_limit.requests_per_unit",
-        "non-negative",
+        "limits: descriptors[0].rate_limit.requests_per_unit",
+        "must be at least 0",
     );
     let text = GOOD.replace("unit: second", "unit: fortnight");
-    assert_error(&text, 14, "descriptors[0].rate_limit.unit", "unknown unit");
+    assert_error(
+        &text,
+        14,
+        "limits: descriptors[0].rate_limit.unit",
+        "fortnight",
+    );
+}
+
+#[test]
+fn the_limits_section_means_what_the_loader_says_it_means() {
+    // One reader of limits files: a quota of 0 is a rule that admits nothing, as the agent
+    // loads it, not an error of the simulator's own.
+    let text = GOOD.replace("requests_per_unit: 100", "requests_per_unit: 0");
+    let s = scenario::parse("good.yaml", &text).unwrap();
+    assert_eq!(s.limits.limits[0].quota_units, 0);
+    // An unlimited rule has nothing to judge: with no other rule, nothing to measure.
+    let text = GOOD.replace(
+        "        unit: second\n        requests_per_unit: 100\n",
+        "        unlimited: true\n",
+    );
+    let e = parse_err(&text);
+    assert!(e.message.contains("nothing to measure"), "{e}");
 }
 
 #[test]
@@ -236,8 +274,8 @@ fn a_window_may_be_set_in_the_allot_block_instead_of_the_unit() {
     assert_error(
         &both,
         14,
-        "descriptors[0].rate_limit.unit",
-        "both set the window",
+        "limits: descriptors[0].rate_limit.unit",
+        "set the window in one place",
     );
 }
 

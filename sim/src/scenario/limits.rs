@@ -1,20 +1,15 @@
-//! The scenario's `limits:` section: envoyproxy/ratelimit YAML, checked only as far as the
-//! simulator needs it (the quota and window of each rule, to judge admissions against).
-//!
-//! The full meaning of the section (the `allot:` blocks, weights, modes, policies) belongs to
-//! the configuration loader, which reads the same text when the real state machines are built;
-//! here `allot:` blocks are only checked to be mappings.
+//! The scenario's `limits:` section, read by the product's configuration loader (the one
+//! reader of limits files, `LimitsConfig::load`), one source per YAML document: the machines
+//! take its rules' specs, and the simulator measures each counted rule's windows against its
+//! quota. Errors are placed at their line in the scenario file.
 
-use std::time::Duration;
-
+use allot_core::config::{ConfigErrors, LimitsConfig, LoadOptions, SourceFile};
 use allot_core::ids::LimitId;
+use allot_core::limit::{LimitSpec, Quota};
 use allot_core::time::Window;
 
-use super::yaml::{Map, Node, Source};
+use super::yaml::Node;
 use crate::error::ScenarioError;
-
-/// Nesting deeper than this is refused (Envoy descriptors are a few levels at most).
-const MAX_DESCRIPTOR_DEPTH: usize = 8;
 
 /// What the simulator measures a limit against.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,166 +59,119 @@ impl LimitInfo {
     }
 }
 
-/// Reads the embedded limits YAML of `section`; `src` places its lines inside the scenario file.
-pub(super) fn read(
-    section: &Node<'_, '_>,
-    src: &Source<'_>,
-    text: &str,
-) -> Result<Vec<LimitInfo>, ScenarioError> {
-    let docs = src.load(text)?;
-    let mut out = Vec::new();
-    for doc in &docs {
-        let root = Node::root(src, doc);
-        let map = root.as_map()?;
-        let domain = map.req("domain")?;
-        let domain_name = domain.as_str()?;
-        if domain_name.is_empty() {
-            return Err(domain.err("must not be empty"));
-        }
-        if let Some(allot) = map.opt("allot") {
-            allot.as_map()?;
-        }
-        for d in map.req("descriptors")?.as_seq()? {
-            read_descriptor(&d, domain_name, 1, &mut out)?;
-        }
-        map.finish()?;
-    }
+/// Reads the embedded limits YAML of `section` (`text`, its block) through the loader: what
+/// the simulator measures, one entry per counted rule (an unlimited rule has nothing to judge).
+pub(super) fn read(section: &Node<'_, '_>, text: &str) -> Result<Vec<LimitInfo>, ScenarioError> {
+    let config = load(section.file(), section.line(), section.column(), text)?;
+    let out: Vec<LimitInfo> = config.rules().filter_map(|r| info(&r.spec)).collect();
     if out.is_empty() {
         return Err(section.err("no rule with a rate_limit: the simulator has nothing to measure"));
-    }
-    for (i, l) in out.iter().enumerate() {
-        if out[..i].iter().any(|o| o.id == l.id) {
-            return Err(section.err(format!("two rules define limit {}", l.id)));
-        }
     }
     Ok(out)
 }
 
-fn read_descriptor(
-    node: &Node<'_, '_>,
-    prefix: &str,
-    depth: usize,
-    out: &mut Vec<LimitInfo>,
-) -> Result<(), ScenarioError> {
-    if depth > MAX_DESCRIPTOR_DEPTH {
-        return Err(node.err(format!(
-            "descriptors nest deeper than {MAX_DESCRIPTOR_DEPTH}"
-        )));
-    }
-    let map = node.as_map()?;
-    let key = map.req("key")?.as_str()?;
-    let id = match map.opt("value") {
-        Some(v) => format!("{prefix}/{key}={}", v.as_str()?),
-        None => format!("{prefix}/{key}"),
-    };
-    for flag in ["shadow_mode", "detailed_metric"] {
-        if let Some(f) = map.opt(flag) {
-            f.as_bool()?;
-        }
-    }
-    let (window, sliding) = match map.opt("allot") {
-        Some(allot) => (allot_window(&allot)?, allot_sliding(&allot)?),
-        None => (None, false),
-    };
-    if let Some(rl) = map.opt("rate_limit") {
-        let limit = read_rate_limit(&rl.as_map()?, &id, window)?;
-        out.extend(limit.map(|l| LimitInfo { sliding, ..l }));
-    }
-    if let Some(children) = map.opt("descriptors") {
-        for child in children.as_seq()? {
-            read_descriptor(&child, &id, depth + 1, out)?;
-        }
-    }
-    map.finish()
-}
-
-/// Whether the rule sets `allot.algorithm: sliding_window` (the loader checks the value).
-fn allot_sliding(allot: &Node<'_, '_>) -> Result<bool, ScenarioError> {
-    match allot.as_map()?.opt("algorithm") {
-        Some(a) => Ok(a.as_str()?.eq_ignore_ascii_case("sliding_window")),
-        None => Ok(false),
+fn info(spec: &LimitSpec) -> Option<LimitInfo> {
+    match spec.quota {
+        Quota::Units { units, window } => Some(LimitInfo {
+            id: spec.id.clone(),
+            quota_units: units,
+            window: Window::new(window.len()),
+            sliding: spec.is_sliding(),
+            reloads: Vec::new(),
+        }),
+        Quota::Unlimited => None,
     }
 }
 
-/// The rule's `allot.window`, if it sets one (the rest of the block is the loader's).
-fn allot_window(allot: &Node<'_, '_>) -> Result<Option<Duration>, ScenarioError> {
-    let map = allot.as_map()?;
-    let Some(w) = map.opt("window") else {
-        return Ok(None);
-    };
-    let text = w.as_str()?;
-    match allot_core::config::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(Some(d)),
-        Ok(_) => Err(w.err("the window must be positive")),
-        Err(e) => Err(w.err(e)),
-    }
+/// `yaml`, the block of `file` that starts at `first_line` and `first_column`, through the
+/// configuration loader, one source per YAML document (a limits file holds one). The loader's
+/// first error comes back placed in the scenario file.
+pub fn load(
+    file: &str,
+    first_line: usize,
+    first_column: usize,
+    yaml: &str,
+) -> Result<LimitsConfig, ScenarioError> {
+    let docs = documents(yaml);
+    let names: Vec<String> = (0..docs.len())
+        .map(|i| format!("{file}#limits[{i}]"))
+        .collect();
+    let files: Vec<SourceFile<'_>> = docs
+        .iter()
+        .zip(&names)
+        .map(|(d, name)| SourceFile::new(name, &d.text))
+        .collect();
+    LimitsConfig::load(&files, &LoadOptions::default()).map_err(|errors| {
+        let place = Place {
+            file,
+            first_line,
+            first_column,
+        };
+        place.error(&docs, &names, &errors)
+    })
 }
 
-fn read_rate_limit(
-    map: &Map<'_, '_>,
-    id: &str,
-    allot_window: Option<Duration>,
-) -> Result<Option<LimitInfo>, ScenarioError> {
-    if let Some(name) = map.opt("name") {
-        name.as_str()?;
-    }
-    if let Some(replaces) = map.opt("replaces") {
-        for r in replaces.as_seq()? {
-            let r = r.as_map()?;
-            r.req("name")?.as_str()?;
-            r.finish()?;
-        }
-    }
-    if let Some(allot) = map.opt("allot") {
-        allot.as_map()?;
-    }
-    let unlimited = match map.opt("unlimited") {
-        Some(u) => u.as_bool()?,
-        None => false,
-    };
-    let unit = map.opt("unit");
-    let per_unit = map.opt("requests_per_unit");
-    if unlimited {
-        map.finish()?;
-        return Ok(None);
-    }
-    let window = match (unit, allot_window) {
-        (None, Some(w)) => w,
-        (Some(u), Some(_)) => return Err(u.err("`unit` and `allot.window` both set the window")),
-        (None, None) => return Err(map.node().err("missing field `unit` (or `allot.window`)")),
-        (Some(unit), None) => unit_window(&unit)?,
-    };
-    let per_unit = per_unit.ok_or_else(|| map.node().err("missing field `requests_per_unit`"))?;
-    let quota_units = per_unit.as_u64()?;
-    if quota_units == 0 {
-        return Err(per_unit.err("must be at least 1 (use unlimited: true for no limit)"));
-    }
-    map.finish()?;
-    Ok(Some(LimitInfo {
-        id: LimitId::new(id),
-        quota_units,
-        window: Window::new(window),
-        sliding: false,
-        reloads: Vec::new(),
-    }))
+/// One YAML document of the limits text, and the line of the text it starts on (from 0).
+struct Document {
+    text: String,
+    first_line: usize,
 }
 
-/// A `rate_limit.unit` as the configuration loader reads it (any case).
-fn unit_window(unit: &Node<'_, '_>) -> Result<Duration, ScenarioError> {
-    const DAY_SECS: u64 = 86_400;
-    let secs = match unit.as_str()?.to_ascii_lowercase().as_str() {
-        "second" => 1,
-        "minute" => 60,
-        "hour" => 3_600,
-        "day" => DAY_SECS,
-        "week" => 7 * DAY_SECS,
-        "month" => 30 * DAY_SECS,
-        "year" => 365 * DAY_SECS,
-        other => {
-            return Err(unit.err(format!(
-                "unknown unit {other:?} (second, minute, hour, day, week, month or year)"
-            )));
+/// The text's documents, split at `---` lines (empty ones dropped).
+fn documents(yaml: &str) -> Vec<Document> {
+    let mut docs = vec![Document {
+        text: String::new(),
+        first_line: 0,
+    }];
+    for (i, line) in yaml.lines().enumerate() {
+        if line.trim_end() == "---" {
+            docs.push(Document {
+                text: String::new(),
+                first_line: i + 1,
+            });
+            continue;
         }
-    };
-    Ok(Duration::from_secs(secs))
+        if let Some(d) = docs.last_mut() {
+            d.text.push_str(line);
+            d.text.push('\n');
+        }
+    }
+    docs.retain(|d| !d.text.trim().is_empty());
+    docs
+}
+
+/// Where the limits block sits in the scenario file.
+struct Place<'a> {
+    file: &'a str,
+    first_line: usize,
+    first_column: usize,
+}
+
+impl Place<'_> {
+    /// The loader's first error, placed in the scenario file.
+    fn error(&self, docs: &[Document], names: &[String], errors: &ConfigErrors) -> ScenarioError {
+        let first = errors.iter().next();
+        let doc = first
+            .and_then(|e| names.iter().position(|n| n == e.file_name()))
+            .unwrap_or(0);
+        let (line, column) = first.and_then(|e| e.line_column()).unwrap_or((1, 1));
+        let more = errors.len().saturating_sub(1);
+        let message = match first {
+            Some(e) if more > 0 => format!("{} (and {more} more problems)", e.message()),
+            Some(e) => e.message().to_string(),
+            None => errors.to_string(),
+        };
+        let path = first.map_or("", |e| e.path());
+        ScenarioError {
+            file: self.file.to_string(),
+            line: self.first_line + docs.get(doc).map_or(0, |d| d.first_line) + line as usize - 1,
+            column: self.first_column + column as usize - 1,
+            field: if path.is_empty() {
+                "limits".to_string()
+            } else {
+                format!("limits: {path}")
+            },
+            message,
+        }
+    }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use allot_core::ids::{KeyId, LimitId, RegionId};
 use allot_core::time::Timestamp;
 
-pub use limits::{LimitInfo, QuotaReload};
+pub use limits::{LimitInfo, QuotaReload, load as load_limits};
 pub use parse::{MAX_SAMPLES, load, parse};
 
 use crate::clock::ClockSpec;

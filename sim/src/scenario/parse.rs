@@ -444,12 +444,7 @@ fn read_limits(node: &Node<'_, '_>) -> Result<LimitsSection, ScenarioError> {
     let text = node
         .as_str()
         .map_err(|_| node.err("expected the limits YAML as a block of text (`limits: |`)"))?;
-    let src = Source {
-        file: node.file(),
-        line_offset: node.line() - 1,
-        column_offset: node.column() - 1,
-    };
-    let limits = limits::read(node, &src, text)?;
+    let limits = limits::read(node, text)?;
     Ok(LimitsSection {
         yaml: text.to_string(),
         first_line: node.line(),

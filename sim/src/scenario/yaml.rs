@@ -4,6 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
+use allot_core::config::parse_duration;
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
 use crate::error::ScenarioError;
@@ -163,14 +164,12 @@ impl<'a, 'i> Node<'a, 'i> {
         }
     }
 
-    /// A duration with its unit, e.g. `250ms`, `10s`, `2m`, `1h 30m`.
+    /// A duration with its unit, e.g. `250ms`, `10s`, `2m`, `1h30m`: the grammar of limits
+    /// files (`allot_core::config::parse_duration`), so that one scenario's limits block and
+    /// the rest of it read durations alike.
     pub(super) fn as_duration(&self) -> Result<Duration, ScenarioError> {
         match self.scalar() {
-            Some(Scalar::String(s)) => humantime::parse_duration(s).map_err(|e| {
-                self.err(format!(
-                    "bad duration {s:?} ({e}); write e.g. 250ms, 10s, 5m"
-                ))
-            }),
+            Some(Scalar::String(s)) => parse_duration(s).map_err(|e| self.err(e)),
             Some(Scalar::Integer(0)) => Ok(Duration::ZERO),
             _ => Err(self.err("expected a duration with a unit, e.g. 250ms, 10s, 5m")),
         }
@@ -186,8 +185,7 @@ impl<'a, 'i> Node<'a, 'i> {
             Some(Scalar::Integer(0)) => return Ok(0),
             _ => return Err(self.err("expected a duration with a unit, e.g. -30ms, 2s")),
         };
-        let d = humantime::parse_duration(text)
-            .map_err(|e| self.err(format!("bad duration {text:?} ({e})")))?;
+        let d = parse_duration(text).map_err(|e| self.err(e))?;
         let nanos = i64::try_from(d.as_nanos()).map_err(|_| self.err("duration too large"))?;
         Ok(if negative { -nanos } else { nanos })
     }
