@@ -235,6 +235,7 @@ fn key_view(a: Admin, q: HashMap<String, String>, watch: bool) -> Response {
         "net_units": v.granted_units.saturating_sub(v.refunded_units),
         "allowance_units": v.allowance_units,
         "explicit_allowance": v.explicit_allowance,
+        "weighted_allowance_units": v.weighted_allowance_units,
         "remaining_units": v.remaining_units,
         "reason": convert::reason_name(v.reason),
         "leases": leases,

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::admit;
 use super::key::KeyState;
+use super::sliding;
 use super::{Reason, RegionBudget, ctx_of};
 use crate::error::{Error, Result};
 use crate::ids::{KeyId, LeaseId, LimitId};
@@ -30,7 +31,11 @@ pub struct KeyView {
     /// The allowance comes from the coordinator (a grant, or what a release left), not from
     /// the default share.
     pub explicit_allowance: bool,
-    /// `a_r - n_r`.
+    /// A sliding-window rule: what the window before's weight lets the key have used of its
+    /// allowance by now (D54; in eventual mode D83). `None` for a fixed window.
+    pub weighted_allowance_units: Option<u64>,
+    /// `a_r - n_r`, or under a sliding window the weighted allowance less `n_r`: what the
+    /// next call could be granted, rate cap aside.
     pub remaining_units: u64,
     /// Outstanding leases of the window (their units are in `granted_units`).
     pub leases: Vec<LeaseView>,
@@ -94,6 +99,7 @@ impl RegionBudget {
         ks.roll(now_window, p.keep());
         let ctx = ctx_of(&self.cfg, &self.view, now);
         let allowance = admit::allowance(p, &ks, ks.window, &ctx);
+        let weighted = sliding::weight(p, &ks, &ctx, now).map(|w| w.weigh(&allowance));
         let hot = ks.hot.as_deref();
         let leases = hot
             .map(|h| {
@@ -126,7 +132,10 @@ impl RegionBudget {
             allowance_units: allowance.units,
             reason,
             explicit_allowance: ks.explicit_allowance(ks.window).is_some(),
-            remaining_units: allowance.units.saturating_sub(ks.net_units()),
+            weighted_allowance_units: weighted,
+            remaining_units: weighted
+                .unwrap_or(allowance.units)
+                .saturating_sub(ks.net_units()),
             leases,
             slots_in_use: hot.map_or(0, |h| h.slots.in_use()),
             reported: ks.is_reported(),

@@ -293,3 +293,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_key_view_counts_what_is_left_from_the_weighted_allowance() {
+    // As in `the_weight_scales_a_regions_share_by_what_the_window_before_leaves`: at f = 0.5
+    // the region may have used 55 of its 100. The operator's view and the next decision agree.
+    let mut b = region(vec![sliding("api", 400)]);
+    assert!(acquire(&mut b, before(30_000), "api", "k", 60).allowed);
+    let now = judged(30_000);
+    assert!(acquire(&mut b, now, "api", "k", 5).allowed);
+    let v = b
+        .key_view(now, &lim("api"), &key("k"))
+        .expect("known limit");
+    assert_eq!(v.allowance_units, 100);
+    assert_eq!(v.weighted_allowance_units, Some(55));
+    assert_eq!(v.remaining_units, 50);
+    let d = acquire(&mut b, now, "api", "k", 50);
+    assert!(d.allowed);
+    assert_eq!(d.remaining_units, 0);
+    // A fixed window has no weight.
+    let b = region(vec![per_minute("api", 400)]);
+    let v = b
+        .key_view(now, &lim("api"), &key("k"))
+        .expect("known limit");
+    assert_eq!((v.weighted_allowance_units, v.remaining_units), (None, 100));
+}
