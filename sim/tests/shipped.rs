@@ -5,6 +5,8 @@
 
 mod common;
 
+use allot_sim::measure::WindowReport;
+use allot_sim::report::SeedReport;
 use allot_sim::runner::{RunOptions, run_scenario};
 use allot_sim::{CoreFactory, Report};
 use common::{SHIPPED, shipped};
@@ -38,6 +40,23 @@ fn run(name: &str, seeds: u64) -> Report {
     report
 }
 
+/// The windows of `seed` judged against their bound (not unbounded, not cut off by the run's
+/// end): at least `least` of them.
+fn judged_windows(seed: &SeedReport, least: usize) -> Vec<&WindowReport> {
+    let judged: Vec<_> = seed
+        .windows
+        .iter()
+        .filter(|w| !w.unbounded && !w.cut_off)
+        .collect();
+    assert!(
+        judged.len() >= least,
+        "seed {}: {} judged",
+        seed.seed,
+        judged.len()
+    );
+    judged
+}
+
 #[test]
 fn every_shipped_scenario_holds_every_invariant_on_a_few_seeds() {
     for name in SHIPPED {
@@ -58,17 +77,7 @@ fn sliding_windows_are_judged_by_their_estimate_and_hold_it_through_a_partition(
     let r = run("sliding-partition", FAST_SEEDS);
     assert_eq!(r.figures.violations, 0);
     for seed in &r.per_seed {
-        let judged: Vec<_> = seed
-            .windows
-            .iter()
-            .filter(|w| !w.unbounded && !w.cut_off)
-            .collect();
-        assert!(
-            judged.len() >= 18,
-            "seed {}: {} judged",
-            seed.seed,
-            judged.len()
-        );
+        let judged = judged_windows(seed, 18);
         for w in &judged {
             let estimate = w
                 .estimate_units
@@ -100,17 +109,7 @@ fn an_eventual_sliding_window_takes_the_window_before_off_its_view() {
     let r = run("sliding-eventual", FAST_SEEDS);
     assert_eq!(r.figures.violations, 0);
     for seed in &r.per_seed {
-        let judged: Vec<_> = seed
-            .windows
-            .iter()
-            .filter(|w| !w.unbounded && !w.cut_off)
-            .collect();
-        assert!(
-            judged.len() >= 20,
-            "seed {}: {} judged",
-            seed.seed,
-            judged.len()
-        );
+        let judged = judged_windows(seed, 20);
         // Demand is far above the quota: the estimate, not the window's own count, is what
         // keeps each window near the quota.
         let weighed = judged
