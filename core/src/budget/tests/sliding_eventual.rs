@@ -9,6 +9,7 @@ use super::*;
 use crate::budget::Reason;
 use crate::limit::{Algorithm, Consistency};
 use crate::sync::CounterEntry;
+use crate::time::WindowIndex;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -156,4 +157,108 @@ fn a_reported_key_is_kept_through_a_sweep_with_nothing_used() {
     // P^ = 400 - 100 = 300 (unreported) would have admitted 25 there.
     assert!(acquire(&mut b, judged(15_000), "api", "k", 25).allowed);
     assert!(!acquire(&mut b, judged(15_000), "api", "k", 1).allowed);
+}
+
+/// A coordinator that keeps every entry it is sent and answers each SyncUp at once with all
+/// of them for the window of `now`: views as fresh as they can be.
+#[derive(Default)]
+struct Relay {
+    entries: std::collections::BTreeMap<(String, u64), (u64, u64)>,
+}
+
+impl Relay {
+    /// Every region sends a SyncUp at `now` (`first` before the others) and gets the answer.
+    fn round(&mut self, regions: &mut [RegionBudget], first: usize, now: Timestamp) {
+        let order = std::iter::once(first).chain((0..regions.len()).filter(|&i| i != first));
+        for i in order {
+            let Some(up) = regions[i].poll_transmit(now) else {
+                continue;
+            };
+            for e in &up.entries {
+                let slot = self
+                    .entries
+                    .entry((e.region.as_str().to_string(), e.counter.window.0))
+                    .or_default();
+                *slot = (slot.0.max(e.granted_units), slot.1.max(e.refunded_units));
+            }
+            let mut down = answer(&up, now);
+            let window = regions[i]
+                .window_index_of(&lim("api"), now)
+                .expect("known limit");
+            down.entries = self
+                .entries
+                .iter()
+                .filter(|((_, w), _)| *w == window.0)
+                .map(|((region, w), (g, r))| CounterEntry {
+                    counter: counter("api", "k", WindowIndex(*w)),
+                    region: RegionId::from(region.as_str()),
+                    granted_units: *g,
+                    refunded_units: *r,
+                })
+                .collect();
+            regions[i].handle_sync_down(now, down);
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// With views as fresh as they can be (every admission followed at once by a round of
+    /// every region with a coordinator that relays every entry), the sliding estimate over all
+    /// regions never passes the quota: the eventual terms are zero here, and the weight is
+    /// taken off each view's room exactly. With the room scaled instead, this fails.
+    #[test]
+    fn fresh_views_keep_the_estimate_over_every_region_within_the_quota(
+        limit in 0u64..=200,
+        window_ms in 200u64..=5_000,
+        region_count in 2usize..=4,
+        steps in proptest::collection::vec(
+            (0usize..4, 1u64..=400, 0u64..=40),
+            1..160,
+        ),
+    ) {
+        let ids: Vec<RegionId> = ["eu", "us", "ap", "sa"][..region_count]
+            .iter()
+            .map(|r| RegionId::from(*r))
+            .collect();
+        let window = crate::time::Window::new(Duration::from_millis(window_ms));
+        let spec = LimitSpec {
+            algorithm: Algorithm::SlidingWindow,
+            consistency: Consistency::Eventual,
+            ..LimitSpec::simple("api", limit, window.len())
+        };
+        let mut regions: Vec<RegionBudget> = ids
+            .iter()
+            .map(|id| {
+                let cfg = crate::budget::BudgetConfig {
+                    sync_interval: Duration::from_millis(1),
+                    ..crate::budget::BudgetConfig::new(id.clone(), ids.clone())
+                };
+                RegionBudget::new(cfg, vec![spec.clone()]).expect("valid config")
+            })
+            .collect();
+        let mut relay = Relay::default();
+        let mut admitted: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut now = at(0);
+        for (pick, gap_permille, cost) in steps {
+            now = now + Duration::from_micros(window_ms * gap_permille).max(Duration::from_millis(1));
+            let r = pick % region_count;
+            let d = acquire(&mut regions[r], now, "api", "k", cost);
+            let index = window.index(now).0;
+            if d.allowed {
+                *admitted.entry(index).or_default() += cost;
+                let count = |i: u64| u128::from(admitted.get(&i).copied().unwrap_or(0));
+                let w = window.len().as_nanos();
+                let e = now.saturating_duration_since(window.start(WindowIndex(index))).as_nanos();
+                let before = index.checked_sub(1).map_or(0, count);
+                proptest::prop_assert!(
+                    before * (w - e) + count(index) * w <= u128::from(limit) * w,
+                    "window {index}: {before} before, {} now, at {e} ns of {w}",
+                    count(index)
+                );
+            }
+            relay.round(&mut regions, r, now);
+        }
+    }
 }
