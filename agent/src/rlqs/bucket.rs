@@ -114,9 +114,10 @@ pub struct Held {
     pub used_units: u64,
     /// Usage charged to it when it was granted (reported before its assignment existed).
     pub pre_used_units: u64,
-    /// When a newer assignment replaced the one it backs: it ends at the first report
-    /// [`SUPERSEDED_SETTLE`] or more later.
-    pub superseded_at: Option<Timestamp>,
+    /// Replaced (`Some`): it ends at the first report at or after this instant,
+    /// [`SUPERSEDED_SETTLE`] after the replacement was sent, or at once for a lease no
+    /// assignment sent was backed by.
+    pub ends_from: Option<Timestamp>,
     pub expires_at: Timestamp,
     /// The token bucket it backs, and when that shape was first sent.
     pub shape: Shape,
@@ -376,10 +377,7 @@ impl Bucket {
     /// Takes out the leases a newer assignment replaced [`SUPERSEDED_SETTLE`] or more before
     /// `now`: their usage has been reported since.
     pub fn take_superseded(&mut self, now: Timestamp) -> Vec<Held> {
-        let settled = |h: &Held| {
-            h.superseded_at
-                .is_some_and(|at| at.saturating_add(SUPERSEDED_SETTLE) <= now)
-        };
+        let settled = |h: &Held| h.ends_from.is_some_and(|at| at <= now);
         let (done, kept): (Vec<Held>, Vec<Held>) = self.leases.drain(..).partition(settled);
         self.leases = kept.into();
         done
@@ -387,14 +385,14 @@ impl Bucket {
 
     /// The lease behind the assignment in force, if any.
     pub fn current_mut(&mut self) -> Option<&mut Held> {
-        self.leases.back_mut().filter(|h| h.superseded_at.is_none())
+        self.leases.back_mut().filter(|h| h.ends_from.is_none())
     }
 
     /// The assignment in force is being replaced at `now`: its lease ends at the first report
     /// [`SUPERSEDED_SETTLE`] or more later.
     pub fn supersede_current(&mut self, now: Timestamp) {
         if let Some(h) = self.current_mut() {
-            h.superseded_at = Some(now);
+            h.ends_from = Some(now.saturating_add(SUPERSEDED_SETTLE));
         }
     }
 
@@ -402,7 +400,7 @@ impl Bucket {
     /// nothing under it, so it ends at the next report, with no margin to wait.
     pub fn supersede_unsent(&mut self, now: Timestamp) {
         if let Some(h) = self.current_mut() {
-            h.superseded_at = Some(now.saturating_sub(SUPERSEDED_SETTLE));
+            h.ends_from = Some(now);
         }
     }
 
@@ -422,7 +420,7 @@ impl Bucket {
             units: lease.units,
             used_units,
             pre_used_units: used_units,
-            superseded_at: None,
+            ends_from: None,
             expires_at: lease.expires_at,
             shape: lease.shape,
             shape_from: now,
@@ -569,8 +567,8 @@ mod tests {
         assert!(b.take_superseded(at(5_000)).is_empty());
         b.push(lease(2, 10), at(5_000));
         assert_eq!(
-            b.leases[0].superseded_at,
-            Some(at(5_000)),
+            b.leases[0].ends_from,
+            Some(at(6_000)),
             "replaced by the newer lease"
         );
         b.charge(12, Timestamp::from_unix_millis(0));
